@@ -1,0 +1,1 @@
+"""Text in, memory-mapped token ids and token-budget batches out."""

@@ -1,0 +1,104 @@
+"""Token-budget batching: length-bucketed, reshuffled each epoch from (seed, epoch), shardable, resumable.
+
+A batch's budget counts padded tokens including the EOS each side gets: with `n` sentences,
+`n * (max_src_len + 1) <= max_tokens` and `n * (max_tgt_len + 1) <= max_tokens`. A pair that cannot
+fit on its own is skipped and counted, never truncated.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from nmt_cli.data.dataset import ParallelDataset
+from nmt_cli.data.vocab import BOS, EOS, PAD
+
+
+@dataclass
+class Batch:
+    """One padded batch. Masks are True at padding."""
+
+    ids: np.ndarray  # [B] sentence indices in the split
+    src_tokens: torch.Tensor  # [B, S] source ids + EOS, right-padded
+    src_pad_mask: torch.Tensor  # [B, S] True at padding
+    tgt_in: torch.Tensor  # [B, T] BOS + target ids
+    tgt_out: torch.Tensor  # [B, T] target ids + EOS (PAD where padded)
+    n_tgt_tokens: int  # non-pad positions of tgt_out
+
+    def to(self, device: torch.device) -> Batch:
+        nb = device.type == "cuda"
+        return Batch(self.ids, self.src_tokens.to(device, non_blocking=nb),
+                     self.src_pad_mask.to(device, non_blocking=nb), self.tgt_in.to(device, non_blocking=nb),
+                     self.tgt_out.to(device, non_blocking=nb), self.n_tgt_tokens)
+
+
+def batch_by_tokens(src_lens: np.ndarray, tgt_lens: np.ndarray, max_tokens: int,
+                    rng: np.random.Generator | None) -> tuple[list[np.ndarray], int]:
+    """Group sentence indices into batches under the token budget.
+
+    Sentences are sorted by (target, source) length, ties broken randomly when `rng` is given,
+    then packed greedily; the batch order is shuffled with `rng` (kept in length order without).
+
+    Returns:
+        (batches, n_skipped): index arrays, and how many pairs exceed `max_tokens` on their own.
+    """
+    src = np.asarray(src_lens, dtype=np.int64) + 1
+    tgt = np.asarray(tgt_lens, dtype=np.int64) + 1
+    order = rng.permutation(len(src)) if rng is not None else np.arange(len(src))
+    order = order[np.lexsort((src[order], tgt[order]))]
+    fits = (src[order] <= max_tokens) & (tgt[order] <= max_tokens)
+    n_skipped = int((~fits).sum())
+    order = order[fits]
+    batches: list[np.ndarray] = []
+    start, max_src, max_tgt = 0, 0, 0
+    for pos, i in enumerate(order.tolist()):
+        new_src, new_tgt = max(max_src, src[i]), max(max_tgt, tgt[i])
+        n = pos - start + 1
+        if n * new_src > max_tokens or n * new_tgt > max_tokens:
+            batches.append(order[start:pos])
+            start, new_src, new_tgt = pos, src[i], tgt[i]
+        max_src, max_tgt = new_src, new_tgt
+    if start < len(order):
+        batches.append(order[start:])
+    if rng is not None:
+        batches = [batches[j] for j in rng.permutation(len(batches))]
+    return batches, n_skipped
+
+
+def epoch_batches(src_lens: np.ndarray, tgt_lens: np.ndarray, max_tokens: int, seed: int, epoch: int,
+                  rank: int = 0, world_size: int = 1) -> list[np.ndarray]:
+    """This rank's batches for `epoch`: a deterministic function of (seed, epoch).
+
+    Ranks take disjoint, interleaved batches; the last `len % world_size` batches of the shuffled
+    order are left out this epoch so that every rank gets the same number.
+    """
+    rng = np.random.default_rng([seed, epoch])
+    batches, _ = batch_by_tokens(src_lens, tgt_lens, max_tokens, rng)
+    per_rank = len(batches) // world_size
+    return batches[rank::world_size][:per_rank]
+
+
+def collate(dataset: ParallelDataset, ids: np.ndarray, max_positions: int | None = None) -> Batch:
+    """Pad a batch; sequences longer than `max_positions` (valid/test only) are cut to fit."""
+    limit = (max_positions - 1) if max_positions else None
+    srcs = [np.asarray(dataset.src[i][:limit], dtype=np.int64) for i in ids]
+    tgts = [np.asarray(dataset.tgt[i][:limit], dtype=np.int64) for i in ids]
+    n = len(ids)
+    src_len = max(len(s) for s in srcs) + 1
+    tgt_len = max(len(t) for t in tgts) + 1
+    src_tokens = np.full((n, src_len), PAD, dtype=np.int64)
+    tgt_in = np.full((n, tgt_len), PAD, dtype=np.int64)
+    tgt_out = np.full((n, tgt_len), PAD, dtype=np.int64)
+    for row, (s, t) in enumerate(zip(srcs, tgts)):
+        src_tokens[row, :len(s)] = s
+        src_tokens[row, len(s)] = EOS
+        tgt_in[row, 0] = BOS
+        tgt_in[row, 1:len(t) + 1] = t
+        tgt_out[row, :len(t)] = t
+        tgt_out[row, len(t)] = EOS
+    src_t = torch.from_numpy(src_tokens)
+    tgt_out_t = torch.from_numpy(tgt_out)
+    return Batch(np.asarray(ids), src_t, src_t.eq(PAD), torch.from_numpy(tgt_in), tgt_out_t,
+                 int(sum(len(t) + 1 for t in tgts)))

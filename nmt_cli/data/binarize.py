@@ -1,0 +1,103 @@
+"""Text checks and the on-disk format: one flat token array (.npy) plus int64 offsets per split and language.
+
+`{split}.{lang}.bin.npy` holds every sentence's piece ids back to back, without EOS, in the smallest
+unsigned dtype that fits the vocabulary; `{split}.{lang}.idx.npy` holds n+1 offsets into it.
+Both are opened with `np.load(..., mmap_mode="r")`, so reading never loads a corpus into memory.
+"""
+
+from __future__ import annotations
+
+import shutil
+from array import array
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+
+from nmt_cli.errors import DataError
+
+
+def token_dtype(vocab_size: int) -> np.dtype:
+    return np.dtype(np.uint16) if vocab_size <= np.iinfo(np.uint16).max + 1 else np.dtype(np.int32)
+
+
+def check_text_file(path: Path) -> int:
+    """Count lines and check that every line is valid UTF-8; DataError names file and line otherwise."""
+    if not path.is_file():
+        raise DataError(f"input file {path} does not exist")
+    n_lines = 0
+    with path.open("rb") as f:
+        for n_lines, raw in enumerate(f, start=1):
+            try:
+                raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise DataError(f"{path}:{n_lines}: invalid UTF-8 (byte {e.start})") from None
+    return n_lines
+
+
+def read_pairs(src_path: Path, tgt_path: Path, chunk_size: int) -> Iterator[tuple[list[str], list[str]]]:
+    """Stream line-aligned chunks of (source lines, target lines), newline stripped."""
+    with src_path.open(encoding="utf-8") as fs, tgt_path.open(encoding="utf-8") as ft:
+        src_chunk: list[str] = []
+        tgt_chunk: list[str] = []
+        for s, t in zip(fs, ft):
+            src_chunk.append(s.rstrip("\r\n"))
+            tgt_chunk.append(t.rstrip("\r\n"))
+            if len(src_chunk) == chunk_size:
+                yield src_chunk, tgt_chunk
+                src_chunk, tgt_chunk = [], []
+        if src_chunk:
+            yield src_chunk, tgt_chunk
+
+
+class TokenWriter:
+    """Appends sentences to a raw token file; `finish()` turns it into `.bin.npy` + `.idx.npy`."""
+
+    def __init__(self, prefix: Path, dtype: np.dtype) -> None:
+        self.prefix = prefix
+        self.dtype = dtype
+        self.raw_path = prefix.with_name(prefix.name + ".raw")
+        self.file = self.raw_path.open("wb")
+        self.lengths = array("q")
+
+    def add(self, sentences: list[list[int]]) -> None:
+        self.lengths.extend(len(s) for s in sentences)
+        flat = [tok for s in sentences for tok in s]
+        self.file.write(np.asarray(flat, dtype=self.dtype).tobytes())
+
+    def finish(self) -> int:
+        """Write the .npy files and return the number of tokens."""
+        self.file.close()
+        lengths = np.frombuffer(self.lengths, dtype=np.int64) if len(self.lengths) else np.zeros(0, np.int64)
+        offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        np.save(self.prefix.with_name(self.prefix.name + ".idx.npy"), offsets)
+        n_tokens = int(offsets[-1])
+        with open(self.prefix.with_name(self.prefix.name + ".bin.npy"), "wb") as out:
+            header = {"descr": np.lib.format.dtype_to_descr(self.dtype), "fortran_order": False,
+                      "shape": (n_tokens,)}
+            np.lib.format.write_array_header_1_0(out, header)
+            with self.raw_path.open("rb") as raw:
+                shutil.copyfileobj(raw, out, 1 << 24)
+        self.raw_path.unlink()
+        return n_tokens
+
+
+class TokenArray:
+    """Read side of the format: sentence i is `tokens[offsets[i]:offsets[i+1]]`."""
+
+    def __init__(self, prefix: Path) -> None:
+        bin_path = prefix.with_name(prefix.name + ".bin.npy")
+        idx_path = prefix.with_name(prefix.name + ".idx.npy")
+        for path in (bin_path, idx_path):
+            if not path.is_file():
+                raise DataError(f"missing {path}; run \"nmt preprocess\" to create the data directory")
+        self.tokens = np.load(bin_path, mmap_mode="r")
+        self.offsets = np.load(idx_path)
+        self.lengths = np.diff(self.offsets)
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        return self.tokens[self.offsets[i]:self.offsets[i + 1]]

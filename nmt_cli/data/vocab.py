@@ -1,0 +1,78 @@
+"""The joint SentencePiece vocabulary: training, loading, and the pinned special ids."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from pathlib import Path
+
+import sentencepiece as spm
+
+from nmt_cli.errors import DataError
+
+PAD, UNK, BOS, EOS = 0, 1, 2, 3
+
+
+class Vocab:
+    """A SentencePiece model held as bytes, so that it can travel inside checkpoints."""
+
+    def __init__(self, model_bytes: bytes, source: str = "<bytes>") -> None:
+        self.model_bytes = bytes(model_bytes)
+        self.sp = spm.SentencePieceProcessor()
+        try:
+            self.sp.LoadFromSerializedProto(self.model_bytes)
+        except (RuntimeError, OSError, TypeError) as e:
+            raise DataError(f"{source} is not a sentencepiece model ({e})") from None
+        specials = (self.sp.pad_id(), self.sp.unk_id(), self.sp.bos_id(), self.sp.eos_id())
+        if specials != (PAD, UNK, BOS, EOS):
+            raise DataError(f"{source} has special ids pad,unk,bos,eos={specials}; nmt needs "
+                            f"{(PAD, UNK, BOS, EOS)} (train it with pad_id=0 unk_id=1 bos_id=2 eos_id=3)")
+
+    @classmethod
+    def load(cls, path: Path) -> Vocab:
+        if not path.is_file():
+            raise DataError(f"no sentencepiece model at {path}")
+        return cls(path.read_bytes(), str(path))
+
+    @property
+    def n_pieces(self) -> int:
+        return self.sp.get_piece_size()
+
+    @property
+    def padded_size(self) -> int:
+        """Embedding rows: the piece count rounded up to a multiple of 8 (faster matmuls)."""
+        return (self.n_pieces + 7) // 8 * 8
+
+    def encode(self, lines: Sequence[str], n_threads: int = 1) -> list[list[int]]:
+        return self.sp.encode(list(lines), out_type=int, num_threads=n_threads)
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self.sp.decode([int(i) for i in ids if i < self.n_pieces])
+
+    def pieces(self, ids: Sequence[int]) -> list[str]:
+        return [self.sp.id_to_piece(int(i)) if i < self.n_pieces else "<madeup>" for i in ids]
+
+    def write_vocab(self, path: Path) -> None:
+        """A human-readable vocabulary: one `piece<TAB>id` per line."""
+        with path.open("w", encoding="utf-8") as f:
+            for i in range(self.n_pieces):
+                f.write(f"{self.sp.id_to_piece(i)}\t{i}\n")
+
+
+def train_spm(input_paths: Sequence[Path], model_prefix: Path, vocab_size: int, model_type: str,
+              character_coverage: float, max_sentences: int, n_threads: int = 1) -> None:
+    """Train one joint model on all inputs, sampling at most `max_sentences` lines (streamed by spm)."""
+    try:
+        spm.SentencePieceTrainer.train(
+            input=",".join(str(p) for p in input_paths), model_prefix=str(model_prefix),
+            vocab_size=vocab_size, model_type=model_type, character_coverage=character_coverage,
+            pad_id=PAD, unk_id=UNK, bos_id=BOS, eos_id=EOS, input_sentence_size=max_sentences,
+            shuffle_input_sentence=True, num_threads=n_threads, minloglevel=2,
+            max_sentence_length=1 << 16)
+    except RuntimeError as e:
+        message = str(e)
+        too_high = re.search(r"Vocabulary size too high \((\d+)\).*<= (\d+)", message)
+        if too_high:
+            raise DataError(f"--vocab-size {too_high.group(1)} is too large for this training data; "
+                            f"sentencepiece allows at most {too_high.group(2)}") from None
+        raise DataError(f"sentencepiece training failed: {message.splitlines()[-1]}") from None

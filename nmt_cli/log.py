@@ -1,0 +1,65 @@
+"""Logging and progress bars on stderr; the only module that imports rich."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any
+
+from rich.console import Console
+from rich.logging import RichHandler
+from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
+                           TimeRemainingColumn)
+from rich.table import Table
+
+console = Console(stderr=True)
+_progress_enabled = True
+
+
+def setup_logging(verbosity: int = 0, progress: bool = True) -> None:
+    """Install one RichHandler on stderr. verbosity: -1 quiet, 0 info, 1 debug."""
+    global _progress_enabled
+    _progress_enabled = progress
+    level = {-1: logging.WARNING, 0: logging.INFO}.get(verbosity, logging.DEBUG)
+    handler = RichHandler(console=console, show_path=False, show_time=True, markup=False,
+                          log_time_format="[%X]")
+    root = logging.getLogger("nmt_cli")
+    root.handlers[:] = [handler]
+    root.setLevel(level)
+    root.propagate = False
+
+
+def print_error(message: str) -> None:
+    console.print(f"[bold red]error:[/] {message}", highlight=False, markup=True, soft_wrap=True)
+
+
+def print_table(title: str, rows: Mapping[str, Any]) -> None:
+    table = Table(title=title, show_header=False, title_justify="left")
+    for key, value in rows.items():
+        table.add_row(str(key), str(value))
+    console.print(table)
+
+
+class _NoProgress:
+    def add_task(self, *args: Any, **kwargs: Any) -> int:
+        return 0
+
+    def update(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def advance(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+
+@contextmanager
+def progress() -> Iterator[Progress | _NoProgress]:
+    """A transient progress bar on stderr; a no-op when stderr is not a terminal or bars are off."""
+    if not (_progress_enabled and console.is_terminal):
+        yield _NoProgress()
+        return
+    bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                   TimeElapsedColumn(), TimeRemainingColumn(), TextColumn("{task.fields[info]}"),
+                   console=console, transient=True)
+    with bar:
+        yield bar

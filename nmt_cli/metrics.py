@@ -1,0 +1,108 @@
+"""Corpus metrics for `nmt score` and BLEU during training: sacreBLEU BLEU and chrF, and tokenized BLEU.
+
+`tok-bleu` is BLEU on Moses-tokenized text (as multi-bleu.perl computed it); `tok-bleu-compound`
+also splits hyphenated compounds (`a-b` -> `a ##AT##-##AT## b`) as the paper's EN-DE scores did
+(tensor2tensor get_ende_bleu.sh). Neither is comparable with sacreBLEU, and both say so.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import sacrebleu
+
+from nmt_cli.errors import DataError
+
+METRICS = ("sacrebleu", "chrf", "tok-bleu", "tok-bleu-compound")
+
+
+@dataclass
+class Score:
+    metric: str
+    score: float
+    text: str  # sacreBLEU's formatted line or ours
+    signature: str
+
+
+def sacrebleu_score(hyps: Sequence[str], refs: Sequence[str]) -> Score:
+    bleu = sacrebleu.metrics.BLEU()
+    result = bleu.corpus_score(list(hyps), [list(refs)])
+    sig = str(bleu.get_signature())
+    return Score("sacrebleu", result.score, str(result), sig)
+
+
+def chrf_score(hyps: Sequence[str], refs: Sequence[str]) -> Score:
+    chrf = sacrebleu.metrics.CHRF()
+    result = chrf.corpus_score(list(hyps), [list(refs)])
+    return Score("chrf", result.score, str(result), str(chrf.get_signature()))
+
+
+def moses_tokenize(lines: Sequence[str], lang: str, split_compounds: bool) -> list[str]:
+    from sacremoses import MosesTokenizer
+
+    tok = MosesTokenizer(lang=lang)
+    out = []
+    for line in lines:
+        text = tok.tokenize(line, return_str=True, escape=False)
+        if split_compounds:
+            text = re.sub(r"(\S)-(\S)", r"\1 ##AT##-##AT## \2", text)
+        out.append(text)
+    return out
+
+
+def tokenized_bleu(hyps: Sequence[str], refs: Sequence[str], lang: str, split_compounds: bool) -> Score:
+    name = "tok-bleu-compound" if split_compounds else "tok-bleu"
+    result = sacrebleu.metrics.BLEU(tokenize="none", force=True).corpus_score(
+        moses_tokenize(hyps, lang, split_compounds), [moses_tokenize(refs, lang, split_compounds)])
+    note = (f"Moses-tokenized ({lang}){', compounds split' if split_compounds else ''}; "
+            "NOT comparable with sacreBLEU")
+    return Score(name, result.score, f"{name.upper()} = {result.score:.2f} ({note})", note)
+
+
+def compute(metric: str, hyps: Sequence[str], refs: Sequence[str], lang: str = "en") -> Score:
+    if metric == "sacrebleu":
+        return sacrebleu_score(hyps, refs)
+    if metric == "chrf":
+        return chrf_score(hyps, refs)
+    return tokenized_bleu(hyps, refs, lang, split_compounds=metric == "tok-bleu-compound")
+
+
+_FAIRSEQ_LINE = re.compile(r"^([STHDP])-(\d+)\t")
+
+
+def read_text(path: Path) -> list[str]:
+    if not path.is_file():
+        raise DataError(f"file {path} does not exist")
+    try:
+        return path.read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError as e:
+        line = path.read_bytes()[: e.start].count(b"\n") + 1
+        raise DataError(f"{path}:{line}: invalid UTF-8") from None
+
+
+def read_hypotheses(path: Path) -> list[str]:
+    """Plain text, one hypothesis per line, or `nmt generate` fairseq-format output (D- lines by id)."""
+    lines = read_text(path)
+    if lines and all(_FAIRSEQ_LINE.match(line) for line in lines if line):
+        detok = {}
+        for line in lines:
+            match = _FAIRSEQ_LINE.match(line)
+            if match and match.group(1) == "D" and int(match.group(2)) not in detok:
+                detok[int(match.group(2))] = line.split("\t", 2)[2] if line.count("\t") >= 2 else ""
+        return [detok[i] for i in sorted(detok)]
+    return lines
+
+
+def score_files(sys_path: Path, ref_path: Path, metrics: Sequence[str], lang: str) -> list[Score]:
+    """Score a system output against one reference file with each metric."""
+    hyps, refs = read_hypotheses(sys_path), read_text(ref_path)
+    if len(hyps) != len(refs):
+        raise DataError(f"{sys_path} has {len(hyps)} hypotheses but {ref_path} has {len(refs)} lines")
+    for i, hyp in enumerate(hyps, start=1):
+        if "\u2581" in hyp:
+            raise DataError(f"{sys_path}: hypothesis {i} still contains sentencepiece pieces (\u2581); "
+                            "score the detokenized output (D- lines or plain `nmt generate --input`)")
+    return [compute(m, hyps, refs, lang) for m in metrics]

@@ -1,0 +1,85 @@
+"""Multi-head scaled dot-product attention (paper §3.2) on top of F.scaled_dot_product_attention.
+
+Shapes: B batch, K beam, N rows (B or B*K), S source length, T target length, D d_model,
+H heads, Dh = D / H. Masks passed to SDPA are True where attention is *allowed*; padding masks
+elsewhere in nmt are True at padding and are converted once, in `attention_mask()`.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+
+def attention_mask(src_pad_mask: Tensor) -> Tensor:
+    """[B, S] True at padding -> [B, 1, 1, S] True where a key may be attended."""
+    return ~src_pad_mask[:, None, None, :]
+
+
+def split_heads(x: Tensor, heads: int) -> Tensor:
+    b, t, d = x.shape
+    return x.view(b, t, heads, d // heads).transpose(1, 2)  # [B, H, T, Dh]
+
+
+def merge_heads(x: Tensor) -> Tensor:
+    b, h, t, dh = x.shape
+    return x.transpose(1, 2).reshape(b, t, h * dh)  # [B, T, D]
+
+
+class SelfAttention(nn.Module):
+    """Self-attention with one fused QKV projection; the decoder's incremental step extends a K/V cache."""
+
+    def __init__(self, d_model: int, heads: int, dropout: float) -> None:
+        super().__init__()
+        self.heads = heads
+        self.dropout = dropout
+        self.qkv = nn.Linear(d_model, 3 * d_model)
+        self.out = nn.Linear(d_model, d_model)
+
+    def project_qkv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        q, k, v = self.qkv(x).chunk(3, dim=-1)  # 3 x [N, T, D]
+        return split_heads(q, self.heads), split_heads(k, self.heads), split_heads(v, self.heads)
+
+    def forward(self, x: Tensor, mask: Tensor | None = None, causal: bool = False) -> Tensor:
+        """x: [N, T, D]; mask: [N, 1, 1, T] or None; causal: future positions hidden."""
+        q, k, v = self.project_qkv(x)
+        p = self.dropout if self.training else 0.0
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, is_causal=causal)
+        return self.out(merge_heads(y))
+
+    def step(self, x: Tensor, past_k: Tensor, past_v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """One decoding step. x: [N, 1, D]; past_k/v: [N, H, t, Dh] -> (y [N, 1, D], k, v [N, H, t+1, Dh])."""
+        q, k, v = self.project_qkv(x)
+        k = torch.cat([past_k, k], dim=2)
+        v = torch.cat([past_v, v], dim=2)
+        y = F.scaled_dot_product_attention(q, k, v)
+        return self.out(merge_heads(y)), k, v
+
+
+class CrossAttention(nn.Module):
+    """Encoder-decoder attention. Keys and values are projected once per sentence (`memory_kv`)."""
+
+    def __init__(self, d_model: int, heads: int, dropout: float) -> None:
+        super().__init__()
+        self.heads = heads
+        self.dropout = dropout
+        self.q = nn.Linear(d_model, d_model)
+        self.kv = nn.Linear(d_model, 2 * d_model)
+        self.out = nn.Linear(d_model, d_model)
+
+    def memory_kv(self, memory: Tensor) -> tuple[Tensor, Tensor]:
+        """memory: [B, S, D] -> k, v: [B, H, S, Dh]."""
+        k, v = self.kv(memory).chunk(2, dim=-1)
+        return split_heads(k, self.heads), split_heads(v, self.heads)
+
+    def forward(self, x: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tensor:
+        """x: [B, Tq, D] queries; k, v: [B, H, S, Dh]; mask: [B, 1, 1, S] -> [B, Tq, D].
+
+        During beam search the K beams of a sentence arrive as Tq = K query positions, so the
+        sentence's keys and values serve every beam without being copied.
+        """
+        q = split_heads(self.q(x), self.heads)
+        p = self.dropout if self.training else 0.0
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)
+        return self.out(merge_heads(y))

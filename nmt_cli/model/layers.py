@@ -1,0 +1,108 @@
+"""Encoder and decoder layers, the position-wise feed-forward network, and positional encodings.
+
+Shapes: B batch, N rows (B or B*K beams), S source length, T target length, D d_model.
+Every sub-layer is wrapped as LayerNorm(x + Dropout(f(x))) (post-norm, paper §3.1 and §5.4), or
+x + Dropout(f(LayerNorm(x))) with normalize_before (pre-norm).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+from torch import Tensor, nn
+
+from nmt_cli.model.attention import CrossAttention, SelfAttention
+
+
+def sinusoidal_positions(n_positions: int, d_model: int) -> Tensor:
+    """PE(pos, 2i) = sin(pos / 10000^(2i/D)), PE(pos, 2i+1) = cos(...) (paper §3.5). -> [P, D]"""
+    pos = torch.arange(n_positions, dtype=torch.float64)[:, None]
+    inv_freq = torch.exp(-math.log(10000.0) * torch.arange(0, d_model, 2, dtype=torch.float64) / d_model)
+    pe = torch.zeros(n_positions, d_model, dtype=torch.float64)
+    pe[:, 0::2] = torch.sin(pos * inv_freq)
+    pe[:, 1::2] = torch.cos(pos * inv_freq[: d_model // 2])
+    return pe.float()
+
+
+class FeedForward(nn.Module):
+    """FFN(x) = max(0, x W1 + b1) W2 + b2 (paper §3.3)."""
+
+    def __init__(self, d_model: int, d_ff: int, activation_dropout: float) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(d_model, d_ff)
+        self.fc2 = nn.Linear(d_ff, d_model)
+        self.dropout = nn.Dropout(activation_dropout)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.fc2(self.dropout(torch.relu(self.fc1(x))))
+
+
+class Residual(nn.Module):
+    """A sub-layer's residual connection, dropout and LayerNorm, post-norm or pre-norm."""
+
+    def __init__(self, d_model: int, dropout: float, normalize_before: bool) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(d_model)
+        self.dropout = nn.Dropout(dropout)
+        self.normalize_before = normalize_before
+
+    def forward(self, x: Tensor, sublayer: Callable[[Tensor], Tensor]) -> Tensor:
+        if self.normalize_before:
+            return x + self.dropout(sublayer(self.norm(x)))
+        return self.norm(x + self.dropout(sublayer(x)))
+
+
+class EncoderLayer(nn.Module):
+    def __init__(self, d_model: int, d_ff: int, heads: int, dropout: float, attention_dropout: float,
+                 activation_dropout: float, normalize_before: bool) -> None:
+        super().__init__()
+        self.self_attn = SelfAttention(d_model, heads, attention_dropout)
+        self.ffn = FeedForward(d_model, d_ff, activation_dropout)
+        self.res_attn = Residual(d_model, dropout, normalize_before)
+        self.res_ffn = Residual(d_model, dropout, normalize_before)
+
+    def forward(self, x: Tensor, mask: Tensor) -> Tensor:
+        """x: [B, S, D]; mask: [B, 1, 1, S] True where attention is allowed."""
+        x = self.res_attn(x, lambda h: self.self_attn(h, mask))
+        return self.res_ffn(x, self.ffn)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, d_model: int, d_ff: int, heads: int, dropout: float, attention_dropout: float,
+                 activation_dropout: float, normalize_before: bool) -> None:
+        super().__init__()
+        self.self_attn = SelfAttention(d_model, heads, attention_dropout)
+        self.cross_attn = CrossAttention(d_model, heads, attention_dropout)
+        self.ffn = FeedForward(d_model, d_ff, activation_dropout)
+        self.res_self = Residual(d_model, dropout, normalize_before)
+        self.res_cross = Residual(d_model, dropout, normalize_before)
+        self.res_ffn = Residual(d_model, dropout, normalize_before)
+
+    def forward(self, x: Tensor, cross_k: Tensor, cross_v: Tensor, cross_mask: Tensor) -> Tensor:
+        """Teacher-forced pass. x: [B, T, D]; cross_k/v: [B, H, S, Dh]; cross_mask: [B, 1, 1, S]."""
+        x = self.res_self(x, lambda h: self.self_attn(h, causal=True))
+        x = self.res_cross(x, lambda h: self.cross_attn(h, cross_k, cross_v, cross_mask))
+        return self.res_ffn(x, self.ffn)
+
+    def step(self, x: Tensor, past_k: Tensor, past_v: Tensor, cross_k: Tensor, cross_v: Tensor,
+             cross_mask: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """One incremental step. x: [N, 1, D] with N = B*K -> (x [N, 1, D], k, v [N, H, t+1, Dh])."""
+        new_kv: list[Tensor] = []
+
+        def self_attend(h: Tensor) -> Tensor:
+            y, k, v = self.self_attn.step(h, past_k, past_v)
+            new_kv.extend((k, v))
+            return y
+
+        n_sentences = cross_k.shape[0]
+
+        def cross_attend(h: Tensor) -> Tensor:  # the K beams of a sentence become K query positions
+            n, _, d = h.shape
+            y = self.cross_attn(h.view(n_sentences, n // n_sentences, d), cross_k, cross_v, cross_mask)
+            return y.reshape(n, 1, d)
+
+        x = self.res_self(x, self_attend)
+        x = self.res_cross(x, cross_attend)
+        return self.res_ffn(x, self.ffn), new_kv[0], new_kv[1]

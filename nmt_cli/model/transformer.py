@@ -1,0 +1,144 @@
+"""The encoder-decoder Transformer: `encode`, teacher-forced `decode`, and incremental `decode_step`.
+
+Shapes: B batch, K beam, N = B*K rows, S source length, T target length, D d_model, V vocab.
+`src_pad_mask` is True at padding.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from nmt_cli.config import ModelConfig
+from nmt_cli.data.vocab import PAD
+from nmt_cli.model.attention import attention_mask
+from nmt_cli.model.cache import DecoderCache
+from nmt_cli.model.layers import DecoderLayer, EncoderLayer, sinusoidal_positions
+
+
+@dataclass
+class EncoderOut:
+    memory: Tensor  # [B, S, D]
+    src_pad_mask: Tensor  # [B, S] True at padding
+
+
+class Embedding(nn.Module):
+    """Token embedding x sqrt(D) plus positions, then dropout (paper §3.4, §3.5, §5.4)."""
+
+    def __init__(self, tokens: nn.Embedding, max_positions: int, learned_pos: bool, dropout: float) -> None:
+        super().__init__()
+        self.tokens = tokens
+        d_model = tokens.embedding_dim
+        self.scale = math.sqrt(d_model)
+        if learned_pos:
+            self.positions = nn.Parameter(torch.randn(max_positions, d_model) * d_model**-0.5)
+        else:
+            self.register_buffer("positions", sinusoidal_positions(max_positions, d_model), persistent=False)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, tokens: Tensor, start: int = 0) -> Tensor:
+        """tokens: [N, T] -> [N, T, D], positions start..start+T-1."""
+        pos = self.positions[start:start + tokens.shape[1]]
+        return self.dropout(self.tokens(tokens) * self.scale + pos)
+
+
+class Transformer(nn.Module):
+    def __init__(self, vocab_size: int, encoder_layers: int, decoder_layers: int, d_model: int, d_ff: int,
+                 heads: int, dropout: float, attention_dropout: float, activation_dropout: float,
+                 normalize_before: bool, learned_pos: bool, share_embeddings: bool, share_output_embed: bool,
+                 max_positions: int) -> None:
+        super().__init__()
+        self.max_positions = max_positions
+        src_tokens = nn.Embedding(vocab_size, d_model, padding_idx=PAD)
+        tgt_tokens = src_tokens if share_embeddings else nn.Embedding(vocab_size, d_model, padding_idx=PAD)
+        for emb in {src_tokens, tgt_tokens}:
+            nn.init.normal_(emb.weight, mean=0.0, std=d_model**-0.5)
+            nn.init.zeros_(emb.weight[PAD])
+        self.src_embed = Embedding(src_tokens, max_positions, learned_pos, dropout)
+        self.tgt_embed = Embedding(tgt_tokens, max_positions, learned_pos, dropout)
+        layer_args = (d_model, d_ff, heads, dropout, attention_dropout, activation_dropout, normalize_before)
+        self.encoder = nn.ModuleList(EncoderLayer(*layer_args) for _ in range(encoder_layers))
+        self.decoder = nn.ModuleList(DecoderLayer(*layer_args) for _ in range(decoder_layers))
+        # Pre-norm stacks end with a LayerNorm; post-norm layers already end normalised.
+        self.encoder_norm = nn.LayerNorm(d_model) if normalize_before else nn.Identity()
+        self.decoder_norm = nn.LayerNorm(d_model) if normalize_before else nn.Identity()
+        self.output = nn.Linear(d_model, vocab_size, bias=False)
+        for name, p in self.named_parameters():
+            if p.dim() == 2 and "embed" not in name:
+                nn.init.xavier_uniform_(p)
+            elif name.endswith(".bias"):
+                nn.init.zeros_(p)
+        if share_output_embed:
+            self.output.weight = tgt_tokens.weight  # the pre-softmax projection (paper §3.4)
+
+    def encode(self, src_tokens: Tensor, src_pad_mask: Tensor) -> EncoderOut:
+        """src_tokens: [B, S] -> memory [B, S, D]."""
+        mask = attention_mask(src_pad_mask)
+        x = self.src_embed(src_tokens)
+        for layer in self.encoder:
+            x = layer(x, mask)
+        return EncoderOut(self.encoder_norm(x), src_pad_mask)
+
+    def decode(self, tgt_in: Tensor, enc: EncoderOut) -> Tensor:
+        """Teacher-forced decoder. tgt_in: [B, T] -> hidden states [B, T, D] (project with `logits`)."""
+        mask = attention_mask(enc.src_pad_mask)
+        x = self.tgt_embed(tgt_in)
+        for layer in self.decoder:
+            k, v = layer.cross_attn.memory_kv(enc.memory)
+            x = layer(x, k, v, mask)
+        return self.decoder_norm(x)
+
+    def logits(self, hidden: Tensor) -> Tensor:
+        return self.output(hidden)  # [..., V]
+
+    def forward(self, src_tokens: Tensor, src_pad_mask: Tensor, tgt_in: Tensor,
+                keep: Tensor | None = None) -> Tensor:
+        """Teacher-forced pass -> logits [B, T, V], or [M, V] at the M positions where `keep` [B, T] is True.
+
+        Training passes the non-pad target positions as `keep`, so no output projection is spent on padding.
+        """
+        hidden = self.decode(tgt_in, self.encode(src_tokens, src_pad_mask))
+        return self.logits(hidden if keep is None else hidden[keep])
+
+    def init_cache(self, enc: EncoderOut, beam: int) -> DecoderCache:
+        """Project the encoder output to every layer's cross-attention K/V once; empty self-attention state."""
+        cross = [layer.cross_attn.memory_kv(enc.memory) for layer in self.decoder]
+        b, _, d = enc.memory.shape
+        heads = self.decoder[0].self_attn.heads
+        empty = enc.memory.new_zeros(b * beam, heads, 0, d // heads)
+        n = len(self.decoder)
+        return DecoderCache([empty] * n, [empty] * n, [k for k, _ in cross], [v for _, v in cross],
+                            attention_mask(enc.src_pad_mask))
+
+    def decode_step(self, prev_tokens: Tensor, cache: DecoderCache) -> tuple[Tensor, DecoderCache]:
+        """Advance every row one token. prev_tokens: [N] -> (log-probs [N, V] in float32, new cache).
+
+        The step index is the cache length; rows are ordered sentence-major (row = b * K + beam).
+        """
+        step = cache.self_k[0].shape[2]
+        x = self.tgt_embed(prev_tokens[:, None], start=step)  # [N, 1, D]
+        new_k, new_v = [], []
+        for i, layer in enumerate(self.decoder):
+            x, k, v = layer.step(x, cache.self_k[i], cache.self_v[i], cache.cross_k[i], cache.cross_v[i],
+                                 cache.cross_mask)
+            new_k.append(k)
+            new_v.append(v)
+        logits = self.logits(self.decoder_norm(x[:, 0]))
+        new_cache = DecoderCache(new_k, new_v, cache.cross_k, cache.cross_v, cache.cross_mask)
+        return F.log_softmax(logits.float(), dim=-1), new_cache
+
+
+def build_model(cfg: ModelConfig) -> Transformer:
+    """The only place a ModelConfig becomes constructor arguments."""
+    return Transformer(cfg.vocab_size, cfg.encoder_layers, cfg.decoder_layers, cfg.d_model, cfg.d_ff, cfg.heads,
+                       cfg.dropout, cfg.attention_dropout, cfg.activation_dropout, cfg.normalize_before,
+                       cfg.learned_pos, cfg.share_embeddings, cfg.share_output_embed, cfg.max_positions)
+
+
+def count_parameters(model: nn.Module) -> int:
+    """Distinct parameters (tied weights counted once)."""
+    return sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())

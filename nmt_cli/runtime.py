@@ -1,0 +1,90 @@
+"""Seeding, device and thread choice, precision, and the distributed process group."""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from nmt_cli.errors import ConfigError
+
+logger = logging.getLogger(__name__)
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def choose_device(name: str, local_rank: int = 0) -> torch.device:
+    """Map --device auto|cpu|cuda to a torch.device (auto: CUDA when available)."""
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "cuda":
+        if not torch.cuda.is_available():
+            raise ConfigError("--device cuda was given but no CUDA device is available; use --device cpu")
+        return torch.device("cuda", local_rank)
+    return torch.device("cpu")
+
+
+def set_threads(n_threads: int | None) -> None:
+    if n_threads:
+        torch.set_num_threads(n_threads)
+
+
+def resolve_precision(device: torch.device, bf16: bool, fp16: bool) -> torch.dtype | None:
+    """The autocast dtype: bf16 on CUDA devices that support it by default, float32 on CPU unless --bf16."""
+    if bf16 and fp16:
+        raise ConfigError("--bf16 and --fp16 are exclusive; pick one")
+    if fp16:
+        if device.type != "cuda":
+            raise ConfigError("--fp16 needs a CUDA device; on CPU use --bf16")
+        return torch.float16
+    if bf16:
+        return torch.bfloat16
+    if device.type == "cuda" and torch.cuda.is_bf16_supported():
+        return torch.bfloat16
+    return None
+
+
+def autocast(device: torch.device, dtype: torch.dtype | None) -> AbstractContextManager:
+    if dtype is None:
+        return nullcontext()
+    return torch.autocast(device_type=device.type, dtype=dtype)
+
+
+@dataclass(frozen=True)
+class DistInfo:
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def init_distributed(device_name: str) -> tuple[DistInfo, torch.device]:
+    """Join the process group that torchrun describes in the environment (NCCL on CUDA, gloo on CPU)."""
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    device = choose_device(device_name, local_rank)
+    if world_size == 1:
+        return DistInfo(), device
+    import datetime
+
+    import torch.distributed as dist
+
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    timeout = datetime.timedelta(minutes=float(os.environ.get("NMT_DIST_TIMEOUT_MINUTES", "30")))
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo", timeout=timeout)
+    info = DistInfo(dist.get_rank(), dist.get_world_size(), local_rank)
+    return info, device

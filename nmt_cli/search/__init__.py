@@ -1,0 +1,1 @@
+"""Search: greedy and sampling, batched beam search, and `generate` over files and data splits."""

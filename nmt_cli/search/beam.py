@@ -1,0 +1,183 @@
+"""Batched beam search with incremental decoding.
+
+Shapes: B0 sentences in the call, B sentences still searching (B <= B0; finished ones leave the
+batch), K beam, V vocabulary, t tokens generated so far, L the longest allowed output + 1.
+
+Each step scores all K*V extensions of every sentence's beams and takes the top 2K candidates.
+Candidates ending in EOS that rank within the top K are finished (scored with the length
+penalty); the best K candidates that do not end in EOS stay alive.
+Stopping rule: a sentence stops once it has K finished hypotheses, or when it reaches its
+maximum length max_len = a * |x| + b (|x| source pieces without EOS), where EOS is forced.
+This is fairseq's rule; with K = 1 it is exactly greedy search.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from nmt_cli.config import SearchConfig
+from nmt_cli.data.vocab import BOS, EOS, PAD, UNK
+from nmt_cli.model.transformer import EncoderOut, Transformer
+
+NEG_INF = float("-inf")
+
+
+@dataclass
+class Hypothesis:
+    tokens: list[int]  # output ids without EOS
+    score: float  # sum of log-probs (nats) divided by the length penalty
+    positional_scores: list[float]  # log-prob of every token, EOS included
+
+
+@dataclass
+class BeamState:
+    tokens: Tensor  # [B, K, t] alive hypotheses (without BOS)
+    scores: Tensor  # [B, K] summed log-probs of the alive hypotheses
+    step_scores: Tensor  # [B, K, t] log-prob of each alive token
+    sent_ids: Tensor  # [B] index of each active sentence in the call
+
+
+@dataclass
+class Finished:
+    """Finished hypotheses of every sentence in the call, filled best-candidate first."""
+
+    tokens: Tensor  # [B0, K, L] EOS included, PAD after
+    step_scores: Tensor  # [B0, K, L]
+    lengths: Tensor  # [B0, K] tokens including EOS
+    scores: Tensor  # [B0, K] length-normalised score, -inf for an empty slot
+    count: Tensor  # [B0] filled slots
+
+
+def length_penalty(length: int, alpha: float, style: str) -> float:
+    """GNMT: ((5 + |Y|) / 6)^alpha (the paper's); fairseq: |Y|^alpha. |Y| counts EOS."""
+    return ((5.0 + length) / 6.0) ** alpha if style == "gnmt" else float(length) ** alpha
+
+
+def max_lengths(src_lens: Tensor, cfg: SearchConfig, max_positions: int) -> Tensor:
+    """[B] the longest output (without EOS) allowed for each sentence: a * |x| + b, within the model's positions."""
+    return (src_lens.double() * cfg.max_len_a + cfg.max_len_b).long().clamp(min=1, max=max_positions - 1)
+
+
+def constrain(log_probs: Tensor, step: int, max_len: Tensor, cfg: SearchConfig) -> Tensor:
+    """Never PAD or BOS; no EOS before min_len; only EOS at max_len; unk penalty. log_probs: [N, V], max_len: [N]."""
+    log_probs[:, PAD] = NEG_INF
+    log_probs[:, BOS] = NEG_INF
+    if cfg.unkpen:
+        log_probs[:, UNK] -= cfg.unkpen
+    if step < cfg.min_len:
+        log_probs[:, EOS] = NEG_INF
+    at_max = max_len <= step
+    if bool(at_max.any()):
+        eos_column = log_probs[at_max, EOS]
+        log_probs[at_max] = NEG_INF
+        log_probs[at_max, EOS] = eos_column
+    return log_probs
+
+
+def top_candidates(state: BeamState, log_probs: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """The best 2K extensions of each sentence. log_probs: [B*K, V] -> scores, beams, tokens: [B, 2K]."""
+    b, k = state.scores.shape
+    vocab = log_probs.shape[-1]
+    totals = (state.scores[:, :, None] + log_probs.view(b, k, vocab)).view(b, k * vocab)
+    scores, flat = totals.topk(min(2 * k, k * vocab), dim=1)
+    return scores, flat // vocab, flat % vocab
+
+
+def finish(state: BeamState, fin: Finished, scores: Tensor, beams: Tensor, tokens: Tensor, log_probs: Tensor,
+           step: int, cfg: SearchConfig) -> None:
+    """Move EOS candidates ranked within the top K into the finished slots, best first, while slots remain."""
+    b, k = state.scores.shape
+    is_final = (tokens[:, :k] == EOS) & torch.isfinite(scores[:, :k])  # [B, K]
+    slot = fin.count[state.sent_ids, None] + is_final.long().cumsum(1) - 1
+    write = is_final & (slot < k)
+    rows, cols = write.nonzero(as_tuple=True)
+    if len(rows):
+        sent, src_beam = state.sent_ids[rows], beams[rows, cols]
+        dest = slot[rows, cols]
+        fin.tokens[sent, dest, :step] = state.tokens[rows, src_beam]
+        fin.tokens[sent, dest, step] = EOS
+        fin.step_scores[sent, dest, :step] = state.step_scores[rows, src_beam]
+        fin.step_scores[sent, dest, step] = log_probs.view(b, k, -1)[rows, src_beam, EOS]
+        fin.lengths[sent, dest] = step + 1
+        fin.scores[sent, dest] = scores[rows, cols] / length_penalty(step + 1, cfg.lenpen, cfg.lenpen_style)
+        fin.count.index_add_(0, sent, torch.ones_like(sent))
+
+
+def survive(state: BeamState, scores: Tensor, beams: Tensor, tokens: Tensor, log_probs: Tensor) -> tuple[BeamState, Tensor]:
+    """Keep the best K candidates that do not end in EOS. Returns the new state and the source rows [B*K]."""
+    b, k = state.scores.shape
+    alive_scores, pick = scores.masked_fill(tokens == EOS, NEG_INF).topk(k, dim=1)  # [B, K]
+    src_beam, new_token = beams.gather(1, pick), tokens.gather(1, pick)
+    rows = (torch.arange(b, device=beams.device)[:, None] * k + src_beam).view(-1)  # [B*K]
+    token_scores = log_probs[rows, new_token.view(-1)].view(b, k)
+    new = BeamState(torch.cat([state.tokens.view(b * k, -1)[rows].view(b, k, -1), new_token[:, :, None]], dim=2),
+                    alive_scores,
+                    torch.cat([state.step_scores.view(b * k, -1)[rows].view(b, k, -1), token_scores[:, :, None]], 2),
+                    state.sent_ids)
+    return new, rows
+
+
+def keep_sentences(state: BeamState, keep: Tensor) -> BeamState:
+    return BeamState(state.tokens[keep], state.scores[keep], state.step_scores[keep], state.sent_ids[keep])
+
+
+def collect(fin: Finished, nbest: int) -> list[list[Hypothesis]]:
+    """Each sentence's `nbest` finished hypotheses, best first."""
+    order = fin.scores.argsort(dim=1, descending=True)[:, :nbest]
+    results = []
+    for s in range(fin.scores.shape[0]):
+        hyps = []
+        for j in order[s].tolist():
+            n = int(fin.lengths[s, j])
+            hyps.append(Hypothesis(fin.tokens[s, j, :n - 1].tolist(), float(fin.scores[s, j]),
+                                   fin.step_scores[s, j, :n].tolist()))
+        results.append(hyps)
+    return results
+
+
+@torch.inference_mode()
+def beam_search(model: Transformer, enc: EncoderOut, src_lens: Tensor, cfg: SearchConfig) -> list[list[Hypothesis]]:
+    """Translate a batch of encoded sentences.
+
+    Args:
+        model: the Transformer (in eval mode).
+        enc: encoder output for B0 sentences.
+        src_lens: [B0] source lengths without EOS.
+        cfg: beam size, length penalty, length limits, nbest.
+
+    Returns:
+        For each sentence, `cfg.nbest` hypotheses, best first.
+    """
+    k, device = cfg.beam, enc.memory.device
+    b0 = enc.memory.shape[0]
+    max_len = max_lengths(src_lens, cfg, model.max_positions).to(device)  # [B0]
+    n_steps = int(max_len.max()) + 1
+    cache = model.init_cache(enc, k)
+    state = BeamState(torch.zeros(b0, k, 0, dtype=torch.long, device=device),
+                      torch.full((b0, k), NEG_INF, device=device).index_fill_(1, torch.tensor([0], device=device), 0.0),
+                      torch.zeros(b0, k, 0, device=device), torch.arange(b0, device=device))
+    fin = Finished(torch.full((b0, k, n_steps), PAD, dtype=torch.long, device=device),
+                   torch.zeros(b0, k, n_steps, device=device), torch.ones(b0, k, dtype=torch.long, device=device),
+                   torch.full((b0, k), NEG_INF, device=device), torch.zeros(b0, dtype=torch.long, device=device))
+    prev = torch.full((b0 * k,), BOS, dtype=torch.long, device=device)
+    for step in range(n_steps):
+        log_probs, cache = model.decode_step(prev, cache)  # [B*K, V]
+        log_probs = constrain(log_probs, step, max_len[state.sent_ids].repeat_interleave(k), cfg)
+        scores, beams, tokens = top_candidates(state, log_probs)
+        finish(state, fin, scores, beams, tokens, log_probs, step, cfg)
+        state, rows = survive(state, scores, beams, tokens, log_probs)
+        done = fin.count[state.sent_ids] >= k  # [B]
+        if bool(done.all()):
+            break
+        if bool(done.any()):
+            keep = (~done).nonzero().squeeze(1)
+            rows = rows.view(-1, k)[keep].view(-1)
+            state = keep_sentences(state, keep)
+            cache = cache.select_sentences(keep, rows)
+        else:
+            cache = cache.select_rows(rows)
+        prev = state.tokens[:, :, -1].reshape(-1)
+    return collect(fin, cfg.nbest)

@@ -1,0 +1,158 @@
+"""The training loop: take the next update's batches, step, then log, validate and save on cadence.
+
+Stopping rules (checked after every update and every epoch): --max-update, --max-epoch,
+--max-time-minutes, --patience, and SIGINT/SIGTERM, which save checkpoint_last.pt and return.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import signal
+import time
+from contextlib import contextmanager
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from nmt_cli.log import progress
+from nmt_cli.train.distributed import broadcast_flag
+from nmt_cli.train.trainer import StepStats, Trainer
+
+logger = logging.getLogger(__name__)
+
+
+class Meter:
+    """Averages of the updates since the last log line."""
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self.loss = self.nll = self.seconds = self.grad_norm = 0.0
+        self.n_tokens = self.n_updates = 0
+
+    def add(self, s: StepStats) -> None:
+        self.loss += s.loss * s.n_tokens
+        self.nll += s.nll * s.n_tokens
+        self.n_tokens += s.n_tokens
+        self.seconds += s.seconds
+        self.grad_norm += s.grad_norm
+        self.n_updates += 1
+
+    def summary(self) -> dict[str, float]:
+        n = max(self.n_tokens, 1)
+        nll = self.nll / n
+        return {"loss": self.loss / n, "nll_loss": nll, "ppl": math.exp(min(nll, 100.0)),
+                "tgt_tok_per_s": self.n_tokens / max(self.seconds, 1e-9),
+                "grad_norm": self.grad_norm / max(self.n_updates, 1)}
+
+
+class Run:
+    """The loop's mutable surroundings: signals, meters, clock, log file."""
+
+    def __init__(self, trainer: Trainer) -> None:
+        self.trainer = trainer
+        self.meter = Meter()
+        self.signal: int | None = None
+        self.saved_at = -1  # update of the last checkpoint_last.pt written by this run
+        self.numbered_at = -1  # update of the last numbered checkpoint
+        self.clock_start = time.monotonic()
+        self.elapsed_start = trainer.state.elapsed
+        log_file = trainer.cfg.log_file
+        self.log_path = Path(log_file) if log_file and trainer.info.is_main else None
+
+    def tick(self) -> None:
+        self.trainer.state.elapsed = self.elapsed_start + time.monotonic() - self.clock_start
+
+    def emit(self, event: str, values: dict[str, Any]) -> None:
+        if not self.trainer.info.is_main:
+            return
+        s = self.trainer.state
+        record = {"event": event, "update": s.update, "epoch": s.epoch, "elapsed_s": round(s.elapsed, 1), **values}
+        text = " | ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in record.items()
+                          if k != "event")
+        logger.info("%s | %s", event, text)
+        if self.log_path:
+            with self.log_path.open("a") as f:
+                f.write(json.dumps(record) + "\n")
+
+    @contextmanager
+    def signals(self) -> Iterator[None]:
+        def handler(signum: int, frame: Any) -> None:
+            self.signal = signum
+
+        previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            yield
+        finally:
+            for s, h in previous.items():
+                signal.signal(s, h)
+
+
+def validate_and_save(run: Run, numbered: bool) -> None:
+    """Validate (when there is a valid split) and save checkpoint_last.pt, numbered and best as due."""
+    t = run.trainer
+    best = False
+    if t.valid_data is not None:
+        result = t.validate()
+        best = t.record_validation(result)
+        run.emit("valid", {**result, "best": t.state.best})
+    run.tick()
+    t.save(numbered=numbered, best=best)
+    run.saved_at = t.state.update
+    if numbered:
+        run.numbered_at = t.state.update
+
+
+def after_update(run: Run, stats: StepStats | None) -> None:
+    t, c, s = run.trainer, run.trainer.cfg, run.trainer.state
+    run.tick()
+    if stats is not None:
+        run.meter.add(stats)
+    if stats is not None and s.update % c.log_interval == 0:
+        run.emit("train", {**run.meter.summary(), "lr": t.lr(s.update), "skipped": s.n_skipped_updates})
+        run.meter.reset()
+    timed = broadcast_flag(bool(c.save_interval_minutes) and
+                           s.elapsed - s.last_timed_save >= c.save_interval_minutes * 60, t.info, t.device)
+    if timed:
+        s.last_timed_save = s.elapsed
+    by_updates = bool(stats) and bool(c.save_interval_updates) and s.update % c.save_interval_updates == 0
+    validate = bool(stats) and bool(c.validate_interval_updates) and s.update % c.validate_interval_updates == 0
+    if timed or by_updates or validate:
+        validate_and_save(run, numbered=timed or by_updates)
+
+
+def run(trainer: Trainer) -> None:
+    """Train until a stopping rule holds; always leaves an up-to-date checkpoint_last.pt."""
+    r = Run(trainer)
+    s, c = trainer.state, trainer.cfg
+    with r.signals(), progress() as bar:
+        task = bar.add_task("train", total=c.max_update or None, completed=s.update, info="")
+        reason = None
+        while reason is None:
+            batches = trainer.epoch_batches()
+            if s.batch_in_epoch >= len(batches):  # end of epoch: the checkpoint points at the next one
+                logger.info("end of epoch %d", s.epoch)
+                s.epoch, s.batch_in_epoch = s.epoch + 1, 0
+                validate_and_save(r, numbered=False)
+            else:
+                group = batches[s.batch_in_epoch:s.batch_in_epoch + c.update_freq]
+                stats = trainer.train_step(group)
+                s.batch_in_epoch += len(group)
+                after_update(r, stats)
+                bar.update(task, completed=s.update, info=f"epoch {s.epoch}")
+            reason = trainer.stop_reason()
+            if broadcast_flag(r.signal is not None, trainer.info, trainer.device):
+                reason = "stopped by a signal"
+    r.tick()
+    if reason == "stopped by a signal":
+        trainer.save(numbered=False, best=False)
+    elif r.numbered_at == s.update:
+        pass
+    elif r.saved_at == s.update:  # validated at this very update already
+        trainer.save(numbered=True, best=False)
+    else:
+        validate_and_save(r, numbered=True)
+    logger.info("training ended at update %d, epoch %d after %.0f s: %s", s.update, s.epoch, s.elapsed, reason)
