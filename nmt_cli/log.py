@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import sys
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
@@ -18,12 +19,20 @@ _progress_enabled = True
 
 
 def setup_logging(verbosity: int = 0, progress: bool = True) -> None:
-    """Install one RichHandler on stderr. verbosity: -1 quiet, 0 info, 1 debug."""
+    """One handler on stderr: rich on a terminal, plain unwrapped lines otherwise (files, pipes, CI).
+
+    verbosity: -1 quiet, 0 info, 1 debug.
+    """
     global _progress_enabled
     _progress_enabled = progress
     level = {-1: logging.WARNING, 0: logging.INFO}.get(verbosity, logging.DEBUG)
-    handler = RichHandler(console=console, show_path=False, show_time=True, markup=False,
-                          log_time_format="[%X]")
+    handler: logging.Handler
+    if console.is_terminal:
+        handler = RichHandler(console=console, show_path=False, show_time=True, markup=False,
+                              log_time_format="[%X]")
+    else:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%H:%M:%S"))
     root = logging.getLogger("nmt_cli")
     root.handlers[:] = [handler]
     root.setLevel(level)
@@ -35,6 +44,9 @@ def print_error(message: str) -> None:
 
 
 def print_table(title: str, rows: Mapping[str, Any]) -> None:
+    if not console.is_terminal:
+        logging.getLogger("nmt_cli").info("%s: %s", title, ", ".join(f"{k}={v}" for k, v in rows.items()))
+        return
     table = Table(title=title, show_header=False, title_justify="left")
     for key, value in rows.items():
         table.add_row(str(key), str(value))

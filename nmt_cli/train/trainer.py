@@ -22,7 +22,7 @@ import torch
 
 from nmt_cli import __version__
 from nmt_cli.config import ModelConfig, SearchConfig, TrainConfig, config_to_dict, model_config_from_arch
-from nmt_cli.data.batching import batch_by_tokens, collate, epoch_batches
+from nmt_cli.data.batching import Batch, batch_by_tokens, collate, epoch_batches
 from nmt_cli.data.dataset import ParallelDataset, load_meta, load_vocab
 from nmt_cli.data.vocab import PAD, Vocab
 from nmt_cli.errors import CheckpointError, DataError, NmtError
@@ -96,11 +96,16 @@ class Trainer:
     # ---- one update -------------------------------------------------------------------------------
     def forward_loss(self, ids: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, int]:
         batch = collate(self.train_data, ids).to(self.device)
+        loss, nll = self.batch_loss(batch)
+        return loss, nll, batch.n_tgt_tokens
+
+    def batch_loss(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+        """Summed label-smoothed loss and NLL over the batch's real target tokens."""
         keep = batch.tgt_out.ne(PAD)
         with autocast(self.device, self.amp_dtype):
-            logits = self.model(batch.src_tokens, batch.src_pad_mask, batch.tgt_in, keep)  # [M, V]
-        loss, nll = label_smoothed_nll(logits, batch.tgt_out[keep], self.cfg.label_smoothing)
-        return loss, nll, batch.n_tgt_tokens
+            hidden = self.model.decode(batch.tgt_in, self.model.encode(batch.src_tokens, batch.src_pad_mask))
+            return label_smoothed_nll(hidden[keep], self.model.output.weight, batch.tgt_out[keep],
+                                      self.cfg.label_smoothing)
 
     def train_step(self, group: list[np.ndarray]) -> StepStats | None:
         """Forward/backward over this rank's batches, sync, normalise, clip, step. None if skipped."""
@@ -183,10 +188,7 @@ class Trainer:
         totals = torch.zeros(3, dtype=torch.float64, device=self.device)
         for ids in batches[self.info.rank::self.info.world_size]:
             batch = collate(data, ids, self.model_cfg.max_positions).to(self.device)
-            keep = batch.tgt_out.ne(PAD)
-            with autocast(self.device, self.amp_dtype):
-                logits = self.model(batch.src_tokens, batch.src_pad_mask, batch.tgt_in, keep)
-            loss, nll = label_smoothed_nll(logits, batch.tgt_out[keep], self.cfg.label_smoothing)
+            loss, nll = self.batch_loss(batch)
             totals += torch.tensor([loss.item(), nll.item(), batch.n_tgt_tokens], dtype=torch.float64,
                                    device=self.device)
         loss_sum, nll_sum, n_tokens = all_reduce_sum(totals, self.info).tolist()

@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# Multi30k EN->DE on a CPU: preprocess, train for TRAIN_MINUTES of wall clock, average the last
+# checkpoints, translate test_2016_flickr with beam 4 and score it with sacreBLEU.
+# Each step skips itself when its output exists. Settings and measured results: README.md here.
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+RAW_DIR=${RAW_DIR:-$here/../../../shared/data/multi30k}
+WORK_DIR=${WORK_DIR:-$here/../../work/multi30k_en_de}
+TRAIN_MINUTES=${TRAIN_MINUTES:-60}
+THREADS=${THREADS:-2}
+ARCH=${ARCH:-transformer_small}
+VOCAB=${VOCAB:-8000}
+MAX_TOKENS=${MAX_TOKENS:-4096}
+N_AVERAGE=${N_AVERAGE:-5}
+PRECISION=${PRECISION:---bf16}
+run() { echo "+ $*" >&2; [ "${DRY_RUN:-0}" = 1 ] || "$@"; }
+
+mkdir -p "$WORK_DIR"
+# 1. Data: the shared copy, or the same files from the Multi30k project's repository.
+if [ ! -f "$RAW_DIR/train.en" ]; then
+    RAW_DIR=$WORK_DIR/raw
+    url=https://raw.githubusercontent.com/multi30k/dataset/master/data/task1/raw
+    mkdir -p "$RAW_DIR"
+    for split in train:train val:valid test_2016_flickr:test_2016_flickr; do
+        for lang in en de; do
+            [ -f "$RAW_DIR/${split#*:}.$lang" ] || run sh -c "curl -fsSL $url/${split%%:*}.$lang.gz | gunzip > '$RAW_DIR/${split#*:}.$lang'"
+        done
+    done
+fi
+
+# 2. Joint sentencepiece vocabulary and binarized data.
+[ -f "$WORK_DIR/data-bin/meta.json" ] || run nmt preprocess -s en -t de \
+    --trainpref "$RAW_DIR/train" --validpref "$RAW_DIR/valid" --testpref "$RAW_DIR/test_2016_flickr" \
+    --destdir "$WORK_DIR/data-bin" --vocab-size "$VOCAB" --max-len-ratio 3 --workers "$THREADS"
+
+# 3. Train for TRAIN_MINUTES, a numbered checkpoint every 1/12 of the budget (the paper: every 10 minutes).
+SAVE_MINUTES=$(awk "BEGIN { print $TRAIN_MINUTES / 12 }")
+run nmt train "$WORK_DIR/data-bin" --save-dir "$WORK_DIR/checkpoints" --arch "$ARCH" \
+    --max-tokens "$MAX_TOKENS" --lr-scale 1 --warmup-updates 1000 --label-smoothing 0.1 \
+    --max-time-minutes "$TRAIN_MINUTES" --save-interval-minutes "$SAVE_MINUTES" --threads "$THREADS" \
+    --log-interval 50 --log-file "$WORK_DIR/train.jsonl" $PRECISION
+
+# 4. Average the last N_AVERAGE numbered checkpoints.
+[ -f "$WORK_DIR/average.pt" ] && [ "$WORK_DIR/average.pt" -nt "$WORK_DIR/checkpoints/checkpoint_last.pt" ] || \
+    run nmt average-checkpoints --inputs "$WORK_DIR/checkpoints" --num-update-checkpoints "$N_AVERAGE" \
+        --output "$WORK_DIR/average.pt"
+
+# 5. Translate the test set (beam 4, GNMT length penalty 0.6, max length input + 50), then score.
+[ -f "$WORK_DIR/test.hyp.de" ] && [ "$WORK_DIR/test.hyp.de" -nt "$WORK_DIR/average.pt" ] || \
+    run sh -c "nmt generate --path '$WORK_DIR/average.pt' --input '$RAW_DIR/test_2016_flickr.en' --beam 4 \
+        --lenpen 0.6 --max-len-a 1 --max-len-b 50 --threads $THREADS > '$WORK_DIR/test.hyp.de.tmp' \
+        && mv '$WORK_DIR/test.hyp.de.tmp' '$WORK_DIR/test.hyp.de'"
+run nmt score --sys "$WORK_DIR/test.hyp.de" --ref "$RAW_DIR/test_2016_flickr.de" | tee "$WORK_DIR/score.txt"

@@ -1,0 +1,71 @@
+"""Shared fixtures: a toy digit corpus, its data directory, a tiny model and a tiny trained checkpoint."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+import torch
+
+from nmt_cli.config import ModelConfig, PreprocessConfig, SearchConfig, TrainConfig
+from nmt_cli.data.preprocess import preprocess
+from nmt_cli.model.transformer import build_model
+
+SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+
+
+def write_copy_corpus(prefix: Path, n: int, seed: int, src: str = "src", tgt: str = "tgt") -> None:
+    """Digit sequences; the target is the source (a copy task a tiny model can learn)."""
+    rng = random.Random(seed)
+    lines = [" ".join(str(rng.randrange(10)) for _ in range(rng.randint(2, 9))) for _ in range(n)]
+    prefix.parent.mkdir(parents=True, exist_ok=True)
+    Path(f"{prefix}.{src}").write_text("\n".join(lines) + "\n")
+    Path(f"{prefix}.{tgt}").write_text("\n".join(lines) + "\n")
+
+
+@pytest.fixture(scope="session")
+def toy_corpus(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("corpus")
+    write_copy_corpus(root / "train", 2000, seed=1)
+    write_copy_corpus(root / "valid", 50, seed=2)
+    write_copy_corpus(root / "test", 30, seed=3)
+    return root
+
+
+@pytest.fixture(scope="session")
+def toy_data_bin(toy_corpus, tmp_path_factory) -> Path:
+    dest = tmp_path_factory.mktemp("bin") / "data-bin"
+    preprocess(PreprocessConfig(source_lang="src", target_lang="tgt", trainpref=str(toy_corpus / "train"),
+                                validpref=str(toy_corpus / "valid"), testpref=str(toy_corpus / "test"),
+                                destdir=str(dest), vocab_size=24, max_len_ratio=1.5))
+    return dest
+
+
+@pytest.fixture
+def tiny_model_config() -> ModelConfig:
+    return ModelConfig(arch="transformer_tiny", vocab_size=24, encoder_layers=2, decoder_layers=2, d_model=16,
+                       d_ff=32, heads=2, dropout=0.0, max_positions=64)
+
+
+@pytest.fixture
+def tiny_model(tiny_model_config):
+    torch.manual_seed(0)
+    return build_model(tiny_model_config).eval()
+
+
+def tiny_train_config(data_bin: Path, save_dir: Path, **kw) -> TrainConfig:
+    base = dict(data_dir=str(data_bin), save_dir=str(save_dir), arch="transformer_tiny", max_tokens=512,
+                max_update=8, warmup_updates=4, lr_scale=1.0, log_interval=4, device="cpu", threads=1)
+    base.update(kw)
+    return TrainConfig(**base)
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(toy_data_bin, tmp_path_factory) -> Path:
+    """A transformer_tiny trained for a few updates on the copy corpus (fast, not converged)."""
+    from nmt_cli.train.trainer import train
+
+    save_dir = tmp_path_factory.mktemp("ckpt")
+    train(tiny_train_config(toy_data_bin, save_dir, max_update=6, save_interval_updates=2), {}, SearchConfig())
+    return save_dir / "checkpoint_last.pt"

@@ -1,0 +1,50 @@
+import unicodedata
+
+import numpy as np
+import pytest
+
+from nmt_cli.data.binarize import TokenArray, TokenWriter, token_dtype
+from nmt_cli.data.dataset import ParallelDataset, load_vocab
+from nmt_cli.data.vocab import BOS, EOS, PAD, UNK, Vocab
+from nmt_cli.errors import DataError
+
+
+def test_special_ids_are_pinned(toy_data_bin):
+    vocab = load_vocab(toy_data_bin)
+    assert (vocab.sp.pad_id(), vocab.sp.unk_id(), vocab.sp.bos_id(), vocab.sp.eos_id()) == (PAD, UNK, BOS, EOS)
+    assert vocab.padded_size % 8 == 0 and vocab.padded_size >= vocab.n_pieces
+
+
+@pytest.mark.parametrize("text", ["3 1 4 1 5", "9", "0 0 0 0 0 0 0 0 0"])
+def test_sentencepiece_round_trip(toy_data_bin, text):
+    vocab = load_vocab(toy_data_bin)
+    assert vocab.decode(vocab.encode([text])[0]) == unicodedata.normalize("NFKC", text)
+
+
+def test_binarized_ids_equal_sentencepiece_encoding(toy_data_bin, toy_corpus):
+    vocab = load_vocab(toy_data_bin)
+    data = ParallelDataset(toy_data_bin, "valid")
+    lines = (toy_corpus / "valid.src").read_text().splitlines()
+    assert len(data) == len(lines)
+    expected = vocab.encode(lines)
+    for i in range(len(data)):
+        assert data.src[i].tolist() == expected[i]
+        assert data.tgt[i].tolist() == expected[i]
+    assert data.src.tokens.dtype == np.uint16
+
+
+def test_token_writer_round_trip(tmp_path):
+    sentences = [[5, 6, 7], [], [70000, 1]]
+    writer = TokenWriter(tmp_path / "x", token_dtype(80000))
+    writer.add(sentences[:2])
+    writer.add(sentences[2:])
+    assert writer.finish() == 5
+    arr = TokenArray(tmp_path / "x")
+    assert [arr[i].tolist() for i in range(len(arr))] == sentences
+    assert arr.tokens.dtype == np.int32
+    assert not (tmp_path / "x.raw").exists()
+
+
+def test_not_a_sentencepiece_model():
+    with pytest.raises(DataError, match="not a sentencepiece model"):
+        Vocab(b"garbage", "x.model")

@@ -1,0 +1,140 @@
+import math
+from dataclasses import replace
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from nmt_cli.config import ARCHITECTURES, model_config_from_arch
+from nmt_cli.data.vocab import BOS, PAD
+from nmt_cli.errors import ConfigError
+from nmt_cli.model.layers import sinusoidal_positions
+from nmt_cli.model.transformer import build_model, count_parameters
+
+
+def closed_form_parameters(v, n_enc, n_dec, d, d_ff, normalize_before=False):
+    """Paper Table 3 bookkeeping: one tied V x D embedding, 4D^2+4D per attention, 2 D d_ff + d_ff + D per FFN,
+    2D per LayerNorm (+ a final LayerNorm per stack in pre-norm)."""
+    attention = 4 * d * d + 4 * d
+    ffn = 2 * d * d_ff + d_ff + d
+    norm = 2 * d
+    encoder = n_enc * (attention + ffn + 2 * norm)
+    decoder = n_dec * (2 * attention + ffn + 3 * norm)
+    return v * d + encoder + decoder + (2 * norm if normalize_before else 0)
+
+
+@pytest.mark.parametrize("arch", list(ARCHITECTURES))
+def test_parameter_count_matches_closed_form(arch):
+    cfg = model_config_from_arch(arch, 37000, {})
+    with torch.device("meta"):
+        model = build_model(cfg)
+    expected = closed_form_parameters(37000, cfg.encoder_layers, cfg.decoder_layers, cfg.d_model, cfg.d_ff)
+    assert count_parameters(model) == expected
+
+
+def test_paper_sizes():
+    # Table 3: base 65M, big 213M with a 37k joint vocabulary; ours are 63.1M and 214.2M (see README).
+    with torch.device("meta"):
+        base = build_model(model_config_from_arch("transformer_base", 37000, {}))
+        big = build_model(model_config_from_arch("transformer_big", 37000, {}))
+    assert round(count_parameters(base) / 1e6, 1) == 63.1
+    assert round(count_parameters(big) / 1e6, 1) == 214.2
+
+
+def test_pre_norm_adds_final_layer_norms():
+    cfg = model_config_from_arch("transformer_tiny", 40, {"normalize_before": True})
+    expected = closed_form_parameters(40, 2, 2, cfg.d_model, cfg.d_ff, normalize_before=True)
+    assert count_parameters(build_model(cfg)) == expected
+
+
+def test_tied_weights_share_storage(tiny_model):
+    m = tiny_model
+    assert m.src_embed.tokens.weight.data_ptr() == m.tgt_embed.tokens.weight.data_ptr()
+    assert m.output.weight.data_ptr() == m.tgt_embed.tokens.weight.data_ptr()
+
+
+def test_untied_weights(tiny_model_config):
+    m = build_model(replace(tiny_model_config, share_embeddings=False, share_output_embed=False))
+    ptrs = {m.src_embed.tokens.weight.data_ptr(), m.tgt_embed.tokens.weight.data_ptr(), m.output.weight.data_ptr()}
+    assert len(ptrs) == 3
+
+
+def test_flag_beats_preset():
+    cfg = model_config_from_arch("transformer_big", 100, {"dropout": 0.1, "d_model": 512, "heads": None})
+    assert cfg.dropout == 0.1 and cfg.d_model == 512 and cfg.heads == 16 and cfg.d_ff == 4096
+
+
+def test_unknown_arch_and_bad_shape():
+    with pytest.raises(ConfigError, match="unknown --arch 'transformer_huge'"):
+        model_config_from_arch("transformer_huge", 100, {})
+    with pytest.raises(ConfigError, match="d_model=500 must be divisible by heads=8"):
+        model_config_from_arch("transformer_base", 100, {"d_model": 500})
+
+
+def test_sinusoidal_positions_follow_the_paper():
+    pe = sinusoidal_positions(50, 16)
+    pos, i = 7, 3
+    assert pe[pos, 2 * i].item() == pytest.approx(math.sin(pos / 10000 ** (2 * i / 16)), abs=1e-6)
+    assert pe[pos, 2 * i + 1].item() == pytest.approx(math.cos(pos / 10000 ** (2 * i / 16)), abs=1e-6)
+
+
+def batch(b=3, s=7, t=6, vocab=24, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    src = torch.randint(4, vocab, (b, s), generator=g)
+    src_pad = torch.zeros(b, s, dtype=torch.bool)
+    src_pad[1, 5:] = True
+    src_pad[2, 3:] = True
+    src = src.masked_fill(src_pad, PAD)
+    tgt = torch.randint(4, vocab, (b, t), generator=g)
+    tgt[:, 0] = BOS
+    return src, src_pad, tgt
+
+
+def test_shapes(tiny_model):
+    src, src_pad, tgt = batch()
+    enc = tiny_model.encode(src, src_pad)
+    assert enc.memory.shape == (3, 7, 16)
+    assert tiny_model.decode(tgt, enc).shape == (3, 6, 16)
+    assert tiny_model(src, src_pad, tgt).shape == (3, 6, 24)
+    keep = torch.ones(3, 6, dtype=torch.bool)
+    keep[0, 4:] = False
+    assert tiny_model(src, src_pad, tgt, keep).shape == (16, 24)
+
+
+def test_padding_does_not_change_encoder_outputs(tiny_model):
+    src, src_pad, _ = batch()
+    out = tiny_model.encode(src, src_pad).memory
+    wider = torch.cat([src, torch.full((3, 4), PAD)], dim=1)
+    wider_pad = torch.cat([src_pad, torch.ones(3, 4, dtype=torch.bool)], dim=1)
+    out_wide = tiny_model.encode(wider, wider_pad).memory
+    real = ~src_pad
+    torch.testing.assert_close(out_wide[:, :7][real], out[real], atol=1e-5, rtol=1e-5)
+    alone = tiny_model.encode(src[2:, :3], src_pad[2:, :3]).memory
+    torch.testing.assert_close(alone[0], out[2, :3], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("normalize_before", [False, True])
+@pytest.mark.parametrize("beam", [1, 3])
+def test_decode_step_matches_full_decode(tiny_model_config, normalize_before, beam):
+    torch.manual_seed(1)
+    model = build_model(replace(tiny_model_config, normalize_before=normalize_before)).eval()
+    src, src_pad, tgt = batch()
+    enc = model.encode(src, src_pad)
+    tgt = tgt.repeat_interleave(beam, dim=0)  # rows b*K+k, as in beam search
+    full = F.log_softmax(model(src.repeat_interleave(beam, 0), src_pad.repeat_interleave(beam, 0), tgt), dim=-1)
+    cache = model.init_cache(enc, beam)
+    for t in range(tgt.shape[1]):
+        step_lp, cache = model.decode_step(tgt[:, t], cache)
+        assert (step_lp - full[:, t]).abs().max().item() <= 1e-5
+
+
+def test_attention_matches_manual_formula():
+    from nmt_cli.model.attention import SelfAttention
+
+    torch.manual_seed(0)
+    attn = SelfAttention(8, 2, 0.0).eval()
+    x = torch.randn(2, 5, 8)
+    q, k, v = (w.view(2, 5, 2, 4).transpose(1, 2) for w in attn.qkv(x).chunk(3, -1))
+    weights = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(4), dim=-1)
+    expected = attn.out((weights @ v).transpose(1, 2).reshape(2, 5, 8))
+    torch.testing.assert_close(attn(x), expected, atol=1e-6, rtol=1e-5)

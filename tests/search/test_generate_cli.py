@@ -1,0 +1,145 @@
+"""`nmt generate` and `nmt score` through the CLI, on a tiny trained checkpoint."""
+
+import json
+
+import pytest
+import sacrebleu
+from click.testing import CliRunner
+
+from nmt_cli.cli import cli
+
+
+def nmt(*args, input=None):
+    return CliRunner().invoke(cli, [str(a) for a in args], input=input)
+
+
+def test_generate_split_fairseq_format(tiny_checkpoint, toy_data_bin, toy_corpus):
+    r = nmt("generate", toy_data_bin, "--path", tiny_checkpoint, "--gen-subset", "test", "--beam", 3, "--nbest", 2,
+            "--max-len-b", 5)
+    assert r.exit_code == 0, r.output
+    lines = r.stdout.splitlines()
+    n = len((toy_corpus / "test.src").read_text().splitlines())
+    ids = [int(line.split("\t")[0][2:]) for line in lines if line.startswith("S-")]
+    assert ids == list(range(n))
+    assert sum(line.startswith("H-") for line in lines) == 2 * n
+    assert lines[0] == "S-0\t" + (toy_corpus / "test.src").read_text().splitlines()[0]
+    h = next(line for line in lines if line.startswith("H-")).split("\t")
+    p = next(line for line in lines if line.startswith("P-")).split("\t")
+    assert len(p[1].split()) == len(h[2].split()) + 1 if h[2] else 1
+    assert "sentences/s" in r.stderr
+
+
+def test_generate_raw_text_in_order_with_empty_and_long_lines(tiny_checkpoint, tmp_path):
+    src = ["1 2 3", "", "4 5 6 7 8 9", " ".join(["7"] * 300), "0"]
+    r = nmt("generate", "--path", tiny_checkpoint, "--input", "-", "--beam", 2, "--buffer-size", 2, input="\n".join(src) + "\n")
+    assert r.exit_code == 0, r.output
+    out = r.stdout.split("\n")[:-1]
+    assert len(out) == len(src) and out[1] == ""
+    assert "truncated" in r.stderr
+    f = tmp_path / "in.txt"
+    f.write_text("\n".join(src) + "\n")
+    r2 = nmt("generate", "--path", tiny_checkpoint, "--input", f, "--beam", 2, "--output-format", "jsonl")
+    assert r2.exit_code == 0
+    records = [json.loads(line) for line in r2.stdout.splitlines()]
+    assert [rec["id"] for rec in records] == list(range(5))
+    assert [rec["hypotheses"][0]["text"] for rec in records] == out
+
+
+def test_shards_merge_back_in_order(tiny_checkpoint, tmp_path):
+    f = tmp_path / "in.txt"
+    f.write_text("\n".join(f"{i} {i + 1}" for i in range(7)) + "\n")
+    whole = nmt("generate", "--path", tiny_checkpoint, "--input", f).stdout
+    parts = [nmt("generate", "--path", tiny_checkpoint, "--input", f, "--num-shards", 3, "--shard-id", i).stdout
+             for i in range(3)]
+    assert "".join(parts) == whole
+
+
+def test_greedy_and_sampling_run(tiny_checkpoint):
+    for extra in (["--beam", 1], ["--sampling", "--sampling-topk", 3, "--seed", 2, "--nbest", 2]):
+        r = nmt("generate", "--path", tiny_checkpoint, "--input", "-", *extra, input="1 2 3\n4 5\n")
+        assert r.exit_code == 0, r.output
+        assert len(r.stdout.splitlines()) == (2 if extra[0] == "--beam" else 4)
+
+
+def test_generate_bad_inputs(tiny_checkpoint, toy_data_bin, tmp_path):
+    r = nmt("generate", "--path", tmp_path / "none.pt", "--input", "-", input="1\n")
+    assert r.exit_code == 1 and "none.pt does not exist" in r.output
+    junk = tmp_path / "junk.pt"
+    junk.write_bytes(b"\x00garbage")
+    r = nmt("generate", "--path", junk, "--input", "-", input="1\n")
+    assert r.exit_code == 1 and "not a readable nmt checkpoint" in r.output
+    r = nmt("generate", "--path", tiny_checkpoint, "--input", tmp_path / "missing.txt")
+    assert r.exit_code == 1 and "missing.txt does not exist" in r.output
+    r = nmt("generate", toy_data_bin, "--path", tiny_checkpoint, "--input", "-")
+    assert r.exit_code == 1 and "either DATA_DIR" in r.output
+    r = nmt("generate", toy_data_bin, "--path", tiny_checkpoint, "--gen-subset", "test7")
+    assert r.exit_code == 1 and "no split 'test7'" in r.output
+    r = nmt("generate", "--path", tiny_checkpoint, "--input", "-", "--lenpen-style", "wu")
+    assert r.exit_code == 2 and "--lenpen-style" in r.output
+    r = nmt("generate", "--path", tiny_checkpoint, "--input", "-", "--beam", 2, "--nbest", 3, input="1\n")
+    assert r.exit_code == 1 and "--nbest 3 cannot exceed --beam 2" in r.output
+
+
+def test_checkpoint_of_another_shape(tiny_checkpoint, tmp_path):
+    import torch
+
+    state = torch.load(tiny_checkpoint, weights_only=True)
+    state["model_config"]["d_ff"] = 128
+    bad = tmp_path / "bad.pt"
+    torch.save(state, bad)
+    r = nmt("generate", "--path", bad, "--input", "-", input="1\n")
+    assert r.exit_code == 1 and "does not fit this model" in r.output and "Traceback" not in r.output
+
+
+@pytest.fixture
+def sys_ref(tmp_path):
+    hyps = ["The cat sat on the mat.", "A well-known dog barked loudly .", "Hello world"]
+    refs = ["The cat sat on a mat.", "A well-known dog barked .", "Hello, world!"]
+    (tmp_path / "hyp").write_text("\n".join(hyps) + "\n")
+    (tmp_path / "ref").write_text("\n".join(refs) + "\n")
+    return tmp_path / "hyp", tmp_path / "ref", hyps, refs
+
+
+def test_score_equals_sacrebleu(sys_ref):
+    hyp, ref, hyps, refs = sys_ref
+    r = nmt("score", "--sys", hyp, "--ref", ref, "--json")
+    assert r.exit_code == 0, r.output
+    scores = {json.loads(line)["metric"]: json.loads(line) for line in r.stdout.splitlines()}
+    assert scores["sacrebleu"]["score"] == round(sacrebleu.corpus_bleu(hyps, [refs]).score, 2)
+    assert scores["chrf"]["score"] == round(sacrebleu.corpus_chrf(hyps, [refs]).score, 2)
+    assert "tok:13a" in scores["sacrebleu"]["signature"]
+    plain = nmt("score", "--sys", hyp, "--ref", ref)
+    assert plain.stdout.startswith("BLEU = ") and "nrefs:1" in plain.stdout
+
+
+def test_tokenized_compound_bleu_is_labelled(sys_ref):
+    hyp, ref, *_ = sys_ref
+    r = nmt("score", "--sys", hyp, "--ref", ref, "--metric", "tok-bleu-compound", "--lang", "en")
+    assert r.exit_code == 0 and "NOT comparable with sacreBLEU" in r.stdout
+
+    from nmt_cli.metrics import moses_tokenize
+
+    assert moses_tokenize(["A well-known dog."], "en", True) == ["A well ##AT##-##AT## known dog ."]
+
+
+def test_score_reads_fairseq_output(tiny_checkpoint, toy_data_bin, tmp_path):
+    out = tmp_path / "gen.txt"
+    out.write_text(nmt("generate", toy_data_bin, "--path", tiny_checkpoint, "--max-len-b", 3).stdout)
+    ref = tmp_path / "ref"
+    ref.write_text("".join(f"{i}\n" for i in range(30)))
+    r = nmt("score", "--sys", out, "--ref", ref)
+    assert r.exit_code == 0, r.output
+
+
+def test_score_bad_inputs(sys_ref, tmp_path):
+    hyp, ref, *_ = sys_ref
+    short = tmp_path / "short"
+    short.write_text("one line\n")
+    r = nmt("score", "--sys", short, "--ref", ref)
+    assert r.exit_code == 1 and "has 1 hypotheses" in r.output and "has 3 lines" in r.output
+    pieces = tmp_path / "pieces"
+    pieces.write_text("\u2581The \u2581cat\nb\nc\n")
+    r = nmt("score", "--sys", pieces, "--ref", ref)
+    assert r.exit_code == 1 and "sentencepiece pieces" in r.output
+    r = nmt("score", "--sys", tmp_path / "nope", "--ref", ref)
+    assert r.exit_code == 2 and "--sys" in r.output

@@ -1,0 +1,152 @@
+"""`nmt train` and `nmt average-checkpoints` through the CLI: outputs, exact resume, signals, bad input."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from nmt_cli.checkpoint import load_checkpoint
+from nmt_cli.cli import cli
+
+TINY = ["--arch", "transformer_tiny", "--max-tokens", "256", "--warmup-updates", "4", "--device", "cpu",
+        "--threads", "1", "--log-interval", "1"]
+
+
+def nmt(*args):
+    return CliRunner().invoke(cli, [str(a) for a in args])
+
+
+def test_train_writes_checkpoints_logs_and_config(toy_data_bin, tmp_path):
+    save = tmp_path / "ck"
+    result = nmt("train", toy_data_bin, "--save-dir", save, *TINY, "--max-update", 6, "--save-interval-updates", 2,
+                 "--keep-last", 2, "--log-file", tmp_path / "log.jsonl", "--validate-interval-updates", 3)
+    assert result.exit_code == 0, result.output
+    names = sorted(p.name for p in save.iterdir())
+    assert names == ["checkpoint_4.pt", "checkpoint_6.pt", "checkpoint_best.pt", "checkpoint_last.pt", "config.json"]
+    records = [json.loads(line) for line in (tmp_path / "log.jsonl").read_text().splitlines()]
+    train = [r for r in records if r["event"] == "train"]
+    assert [r["update"] for r in train] == [1, 2, 3, 4, 5, 6]
+    assert {"loss", "nll_loss", "ppl", "tgt_tok_per_s", "lr", "grad_norm", "elapsed_s"} <= set(train[0])
+    assert any(r["event"] == "valid" and "valid_loss" in r for r in records)
+    state = torch.load(save / "checkpoint_last.pt", weights_only=True)
+    assert state["update"] == 6 and state["spm_model"] == (toy_data_bin / "spm.model").read_bytes()
+    assert "parameters" in result.output
+
+
+def test_rerunning_a_finished_run_is_a_noop(toy_data_bin, tmp_path):
+    args = ["train", toy_data_bin, "--save-dir", tmp_path, *TINY, "--max-update", 2]
+    assert nmt(*args).exit_code == 0
+    before = (tmp_path / "checkpoint_last.pt").stat().st_mtime_ns
+    result = nmt(*args)
+    assert result.exit_code == 0 and "nothing to do" in result.output
+    assert (tmp_path / "checkpoint_last.pt").stat().st_mtime_ns == before
+
+
+def test_max_epoch_and_patience(toy_data_bin, tmp_path):
+    result = nmt("train", toy_data_bin, "--save-dir", tmp_path, *TINY, "--max-tokens", 4096, "--max-epoch", 2)
+    assert result.exit_code == 0, result.output
+    assert load_checkpoint(tmp_path / "checkpoint_last.pt")["epoch"] == 3  # the next epoch to run
+    assert "reached --max-epoch 2" in result.output
+
+
+def train_subprocess(data_bin, save_dir, *extra):
+    cmd = [sys.executable, "-m", "nmt_cli", "--no-progress", "train", str(data_bin), "--save-dir", str(save_dir),
+           "--arch", "transformer_small", "--max-tokens", "1024", "--warmup-updates", "4", "--device", "cpu",
+           "--threads", "1", "--log-interval", "1", "--dropout", "0.1", "--max-update", "8",
+           "--save-interval-updates", "4", *extra]
+    return subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+
+
+def test_sigkill_and_resume_is_bit_identical(toy_data_bin, tmp_path):
+    ref = train_subprocess(toy_data_bin, tmp_path / "ref")
+    assert ref.wait(timeout=120) == 0, ref.stderr.read()
+    killed = train_subprocess(toy_data_bin, tmp_path / "run")
+    for line in killed.stderr:
+        if "saved checkpoint_last.pt at update 4" in line:
+            killed.send_signal(signal.SIGKILL)
+            break
+    killed.wait(timeout=60)
+    assert killed.returncode == -signal.SIGKILL
+    assert not (tmp_path / "run" / "checkpoint_8.pt").exists(), "the run finished before it could be killed"
+    resumed = train_subprocess(toy_data_bin, tmp_path / "run")
+    out = resumed.communicate(timeout=120)[1]
+    assert resumed.returncode == 0, out
+    assert "resuming from" in out and "at update 4" in out
+    a = load_checkpoint(tmp_path / "ref" / "checkpoint_last.pt")
+    b = load_checkpoint(tmp_path / "run" / "checkpoint_last.pt")
+    assert a["update"] == b["update"] == 8
+    for name, tensor in a["model"].items():
+        assert torch.equal(tensor, b["model"][name]), name
+    for (ka, va), (kb, vb) in zip(a["optimizer"]["state"].items(), b["optimizer"]["state"].items()):
+        assert all(torch.equal(va[k], vb[k]) for k in va)
+
+
+def test_sigterm_saves_and_exits_cleanly(toy_data_bin, tmp_path):
+    proc = train_subprocess(toy_data_bin, tmp_path, "--max-update", "100000")
+    for line in proc.stderr:
+        if "update 2 " in line:
+            proc.send_signal(signal.SIGTERM)
+            break
+    rest = proc.communicate(timeout=60)[1]
+    assert proc.returncode == 0, rest
+    assert "stopped by a signal" in rest
+    assert 2 <= load_checkpoint(tmp_path / "checkpoint_last.pt")["update"] < 100
+
+
+def test_average_of_copies_is_the_checkpoint(tiny_checkpoint, tmp_path):
+    out = tmp_path / "avg.pt"
+    result = nmt("average-checkpoints", "--inputs", tiny_checkpoint, tiny_checkpoint, tiny_checkpoint, "--output", out)
+    assert result.exit_code == 0, result.output
+    avg, orig = load_checkpoint(out), load_checkpoint(tiny_checkpoint)
+    assert all(torch.equal(avg["model"][k], v) for k, v in orig["model"].items())
+    assert "optimizer" not in avg and len(avg["averaged_from"]) == 3
+
+
+def test_average_last_n_of_a_directory(tiny_checkpoint, tmp_path):
+    out = tmp_path / "avg.pt"
+    result = nmt("average-checkpoints", "--inputs", tiny_checkpoint.parent, "--num-update-checkpoints", 2, "--output", out)
+    assert result.exit_code == 0, result.output
+    assert [Path(p).name for p in load_checkpoint(out)["averaged_from"]] == ["checkpoint_4.pt", "checkpoint_6.pt"]
+    a, b = (load_checkpoint(tiny_checkpoint.parent / f"checkpoint_{u}.pt")["model"] for u in (4, 6))
+    name = "encoder.0.ffn.fc1.weight"
+    torch.testing.assert_close(load_checkpoint(out)["model"][name], (a[name] + b[name]) / 2)
+    too_many = nmt("average-checkpoints", "--inputs", tiny_checkpoint.parent, "--num-update-checkpoints", 9, "--output", out)
+    assert too_many.exit_code == 1 and "fewer than --num-update-checkpoints 9" in too_many.output
+
+
+def test_average_rejects_different_models(tiny_checkpoint, toy_data_bin, tmp_path):
+    other = tmp_path / "other"
+    assert nmt("train", toy_data_bin, "--save-dir", other, *TINY, "--d-model", 8, "--max-update", 1).exit_code == 0
+    result = nmt("average-checkpoints", "--inputs", tiny_checkpoint, other / "checkpoint_last.pt", "--output", tmp_path / "a.pt")
+    assert result.exit_code == 1 and "another model config" in result.output
+
+
+def test_bad_inputs(toy_data_bin, tiny_checkpoint, tmp_path):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    r = nmt("train", empty, "--save-dir", tmp_path / "ck", *TINY, "--max-update", 1)
+    assert r.exit_code == 1 and "is not an nmt data directory" in r.output
+    r = nmt("train", tmp_path / "missing", "--save-dir", tmp_path / "ck", "--max-update", 1)
+    assert r.exit_code == 2 and "DATA_DIR" in r.output
+    r = nmt("train", toy_data_bin, "--save-dir", tmp_path / "ck", "--arch", "transformer_huge", "--max-update", 1)
+    assert r.exit_code == 2 and "--arch" in r.output
+    r = nmt("train", toy_data_bin, "--save-dir", tmp_path / "ck", *TINY)
+    assert r.exit_code == 1 and "stopping rule" in r.output
+    r = nmt("train", toy_data_bin, "--save-dir", tmp_path / "ck", *TINY, "--max-update", 1, "--adam-betas", "0.9;x")
+    assert r.exit_code == 1 and "--adam-betas" in r.output
+    r = nmt("train", toy_data_bin, "--save-dir", tiny_checkpoint.parent, *TINY, "--d-model", 64, "--max-update", 99)
+    assert r.exit_code == 1 and "another shape" in r.output and "d_model=32" in r.output
+    corrupt = tmp_path / "corrupt"
+    corrupt.mkdir()
+    (corrupt / "checkpoint_last.pt").write_bytes(b"not a checkpoint")
+    r = nmt("train", toy_data_bin, "--save-dir", corrupt, *TINY, "--max-update", 1)
+    assert r.exit_code == 1 and "not a readable nmt checkpoint" in r.output
+    for res in (r,):
+        assert "Traceback" not in res.output
