@@ -95,14 +95,10 @@ class Transformer(nn.Module):
     def logits(self, hidden: Tensor) -> Tensor:
         return self.output(hidden)  # [..., V]
 
-    def forward(self, src_tokens: Tensor, src_pad_mask: Tensor, tgt_in: Tensor,
-                keep: Tensor | None = None) -> Tensor:
-        """Teacher-forced pass -> logits [B, T, V], or [M, V] at the M positions where `keep` [B, T] is True.
-
-        Training passes the non-pad target positions as `keep`, so no output projection is spent on padding.
-        """
-        hidden = self.decode(tgt_in, self.encode(src_tokens, src_pad_mask))
-        return self.logits(hidden if keep is None else hidden[keep])
+    def forward(self, src_tokens: Tensor, src_pad_mask: Tensor, tgt_in: Tensor) -> Tensor:
+        """Teacher-forced pass -> logits [B, T, V]. (Training feeds `decode`'s hidden states at the real
+        target positions straight into the fused loss instead, see train/loss.py.)"""
+        return self.logits(self.decode(tgt_in, self.encode(src_tokens, src_pad_mask)))
 
     def init_cache(self, enc: EncoderOut, beam: int) -> DecoderCache:
         """Project the encoder output to every layer's cross-attention K/V once; empty self-attention state."""

@@ -291,6 +291,8 @@ class Trainer:
 def prepare(cfg: TrainConfig, model_overrides: dict[str, Any], search_cfg: SearchConfig) -> Trainer:
     """Build the trainer, resuming from checkpoint_last.pt when the save directory has one."""
     info, device = init_distributed(cfg.device)
+    if not info.is_main:  # one voice: rank 0 logs, other ranks only warn
+        logging.getLogger("nmt_cli").setLevel(logging.WARNING)
     set_threads(cfg.threads)
     data_dir = Path(cfg.data_dir)
     meta = load_meta(data_dir)
@@ -343,5 +345,10 @@ def train(cfg: TrainConfig, model_overrides: dict[str, Any], search_cfg: SearchC
                     {**asdict(trainer.model_cfg), **{k: v for k, v in asdict(cfg).items()}})
     from nmt_cli.train.loop import run
 
-    run(trainer)
+    try:
+        run(trainer)
+    except torch.distributed.DistError as e:  # a timeout or a peer that died: name this rank, not a traceback
+        first_line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise NmtError(f"rank {trainer.info.rank} of {trainer.info.world_size}: a collective operation failed "
+                       f"({first_line}); see the other ranks' logs") from None
     return trainer

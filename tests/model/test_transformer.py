@@ -96,9 +96,6 @@ def test_shapes(tiny_model):
     assert enc.memory.shape == (3, 7, 16)
     assert tiny_model.decode(tgt, enc).shape == (3, 6, 16)
     assert tiny_model(src, src_pad, tgt).shape == (3, 6, 24)
-    keep = torch.ones(3, 6, dtype=torch.bool)
-    keep[0, 4:] = False
-    assert tiny_model(src, src_pad, tgt, keep).shape == (16, 24)
 
 
 def test_padding_does_not_change_encoder_outputs(tiny_model):

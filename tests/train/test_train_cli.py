@@ -150,3 +150,14 @@ def test_bad_inputs(toy_data_bin, tiny_checkpoint, tmp_path):
     assert r.exit_code == 1 and "not a readable nmt checkpoint" in r.output
     for res in (r,):
         assert "Traceback" not in res.output
+
+
+def test_eval_bleu_picks_the_best_checkpoint_by_bleu(toy_data_bin, tmp_path):
+    result = nmt("train", toy_data_bin, "--save-dir", tmp_path, *TINY, "--max-update", 2, "--validate-interval-updates", 1,
+                 "--eval-bleu", "--eval-bleu-beam", 2, "--best-checkpoint-metric", "bleu", "--log-file", tmp_path / "log")
+    assert result.exit_code == 0, result.output
+    valid = [json.loads(line) for line in (tmp_path / "log").read_text().splitlines() if '"valid"' in line]
+    assert valid and all(0.0 <= r["valid_bleu"] <= 100.0 for r in valid)
+    best = load_checkpoint(tmp_path / "checkpoint_best.pt")
+    assert best["train_state"]["best"] == max(r["valid_bleu"] for r in valid)
+    assert best["search_config"]["beam"] == 2  # generate's defaults come from here

@@ -1,0 +1,47 @@
+"""Generation speed: `nmt generate` on 500 Multi30k sentences, 2 threads, batches of 64 sentences.
+
+"forced": every hypothesis is exactly 24 tokens (--min-len 24 --max-len-a 0 --max-len-b 24), so every
+toolkit and checkpoint does the same work (the setting the peers were measured in); "natural": the
+model's own lengths, max length input + 50 (depends on the checkpoint).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from common import MULTI30K, NMT, WORK, checkpoint, number, report, run
+
+FORCED = ["--min-len", "24", "--max-len-a", "0", "--max-len-b", "24"]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--shapes", default="small,base")
+    parser.add_argument("--beams", default="4,1")
+    parser.add_argument("--precisions", default="fp32")
+    parser.add_argument("--lengths", default="forced")
+    args = parser.parse_args()
+    src = WORK / "gen500.en"
+    lines = (MULTI30K / "test_2016_flickr.en").read_text(encoding="utf-8").splitlines()[:500]
+    src.parent.mkdir(parents=True, exist_ok=True)
+    src.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    rows = []
+    for shape in args.shapes.split(","):
+        ckpt = checkpoint(shape)
+        for beam in args.beams.split(","):
+            for precision in args.precisions.split(","):
+                for length in args.lengths.split(","):
+                    cmd = NMT + ["generate", "--path", str(ckpt), "--input", str(src), "--beam", beam,
+                                 "--batch-size", "64", "--max-tokens", "100000", "--threads", "2", "--device", "cpu",
+                                 *(FORCED if length == "forced" else ["--max-len-a", "1", "--max-len-b", "50"]),
+                                 *(["--bf16"] if precision == "bf16" else [])]
+                    err, _, rss = run(cmd)
+                    rows.append({"shape": shape, "beam": int(beam), "precision": precision, "length": length,
+                                 "sent/s": number(r"([\d.]+) sentences/s", err),
+                                 "tok/s": number(r"([\d.]+) tokens/s", err), "peak_rss_gb": round(rss, 2)})
+                    print(rows[-1], flush=True)
+    report("generate", rows)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+../wmt14/steps/05_average.sh

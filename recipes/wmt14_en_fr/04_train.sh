@@ -1,0 +1,1 @@
+../wmt14/steps/04_train.sh

@@ -1,0 +1,1 @@
+../wmt14/steps/06_generate.sh

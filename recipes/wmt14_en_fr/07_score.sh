@@ -1,0 +1,1 @@
+../wmt14/steps/07_score.sh
