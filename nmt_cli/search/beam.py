@@ -78,12 +78,18 @@ def constrain(log_probs: Tensor, step: int, max_len: Tensor, cfg: SearchConfig) 
 
 
 def top_candidates(state: BeamState, log_probs: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """The best 2K extensions of each sentence. log_probs: [B*K, V] -> scores, beams, tokens: [B, 2K]."""
+    """The best 2K extensions of each sentence. log_probs: [B*K, V] -> scores, beams, tokens: [B, 2K].
+
+    Two stages: each beam's best 2K tokens, then the best 2K of those K*2K per sentence. Every
+    candidate of the global top 2K is in its own beam's top 2K, and this never adds the beam scores
+    to all K*V entries (a pass over the [B*K, V] array fewer).
+    """
     b, k = state.scores.shape
-    vocab = log_probs.shape[-1]
-    totals = (state.scores[:, :, None] + log_probs.view(b, k, vocab)).view(b, k * vocab)
-    scores, flat = totals.topk(min(2 * k, k * vocab), dim=1)
-    return scores, flat // vocab, flat % vocab
+    n = min(2 * k, log_probs.shape[-1])
+    row_scores, row_tokens = log_probs.topk(n, dim=1)  # [B*K, n]
+    totals = (state.scores.view(-1, 1) + row_scores).view(b, k * n)
+    scores, flat = totals.topk(min(2 * k, k * n), dim=1)  # [B, 2K]
+    return scores, flat // n, row_tokens.view(b, k * n).gather(1, flat)
 
 
 def finish(state: BeamState, fin: Finished, scores: Tensor, beams: Tensor, tokens: Tensor, log_probs: Tensor,
@@ -138,6 +144,18 @@ def collect(fin: Finished, nbest: int) -> list[list[Hypothesis]]:
     return results
 
 
+def start(b0: int, k: int, n_steps: int, device: torch.device) -> tuple[BeamState, Finished]:
+    """Empty hypotheses; only beam 0 of each sentence is live at first (the others score -inf)."""
+    scores = torch.full((b0, k), NEG_INF, device=device)
+    scores[:, 0] = 0.0
+    state = BeamState(torch.zeros(b0, k, 0, dtype=torch.long, device=device), scores,
+                      torch.zeros(b0, k, 0, device=device), torch.arange(b0, device=device))
+    fin = Finished(torch.full((b0, k, n_steps), PAD, dtype=torch.long, device=device),
+                   torch.zeros(b0, k, n_steps, device=device), torch.ones(b0, k, dtype=torch.long, device=device),
+                   torch.full((b0, k), NEG_INF, device=device), torch.zeros(b0, dtype=torch.long, device=device))
+    return state, fin
+
+
 @torch.inference_mode()
 def beam_search(model: Transformer, enc: EncoderOut, src_lens: Tensor, cfg: SearchConfig) -> list[list[Hypothesis]]:
     """Translate a batch of encoded sentences.
@@ -151,32 +169,31 @@ def beam_search(model: Transformer, enc: EncoderOut, src_lens: Tensor, cfg: Sear
     Returns:
         For each sentence, `cfg.nbest` hypotheses, best first.
     """
-    k, device = cfg.beam, enc.memory.device
-    b0 = enc.memory.shape[0]
+    k, device, b0 = cfg.beam, enc.memory.device, enc.memory.shape[0]
     max_len = max_lengths(src_lens, cfg, model.max_positions).to(device)  # [B0]
     n_steps = int(max_len.max()) + 1
-    cache = model.init_cache(enc, k)
-    state = BeamState(torch.zeros(b0, k, 0, dtype=torch.long, device=device),
-                      torch.full((b0, k), NEG_INF, device=device).index_fill_(1, torch.tensor([0], device=device), 0.0),
-                      torch.zeros(b0, k, 0, device=device), torch.arange(b0, device=device))
-    fin = Finished(torch.full((b0, k, n_steps), PAD, dtype=torch.long, device=device),
-                   torch.zeros(b0, k, n_steps, device=device), torch.ones(b0, k, dtype=torch.long, device=device),
-                   torch.full((b0, k), NEG_INF, device=device), torch.zeros(b0, dtype=torch.long, device=device))
-    prev = torch.full((b0 * k,), BOS, dtype=torch.long, device=device)
+    state, fin = start(b0, k, n_steps, device)
+    row_max_len = max_len.repeat_interleave(k)  # [B*K]
+    cache = model.init_cache(enc, 1)  # all beams start equal: step 0 runs once per sentence
+    prev = torch.full((b0,), BOS, dtype=torch.long, device=device)
     for step in range(n_steps):
         log_probs, cache = model.decode_step(prev, cache)  # [B*K, V]
-        log_probs = constrain(log_probs, step, max_len[state.sent_ids].repeat_interleave(k), cfg)
+        if step == 0:
+            to_beams = torch.arange(b0, device=device).repeat_interleave(k)
+            log_probs, cache = log_probs[to_beams], cache.select_rows(to_beams)
+        log_probs = constrain(log_probs, step, row_max_len, cfg)
         scores, beams, tokens = top_candidates(state, log_probs)
         finish(state, fin, scores, beams, tokens, log_probs, step, cfg)
         state, rows = survive(state, scores, beams, tokens, log_probs)
         done = fin.count[state.sent_ids] >= k  # [B]
         if bool(done.all()):
             break
-        if bool(done.any()):
+        if bool(done.any()):  # finished sentences leave the batch
             keep = (~done).nonzero().squeeze(1)
             rows = rows.view(-1, k)[keep].view(-1)
             state = keep_sentences(state, keep)
             cache = cache.select_sentences(keep, rows)
+            row_max_len = max_len[state.sent_ids].repeat_interleave(k)
         else:
             cache = cache.select_rows(rows)
         prev = state.tokens[:, :, -1].reshape(-1)

@@ -1,0 +1,62 @@
+"""Training speed: target tokens/s and seconds/update after warm-up, `nmt train` on Multi30k EN-DE
+(joint 8k vocabulary), --max-tokens 4096, 2 threads, float32 and --bf16, with each run's peak RSS.
+
+tokens/s is nmt's own logged figure (target tokens over the time spent in update steps), averaged
+over the log intervals after the first (warm-up) one; s/update is wall clock between those log lines.
+`--quality-minutes M` also trains each setting for M minutes and reports the valid loss reached, so
+the speed and the quality effect of bf16 are both visible.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+
+from common import NMT, SHAPES, WORK, data_bin, report, run
+
+
+def train_run(shape: str, precision: str, stop: list[str], log_interval: int) -> tuple[list[dict], float]:
+    """Train once; return the JSON-lines log records and the peak RSS in GB."""
+    save = WORK / f"train-{shape}-{precision}"
+    shutil.rmtree(save, ignore_errors=True)
+    save.mkdir(parents=True)
+    log = save / "log.jsonl"
+    _, _, rss = run(NMT + ["train", str(data_bin()), "--save-dir", str(save), *SHAPES[shape], "--max-tokens", "4096",
+                           "--threads", "2", "--device", "cpu", "--log-interval", str(log_interval),
+                           "--log-file", str(log), *stop, *(["--bf16"] if precision == "bf16" else [])])
+    return [json.loads(line) for line in log.read_text().splitlines()], rss
+
+
+def speed_row(shape: str, precision: str, updates: int) -> dict:
+    records, rss = train_run(shape, precision, ["--max-update", str(updates)], max(1, updates // 6))
+    train = [r for r in records if r["event"] == "train"][1:]  # the first interval is warm-up
+    span = (train[-1]["elapsed_s"] - train[0]["elapsed_s"]) / (train[-1]["update"] - train[0]["update"])
+    return {"shape": shape, "precision": precision, "updates": train[-1]["update"],
+            "tgt_tok/s": sum(r["tgt_tok_per_s"] for r in train[1:]) / max(len(train) - 1, 1),
+            "s/update": span, "peak_rss_gb": round(rss, 2)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--shapes", default="small,base")
+    parser.add_argument("--precisions", default="fp32,bf16")
+    parser.add_argument("--updates", type=int, default=0, help="updates per run [default: 60 small, 30 base]")
+    parser.add_argument("--quality-minutes", type=float, default=0.0)
+    args = parser.parse_args()
+    rows = []
+    for shape in args.shapes.split(","):
+        for precision in args.precisions.split(","):
+            row = speed_row(shape, precision, args.updates or (60 if shape == "small" else 30))
+            if args.quality_minutes:
+                records, _ = train_run(shape, precision, ["--max-time-minutes", str(args.quality_minutes)], 100)
+                valid = [r for r in records if r["event"] == "valid"]
+                row.update({"budget_min": args.quality_minutes, "budget_updates": records[-1]["update"],
+                            "budget_valid_loss": valid[-1]["valid_loss"]})
+            rows.append(row)
+            print(row, flush=True)
+    report("train", rows)
+
+
+if __name__ == "__main__":
+    main()
