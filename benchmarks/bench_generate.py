@@ -2,14 +2,17 @@
 
 "forced": every hypothesis is exactly 24 tokens (--min-len 24 --max-len-a 0 --max-len-b 24), so every
 toolkit and checkpoint does the same work (the setting the peers were measured in); "natural": the
-model's own lengths, max length input + 50 (depends on the checkpoint).
+model's own lengths, max length input + 50, which only means something for a trained model, so it uses
+--trained (default: the Multi30k recipe's average.pt, skipped when absent) and only for its shape.
 """
 
 from __future__ import annotations
 
 import argparse
 
-from common import MULTI30K, NMT, WORK, checkpoint, number, report, run
+from pathlib import Path
+
+from common import MULTI30K, NMT, ROOT, WORK, checkpoint, number, report, run
 
 FORCED = ["--min-len", "24", "--max-len-a", "0", "--max-len-b", "24"]
 
@@ -20,6 +23,8 @@ def main() -> None:
     parser.add_argument("--beams", default="4,1")
     parser.add_argument("--precisions", default="fp32")
     parser.add_argument("--lengths", default="forced")
+    parser.add_argument("--trained", default=str(ROOT / "work" / "multi30k_en_de" / "average.pt"),
+                        help="trained transformer_small checkpoint for natural-length runs")
     args = parser.parse_args()
     src = WORK / "gen500.en"
     lines = (MULTI30K / "test_2016_flickr.en").read_text(encoding="utf-8").splitlines()[:500]
@@ -31,7 +36,10 @@ def main() -> None:
         for beam in args.beams.split(","):
             for precision in args.precisions.split(","):
                 for length in args.lengths.split(","):
-                    cmd = NMT + ["generate", "--path", str(ckpt), "--input", str(src), "--beam", beam,
+                    path = ckpt if length == "forced" else Path(args.trained)
+                    if length == "natural" and (shape != "small" or not path.exists()):
+                        continue
+                    cmd = NMT + ["generate", "--path", str(path), "--input", str(src), "--beam", beam,
                                  "--batch-size", "64", "--max-tokens", "100000", "--threads", "2", "--device", "cpu",
                                  *(FORCED if length == "forced" else ["--max-len-a", "1", "--max-len-b", "50"]),
                                  *(["--bf16"] if precision == "bf16" else [])]

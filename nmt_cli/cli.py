@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -246,4 +247,7 @@ def score(sys_path: Path, ref_path: Path, metrics: tuple[str, ...], lang: str, a
 
 
 def main() -> None:
+    # oneDNN (bfloat16 matmuls on CPU) caches a kernel per input shape, and token batches have many
+    # shapes: its default of 1024 cached kernels cost 1.3 GB of RSS in 150 updates of transformer_small.
+    os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "8")
     cli(prog_name="nmt")
