@@ -138,3 +138,21 @@ def build_model(cfg: ModelConfig) -> Transformer:
 def count_parameters(model: nn.Module) -> int:
     """Distinct parameters (tied weights counted once)."""
     return sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
+
+
+def pack_for_cpu_inference(model: Transformer) -> Transformer:
+    """Swap the encoder and decoder layers' Linear modules for oneDNN ones with pre-packed float32 weights.
+
+    For CPU inference only (no autograd, no autocast). At beam-search sizes (a few hundred rows) they
+    measured 390-400 GFLOP/s on this 2-core AVX-512 Xeon against 190-215 for the default path, and
+    the output projection twice as fast. The projection gets its own packed copy of the tied weight.
+    """
+    from torch.utils.mkldnn import MkldnnLinear
+
+    for stack in (model.encoder, model.decoder):
+        for parent in list(stack.modules()):
+            for name, child in list(parent.named_children()):
+                if isinstance(child, nn.Linear):
+                    setattr(parent, name, MkldnnLinear(child, torch.float))
+    model.output = MkldnnLinear(model.output, torch.float)
+    return model

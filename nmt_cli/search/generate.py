@@ -14,7 +14,7 @@ import torch
 
 from nmt_cli.config import SearchConfig
 from nmt_cli.data.vocab import EOS, PAD, Vocab
-from nmt_cli.model.transformer import Transformer, build_model
+from nmt_cli.model.transformer import Transformer, build_model, pack_for_cpu_inference
 from nmt_cli.runtime import autocast
 from nmt_cli.search.beam import Hypothesis, beam_search
 from nmt_cli.search.greedy import greedy_search
@@ -39,6 +39,8 @@ def load_translator(path: Path, device: torch.device, amp_dtype: torch.dtype | N
     model = build_model(model_config_of(state, path))
     load_model_weights(model, state["model"], path)
     model.to(device).eval()
+    if device.type == "cpu" and amp_dtype is None and torch.backends.mkldnn.is_available():
+        pack_for_cpu_inference(model)
     return Translator(model, vocab_of(state, path), device, amp_dtype), state
 
 

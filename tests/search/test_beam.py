@@ -162,3 +162,23 @@ def test_sampling_is_seeded(tiny_model, toy_data_bin):
     a = [h[0].tokens for h in translate(tr, src, cfg, 100)]
     b = [h[0].tokens for h in translate(tr, src, cfg, 100)]
     assert a == b and len({tuple(x) for x in a}) > 1
+
+
+def test_packed_cpu_model_translates_the_same(tiny_model, toy_data_bin):
+    import copy
+
+    from nmt_cli.data.dataset import load_vocab
+    from nmt_cli.model.transformer import pack_for_cpu_inference
+
+    if not torch.backends.mkldnn.is_available():
+        pytest.skip("this torch build has no oneDNN")
+    packed = pack_for_cpu_inference(copy.deepcopy(tiny_model))
+    g = np.random.default_rng(1)
+    sources = [g.integers(4, 24, n) for n in (3, 9, 1, 6)]
+    cfg = SearchConfig(beam=3, max_len_a=1.0, max_len_b=4, nbest=3)
+    vocab = load_vocab(toy_data_bin)
+    a = translate(Translator(tiny_model, vocab, torch.device("cpu")), sources, cfg, 1000)
+    b = translate(Translator(packed, vocab, torch.device("cpu")), sources, cfg, 1000)
+    for x, y in zip(a, b):
+        assert [h.tokens for h in x] == [h.tokens for h in y]
+        assert [h.score for h in x] == pytest.approx([h.score for h in y], abs=1e-4)
