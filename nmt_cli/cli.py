@@ -20,7 +20,7 @@ from nmt_cli.config import (ARCHITECTURES, PreprocessConfig, SearchConfig, Train
                             config_to_dict, parse_betas)
 from nmt_cli.errors import CheckpointError, ConfigError, NmtError
 from nmt_cli.log import console, print_error, setup_logging
-from nmt_cli.runtime import tune_allocator
+from nmt_cli.allocator import tune_allocator
 
 logger = logging.getLogger("nmt_cli.cli")
 
