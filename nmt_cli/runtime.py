@@ -89,3 +89,12 @@ def init_distributed(device_name: str) -> tuple[DistInfo, torch.device]:
     info = DistInfo(dist.get_rank(), dist.get_world_size(), local_rank)
     return info, device
 
+
+
+def shutdown_distributed() -> None:
+    """Leave the process group; exiting with gloo's threads still running aborts the process."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()  # no rank leaves while another still talks to it
+        dist.destroy_process_group()

@@ -10,8 +10,8 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import random
-import signal
 import time
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
@@ -28,7 +28,8 @@ from nmt_cli.data.vocab import PAD, Vocab
 from nmt_cli.errors import CheckpointError, DataError, NmtError
 from nmt_cli.log import print_table, progress
 from nmt_cli.model.transformer import build_model, count_parameters
-from nmt_cli.runtime import DistInfo, autocast, init_distributed, resolve_precision, seed_everything, set_threads
+from nmt_cli.runtime import (DistInfo, autocast, init_distributed, resolve_precision, seed_everything, set_threads,
+                             shutdown_distributed)
 from nmt_cli.checkpoint import (FORMAT_VERSION, load_checkpoint, load_model_weights, model_config_of,
                                       numbered_checkpoints, save_checkpoint)
 from nmt_cli.train.distributed import all_reduce_gradients, all_reduce_sum, broadcast_flag
@@ -335,20 +336,21 @@ def report_differences(ckpt: dict[str, Any], model_cfg: ModelConfig, cfg: TrainC
 
 def train(cfg: TrainConfig, model_overrides: dict[str, Any], search_cfg: SearchConfig) -> Trainer:
     """Run `nmt train` to its stopping rule; returns the trainer (for tests and benchmarks)."""
-    trainer = prepare(cfg, model_overrides, search_cfg)
-    reason = trainer.stop_reason()
-    if reason:
-        logger.info("training already finished at update %d (%s); nothing to do", trainer.state.update, reason)
-        return trainer
-    if trainer.info.is_main:
-        print_table(f"nmt train ({count_parameters(trainer.model):,} parameters)",
-                    {**asdict(trainer.model_cfg), **{k: v for k, v in asdict(cfg).items()}})
     from nmt_cli.train.loop import run
 
     try:
-        run(trainer)
+        trainer = prepare(cfg, model_overrides, search_cfg)
+        reason = trainer.stop_reason()
+        if reason:
+            logger.info("training already finished at update %d (%s); nothing to do", trainer.state.update, reason)
+        else:
+            if trainer.info.is_main:
+                print_table(f"nmt train ({count_parameters(trainer.model):,} parameters)",
+                            {**asdict(trainer.model_cfg), **asdict(cfg)})
+            run(trainer)
+        shutdown_distributed()
     except torch.distributed.DistError as e:  # a timeout or a peer that died: name this rank, not a traceback
         first_line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise NmtError(f"rank {trainer.info.rank} of {trainer.info.world_size}: a collective operation failed "
-                       f"({first_line}); see the other ranks' logs") from None
+        rank = os.environ.get("RANK", "0")
+        raise NmtError(f"rank {rank}: a collective operation failed ({first_line}); see the other ranks' logs") from None
     return trainer
