@@ -9,17 +9,15 @@ from __future__ import annotations
 import json
 import logging
 import os
-import sys
 from pathlib import Path
 from typing import Any
 
 import click
 
 from nmt_cli import __version__
-from nmt_cli.config import (ARCHITECTURES, PreprocessConfig, SearchConfig, TrainConfig, config_from_dict,
-                            config_to_dict, parse_betas)
+from nmt_cli.config import ARCHITECTURES, PreprocessConfig, SearchConfig, TrainConfig, parse_betas
 from nmt_cli.errors import CheckpointError, ConfigError, NmtError
-from nmt_cli.log import console, print_error, setup_logging
+from nmt_cli.log import print_error, setup_logging
 from nmt_cli.allocator import tune_allocator
 
 logger = logging.getLogger("nmt_cli.cli")

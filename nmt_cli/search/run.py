@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from nmt_cli.checkpoint import search_config_of
-from nmt_cli.config import SearchConfig
 from nmt_cli.errors import ConfigError, DataError
 from nmt_cli.runtime import choose_device, resolve_precision, set_threads
 from nmt_cli.search.generate import Summary, generate_split, generate_text, load_translator, shard_range

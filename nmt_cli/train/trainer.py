@@ -26,13 +26,13 @@ from nmt_cli.data.batching import Batch, batch_by_tokens, collate, epoch_batches
 from nmt_cli.data.dataset import ParallelDataset, load_meta, load_vocab
 from nmt_cli.data.vocab import PAD, Vocab
 from nmt_cli.errors import CheckpointError, DataError, NmtError
-from nmt_cli.log import print_table, progress
+from nmt_cli.log import print_table
 from nmt_cli.model.transformer import build_model, count_parameters
 from nmt_cli.runtime import (DistInfo, autocast, init_distributed, resolve_precision, seed_everything, set_threads,
                              shutdown_distributed)
 from nmt_cli.checkpoint import (FORMAT_VERSION, load_checkpoint, load_model_weights, model_config_of,
                                       numbered_checkpoints, save_checkpoint)
-from nmt_cli.train.distributed import all_reduce_gradients, all_reduce_sum, broadcast_flag
+from nmt_cli.train.distributed import all_reduce_gradients, all_reduce_sum
 from nmt_cli.train.loss import label_smoothed_nll
 from nmt_cli.train.schedule import learning_rate
 from nmt_cli.train.validation import evaluate_bleu
