@@ -43,3 +43,28 @@ def test_two_ranks_resume_and_finish(toy_data_bin, tmp_path):
     assert "resuming from" in resumed.stderr
     assert_same_parameters(load_checkpoint(tmp_path / "whole" / "checkpoint_last.pt"),
                            load_checkpoint(tmp_path / "parts" / "checkpoint_last.pt"), atol=0)
+
+
+def test_two_ranks_killed_after_a_checkpoint_resume_and_finish(toy_data_bin, tmp_path):
+    import signal
+    import time
+
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m", "nmt_cli",
+           "train", str(toy_data_bin), "--save-dir", str(tmp_path), *COMMON, "--max-update", "300",
+           "--save-interval-updates", "3"]
+    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+    for line in proc.stderr:
+        if "saved checkpoint_last.pt at update 3" in line:
+            # The launcher, and the ranks (torchrun starts them in sessions of their own).
+            subprocess.run(["pkill", "-KILL", "-f", str(tmp_path)], check=False)
+            break
+    proc.wait(timeout=60)
+    assert proc.returncode == -signal.SIGKILL
+    time.sleep(0.5)
+    assert subprocess.run(["pgrep", "-f", str(tmp_path)], capture_output=True).returncode == 1, "a rank survived"
+    assert not (tmp_path / "checkpoint_300.pt").exists()
+    killed_at = load_checkpoint(tmp_path / "checkpoint_last.pt")["update"]
+    resumed = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"at update {killed_at}" in resumed.stderr
+    assert load_checkpoint(tmp_path / "checkpoint_last.pt")["update"] == 300
