@@ -12,7 +12,8 @@ from nmt_cli.data.binarize import TokenArray
 from nmt_cli.data.vocab import Vocab
 from nmt_cli.errors import DataError
 
-META_FILE = "meta.json"
+META_FILE = "meta.json"  # the data directory layout, written by preprocess.py
+SPM_FILE = "spm.model"
 
 
 def load_meta(data_dir: Path) -> dict[str, Any]:
@@ -29,7 +30,7 @@ def load_meta(data_dir: Path) -> dict[str, Any]:
 
 
 def load_vocab(data_dir: Path) -> Vocab:
-    return Vocab.load(data_dir / "spm.model")
+    return Vocab.load(data_dir / SPM_FILE)
 
 
 class ParallelDataset:

@@ -18,14 +18,13 @@ from typing import Any
 from nmt_cli import __version__
 from nmt_cli.config import PreprocessConfig
 from nmt_cli.data.binarize import TokenWriter, check_text_file, read_pairs, token_dtype
+from nmt_cli.data.dataset import META_FILE, SPM_FILE
 from nmt_cli.data.vocab import Vocab, train_spm
 from nmt_cli.errors import DataError
 from nmt_cli.log import progress
 
 logger = logging.getLogger(__name__)
 
-META_FILE = "meta.json"
-SPM_FILE = "spm.model"
 CHUNK_SIZE = 10_000
 
 

@@ -149,10 +149,8 @@ def run(trainer: Trainer) -> None:
     r.tick()
     if reason == "stopped by a signal":
         trainer.save(numbered=False, best=False)
-    elif r.numbered_at == s.update:
-        pass
-    elif r.saved_at == s.update:  # validated at this very update already
-        trainer.save(numbered=True, best=False)
-    else:
+    elif r.saved_at != s.update:
         validate_and_save(r, numbered=True)
+    elif r.numbered_at != s.update:  # validated and saved at this update already; add the numbered copy
+        trainer.save(numbered=True, best=False)
     logger.info("training ended at update %d, epoch %d after %.0f s: %s", s.update, s.epoch, s.elapsed, reason)
