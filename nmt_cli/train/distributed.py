@@ -1,40 +1,56 @@
-"""Data-parallel collectives for training; every function is a no-op in a single process.
+"""Data-parallel plumbing for training; every function is a no-op in a single process.
 
-Gradients are summed with one flat all-reduce per update, after every rank has finished its
-micro-batches. Because all ranks always reach the same collectives in the same order, a rank that
-skips a batch (out of memory) or sees a non-finite loss cannot leave the others waiting.
+Gradients are summed by DistributedDataParallel during the backward pass of each update's last
+micro-batch (bucketed all-reduces that overlap with the rest of the backward). Before that backward,
+the ranks exchange their loss, token count and failure count in one small all-reduce, so a rank that
+ran out of memory or saw a non-finite loss makes every rank skip the update together instead of
+leaving the others waiting inside the backward.
 """
 
 from __future__ import annotations
 
+import inspect
+import re
+
 import torch
 import torch.distributed as dist
-from torch import Tensor
+from torch import Tensor, nn
 
 from nmt_cli.runtime import DistInfo
+
+
+def wrap_ddp(module: nn.Module, info: DistInfo, device: torch.device) -> nn.Module:
+    """The module to run forward through: DDP over `module` with several ranks, `module` itself alone."""
+    if info.world_size == 1:
+        return module
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    # No buffer broadcast inside forward: the only collectives are the ones train_step plans for.
+    # (torch 2.13 renamed broadcast_buffers to forward_sync_buffers.)
+    no_sync = "forward_sync_buffers" if "forward_sync_buffers" in inspect.signature(DDP).parameters else \
+        "broadcast_buffers"
+    return DDP(module, device_ids=[device.index] if device.type == "cuda" else None, gradient_as_bucket_view=True,
+               **{no_sync: False})
+
+
+def collective_failure(exc: BaseException) -> str | None:
+    """The first line of a failed collective's error (a timeout, a peer that died), else None.
+
+    NCCL raises DistError; gloo raises a plain RuntimeError prefixed with its source location.
+    """
+    if not isinstance(exc, (dist.DistError, RuntimeError)):
+        return None
+    text = str(exc).strip()
+    if not isinstance(exc, dist.DistError) and not re.search(r"gloo|NCCL|ProcessGroup", text):
+        return None
+    first = text.splitlines()[0] if text else type(exc).__name__
+    return re.sub(r"^\[[^\]]*\]\s*", "", first)  # drop "[/path/to/pair.cc:537] "
 
 
 def all_reduce_sum(values: Tensor, info: DistInfo) -> Tensor:
     if info.world_size > 1:
         dist.all_reduce(values, op=dist.ReduceOp.SUM)
     return values
-
-
-def all_reduce_gradients(params: list[torch.nn.Parameter], info: DistInfo) -> None:
-    """Sum the gradients of all ranks in place (one flat buffer per dtype)."""
-    if info.world_size == 1:
-        return
-    grads = [p.grad for p in params if p.grad is not None]
-    by_dtype: dict[torch.dtype, list[Tensor]] = {}
-    for g in grads:
-        by_dtype.setdefault(g.dtype, []).append(g)
-    for group in by_dtype.values():
-        flat = torch.cat([g.reshape(-1) for g in group])
-        dist.all_reduce(flat, op=dist.ReduceOp.SUM)
-        offset = 0
-        for g in group:
-            g.copy_(flat[offset:offset + g.numel()].view_as(g))
-            offset += g.numel()
 
 
 def broadcast_flag(flag: bool, info: DistInfo, device: torch.device) -> bool:

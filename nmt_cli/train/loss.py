@@ -11,7 +11,9 @@ time the loss takes and saves the memory on GPU.
 from __future__ import annotations
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
+
+from nmt_cli.data.vocab import PAD
 
 CHUNK_ELEMENTS = 1 << 21  # logits per chunk: rows * V (8 MB of float32)
 
@@ -79,3 +81,21 @@ def label_smoothed_nll(hidden: Tensor, weight: Tensor, target: Tensor, epsilon: 
         (loss_sum, nll_sum): scalars summed over the M tokens, in nats; only loss_sum is differentiable.
     """
     return _LinearLabelSmoothedCE.apply(hidden, weight, target, epsilon)
+
+
+class TranslationLoss(nn.Module):
+    """The training objective as a module, so that DistributedDataParallel can wrap it.
+
+    forward(src_tokens, src_pad_mask, tgt_in, tgt_out) -> (loss_sum, nll_sum) over the real
+    (non-pad) target tokens; the decoder's states at padded positions never reach the projection.
+    """
+
+    def __init__(self, model: nn.Module, epsilon: float) -> None:
+        super().__init__()
+        self.model, self.epsilon = model, epsilon
+
+    def forward(self, src_tokens: Tensor, src_pad_mask: Tensor, tgt_in: Tensor,
+                tgt_out: Tensor) -> tuple[Tensor, Tensor]:
+        keep = tgt_out.ne(PAD)
+        hidden = self.model.decode(tgt_in, self.model.encode(src_tokens, src_pad_mask))
+        return label_smoothed_nll(hidden[keep], self.model.output.weight, tgt_out[keep], self.epsilon)

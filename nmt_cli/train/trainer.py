@@ -13,6 +13,7 @@ import math
 import os
 import random
 import time
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,7 @@ from nmt_cli import __version__
 from nmt_cli.config import ModelConfig, SearchConfig, TrainConfig, config_to_dict, model_config_from_arch
 from nmt_cli.data.batching import Batch, batch_by_tokens, collate, epoch_batches
 from nmt_cli.data.dataset import ParallelDataset, load_meta, load_vocab
-from nmt_cli.data.vocab import PAD, Vocab
+from nmt_cli.data.vocab import BOS, EOS, PAD, Vocab
 from nmt_cli.errors import CheckpointError, DataError, NmtError
 from nmt_cli.log import print_table
 from nmt_cli.model.transformer import build_model, count_parameters
@@ -32,8 +33,8 @@ from nmt_cli.runtime import (DistInfo, autocast, init_distributed, resolve_preci
                              shutdown_distributed)
 from nmt_cli.checkpoint import (FORMAT_VERSION, load_checkpoint, load_model_weights, model_config_of,
                                       numbered_checkpoints, save_checkpoint)
-from nmt_cli.train.distributed import all_reduce_gradients, all_reduce_sum
-from nmt_cli.train.loss import label_smoothed_nll
+from nmt_cli.train.distributed import all_reduce_sum, collective_failure, wrap_ddp
+from nmt_cli.train.loss import TranslationLoss
 from nmt_cli.train.schedule import learning_rate
 from nmt_cli.train.validation import evaluate_bleu
 
@@ -75,6 +76,8 @@ class Trainer:
         self.train_data = ParallelDataset(data_dir, "train")
         self.valid_data = ParallelDataset(data_dir, "valid") if "valid" in meta["splits"] else None
         self.model = build_model(model_cfg).to(device)
+        self.objective = TranslationLoss(self.model, cfg.label_smoothing)
+        self.ddp = wrap_ddp(self.objective, info, device)  # the objective itself in a single process
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(self.params, lr=0.0, betas=cfg.adam_betas, eps=cfg.adam_eps,
                                            weight_decay=cfg.weight_decay)
@@ -95,50 +98,87 @@ class Trainer:
         return self._epoch_cache[1]
 
     # ---- one update -------------------------------------------------------------------------------
-    def forward_loss(self, ids: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, int]:
-        batch = collate(self.train_data, ids).to(self.device)
-        loss, nll = self.batch_loss(batch)
-        return loss, nll, batch.n_tgt_tokens
-
-    def batch_loss(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+    def batch_loss(self, batch: Batch, module: torch.nn.Module | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Summed label-smoothed loss and NLL over the batch's real target tokens."""
-        keep = batch.tgt_out.ne(PAD)
         with autocast(self.device, self.amp_dtype):
-            hidden = self.model.decode(batch.tgt_in, self.model.encode(batch.src_tokens, batch.src_pad_mask))
-            return label_smoothed_nll(hidden[keep], self.model.output.weight, batch.tgt_out[keep],
-                                      self.cfg.label_smoothing)
+            return (module or self.objective)(batch.src_tokens, batch.src_pad_mask, batch.tgt_in, batch.tgt_out)
 
     def train_step(self, group: list[np.ndarray]) -> StepStats | None:
-        """Forward/backward over this rank's batches, sync, normalise, clip, step. None if skipped."""
+        """Forward/backward over this rank's batches, sync, normalise, clip, step. None if skipped.
+
+        Batches before the last accumulate gradients locally (DDP's no_sync). The last batch's forward
+        runs, then the ranks agree on loss, tokens and failures, and only then does every rank run the
+        backward that all-reduces the gradients: of the real loss, or, when a rank failed or the loss
+        is not finite, of a zero loss whose gradients are dropped (discard_update).
+        """
         start = time.perf_counter()
         self.model.train()
-        totals = torch.zeros(4, dtype=torch.float64, device=self.device)  # loss, nll, tokens, out-of-memory
-        for ids in group:
+        totals = torch.zeros(4, dtype=torch.float64, device=self.device)  # loss, nll, tokens, failed ranks
+        last_loss = None
+        for i, ids in enumerate(group):
+            last = i == len(group) - 1
+            batch = collate(self.train_data, ids).to(self.device)
             try:
-                loss, nll, n_tokens = self.forward_loss(ids)
-                (self.scaler.scale(loss) if self.scaler else loss).backward()
+                if last:
+                    loss, nll = self.batch_loss(batch, self.ddp)
+                    last_loss = loss
+                else:
+                    with self.no_sync():
+                        loss, nll = self.batch_loss(batch, self.ddp)
+                        self.backward(loss)
             except torch.cuda.OutOfMemoryError:
                 logger.warning("rank %d ran out of memory on a batch of %d sentences; skipping this update "
                                "on every rank", self.info.rank, len(ids))
                 totals[3] += 1
-                self.optimizer.zero_grad(set_to_none=True)
+                last_loss = None
                 torch.cuda.empty_cache()
                 break
             totals[:3] += torch.stack([loss.detach().double(), nll.detach().double(),
-                                       torch.tensor(float(n_tokens), dtype=torch.float64, device=self.device)])
-        all_reduce_sum(totals, self.info)
-        loss_sum, nll_sum, n_tokens, n_oom = totals.tolist()
-        if n_oom:
-            self.optimizer.zero_grad(set_to_none=True)
-            self.state.n_skipped_updates += 1
-            return None
-        all_reduce_gradients(self.params, self.info)
+                                       torch.tensor(float(batch.n_tgt_tokens), dtype=torch.float64,
+                                                    device=self.device)])
+        loss_sum, nll_sum, n_tokens, n_failed = all_reduce_sum(totals, self.info).tolist()
+        if n_failed or not math.isfinite(loss_sum):
+            self.discard_update(last_loss)
+            if n_failed:
+                self.state.n_skipped_updates += 1
+                return None
+            return self.skip_nonfinite(loss_sum, math.nan)
+        assert last_loss is not None
+        try:
+            self.backward(last_loss)
+        except torch.cuda.OutOfMemoryError:
+            raise NmtError(f"rank {self.info.rank} ran out of memory in the backward pass that synchronises "
+                           "the ranks' gradients, which cannot be skipped; lower --max-tokens") from None
         return self.apply_update(loss_sum, nll_sum, int(n_tokens), time.perf_counter() - start)
+
+    def discard_update(self, last_loss: torch.Tensor | None) -> None:
+        """Drop this update's gradients on every rank.
+
+        DDP expects the synchronising backward after every forward outside no_sync and stays out of
+        step with the other ranks without it, so each rank runs that backward on a zero loss (a rank
+        that failed before its last forward runs a one-token one first), then the gradients go.
+        """
+        if self.ddp is not self.objective:
+            if last_loss is None:
+                one = torch.tensor([[EOS]], device=self.device)
+                last_loss, _ = self.batch_loss(Batch(np.zeros(1, dtype=np.int64), one, one.eq(PAD),
+                                                     torch.full_like(one, BOS), one, 1), self.ddp)
+            (last_loss * 0.0).backward()
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def backward(self, loss: torch.Tensor) -> None:
+        (self.scaler.scale(loss) if self.scaler else loss).backward()
+
+    def no_sync(self) -> AbstractContextManager:
+        """Accumulate this batch's gradients locally; the update's last batch syncs them all."""
+        return self.ddp.no_sync() if self.ddp is not self.objective else nullcontext()
 
     def apply_update(self, loss_sum: float, nll_sum: float, n_tokens: int, seconds: float) -> StepStats | None:
         if self.scaler:
             self.scaler.unscale_(self.optimizer)
-        torch._foreach_mul_([p.grad for p in self.params if p.grad is not None], 1.0 / max(n_tokens, 1))
+        # DDP averages the ranks' gradients; the update wants their sum over the global token count.
+        torch._foreach_mul_([p.grad for p in self.params if p.grad is not None],
+                            self.info.world_size / max(n_tokens, 1))
         max_norm = self.cfg.clip_norm if self.cfg.clip_norm > 0 else math.inf
         grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, max_norm))
         if not (math.isfinite(grad_norm) and math.isfinite(loss_sum)):
@@ -349,8 +389,11 @@ def train(cfg: TrainConfig, model_overrides: dict[str, Any], search_cfg: SearchC
                             {**asdict(trainer.model_cfg), **asdict(cfg)})
             run(trainer)
         shutdown_distributed()
-    except torch.distributed.DistError as e:  # a timeout or a peer that died: name this rank, not a traceback
-        first_line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    except (torch.distributed.DistError, RuntimeError) as e:
+        reason = collective_failure(e)  # a timeout or a peer that died: name this rank, not a traceback
+        if reason is None:
+            raise
         rank = os.environ.get("RANK", "0")
-        raise NmtError(f"rank {rank}: a collective operation failed ({first_line}); see the other ranks' logs") from None
+        raise NmtError(f"rank {rank}: a collective operation failed ({reason}); "
+                       "see the other ranks' logs") from None
     return trainer

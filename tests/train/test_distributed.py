@@ -68,3 +68,46 @@ def test_two_ranks_killed_after_a_checkpoint_resume_and_finish(toy_data_bin, tmp
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert f"at update {killed_at}" in resumed.stderr
     assert load_checkpoint(tmp_path / "checkpoint_last.pt")["update"] == 300
+
+
+FAULTS = str(__import__("pathlib").Path(__file__).with_name("faults.py"))
+
+
+def our_frames(stderr):
+    """Traceback frames from our code (torchrun prints its own traceback when a rank fails; that is not ours)."""
+    return [line for line in stderr.splitlines() if line.strip().startswith("File ") and "nmt_cli" in line]
+
+
+def faulty_run(data_bin, save_dir, fault, *extra, timeout_minutes="30"):
+    """2 ranks under torchrun with NMT_TEST_FAULT set (see faults.py)."""
+    import os
+
+    env = {**os.environ, "NMT_TEST_FAULT": fault, "NMT_DIST_TIMEOUT_MINUTES": timeout_minutes}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", FAULTS,
+           "train", str(data_bin), "--save-dir", str(save_dir), *COMMON, *extra]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
+
+
+@pytest.mark.parametrize("fault, message", [("oom:1:3", "rank 1 ran out of memory on a batch"),
+                                            ("nan:1:3", "non-finite loss")])
+def test_a_failing_rank_makes_every_rank_skip_the_update(toy_data_bin, tmp_path, fault, message):
+    result = faulty_run(toy_data_bin, tmp_path, fault, "--max-update", "5", "--update-freq", "2")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert message in result.stderr
+    ckpt = load_checkpoint(tmp_path / "checkpoint_last.pt")
+    assert ckpt["update"] == 5 and ckpt["train_state"]["n_skipped_updates"] == 1
+
+
+def test_out_of_memory_in_the_synchronising_backward_stops_every_rank(toy_data_bin, tmp_path):
+    result = faulty_run(toy_data_bin, tmp_path, "oom-backward:1:3", "--max-update", "5")
+    assert result.returncode != 0
+    assert "error: rank 1 ran out of memory in the backward pass" in result.stderr
+    assert "error: rank 0: a collective operation failed (" in result.stderr
+    assert not our_frames(result.stderr)
+
+
+def test_a_collective_timeout_names_the_rank(toy_data_bin, tmp_path):
+    result = faulty_run(toy_data_bin, tmp_path, "hang:1:3", "--max-update", "5", timeout_minutes="0.05")
+    assert result.returncode != 0
+    assert "error: rank 0: a collective operation failed (Timed out" in result.stderr, result.stderr[-3000:]
+    assert not our_frames(result.stderr)
