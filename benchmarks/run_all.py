@@ -5,7 +5,7 @@ import sys
 from pathlib import Path
 
 here = Path(__file__).resolve().parent
-for script in ("bench_preprocess.py", "bench_train.py", "bench_generate.py"):
+for script in ("bench_preprocess.py", "bench_matmul.py", "bench_train.py", "bench_generate.py"):
     print(f"== {script}", flush=True)
     args = ["--lengths", "forced,natural"] if script == "bench_generate.py" else []
     subprocess.run([sys.executable, str(here / script), *args], check=True, cwd=here)

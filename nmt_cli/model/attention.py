@@ -12,6 +12,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from nmt_cli.model.linear import Linear
+
 
 def attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, causal: bool = False,
            dropout: float = 0.0) -> Tensor:
@@ -54,8 +56,8 @@ class SelfAttention(nn.Module):
         super().__init__()
         self.heads = heads
         self.dropout = dropout
-        self.qkv = nn.Linear(d_model, 3 * d_model)
-        self.out = nn.Linear(d_model, d_model)
+        self.qkv = Linear(d_model, 3 * d_model)
+        self.out = Linear(d_model, d_model)
 
     def project_qkv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         q, k, v = self.qkv(x).chunk(3, dim=-1)  # 3 x [N, T, D]
@@ -83,9 +85,9 @@ class CrossAttention(nn.Module):
         super().__init__()
         self.heads = heads
         self.dropout = dropout
-        self.q = nn.Linear(d_model, d_model)
-        self.kv = nn.Linear(d_model, 2 * d_model)
-        self.out = nn.Linear(d_model, d_model)
+        self.q = Linear(d_model, d_model)
+        self.kv = Linear(d_model, 2 * d_model)
+        self.out = Linear(d_model, d_model)
 
     def memory_kv(self, memory: Tensor) -> tuple[Tensor, Tensor]:
         """memory: [B, S, D] -> k, v: [B, H, S, Dh]."""

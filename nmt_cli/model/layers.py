@@ -14,6 +14,7 @@ import torch
 from torch import Tensor, nn
 
 from nmt_cli.model.attention import CrossAttention, SelfAttention
+from nmt_cli.model.linear import Linear
 
 
 def sinusoidal_positions(n_positions: int, d_model: int) -> Tensor:
@@ -46,8 +47,8 @@ class FeedForward(nn.Module):
 
     def __init__(self, d_model: int, d_ff: int, activation_dropout: float) -> None:
         super().__init__()
-        self.fc1 = nn.Linear(d_model, d_ff)
-        self.fc2 = nn.Linear(d_ff, d_model)
+        self.fc1 = Linear(d_model, d_ff)
+        self.fc2 = Linear(d_ff, d_model)
         self.dropout = Dropout(activation_dropout)
 
     def forward(self, x: Tensor) -> Tensor:

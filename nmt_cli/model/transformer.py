@@ -18,6 +18,7 @@ from nmt_cli.data.vocab import PAD
 from nmt_cli.model.attention import attention_mask
 from nmt_cli.model.cache import DecoderCache
 from nmt_cli.model.layers import DecoderLayer, Dropout, EncoderLayer, sinusoidal_positions
+from nmt_cli.model.linear import Linear
 
 
 @dataclass
@@ -66,7 +67,7 @@ class Transformer(nn.Module):
         # Pre-norm stacks end with a LayerNorm; post-norm layers already end normalised.
         self.encoder_norm = nn.LayerNorm(d_model) if normalize_before else nn.Identity()
         self.decoder_norm = nn.LayerNorm(d_model) if normalize_before else nn.Identity()
-        self.output = nn.Linear(d_model, vocab_size, bias=False)
+        self.output = Linear(d_model, vocab_size, bias=False)
         for name, p in self.named_parameters():
             if p.dim() == 2 and "embed" not in name:
                 nn.init.xavier_uniform_(p)

@@ -14,6 +14,7 @@ import torch
 from torch import Tensor, nn
 
 from nmt_cli.data.vocab import PAD
+from nmt_cli.model.linear import ROWS, matmul_nt, on_cpu_path, pad_rows
 
 CHUNK_ELEMENTS = 1 << 21  # logits per chunk: rows * V (8 MB of float32)
 
@@ -38,10 +39,17 @@ class _LinearLabelSmoothedCE(torch.autograd.Function):
         nll_sum = hidden.new_zeros((), dtype=torch.float32)
         with torch.autocast(device_type, enabled=False):
             w = weight.to(dtype)
+            padded = on_cpu_path(hidden, w)
+            if padded:  # whole multiples of ROWS: oneDNN then sees a handful of shapes (model/linear.py)
+                chunk = max(ROWS, chunk // ROWS * ROWS)
             for start in range(0, hidden.shape[0], chunk):
                 h = hidden[start:start + chunk].to(dtype)
+                n = h.shape[0]
+                if padded:
+                    h = pad_rows(h)
                 t = target[start:start + chunk, None]
-                z = (h @ w.t()).float()  # [c, V]
+                z_all = matmul_nt(h, w).float()  # [c, V], rows past n are padding
+                z = z_all[:n]
                 z_target, z_mean = z.gather(1, t).squeeze(1), z.mean(dim=-1)
                 z_max = z.amax(dim=-1, keepdim=True)
                 z.sub_(z_max).exp_()
@@ -53,9 +61,10 @@ class _LinearLabelSmoothedCE(torch.autograd.Function):
                 if need_grad:
                     z.div_(total).sub_(epsilon / vocab)  # softmax - eps / V
                     z.scatter_add_(1, t, z.new_full(t.shape, -(1.0 - epsilon)))
-                    g = z.to(dtype)
-                    grad_hidden[start:start + chunk] = g @ w
-                    grad_weight += (g.t() @ h).float()
+                    z_all[n:] = 0
+                    g = z_all.to(dtype)
+                    grad_hidden[start:start + n] = matmul_nt(g, w.t())[:n]
+                    grad_weight += matmul_nt(g.t(), h.t()).float()
         ctx.save_for_backward(grad_hidden, grad_weight)
         ctx.dtypes = (hidden.dtype, weight.dtype)
         ctx.mark_non_differentiable(nll_sum)

@@ -1,0 +1,91 @@
+"""Float32 matrix products on CPU through oneDNN instead of the BLAS that `torch.matmul` calls.
+
+PyTorch's CPU float32 matmul goes to MKL, and MKL picks its kernels by CPU vendor: on this project's
+AMD EPYC (Zen 5, AVX-512) it runs AVX2 code at ~200 GFLOP/s on 2 cores. oneDNN picks kernels by
+instruction set and reaches 300-490 GFLOP/s on the same training shapes, forward, input gradient and
+weight gradient alike (`benchmarks/bench_matmul.py`), with float32 arithmetic throughout.
+
+oneDNN builds (JIT-compiles) a kernel for each new shape, and building one for every batch's row
+count fragments the heap until the process holds gigabytes it does not use (transformer_small:
+2.2 GB after 40 updates and growing, against 1.1 GB through MKL). So row counts are padded with zero
+rows to a multiple of ROWS (to a power of two below it): a few dozen shapes, built once and kept in
+oneDNN's cache (cli.py sets its capacity). Training then peaks at 1.55 GB, flat.
+
+`matmul_nt(a, b)` is `a @ b.T` by that route; `Linear` is `nn.Linear` whose forward and backward use
+it. Anywhere else (CUDA, autocast, other dtypes, a torch without oneDNN) both are plain PyTorch.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+_ONEDNN = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+_DTYPES = (torch.float32, torch.bfloat16)
+ROWS = 512
+
+
+def on_cpu_path(a: Tensor, b: Tensor) -> bool:
+    """Whether `a @ b.T` takes this module's CPU route: oneDNN, with padded row counts (float32 and
+    bfloat16, outside autocast; PyTorch's bfloat16 matmul is oneDNN already)."""
+    return (_ONEDNN and a.device.type == "cpu" and a.dtype == b.dtype and a.dtype in _DTYPES
+            and a.numel() > 0 and not torch.is_autocast_enabled("cpu"))
+
+
+def padded_rows(m: int) -> int:
+    """m rounded up to a multiple of ROWS, or to a power of two when smaller."""
+    return -(-m // ROWS) * ROWS if m > ROWS else 1 << max(m - 1, 0).bit_length()
+
+
+def pad_rows(t: Tensor) -> Tensor:
+    """t [M, K] with zero rows appended up to padded_rows(M) (t itself when already there)."""
+    extra = padded_rows(t.shape[0]) - t.shape[0]
+    if not extra:
+        return t
+    out = t.new_empty(t.shape[0] + extra, t.shape[1])
+    out[:t.shape[0]] = t
+    out[t.shape[0]:] = 0
+    return out
+
+
+def matmul_nt(a: Tensor, b: Tensor, bias: Tensor | None = None) -> Tensor:
+    """a [M, K] @ b[N, K].T (+ bias [N]) -> [M, N]; not differentiable through oneDNN (see Linear)."""
+    if a.dtype == torch.float32 and on_cpu_path(a, b):
+        return torch.ops.mkldnn._linear_pointwise(a, b, bias, "none", [], "")
+    return F.linear(a, b, bias)
+
+
+class _Linear(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:  # type: ignore[override]
+        x2 = pad_rows(x.reshape(-1, x.shape[-1]))
+        ctx.save_for_backward(x2, weight)
+        ctx.in_shape, ctx.has_bias = x.shape, bias is not None
+        rows = x.numel() // x.shape[-1]
+        return matmul_nt(x2, weight, bias)[:rows].view(*x.shape[:-1], weight.shape[0])
+
+    @staticmethod
+    def backward(ctx, grad_y: Tensor):  # type: ignore[override]
+        x2, weight = ctx.saved_tensors
+        g = grad_y.reshape(-1, grad_y.shape[-1])
+        grad_b = g.sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None
+        rows, g = g.shape[0], pad_rows(g)
+        grad_x = matmul_nt(g, weight.t())[:rows].view(ctx.in_shape) if ctx.needs_input_grad[0] else None
+        grad_w = matmul_nt(g.t(), x2.t()) if ctx.needs_input_grad[1] else None
+        return grad_x, grad_w, grad_b
+
+
+class Linear(nn.Linear):
+    """nn.Linear (same parameters and state dict) that takes the CPU route above, under autocast too."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        if x.device.type != "cpu" or not _ONEDNN:
+            return F.linear(x, self.weight, self.bias)
+        dtype = torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else x.dtype
+        with torch.autocast("cpu", enabled=False):  # cast here, as autocast would, then leave it
+            x, weight = x.to(dtype), self.weight.to(dtype)
+            bias = None if self.bias is None else self.bias.to(dtype)
+            if on_cpu_path(x, weight):
+                return _Linear.apply(x, weight, bias)
+            return F.linear(x, weight, bias)

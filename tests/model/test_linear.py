@@ -1,0 +1,53 @@
+"""The CPU route of model/linear.py gives what F.linear gives, values and gradients."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from nmt_cli.model.linear import ROWS, Linear, matmul_nt, padded_rows
+
+
+def test_padded_rows_are_few_shapes():
+    assert [padded_rows(m) for m in (1, 3, 200, ROWS, ROWS + 1, 5 * ROWS - 7)] == [1, 4, 256, ROWS, 2 * ROWS, 5 * ROWS]
+    assert len({padded_rows(m) for m in range(1, 4097)}) == 10 + 7  # powers of two to ROWS, then multiples
+
+
+@pytest.mark.parametrize("shape", [(1, 8), (3, 5, 8), (ROWS + 3, 8), (2, 400, 8)])
+@pytest.mark.parametrize("bias", [True, False])
+def test_linear_matches_f_linear_forward_and_backward(shape, bias):
+    torch.manual_seed(0)
+    layer = Linear(8, 24, bias=bias)
+    x = torch.randn(*shape, requires_grad=True)
+    y = layer(x)
+    ref_x = x.detach().clone().requires_grad_()
+    ref_w = layer.weight.detach().clone().requires_grad_()
+    ref_b = layer.bias.detach().clone().requires_grad_() if bias else None
+    ref = F.linear(ref_x, ref_w, ref_b)
+    torch.testing.assert_close(y, ref, atol=1e-5, rtol=1e-5)
+    upstream = torch.randn_like(ref)
+    y.backward(upstream)
+    ref.backward(upstream)
+    torch.testing.assert_close(x.grad, ref_x.grad, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(layer.weight.grad, ref_w.grad, atol=1e-4, rtol=1e-5)
+    if bias:
+        torch.testing.assert_close(layer.bias.grad, ref_b.grad, atol=1e-5, rtol=1e-5)
+
+
+def test_linear_under_bf16_autocast_behaves_like_autocast():
+    torch.manual_seed(0)
+    layer = Linear(16, 32)
+    x = torch.randn(700, 16)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = layer(x)
+        ref = F.linear(x, layer.weight, layer.bias)
+    assert y.dtype == ref.dtype == torch.bfloat16
+    torch.testing.assert_close(y.float(), ref.float(), atol=2e-2, rtol=2e-2)
+    y.float().sum().backward()
+    assert layer.weight.grad.dtype == torch.float32 and torch.isfinite(layer.weight.grad).all()
+
+
+def test_matmul_nt_is_a_times_b_transposed():
+    a, b = torch.randn(37, 9), torch.randn(11, 9)
+    torch.testing.assert_close(matmul_nt(a, b), a @ b.t(), atol=1e-5, rtol=1e-5)
+    c = torch.randn(9, 37)
+    torch.testing.assert_close(matmul_nt(c.t(), b.t().contiguous().t()), c.t() @ b.t(), atol=1e-5, rtol=1e-5)
