@@ -128,7 +128,7 @@ EVAL_FLAGS = {"eval_bleu_beam": "beam", "eval_bleu_lenpen": "lenpen", "eval_bleu
 @click.option("--threads", default=0, type=click.IntRange(min=0), help="CPU threads (0: torch's default).")
 @click.option("--log-interval", default=100, type=click.IntRange(min=1))
 @click.option("--log-file", type=click.Path(dir_okay=False), help="Append every logged metric as JSON lines.")
-@click.option("--bf16", is_flag=True, help="bfloat16 autocast (CPU with AMX, Ampere+ GPUs).")
+@click.option("--bf16", is_flag=True, help="bfloat16 autocast (CPUs with AVX512-BF16 or AMX, Ampere+ GPUs).")
 @click.option("--fp16", is_flag=True, help="float16 autocast with dynamic loss scaling (CUDA).")
 @click.option("--max-nonfinite", default=10, type=click.IntRange(min=1), help="Stop after this many non-finite losses in a row.")
 @click.option("--eval-bleu", is_flag=True, help="Also translate the valid split and log sacreBLEU.")

@@ -158,7 +158,7 @@ def pack_for_cpu_inference(model: Transformer) -> Transformer:
     """Swap every Linear of the model, the output projection included, for a PackedLinear.
 
     For CPU inference only (no autograd, no autocast). At beam-search sizes (a few hundred rows) oneDNN
-    with packed weights measured 390-400 GFLOP/s on this 2-core AVX-512 Xeon against 190-215 for the
+    with packed weights measured 390-400 GFLOP/s on this 2-core AVX-512 CPU against 190-215 for the
     default path, and the output projection twice as fast. The projection gets its own packed copy
     of the tied weight.
     """
