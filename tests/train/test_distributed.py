@@ -111,3 +111,14 @@ def test_a_collective_timeout_names_the_rank(toy_data_bin, tmp_path):
     assert result.returncode != 0
     assert "error: rank 0: a collective operation failed (Timed out" in result.stderr, result.stderr[-3000:]
     assert not our_frames(result.stderr)
+
+
+def test_collective_failure_recognises_gloo_and_nccl_errors_only():
+    from nmt_cli.train.distributed import collective_failure
+
+    gloo = RuntimeError("[/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:537] Read error [127.0.0.1]:43175: "
+                        "Connection reset by peer.\nmore")
+    assert collective_failure(gloo) == "Read error [127.0.0.1]:43175: Connection reset by peer."
+    assert collective_failure(torch.distributed.DistError("NCCL watchdog timeout")) == "NCCL watchdog timeout"
+    assert collective_failure(RuntimeError("shape mismatch in our own code")) is None
+    assert collective_failure(ValueError("gloo")) is None
