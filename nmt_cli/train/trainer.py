@@ -113,29 +113,7 @@ class Trainer:
         """
         start = time.perf_counter()
         self.model.train()
-        totals = torch.zeros(4, dtype=torch.float64, device=self.device)  # loss, nll, tokens, failed ranks
-        last_loss = None
-        for i, ids in enumerate(group):
-            last = i == len(group) - 1
-            batch = collate(self.train_data, ids).to(self.device)
-            try:
-                if last:
-                    loss, nll = self.batch_loss(batch, self.ddp)
-                    last_loss = loss
-                else:
-                    with self.no_sync():
-                        loss, nll = self.batch_loss(batch, self.ddp)
-                        self.backward(loss)
-            except torch.cuda.OutOfMemoryError:
-                logger.warning("rank %d ran out of memory on a batch of %d sentences; skipping this update "
-                               "on every rank", self.info.rank, len(ids))
-                totals[3] += 1
-                last_loss = None
-                torch.cuda.empty_cache()
-                break
-            totals[:3] += torch.stack([loss.detach().double(), nll.detach().double(),
-                                       torch.tensor(float(batch.n_tgt_tokens), dtype=torch.float64,
-                                                    device=self.device)])
+        totals, last_loss = self.accumulate(group)
         loss_sum, nll_sum, n_tokens, n_failed = all_reduce_sum(totals, self.info).tolist()
         if n_failed or not math.isfinite(loss_sum):
             self.discard_update(last_loss)
@@ -150,6 +128,34 @@ class Trainer:
             raise NmtError(f"rank {self.info.rank} ran out of memory in the backward pass that synchronises "
                            "the ranks' gradients, which cannot be skipped; lower --max-tokens") from None
         return self.apply_update(loss_sum, nll_sum, int(n_tokens), time.perf_counter() - start)
+
+    def accumulate(self, group: list[np.ndarray]) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Forward (and, for all but the last batch, backward) this rank's batches of the update.
+
+        Returns [loss, nll, target tokens, failed] summed over the batches, and the last batch's loss
+        (still to be backpropagated; None when this rank ran out of memory).
+        """
+        totals = torch.zeros(4, dtype=torch.float64, device=self.device)
+        for i, ids in enumerate(group):
+            batch = collate(self.train_data, ids).to(self.device)
+            try:
+                if i == len(group) - 1:
+                    loss, nll = self.batch_loss(batch, self.ddp)
+                    last_loss = loss
+                else:
+                    with self.no_sync():
+                        loss, nll = self.batch_loss(batch, self.ddp)
+                        self.backward(loss)
+            except torch.cuda.OutOfMemoryError:
+                logger.warning("rank %d ran out of memory on a batch of %d sentences; skipping this update "
+                               "on every rank", self.info.rank, len(ids))
+                totals[3] += 1
+                torch.cuda.empty_cache()
+                return totals, None
+            totals[:3] += torch.stack([loss.detach().double(), nll.detach().double(),
+                                       torch.tensor(float(batch.n_tgt_tokens), dtype=torch.float64,
+                                                    device=self.device)])
+        return totals, last_loss
 
     def discard_update(self, last_loss: torch.Tensor | None) -> None:
         """Drop this update's gradients on every rank.
