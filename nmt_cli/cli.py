@@ -15,10 +15,10 @@ from typing import Any
 import click
 
 from nmt_cli import __version__
+from nmt_cli.allocator import tune_allocator
 from nmt_cli.config import ARCHITECTURES, PreprocessConfig, SearchConfig, TrainConfig, parse_betas
 from nmt_cli.errors import CheckpointError, ConfigError, NmtError
 from nmt_cli.log import print_error, setup_logging
-from nmt_cli.allocator import tune_allocator
 
 logger = logging.getLogger("nmt_cli.cli")
 

@@ -90,7 +90,6 @@ def init_distributed(device_name: str) -> tuple[DistInfo, torch.device]:
     return info, device
 
 
-
 def shutdown_distributed() -> None:
     """Leave the process group; exiting with gloo's threads still running aborts the process."""
     import torch.distributed as dist

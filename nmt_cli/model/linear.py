@@ -13,6 +13,8 @@ oneDNN's cache (cli.py sets its capacity). Training small then peaks at about 1.
 
 `matmul_nt(a, b)` is `a @ b.T` by that route; `Linear` is `nn.Linear` whose forward and backward use
 it. Anywhere else (CUDA, autocast, other dtypes, a torch without oneDNN) both are plain PyTorch.
+For translation on CPU, `pack_for_cpu_inference` swaps the model's linears for `PackedLinear`s,
+whose weights oneDNN packs once.
 """
 
 from __future__ import annotations
@@ -59,11 +61,11 @@ def matmul_nt(a: Tensor, b: Tensor, bias: Tensor | None = None) -> Tensor:
 class _Linear(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:  # type: ignore[override]
-        x2 = pad_rows(x.reshape(-1, x.shape[-1]))
+        flat = x.reshape(-1, x.shape[-1])
+        x2 = pad_rows(flat)
         ctx.save_for_backward(x2, weight)
         ctx.in_shape, ctx.has_bias = x.shape, bias is not None
-        rows = x.numel() // x.shape[-1]
-        return matmul_nt(x2, weight, bias)[:rows].view(*x.shape[:-1], weight.shape[0])
+        return matmul_nt(x2, weight, bias)[:flat.shape[0]].view(*x.shape[:-1], weight.shape[0])
 
     @staticmethod
     def backward(ctx, grad_y: Tensor):  # type: ignore[override]
@@ -89,3 +91,31 @@ class Linear(nn.Linear):
             if on_cpu_path(x, weight):
                 return _Linear.apply(x, weight, bias)
             return F.linear(x, weight, bias)
+
+
+class PackedLinear(nn.Module):
+    """A frozen Linear whose weights oneDNN has packed once, for CPU float32 inference."""
+
+    def __init__(self, linear: nn.Linear) -> None:
+        super().__init__()
+        self.packed_weight = linear.weight.detach().to_mkldnn()
+        self.packed_bias = None if linear.bias is None else linear.bias.detach().to_mkldnn()
+
+    def forward(self, x: Tensor) -> Tensor:
+        y = torch._C._nn.mkldnn_linear(x.contiguous().to_mkldnn(), self.packed_weight, self.packed_bias)
+        return y.to_dense()
+
+
+def pack_for_cpu_inference(model: nn.Module) -> nn.Module:
+    """Swap every Linear of the model, the output projection included, for a PackedLinear.
+
+    For CPU inference only (no autograd, no autocast). At beam-search sizes (a few hundred rows) oneDNN
+    with packed weights measured 390-400 GFLOP/s on this 2-core AVX-512 CPU against 190-215 for the
+    default path, and the output projection twice as fast. The projection gets its own packed copy
+    of the tied weight.
+    """
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if isinstance(child, nn.Linear):
+                setattr(parent, name, PackedLinear(child))
+    return model

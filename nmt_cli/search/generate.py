@@ -14,7 +14,8 @@ import torch
 
 from nmt_cli.config import SearchConfig
 from nmt_cli.data.vocab import EOS, PAD, Vocab
-from nmt_cli.model.transformer import Transformer, build_model, pack_for_cpu_inference
+from nmt_cli.model.linear import pack_for_cpu_inference
+from nmt_cli.model.transformer import Transformer, build_model
 from nmt_cli.runtime import autocast
 from nmt_cli.search.beam import Hypothesis, beam_search
 from nmt_cli.search.greedy import greedy_search

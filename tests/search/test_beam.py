@@ -168,7 +168,7 @@ def test_packed_cpu_model_translates_the_same(tiny_model, toy_data_bin):
     import copy
 
     from nmt_cli.data.dataset import load_vocab
-    from nmt_cli.model.transformer import pack_for_cpu_inference
+    from nmt_cli.model.linear import pack_for_cpu_inference
 
     if not torch.backends.mkldnn.is_available():
         pytest.skip("this torch build has no oneDNN")
