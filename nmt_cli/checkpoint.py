@@ -16,14 +16,54 @@ from typing import Any
 import torch
 
 from nmt_cli import __version__
-from nmt_cli.config import ModelConfig, SearchConfig, config_from_dict
+from nmt_cli.config import ModelConfig, SearchConfig, TrainConfig, config_from_dict, config_to_dict
 from nmt_cli.data.vocab import Vocab
-from nmt_cli.errors import CheckpointError
+from nmt_cli.errors import CheckpointError, ConfigError
 
 logger = logging.getLogger(__name__)
 
-FORMAT_VERSION = 1
-REQUIRED_KEYS = ("format_version", "model_config", "model", "spm_model")
+FORMAT_VERSION = 2
+LAST, BEST = "checkpoint_last.pt", "checkpoint_best.pt"
+# The checkpoint format, defined once. Every checkpoint has the model keys (all that translating and averaging
+# need); a checkpoint that training can resume from has the training keys too.
+MODEL_KEYS = ("format_version", "nmt_version", "model_config", "train_config", "search_config", "spm_model",
+              "source_lang", "target_lang", "update", "epoch", "model")
+TRAINING_KEYS = ("optimizer", "scheduler", "grad_scaler", "train_state", "world_size", "rng")
+
+
+def make_checkpoint(model_cfg: ModelConfig, train_cfg: TrainConfig, search_cfg: SearchConfig, vocab: Vocab,
+                    langs: tuple[str, str], weights: dict[str, torch.Tensor], update: int, epoch: int,
+                    training: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A checkpoint dict with every model key, plus the training keys when `training` is given."""
+    state = {"format_version": FORMAT_VERSION, "nmt_version": __version__,
+             "model_config": config_to_dict(model_cfg), "train_config": config_to_dict(train_cfg),
+             "search_config": config_to_dict(search_cfg), "spm_model": vocab.model_bytes,
+             "source_lang": langs[0], "target_lang": langs[1], "update": update, "epoch": epoch,
+             "model": weights}
+    if training is not None:
+        assert set(training) == set(TRAINING_KEYS), sorted(set(training) ^ set(TRAINING_KEYS))
+        state.update(training)
+    return state
+
+
+def upgrade(state: dict[str, Any]) -> dict[str, Any]:
+    """Bring an older checkpoint to FORMAT_VERSION, one version step at a time."""
+    if state["format_version"] == 1:
+        state = upgrade_v1_to_v2(state)
+    return state
+
+
+def upgrade_v1_to_v2(state: dict[str, Any]) -> dict[str, Any]:
+    """v2: --arch lives in the model config only; --bf16/--fp16 became one --precision field."""
+    train = dict(state.get("train_config", {}))
+    train.pop("arch", None)
+    bf16, fp16 = train.pop("bf16", False), train.pop("fp16", False)
+    train["precision"] = "fp16" if fp16 else "bf16" if bf16 else "fp32"
+    return {**state, "train_config": train, "format_version": 2}
+
+
+def has_training_state(state: dict[str, Any]) -> bool:
+    return all(k in state for k in TRAINING_KEYS)
 
 
 def save_checkpoint(state: dict[str, Any], path: Path) -> None:
@@ -49,12 +89,13 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # torch raises many types for a file that is not a checkpoint
         raise CheckpointError(f"{path} is not a readable nmt checkpoint ({type(e).__name__})") from None
-    if not isinstance(state, dict) or any(k not in state for k in REQUIRED_KEYS):
+    if not isinstance(state, dict) or any(k not in state for k in ("format_version", "model_config", "model",
+                                                                   "spm_model")):
         raise CheckpointError(f"{path} is not an nmt checkpoint (missing model, config or vocabulary)")
     if state["format_version"] > FORMAT_VERSION:
         raise CheckpointError(f"{path} has format version {state['format_version']}; this nmt "
                               f"{__version__} reads up to {FORMAT_VERSION}; upgrade nmt")
-    return state
+    return upgrade(state)
 
 
 def model_config_of(state: dict[str, Any], path: Path) -> ModelConfig:
@@ -115,10 +156,37 @@ def average_checkpoints(paths: list[Path]) -> dict[str, Any]:
                                       f"{tuple(sums[k].shape)}")
             if v.is_floating_point():
                 sums[k] += v.double()
-    averaged = {k: (v / len(paths)).to(first["model"][k].dtype) if v.is_floating_point() else v
-                for k, v in sums.items()}
-    keep = ("format_version", "nmt_version", "model_config", "train_config", "search_config", "spm_model",
-            "source_lang", "target_lang", "update", "epoch")
-    out = {k: first[k] for k in keep if k in first}
+    averaged: dict[str, torch.Tensor] = {}
+    by_storage: dict[int, torch.Tensor] = {}  # tied weights (one tensor under several names) stay tied
+    for k, v in sums.items():
+        ptr = first["model"][k].untyped_storage().data_ptr()
+        if ptr not in by_storage:
+            by_storage[ptr] = (v / len(paths)).to(first["model"][k].dtype) if v.is_floating_point() else v
+        averaged[k] = by_storage[ptr]
+    out = {k: first[k] for k in MODEL_KEYS if k in first}
     out.update(model=averaged, averaged_from=[str(p) for p in paths], nmt_version=__version__)
     return out
+
+
+def checkpoints_to_average(paths: list[Path], num_update_checkpoints: int | None) -> list[Path]:
+    """The files to average: the given ones, or the newest N numbered checkpoints of one directory."""
+    if len(paths) == 1 and paths[0].is_dir():
+        if not num_update_checkpoints:
+            raise ConfigError(f"--inputs {paths[0]} is a directory; give --num-update-checkpoints N")
+        found = numbered_checkpoints(paths[0])
+        if len(found) < num_update_checkpoints:
+            raise CheckpointError(f"{paths[0]} has {len(found)} numbered checkpoints, fewer than "
+                                  f"--num-update-checkpoints {num_update_checkpoints}")
+        return found[-num_update_checkpoints:]
+    if any(p.is_dir() for p in paths):
+        raise ConfigError("--inputs takes either one directory or checkpoint files")
+    return paths
+
+
+def check_average_output(output: Path, inputs: list[Path]) -> None:
+    """Refuse to overwrite an input, or the file a save directory resumes from or keeps as its best."""
+    if any(output.resolve() == p.resolve() for p in inputs):
+        raise ConfigError(f"--output {output} is one of the checkpoints being averaged; write elsewhere")
+    if output.name in (LAST, BEST) or re.fullmatch(r"checkpoint_\d+\.pt", output.name):
+        raise ConfigError(f"--output {output}: {output.name} is a name training writes and resumes from; "
+                          "choose another name, e.g. average.pt")

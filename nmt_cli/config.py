@@ -1,46 +1,85 @@
 """Typed configs for every command, the architecture presets, and their validation.
 
-Field names match the CLI flags one to one (`--d-model` <-> `d_model`). Configs are frozen
-dataclasses of primitives so that they travel inside checkpoints as plain dicts.
+Each config field is one CLI flag of the same name (`d_model` <-> `--d-model`): its default, help text and
+allowed values are written once, here, in the field's metadata (`flag(...)`); the CLI builds its options
+from them and `__post_init__` checks the same bounds when a config is built from Python. Configs are frozen
+dataclasses of primitives, so they travel inside checkpoints as plain dicts.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields, replace
+import math
+from dataclasses import MISSING, Field, asdict, dataclass, field, fields, replace
 from typing import Any
 
 from nmt_cli.errors import CheckpointError, ConfigError
+
+PRECISIONS = ("fp32", "bf16", "fp16")
+
+
+def flag(default: Any = MISSING, help: str = "", *, min: float | None = None, max: float | None = None,
+         min_open: bool = False, max_open: bool = False, choices: tuple[str, ...] | None = None,
+         path: str | None = None, argument: bool = False, short: str | None = None, cli: bool = True) -> Any:
+    """A config field that is also a CLI flag: default, help and allowed values in one place.
+
+    path: "file" / "dir" (must exist) or "new" (a path to be written) for the CLI's path checks;
+    argument: a positional argument instead of an option; cli=False: set by the program, not a flag.
+    """
+    meta = {"help": help, "min": min, "max": max, "min_open": min_open, "max_open": max_open,
+            "choices": choices, "path": path, "argument": argument, "short": short, "cli": cli}
+    return field(default=default, metadata=meta)
+
+
+def flag_name(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def check_field(f: Field, value: Any) -> None:
+    """Raise ConfigError when a value breaks the bounds or choices its field declares."""
+    if value is None or isinstance(value, bool):
+        return
+    m = f.metadata
+    name = flag_name(f.name)
+    if m.get("choices") and value not in m["choices"]:
+        raise ConfigError(f"{name} {value!r} must be one of {', '.join(m['choices'])}")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(f"{name} {value} must be a finite number")
+    low, high = m.get("min"), m.get("max")
+    if low is not None and (value <= low if m["min_open"] else value < low):
+        raise ConfigError(f"{name} {value} must be {'above' if m['min_open'] else 'at least'} {low:g}")
+    if high is not None and (value >= high if m["max_open"] else value > high):
+        raise ConfigError(f"{name} {value} must be {'below' if m['max_open'] else 'at most'} {high:g}")
+
+
+def check_fields(cfg: Any) -> None:
+    for f in fields(cfg):
+        check_field(f, getattr(cfg, f.name))
 
 
 @dataclass(frozen=True)
 class ModelConfig:
     """The Transformer's shape (paper Table 3 knobs). vocab_size comes from the data."""
 
-    arch: str = "transformer_base"
-    vocab_size: int = 0
-    encoder_layers: int = 6
-    decoder_layers: int = 6
-    d_model: int = 512
-    d_ff: int = 2048
-    heads: int = 8
-    dropout: float = 0.1
-    attention_dropout: float = 0.0
-    activation_dropout: float = 0.0
-    normalize_before: bool = False
-    learned_pos: bool = False
-    share_embeddings: bool = True
-    share_output_embed: bool = True
-    max_positions: int = 1024
+    arch: str = flag("transformer_base", cli=False)
+    vocab_size: int = flag(0, cli=False)
+    encoder_layers: int = flag(6, "Encoder layers (N).", min=1)
+    decoder_layers: int = flag(6, "Decoder layers (N).", min=1)
+    d_model: int = flag(512, "Model width.", min=1)
+    d_ff: int = flag(2048, "Feed-forward inner width.", min=1)
+    heads: int = flag(8, "Attention heads (h).", min=1)
+    dropout: float = flag(0.1, "Dropout on embeddings and sub-layer outputs (P_drop).", min=0, max=1, max_open=True)
+    attention_dropout: float = flag(0.0, "Dropout on attention weights.", min=0, max=1, max_open=True)
+    activation_dropout: float = flag(0.0, "Dropout after the feed-forward activation.", min=0, max=1, max_open=True)
+    normalize_before: bool = flag(False, "Pre-norm residual blocks (the paper's is post-norm).")
+    learned_pos: bool = flag(False, "Learned positions instead of sinusoids (Table 3 row E).")
+    share_embeddings: bool = flag(True, "Tie source and target embeddings.")
+    share_output_embed: bool = flag(True, "Tie the target embedding and the pre-softmax projection.")
+    max_positions: int = flag(1024, "Longest sequence the model accepts.", min=2)
 
     def __post_init__(self) -> None:
-        for name in ("encoder_layers", "decoder_layers", "d_model", "d_ff", "heads", "max_positions"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"{name}={getattr(self, name)} must be at least 1")
+        check_fields(self)
         if self.d_model % self.heads:
-            raise ConfigError(f"d_model={self.d_model} must be divisible by heads={self.heads}")
-        for name in ("dropout", "attention_dropout", "activation_dropout"):
-            if not 0.0 <= getattr(self, name) < 1.0:
-                raise ConfigError(f"{name}={getattr(self, name)} must be in [0, 1)")
+            raise ConfigError(f"--d-model {self.d_model} must be divisible by --heads {self.heads}")
 
 
 ARCHITECTURES: dict[str, ModelConfig] = {
@@ -53,133 +92,146 @@ ARCHITECTURES: dict[str, ModelConfig] = {
 }
 
 
-def model_config_from_arch(arch: str, vocab_size: int, overrides: dict[str, Any]) -> ModelConfig:
-    """The preset for `arch` with every non-None override applied: a flag always beats the preset."""
+def model_config(arch: str, **given: Any) -> ModelConfig:
+    """The preset `arch` with every given (non-None) field applied: a flag always beats the preset."""
     if arch not in ARCHITECTURES:
         raise ConfigError(f"unknown --arch {arch!r}; choose one of {', '.join(ARCHITECTURES)}")
-    given = {k: v for k, v in overrides.items() if v is not None}
-    return replace(ARCHITECTURES[arch], vocab_size=vocab_size, **given)
+    return replace(ARCHITECTURES[arch], **{k: v for k, v in given.items() if v is not None})
 
 
 @dataclass(frozen=True)
 class PreprocessConfig:
-    source_lang: str
-    target_lang: str
-    trainpref: str
-    destdir: str
-    validpref: str | None = None
-    testpref: str | None = None  # comma-separated prefixes: test, test1, test2, ...
-    vocab_size: int = 8000
-    model_type: str = "bpe"
-    character_coverage: float = 1.0
-    spm_model: str | None = None
-    spm_train_sentences: int = 10_000_000
-    max_len: int = 250
-    max_len_ratio: float = 1.5
-    workers: int = 1
+    source_lang: str = flag(help="Source language suffix, e.g. en.", short="-s")
+    target_lang: str = flag(help="Target language suffix, e.g. de.", short="-t")
+    trainpref: str = flag(help="Training text prefix: PREFIX.{src,tgt}.")
+    destdir: str = flag(help="Output data directory (must not exist or be empty).", path="new")
+    validpref: str | None = flag(None, "Validation text prefix.")
+    testpref: str | None = flag(None, "Test prefixes, comma-separated (splits test, test1, ...).")
+    vocab_size: int = flag(8000, "Joint sentencepiece vocabulary size.", min=8)
+    model_type: str = flag("bpe", "Sentencepiece model type.", choices=("bpe", "unigram"))
+    character_coverage: float = flag(1.0, "Sentencepiece character coverage.", min=0.9, max=1.0)
+    spm_model: str | None = flag(None, "Use this sentencepiece model instead of training one.", path="file")
+    spm_train_sentences: int = flag(10_000_000, "At most this many lines sampled to train sentencepiece.", min=1)
+    max_len: int = flag(250, "Drop training pairs longer than this (pieces).", min=1)
+    max_len_ratio: float = flag(1.5, "Drop training pairs with a longer length ratio.", min=1.0)
+    workers: int = flag(1, "Encoding threads.", min=1)
 
     def __post_init__(self) -> None:
+        check_fields(self)
         if self.source_lang == self.target_lang:
             raise ConfigError(f"--source-lang and --target-lang are both {self.source_lang!r}; "
                               "they must differ")
-        if self.model_type not in ("bpe", "unigram"):
-            raise ConfigError(f"--model-type {self.model_type!r} must be bpe or unigram")
-        if self.vocab_size < 8:
-            raise ConfigError(f"--vocab-size {self.vocab_size} is too small (at least 8)")
 
 
 @dataclass(frozen=True)
 class SearchConfig:
     """How `generate` (and BLEU during training) searches. Saved in checkpoints."""
 
-    beam: int = 4
-    lenpen: float = 0.6
-    lenpen_style: str = "gnmt"
-    max_len_a: float = 1.0
-    max_len_b: int = 50
-    min_len: int = 1
-    unkpen: float = 0.0
-    nbest: int = 1
-    sampling: bool = False
-    sampling_topk: int = 0
-    sampling_topp: float = 1.0
-    temperature: float = 1.0
-    seed: int = 1
+    beam: int = flag(4, "Beam size; 1 is greedy.", min=1)
+    lenpen: float = flag(0.6, "Length penalty alpha.")
+    lenpen_style: str = flag("gnmt", "gnmt: ((5+|Y|)/6)^alpha (the paper's); fairseq: |Y|^alpha.",
+                             choices=("gnmt", "fairseq"))
+    max_len_a: float = flag(1.0, "Max output length a*|x|+b.", min=0)
+    max_len_b: int = flag(50, "Max output length a*|x|+b.", min=0)
+    min_len: int = flag(1, "Min output length.", min=0)
+    unkpen: float = flag(0.0, "Subtracted from the unk log-prob.")
+    nbest: int = flag(1, "Hypotheses per input.", min=1)
+    sampling: bool = flag(False, "Sample instead of searching.")
+    sampling_topk: int = flag(0, "Sample among the k best tokens (0: all).", min=0)
+    sampling_topp: float = flag(1.0, "Nucleus sampling mass.", min=0, max=1, min_open=True)
+    temperature: float = flag(1.0, "Sampling temperature.", min=0, min_open=True)
+    seed: int = flag(1, "Sampling seed.")
 
     def __post_init__(self) -> None:
-        if self.lenpen_style not in ("gnmt", "fairseq"):
-            raise ConfigError(f"--lenpen-style {self.lenpen_style!r} must be gnmt or fairseq")
-        if self.beam < 1:
-            raise ConfigError(f"--beam {self.beam} must be at least 1")
+        check_fields(self)
         if not self.sampling and self.nbest > self.beam:
             raise ConfigError(f"--nbest {self.nbest} cannot exceed --beam {self.beam}")
-        if self.temperature <= 0:
-            raise ConfigError(f"--temperature {self.temperature} must be positive")
-        if not 0.0 < self.sampling_topp <= 1.0:
-            raise ConfigError(f"--sampling-topp {self.sampling_topp} must be in (0, 1]")
+        if self.max_len_a == 0 and self.max_len_b == 0:
+            raise ConfigError("--max-len-a 0 and --max-len-b 0 leave no room for any output")
 
 
 @dataclass(frozen=True)
 class TrainConfig:
-    data_dir: str
-    save_dir: str
-    arch: str = "transformer_base"
-    max_tokens: int = 4096
-    update_freq: int = 1
-    max_update: int = 0
-    max_epoch: int = 0
-    max_time_minutes: float = 0.0
-    lr_scheduler: str = "noam"
-    warmup_updates: int = 4000
-    lr: float | None = None
-    lr_scale: float = 1.0
-    adam_betas: tuple[float, float] = (0.9, 0.98)
-    adam_eps: float = 1e-9
-    clip_norm: float = 0.0
-    weight_decay: float = 0.0
-    label_smoothing: float = 0.1
-    seed: int = 1
-    save_interval_updates: int = 0
-    save_interval_minutes: float = 0.0
-    keep_last: int = 0
-    validate_interval_updates: int = 0
-    patience: int = 0
-    device: str = "auto"
-    threads: int = 0
-    log_interval: int = 100
-    log_file: str | None = None
-    bf16: bool = False
-    fp16: bool = False
-    max_nonfinite: int = 10
-    eval_bleu: bool = False
-    eval_bleu_max_tokens: int = 8000
-    best_checkpoint_metric: str = "loss"
-    reset_optimizer: bool = False
-    reset_lr_scheduler: bool = False
-    reset_dataloader: bool = False
+    data_dir: str = flag(help="Data directory made by `nmt preprocess`.", path="dir", argument=True)
+    save_dir: str = flag(help="Checkpoint directory; resumes from checkpoint_last.pt there.", path="new")
+    max_tokens: int = flag(4096, "Padded source (and target) tokens per batch, EOS included.", min=1)
+    update_freq: int = flag(1, "Batches accumulated per update.", min=1)
+    max_update: int = flag(0, "Stop after this many updates.", min=0)
+    max_epoch: int = flag(0, "Stop after this many epochs.", min=0)
+    max_time_minutes: float = flag(0.0, "Stop after this much training wall clock.", min=0)
+    lr_scheduler: str = flag("noam", "noam: the paper's schedule; inverse_sqrt: fairseq's.",
+                             choices=("noam", "inverse_sqrt"))
+    warmup_updates: int = flag(4000, "Warm-up updates of the schedule.", min=1)
+    lr: float | None = flag(None, "Peak lr of inverse_sqrt [default: 5e-4].", min=0, min_open=True)
+    lr_scale: float = flag(1.0, "Multiplies noam's lr.", min=0, min_open=True)
+    adam_betas: tuple[float, float] = flag((0.9, 0.98), "Adam beta1,beta2.")
+    adam_eps: float = flag(1e-9, "Adam epsilon.", min=0)
+    clip_norm: float = flag(0.0, "Clip the gradient norm (0: off).", min=0)
+    weight_decay: float = flag(0.0, "Decoupled weight decay.", min=0)
+    label_smoothing: float = flag(0.1, "Label smoothing epsilon.", min=0, max=1, max_open=True)
+    seed: int = flag(1, "Random seed.")
+    save_interval_updates: int = flag(0, "Numbered checkpoint every N updates.", min=0)
+    save_interval_minutes: float = flag(0.0, "Numbered checkpoint every M minutes.", min=0)
+    keep_last: int = flag(0, "Keep the newest N numbered checkpoints (0: all).", min=0)
+    validate_interval_updates: int = flag(0, "Also validate every N updates.", min=0)
+    patience: int = flag(0, "Stop after N validations without improvement.", min=0)
+    device: str = flag("auto", "Where to train (auto: CUDA when available).", choices=("auto", "cpu", "cuda"))
+    threads: int = flag(0, "CPU threads (0: torch's default).", min=0)
+    log_interval: int = flag(100, "Log every N updates.", min=1)
+    log_file: str | None = flag(None, "Append every logged metric as JSON lines.", path="new")
+    precision: str | None = flag(None, "fp32, bf16 (autocast, float32 master weights) or fp16 (CUDA, loss "
+                                 "scaling) [default: bf16 on CUDA devices that support it, else fp32].",
+                                 choices=PRECISIONS)
+    max_nonfinite: int = flag(10, "Stop after this many non-finite losses in a row.", min=1)
+    eval_bleu: bool = flag(False, "Also translate the valid split and log sacreBLEU.")
+    eval_bleu_max_tokens: int = flag(8000, "Token budget of BLEU batches.", min=1)
+    best_checkpoint_metric: str = flag("loss", "What checkpoint_best.pt is best at.", choices=("loss", "bleu"))
+    reset_optimizer: bool = flag(False, "Do not restore the optimizer state.")
+    reset_lr_scheduler: bool = flag(False, "Restart the lr schedule (the update count goes on).")
+    reset_dataloader: bool = flag(False, "Restart the epoch's data order.")
 
     def __post_init__(self) -> None:
+        check_fields(self)
         if not (self.max_update or self.max_epoch or self.max_time_minutes):
             raise ConfigError("give a stopping rule: --max-update, --max-epoch or --max-time-minutes")
-        if self.lr_scheduler not in ("noam", "inverse_sqrt"):
-            raise ConfigError(f"--lr-scheduler {self.lr_scheduler!r} must be noam or inverse_sqrt")
         if self.lr_scheduler == "noam" and self.lr is not None:
             raise ConfigError("--lr sets the peak of inverse_sqrt; noam's peak follows d_model and "
                               "--warmup-updates, scale it with --lr-scale")
-        if self.best_checkpoint_metric not in ("loss", "bleu"):
-            raise ConfigError(f"--best-checkpoint-metric {self.best_checkpoint_metric!r} must be loss or bleu")
         if self.best_checkpoint_metric == "bleu" and not self.eval_bleu:
             raise ConfigError("--best-checkpoint-metric bleu needs --eval-bleu")
-        if not 0.0 <= self.label_smoothing < 1.0:
-            raise ConfigError(f"--label-smoothing {self.label_smoothing} must be in [0, 1)")
-        if self.max_tokens < 1 or self.update_freq < 1 or self.warmup_updates < 1:
-            raise ConfigError("--max-tokens, --update-freq and --warmup-updates must be at least 1")
         if len(self.adam_betas) != 2 or not all(0.0 <= b < 1.0 for b in self.adam_betas):
             raise ConfigError(f"--adam-betas {self.adam_betas} must be two numbers in [0, 1)")
 
     @property
     def peak_lr(self) -> float:
         return 5e-4 if self.lr is None else self.lr
+
+
+@dataclass(frozen=True)
+class GenerateConfig:
+    """`nmt generate` apart from the search itself (SearchConfig, whose defaults come from the checkpoint)."""
+
+    path: str = flag(help="Checkpoint to translate with.")
+    data_dir: str | None = flag(None, "Data directory made by `nmt preprocess` (or use --input).", path="dir",
+                                argument=True)
+    gen_subset: str = flag("test", "Split of DATA_DIR to translate.")
+    input: str | None = flag(None, "Raw text file to translate, or - for stdin (instead of DATA_DIR).")
+    buffer_size: int = flag(1000, "Lines read at a time with --input.", min=1)
+    output_format: str | None = flag(None, "[default: fairseq for DATA_DIR, plain for --input]; scores are in "
+                                     "nats (natural log).", choices=("plain", "fairseq", "jsonl"))
+    results_path: str | None = flag(None, "Write generate-SUBSET.txt into this directory instead of stdout.",
+                                    path="new")
+    max_tokens: int = flag(8000, "Source tokens per batch.", min=1)
+    batch_size: int = flag(0, "Also cap sentences per batch (0: no cap).", min=0)
+    device: str = flag("auto", "Where to translate (auto: CUDA when available).", choices=("auto", "cpu", "cuda"))
+    threads: int = flag(0, "CPU threads (0: torch's default).", min=0)
+    precision: str | None = flag(None, "fp32, bf16 or fp16 (CUDA) [default: the checkpoint's on CUDA, fp32 "
+                                 "on CPU].", choices=PRECISIONS)
+    num_shards: int = flag(1, "Split the input into contiguous shards.", min=1)
+    shard_id: int = flag(0, "Which shard to translate.", min=0)
+
+    def __post_init__(self) -> None:
+        check_fields(self)
 
 
 def parse_betas(text: str) -> tuple[float, float]:

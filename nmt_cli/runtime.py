@@ -38,19 +38,24 @@ def set_threads(n_threads: int | None) -> None:
         torch.set_num_threads(n_threads)
 
 
-def resolve_precision(device: torch.device, bf16: bool, fp16: bool) -> torch.dtype | None:
-    """The autocast dtype: bf16 on CUDA devices that support it by default, float32 on CPU unless --bf16."""
-    if bf16 and fp16:
-        raise ConfigError("--bf16 and --fp16 are exclusive; pick one")
-    if fp16:
-        if device.type != "cuda":
-            raise ConfigError("--fp16 needs a CUDA device; on CPU use --bf16")
-        return torch.float16
-    if bf16:
-        return torch.bfloat16
-    if device.type == "cuda" and torch.cuda.is_bf16_supported():
-        return torch.bfloat16
-    return None
+AMP_DTYPES: dict[str, torch.dtype | None] = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def resolve_precision(device: torch.device, precision: str | None) -> str:
+    """--precision, resolved once: bf16 on CUDA devices that support it by default, else fp32.
+
+    fp32 on a GPU with TF32 tensor cores lets float32 matmuls use them (as fairseq and PyTorch's
+    own examples do); the master weights stay float32 whatever the precision.
+    """
+    if precision == "fp16" and device.type != "cuda":
+        raise ConfigError("--precision fp16 needs a CUDA device; on CPU use --precision bf16")
+    if precision is None:
+        cuda_bf16 = device.type == "cuda" and torch.cuda.is_bf16_supported()
+        precision = "bf16" if cuda_bf16 else "fp32"
+    if device.type == "cuda" and precision == "fp32":
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+    return precision
 
 
 def autocast(device: torch.device, dtype: torch.dtype | None) -> AbstractContextManager:

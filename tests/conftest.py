@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from nmt_cli.config import ModelConfig, PreprocessConfig, SearchConfig, TrainConfig
+from nmt_cli.config import ARCHITECTURES, ModelConfig, PreprocessConfig, SearchConfig, TrainConfig
 from nmt_cli.data.preprocess import preprocess
 from nmt_cli.model.transformer import build_model
 
@@ -55,7 +55,7 @@ def tiny_model(tiny_model_config):
 
 
 def tiny_train_config(data_bin: Path, save_dir: Path, **kw) -> TrainConfig:
-    base = dict(data_dir=str(data_bin), save_dir=str(save_dir), arch="transformer_tiny", max_tokens=512,
+    base = dict(data_dir=str(data_bin), save_dir=str(save_dir), max_tokens=512,
                 max_update=8, warmup_updates=4, lr_scale=1.0, log_interval=4, device="cpu", threads=1)
     base.update(kw)
     return TrainConfig(**base)
@@ -64,8 +64,9 @@ def tiny_train_config(data_bin: Path, save_dir: Path, **kw) -> TrainConfig:
 @pytest.fixture(scope="session")
 def tiny_checkpoint(toy_data_bin, tmp_path_factory) -> Path:
     """A transformer_tiny trained for a few updates on the copy corpus (fast, not converged)."""
-    from nmt_cli.train.trainer import train
+    from nmt_cli.train.command import train
 
     save_dir = tmp_path_factory.mktemp("ckpt")
-    train(tiny_train_config(toy_data_bin, save_dir, max_update=6, save_interval_updates=2), {}, SearchConfig())
+    train(tiny_train_config(toy_data_bin, save_dir, max_update=6, save_interval_updates=2), ARCHITECTURES["transformer_tiny"],
+          SearchConfig())
     return save_dir / "checkpoint_last.pt"

@@ -35,8 +35,8 @@ class Batch:
 
 
 def batch_by_tokens(src_lens: np.ndarray, tgt_lens: np.ndarray, max_tokens: int,
-                    rng: np.random.Generator | None) -> tuple[list[np.ndarray], int]:
-    """Group sentence indices into batches under the token budget.
+                    rng: np.random.Generator | None, max_sentences: int = 0) -> tuple[list[np.ndarray], int]:
+    """Group sentence indices into batches under the token budget (and at most `max_sentences`, 0: no cap).
 
     Sentences are sorted by (target, source) length, ties broken randomly when `rng` is given,
     then packed greedily; the batch order is shuffled with `rng` (kept in length order without).
@@ -56,7 +56,7 @@ def batch_by_tokens(src_lens: np.ndarray, tgt_lens: np.ndarray, max_tokens: int,
     for pos, i in enumerate(order.tolist()):
         new_src, new_tgt = max(max_src, src[i]), max(max_tgt, tgt[i])
         n = pos - start + 1
-        if n * new_src > max_tokens or n * new_tgt > max_tokens:
+        if n * new_src > max_tokens or n * new_tgt > max_tokens or (max_sentences and n > max_sentences):
             batches.append(order[start:pos])
             start, new_src, new_tgt = pos, src[i], tgt[i]
         max_src, max_tgt = new_src, new_tgt
@@ -80,25 +80,29 @@ def epoch_batches(src_lens: np.ndarray, tgt_lens: np.ndarray, max_tokens: int, s
     return batches[rank::world_size][:per_rank]
 
 
+def pad_sources(sources: list[np.ndarray]) -> torch.Tensor:
+    """[B, S] source ids + EOS, right-padded with PAD: the encoder's input in training and in search."""
+    src_tokens = np.full((len(sources), max(len(s) for s in sources) + 1), PAD, dtype=np.int64)
+    for row, s in enumerate(sources):
+        src_tokens[row, :len(s)] = s
+        src_tokens[row, len(s)] = EOS
+    return torch.from_numpy(src_tokens)
+
+
 def collate(dataset: ParallelDataset, ids: np.ndarray, max_positions: int | None = None) -> Batch:
     """Pad a batch; sequences longer than `max_positions` (valid/test only) are cut to fit."""
     limit = (max_positions - 1) if max_positions else None
-    srcs = [np.asarray(dataset.src[i][:limit], dtype=np.int64) for i in ids]
     tgts = [np.asarray(dataset.tgt[i][:limit], dtype=np.int64) for i in ids]
+    src_t = pad_sources([np.asarray(dataset.src[i][:limit], dtype=np.int64) for i in ids])
     n = len(ids)
-    src_len = max(len(s) for s in srcs) + 1
     tgt_len = max(len(t) for t in tgts) + 1
-    src_tokens = np.full((n, src_len), PAD, dtype=np.int64)
     tgt_in = np.full((n, tgt_len), PAD, dtype=np.int64)
     tgt_out = np.full((n, tgt_len), PAD, dtype=np.int64)
-    for row, (s, t) in enumerate(zip(srcs, tgts)):
-        src_tokens[row, :len(s)] = s
-        src_tokens[row, len(s)] = EOS
+    for row, t in enumerate(tgts):
         tgt_in[row, 0] = BOS
         tgt_in[row, 1:len(t) + 1] = t
         tgt_out[row, :len(t)] = t
         tgt_out[row, len(t)] = EOS
-    src_t = torch.from_numpy(src_tokens)
     tgt_out_t = torch.from_numpy(tgt_out)
     return Batch(np.asarray(ids), src_t, src_t.eq(PAD), torch.from_numpy(tgt_in), tgt_out_t,
                  int(sum(len(t) + 1 for t in tgts)))

@@ -48,7 +48,7 @@ class Embedding(nn.Module):
 
 
 class Transformer(nn.Module):
-    def __init__(self, vocab_size: int, encoder_layers: int, decoder_layers: int, d_model: int, d_ff: int,
+    def __init__(self, *, vocab_size: int, encoder_layers: int, decoder_layers: int, d_model: int, d_ff: int,
                  heads: int, dropout: float, attention_dropout: float, activation_dropout: float,
                  normalize_before: bool, learned_pos: bool, share_embeddings: bool, share_output_embed: bool,
                  max_positions: int) -> None:
@@ -131,9 +131,12 @@ class Transformer(nn.Module):
 
 def build_model(cfg: ModelConfig) -> Transformer:
     """The only place a ModelConfig becomes constructor arguments."""
-    return Transformer(cfg.vocab_size, cfg.encoder_layers, cfg.decoder_layers, cfg.d_model, cfg.d_ff, cfg.heads,
-                       cfg.dropout, cfg.attention_dropout, cfg.activation_dropout, cfg.normalize_before,
-                       cfg.learned_pos, cfg.share_embeddings, cfg.share_output_embed, cfg.max_positions)
+    return Transformer(vocab_size=cfg.vocab_size, encoder_layers=cfg.encoder_layers,
+                       decoder_layers=cfg.decoder_layers, d_model=cfg.d_model, d_ff=cfg.d_ff, heads=cfg.heads,
+                       dropout=cfg.dropout, attention_dropout=cfg.attention_dropout,
+                       activation_dropout=cfg.activation_dropout, normalize_before=cfg.normalize_before,
+                       learned_pos=cfg.learned_pos, share_embeddings=cfg.share_embeddings,
+                       share_output_embed=cfg.share_output_embed, max_positions=cfg.max_positions)
 
 
 def count_parameters(model: nn.Module) -> int:

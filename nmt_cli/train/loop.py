@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from nmt_cli.checkpoint import BEST, LAST, numbered_checkpoints, save_checkpoint
 from nmt_cli.log import progress
 from nmt_cli.train.distributed import broadcast_flag
 from nmt_cli.train.trainer import StepStats, Trainer
@@ -49,7 +50,7 @@ class Meter:
                 "grad_norm": self.grad_norm / max(self.n_updates, 1)}
 
 
-class Run:
+class Session:
     """The loop's mutable surroundings: signals, meters, clock, log file."""
 
     def __init__(self, trainer: Trainer) -> None:
@@ -91,29 +92,48 @@ class Run:
                 signal.signal(s, h)
 
 
-def validate_and_save(run: Run, numbered: bool) -> None:
+def save(trainer: Trainer, numbered: bool, best: bool) -> None:
+    """checkpoint_last.pt always; checkpoint_<update>.pt and checkpoint_best.pt when asked. Rank 0 only."""
+    if not trainer.info.is_main:
+        return
+    save_dir = Path(trainer.cfg.save_dir)
+    update = trainer.state.update
+    state = trainer.checkpoint()
+    save_checkpoint(state, save_dir / LAST)
+    if numbered:
+        save_checkpoint(state, save_dir / f"checkpoint_{update}.pt")
+        if trainer.cfg.keep_last:
+            for old in numbered_checkpoints(save_dir)[:-trainer.cfg.keep_last]:
+                old.unlink()
+    if best:
+        save_checkpoint(state, save_dir / BEST)
+    logger.info("saved %s at update %d%s%s", LAST, update, f" and checkpoint_{update}.pt" if numbered else "",
+                f" and {BEST}" if best else "")
+
+
+def validate_and_save(session: Session, numbered: bool) -> None:
     """Validate (when there is a valid split) and save checkpoint_last.pt, numbered and best as due."""
-    t = run.trainer
+    t = session.trainer
     best = False
     if t.valid_data is not None:
         result = t.validate()
         best = t.record_validation(result)
-        run.emit("valid", {**result, "best": t.state.best})
-    run.tick()
-    t.save(numbered=numbered, best=best)
-    run.saved_at = t.state.update
+        session.emit("valid", {**result, "best": t.state.best})
+    session.tick()
+    save(t, numbered=numbered, best=best)
+    session.saved_at = t.state.update
     if numbered:
-        run.numbered_at = t.state.update
+        session.numbered_at = t.state.update
 
 
-def after_update(run: Run, stats: StepStats | None) -> None:
-    t, c, s = run.trainer, run.trainer.cfg, run.trainer.state
-    run.tick()
+def after_update(session: Session, stats: StepStats | None) -> None:
+    t, c, s = session.trainer, session.trainer.cfg, session.trainer.state
+    session.tick()
     if stats is not None:
-        run.meter.add(stats)
+        session.meter.add(stats)
     if stats is not None and s.update % c.log_interval == 0:
-        run.emit("train", {**run.meter.summary(), "lr": t.lr(s.update), "skipped": s.n_skipped_updates})
-        run.meter.reset()
+        session.emit("train", {**session.meter.summary(), "lr": t.lr(s.update), "skipped": s.n_skipped_updates})
+        session.meter.reset()
     timed = broadcast_flag(bool(c.save_interval_minutes) and
                            s.elapsed - s.last_timed_save >= c.save_interval_minutes * 60, t.info, t.device)
     if timed:
@@ -121,12 +141,12 @@ def after_update(run: Run, stats: StepStats | None) -> None:
     by_updates = bool(stats) and bool(c.save_interval_updates) and s.update % c.save_interval_updates == 0
     validate = bool(stats) and bool(c.validate_interval_updates) and s.update % c.validate_interval_updates == 0
     if timed or by_updates or validate:
-        validate_and_save(run, numbered=timed or by_updates)
+        validate_and_save(session, numbered=timed or by_updates)
 
 
-def run(trainer: Trainer) -> None:
+def train_loop(trainer: Trainer) -> None:
     """Train until a stopping rule holds; always leaves an up-to-date checkpoint_last.pt."""
-    r = Run(trainer)
+    r = Session(trainer)
     s, c = trainer.state, trainer.cfg
     with r.signals(), progress() as bar:
         task = bar.add_task("train", total=c.max_update or None, completed=s.update, info="")
@@ -148,9 +168,9 @@ def run(trainer: Trainer) -> None:
                 reason = "stopped by a signal"
     r.tick()
     if reason == "stopped by a signal":
-        trainer.save(numbered=False, best=False)
+        save(trainer, numbered=False, best=False)
     elif r.saved_at != s.update:
         validate_and_save(r, numbered=True)
     elif r.numbered_at != s.update:  # validated and saved at this update already; add the numbered copy
-        trainer.save(numbered=True, best=False)
+        save(trainer, numbered=True, best=False)
     logger.info("training ended at update %d, epoch %d after %.0f s: %s", s.update, s.epoch, s.elapsed, reason)

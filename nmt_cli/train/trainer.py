@@ -1,4 +1,4 @@
-"""`nmt train`: the update loop, validation, checkpoint cadence and exact resume.
+"""The update mechanics: one update over this rank's batches, validation, and the state that makes resume exact.
 
 One update = `update_freq` batches on each of `world_size` ranks. The loss is summed over their
 target tokens and the gradient divided by the global token count, so any split of the same
@@ -7,10 +7,8 @@ batches over ranks and accumulation steps gives the same update.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
-import os
 import random
 import time
 from contextlib import AbstractContextManager, nullcontext
@@ -21,26 +19,20 @@ from typing import Any
 import numpy as np
 import torch
 
-from nmt_cli import __version__
-from nmt_cli.config import ModelConfig, SearchConfig, TrainConfig, config_to_dict, model_config_from_arch
+from nmt_cli.checkpoint import load_model_weights, make_checkpoint
+from nmt_cli.config import ModelConfig, SearchConfig, TrainConfig
 from nmt_cli.data.batching import Batch, batch_by_tokens, collate, epoch_batches
-from nmt_cli.data.dataset import ParallelDataset, load_meta, load_vocab
+from nmt_cli.data.dataset import ParallelDataset
 from nmt_cli.data.vocab import BOS, EOS, PAD, Vocab
-from nmt_cli.errors import CheckpointError, DataError, NmtError
-from nmt_cli.log import print_table
-from nmt_cli.model.transformer import build_model, count_parameters
-from nmt_cli.runtime import (DistInfo, autocast, init_distributed, resolve_precision, seed_everything, set_threads,
-                             shutdown_distributed)
-from nmt_cli.checkpoint import (FORMAT_VERSION, load_checkpoint, load_model_weights, model_config_of,
-                                      numbered_checkpoints, save_checkpoint)
-from nmt_cli.train.distributed import all_reduce_sum, collective_failure, wrap_ddp
+from nmt_cli.errors import DataError, NmtError
+from nmt_cli.model.transformer import build_model
+from nmt_cli.runtime import AMP_DTYPES, DistInfo, autocast
+from nmt_cli.train.distributed import all_reduce_sum, wrap_ddp
 from nmt_cli.train.loss import TranslationLoss
 from nmt_cli.train.schedule import learning_rate
 from nmt_cli.train.validation import evaluate_bleu
 
 logger = logging.getLogger(__name__)
-
-LAST, BEST = "checkpoint_last.pt", "checkpoint_best.pt"
 
 
 @dataclass
@@ -56,6 +48,7 @@ class TrainState:
     bad_validations: int = 0
     n_skipped_updates: int = 0
     n_nonfinite_in_a_row: int = 0
+    lr_start: int = 0  # update at which the lr schedule (re)started: --reset-lr-scheduler
 
 
 @dataclass
@@ -77,11 +70,13 @@ class Trainer:
         self.valid_data = ParallelDataset(data_dir, "valid") if "valid" in meta["splits"] else None
         self.model = build_model(model_cfg).to(device)
         self.objective = TranslationLoss(self.model, cfg.label_smoothing)
-        self.ddp = wrap_ddp(self.objective, info, device)  # the objective itself in a single process
+        # What training's forward runs through: DDP over the objective with several ranks, else the objective.
+        self.synced_objective = wrap_ddp(self.objective, info, device)
+        self.distributed = info.world_size > 1
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(self.params, lr=0.0, betas=cfg.adam_betas, eps=cfg.adam_eps,
                                            weight_decay=cfg.weight_decay)
-        self.amp_dtype = resolve_precision(device, cfg.bf16, cfg.fp16)
+        self.amp_dtype = AMP_DTYPES[cfg.precision or "fp32"]
         self.scaler = torch.amp.GradScaler("cuda") if self.amp_dtype == torch.float16 else None
         self.state = TrainState()
         self._epoch_cache: tuple[int, list[np.ndarray]] | None = None
@@ -140,11 +135,11 @@ class Trainer:
             batch = collate(self.train_data, ids).to(self.device)
             try:
                 if i == len(group) - 1:
-                    loss, nll = self.batch_loss(batch, self.ddp)
+                    loss, nll = self.batch_loss(batch, self.synced_objective)
                     last_loss = loss
                 else:
                     with self.no_sync():
-                        loss, nll = self.batch_loss(batch, self.ddp)
+                        loss, nll = self.batch_loss(batch, self.synced_objective)
                         self.backward(loss)
             except torch.cuda.OutOfMemoryError:
                 logger.warning("rank %d ran out of memory on a batch of %d sentences; skipping this update "
@@ -164,11 +159,11 @@ class Trainer:
         step with the other ranks without it, so each rank runs that backward on a zero loss (a rank
         that failed before its last forward runs a one-token one first), then the gradients go.
         """
-        if self.ddp is not self.objective:
+        if self.distributed:
             if last_loss is None:
                 one = torch.tensor([[EOS]], device=self.device)
                 last_loss, _ = self.batch_loss(Batch(np.zeros(1, dtype=np.int64), one, one.eq(PAD),
-                                                     torch.full_like(one, BOS), one, 1), self.ddp)
+                                                     torch.full_like(one, BOS), one, 1), self.synced_objective)
             (last_loss * 0.0).backward()
         self.optimizer.zero_grad(set_to_none=True)
 
@@ -177,7 +172,7 @@ class Trainer:
 
     def no_sync(self) -> AbstractContextManager:
         """Accumulate this batch's gradients locally; the update's last batch syncs them all."""
-        return self.ddp.no_sync() if self.ddp is not self.objective else nullcontext()
+        return self.synced_objective.no_sync() if self.distributed else nullcontext()
 
     def apply_update(self, loss_sum: float, nll_sum: float, n_tokens: int, seconds: float) -> StepStats | None:
         if self.scaler:
@@ -218,8 +213,9 @@ class Trainer:
         return None
 
     def lr(self, update: int) -> float:
+        """The learning rate of `update`, counted from where the schedule (re)started."""
         c = self.cfg
-        return learning_rate(update, c.lr_scheduler, self.model_cfg.d_model, c.warmup_updates, c.lr_scale,
+        return learning_rate(update - self.state.lr_start, c.lr_scheduler, self.model_cfg.d_model, c.warmup_updates, c.lr_scale,
                              c.peak_lr)
 
     # ---- validation -------------------------------------------------------------------------------
@@ -262,51 +258,33 @@ class Trainer:
 
     # ---- checkpoints ------------------------------------------------------------------------------
     def checkpoint(self) -> dict[str, Any]:
+        """The whole training state as a checkpoint (nmt_cli/checkpoint.py defines the format)."""
         name, key, pos, has_gauss, gauss = np.random.get_state()
         rng = {"python": random.getstate(), "numpy": [name, key.tolist(), pos, has_gauss, gauss],
                "torch": torch.get_rng_state()}
         if torch.cuda.is_available():
             rng["cuda"] = torch.cuda.get_rng_state_all()
-        return {
-            "format_version": FORMAT_VERSION, "nmt_version": __version__,
-            "model_config": config_to_dict(self.model_cfg), "train_config": config_to_dict(self.cfg),
-            "search_config": config_to_dict(self.search_cfg), "spm_model": self.vocab.model_bytes,
-            "source_lang": self.meta["source_lang"], "target_lang": self.meta["target_lang"],
-            "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
-            "scheduler": {"name": self.cfg.lr_scheduler, "update": self.state.update},
-            "grad_scaler": self.scaler.state_dict() if self.scaler else {},
-            "train_state": asdict(self.state), "world_size": self.info.world_size, "rng": rng,
-            "update": self.state.update, "epoch": self.state.epoch,
-        }
-
-    def save(self, numbered: bool, best: bool) -> None:
-        """checkpoint_last.pt always; checkpoint_<update>.pt and checkpoint_best.pt when asked. Rank 0 only."""
-        if not self.info.is_main:
-            return
-        save_dir = Path(self.cfg.save_dir)
-        state = self.checkpoint()
-        save_checkpoint(state, save_dir / LAST)
-        if numbered:
-            save_checkpoint(state, save_dir / f"checkpoint_{self.state.update}.pt")
-            if self.cfg.keep_last:
-                for old in numbered_checkpoints(save_dir)[:-self.cfg.keep_last]:
-                    old.unlink()
-        if best:
-            save_checkpoint(state, save_dir / BEST)
-        logger.info("saved %s at update %d%s%s", LAST, self.state.update,
-                    f" and checkpoint_{self.state.update}.pt" if numbered else "", f" and {BEST}" if best else "")
+        training = {"optimizer": self.optimizer.state_dict(),
+                    "scheduler": {"name": self.cfg.lr_scheduler, "update": self.state.update - self.state.lr_start},
+                    "grad_scaler": self.scaler.state_dict() if self.scaler else {},
+                    "train_state": asdict(self.state), "world_size": self.info.world_size, "rng": rng}
+        return make_checkpoint(self.model_cfg, self.cfg, self.search_cfg, self.vocab,
+                               (self.meta["source_lang"], self.meta["target_lang"]), self.model.state_dict(),
+                               self.state.update, self.state.epoch, training)
 
     def restore(self, ckpt: dict[str, Any], path: Path) -> None:
         c = self.cfg
         load_model_weights(self.model, ckpt["model"], path)
-        self.state = TrainState(**{f.name: ckpt["train_state"][f.name] for f in fields(TrainState)})
+        saved = ckpt["train_state"]
+        self.state = TrainState(**{f.name: saved[f.name] for f in fields(TrainState) if f.name in saved})
         if not c.reset_optimizer:
             self.optimizer.load_state_dict(ckpt["optimizer"])
             if self.scaler and ckpt.get("grad_scaler"):
                 self.scaler.load_state_dict(ckpt["grad_scaler"])
         if c.reset_lr_scheduler:
-            logger.info("--reset-lr-scheduler: the schedule restarts at update 1")
-            self.state.update = 0
+            logger.info("--reset-lr-scheduler: the lr schedule restarts; the update count goes on from %d",
+                        self.state.update)
+            self.state.lr_start = self.state.update
         if c.reset_dataloader or ckpt.get("world_size", 1) != self.info.world_size:
             if not c.reset_dataloader:
                 logger.warning("checkpoint was written with %d ranks, this run has %d; the data iterator "
@@ -334,72 +312,3 @@ class Trainer:
         return None
 
 
-# ---- the command ----------------------------------------------------------------------------------
-def prepare(cfg: TrainConfig, model_overrides: dict[str, Any], search_cfg: SearchConfig) -> Trainer:
-    """Build the trainer, resuming from checkpoint_last.pt when the save directory has one."""
-    info, device = init_distributed(cfg.device)
-    if not info.is_main:  # one voice: rank 0 logs, other ranks only warn
-        logging.getLogger("nmt_cli").setLevel(logging.WARNING)
-    set_threads(cfg.threads)
-    data_dir = Path(cfg.data_dir)
-    meta = load_meta(data_dir)
-    vocab = load_vocab(data_dir)
-    model_cfg = model_config_from_arch(cfg.arch, meta["vocab_size"], model_overrides)
-    save_dir = Path(cfg.save_dir)
-    try:
-        save_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise CheckpointError(f"cannot create --save-dir {save_dir}: {e.strerror}") from None
-    last = save_dir / LAST
-    ckpt = load_checkpoint(last) if last.exists() else None
-    if ckpt is not None:
-        report_differences(ckpt, model_cfg, cfg, last)
-    seed_everything(cfg.seed)
-    trainer = Trainer(cfg, model_cfg, search_cfg, vocab, meta, info, device)
-    if ckpt is not None:
-        trainer.restore(ckpt, last)
-        logger.info("resuming from %s at update %d (epoch %d, batch %d)", last, trainer.state.update,
-                    trainer.state.epoch, trainer.state.batch_in_epoch)
-    if info.is_main:
-        (save_dir / "config.json").write_text(json.dumps(
-            {"model": config_to_dict(model_cfg), "train": config_to_dict(cfg),
-             "search": config_to_dict(search_cfg)}, indent=2) + "\n")
-    return trainer
-
-
-def report_differences(ckpt: dict[str, Any], model_cfg: ModelConfig, cfg: TrainConfig, path: Path) -> None:
-    saved_model = model_config_of(ckpt, path)
-    if saved_model != model_cfg:
-        diff = [f"{f.name}={getattr(saved_model, f.name)!r} (options say {getattr(model_cfg, f.name)!r})"
-                for f in fields(ModelConfig) if getattr(saved_model, f.name) != getattr(model_cfg, f.name)]
-        raise CheckpointError(f"{path} holds a model of another shape: {', '.join(diff)}; "
-                              "use another --save-dir or the same model options")
-    saved_train = ckpt.get("train_config", {})
-    for name, value in config_to_dict(cfg).items():
-        if name in saved_train and saved_train[name] != value:
-            logger.info("option %s differs from the checkpoint: %r (was %r)", name, value, saved_train[name])
-
-
-def train(cfg: TrainConfig, model_overrides: dict[str, Any], search_cfg: SearchConfig) -> Trainer:
-    """Run `nmt train` to its stopping rule; returns the trainer (for tests and benchmarks)."""
-    from nmt_cli.train.loop import run
-
-    try:
-        trainer = prepare(cfg, model_overrides, search_cfg)
-        reason = trainer.stop_reason()
-        if reason:
-            logger.info("training already finished at update %d (%s); nothing to do", trainer.state.update, reason)
-        else:
-            if trainer.info.is_main:
-                print_table(f"nmt train ({count_parameters(trainer.model):,} parameters)",
-                            {**asdict(trainer.model_cfg), **asdict(cfg)})
-            run(trainer)
-        shutdown_distributed()
-    except (torch.distributed.DistError, RuntimeError) as e:
-        reason = collective_failure(e)  # a timeout or a peer that died: name this rank, not a traceback
-        if reason is None:
-            raise
-        rank = os.environ.get("RANK", "0")
-        raise NmtError(f"rank {rank}: a collective operation failed ({reason}); "
-                       "see the other ranks' logs") from None
-    return trainer

@@ -10,7 +10,7 @@ from nmt_cli.data.vocab import Vocab
 from nmt_cli.metrics import sacrebleu_score
 from nmt_cli.model.transformer import Transformer
 from nmt_cli.runtime import DistInfo
-from nmt_cli.search.generate import Translator, translate
+from nmt_cli.search.translate import Translator, translate
 
 
 def evaluate_bleu(model: Transformer, data: ParallelDataset, vocab: Vocab, cfg: SearchConfig, max_tokens: int,

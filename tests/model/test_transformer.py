@@ -5,7 +5,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from nmt_cli.config import ARCHITECTURES, model_config_from_arch
+from nmt_cli.config import ARCHITECTURES, model_config
 from nmt_cli.data.vocab import BOS, PAD
 from nmt_cli.errors import ConfigError
 from nmt_cli.model.layers import sinusoidal_positions
@@ -25,7 +25,7 @@ def closed_form_parameters(v, n_enc, n_dec, d, d_ff, normalize_before=False):
 
 @pytest.mark.parametrize("arch", list(ARCHITECTURES))
 def test_parameter_count_matches_closed_form(arch):
-    cfg = model_config_from_arch(arch, 37000, {})
+    cfg = model_config(arch, vocab_size=37000)
     with torch.device("meta"):
         model = build_model(cfg)
     expected = closed_form_parameters(37000, cfg.encoder_layers, cfg.decoder_layers, cfg.d_model, cfg.d_ff)
@@ -35,14 +35,14 @@ def test_parameter_count_matches_closed_form(arch):
 def test_paper_sizes():
     # Table 3: base 65M, big 213M with a 37k joint vocabulary; ours are 63.1M and 214.2M (see README).
     with torch.device("meta"):
-        base = build_model(model_config_from_arch("transformer_base", 37000, {}))
-        big = build_model(model_config_from_arch("transformer_big", 37000, {}))
+        base = build_model(model_config("transformer_base", vocab_size=37000))
+        big = build_model(model_config("transformer_big", vocab_size=37000))
     assert round(count_parameters(base) / 1e6, 1) == 63.1
     assert round(count_parameters(big) / 1e6, 1) == 214.2
 
 
 def test_pre_norm_adds_final_layer_norms():
-    cfg = model_config_from_arch("transformer_tiny", 40, {"normalize_before": True})
+    cfg = model_config("transformer_tiny", vocab_size=40, normalize_before=True)
     expected = closed_form_parameters(40, 2, 2, cfg.d_model, cfg.d_ff, normalize_before=True)
     assert count_parameters(build_model(cfg)) == expected
 
@@ -60,15 +60,15 @@ def test_untied_weights(tiny_model_config):
 
 
 def test_flag_beats_preset():
-    cfg = model_config_from_arch("transformer_big", 100, {"dropout": 0.1, "d_model": 512, "heads": None})
+    cfg = model_config("transformer_big", vocab_size=100, dropout=0.1, d_model=512, heads=None)
     assert cfg.dropout == 0.1 and cfg.d_model == 512 and cfg.heads == 16 and cfg.d_ff == 4096
 
 
 def test_unknown_arch_and_bad_shape():
     with pytest.raises(ConfigError, match="unknown --arch 'transformer_huge'"):
-        model_config_from_arch("transformer_huge", 100, {})
-    with pytest.raises(ConfigError, match="d_model=500 must be divisible by heads=8"):
-        model_config_from_arch("transformer_base", 100, {"d_model": 500})
+        model_config("transformer_huge", vocab_size=100)
+    with pytest.raises(ConfigError, match="--d-model 500 must be divisible by --heads 8"):
+        model_config("transformer_base", vocab_size=100, d_model=500)
 
 
 def test_sinusoidal_positions_follow_the_paper():

@@ -1,0 +1,61 @@
+"""The `nmt` command: a click group whose subcommands each live in their own module of this package.
+
+The only package that imports click. Every subcommand parses options into a typed config and calls one
+core function. Errors the user can fix (NmtError) become one red `error:` line and exit 1; click's usage
+errors exit 2; `--debug` shows tracebacks.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import click
+
+from nmt_cli import __version__
+from nmt_cli.allocator import tune_allocator
+from nmt_cli.cli.average import average_checkpoints
+from nmt_cli.cli.generate import generate
+from nmt_cli.cli.options import CONTEXT
+from nmt_cli.cli.preprocess import preprocess
+from nmt_cli.cli.score import score
+from nmt_cli.cli.train import train
+from nmt_cli.errors import NmtError
+from nmt_cli.log import print_error, setup_logging
+
+
+class NmtGroup(click.Group):
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except NmtError as e:
+            if ctx.params.get("debug"):
+                raise
+            print_error(str(e))
+            ctx.exit(1)
+
+
+@click.group(cls=NmtGroup, context_settings=CONTEXT)
+@click.version_option(__version__, prog_name="nmt")
+@click.option("-v", "--verbose", count=True, help="More log output (-v: debug).")
+@click.option("-q", "--quiet", is_flag=True, help="Warnings and errors only.")
+@click.option("--no-progress", is_flag=True, help="No progress bars (they are off anyway when stderr is not a terminal).")
+@click.option("--debug", is_flag=True, help="Show tracebacks for user errors too.")
+def cli(verbose: int, quiet: bool, no_progress: bool, debug: bool) -> None:
+    """Neural machine translation with the Transformer of "Attention Is All You Need".
+
+    Pipeline: preprocess -> train -> average-checkpoints -> generate -> score.
+    """
+    setup_logging(-1 if quiet else verbose, progress=not no_progress)
+
+
+for command in (preprocess, train, average_checkpoints, generate, score):
+    cli.add_command(command)
+
+
+def main() -> None:
+    # oneDNN caches a kernel per matmul shape. Training pads row counts to a few dozen shapes
+    # (model/linear.py), which 512 entries hold after warm-up; beam search's shapes are fewer still.
+    os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "512")
+    tune_allocator()
+    cli(prog_name="nmt")

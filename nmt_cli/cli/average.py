@@ -1,0 +1,30 @@
+"""`nmt average-checkpoints`: average the weights of the last N (or the given) checkpoints."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import click
+
+from nmt_cli.cli.options import CONTEXT
+
+logger = logging.getLogger(__name__)
+
+
+@click.command("average-checkpoints", context_settings=CONTEXT)
+@click.option("--inputs", required=True, multiple=True, type=click.Path(exists=True, path_type=Path),
+              help="Checkpoint files, or one directory (with --num-update-checkpoints). Repeat or list after it.")
+@click.option("--num-update-checkpoints", type=click.IntRange(min=1), help="Average the last N checkpoint_<update>.pt of the directory.")
+@click.option("--output", required=True, type=click.Path(dir_okay=False, path_type=Path))
+@click.argument("more_inputs", nargs=-1, type=click.Path(exists=True, dir_okay=False, path_type=Path))
+def average_checkpoints(inputs: tuple[Path, ...], num_update_checkpoints: int | None, output: Path,
+                        more_inputs: tuple[Path, ...]) -> None:
+    """Average the weights of several checkpoints (the paper averaged the last 5 or 20)."""
+    from nmt_cli.checkpoint import average_checkpoints as average
+    from nmt_cli.checkpoint import check_average_output, checkpoints_to_average, save_checkpoint
+
+    paths = checkpoints_to_average(list(inputs) + list(more_inputs), num_update_checkpoints)
+    check_average_output(output, paths)
+    save_checkpoint(average(paths), output)
+    logger.info("averaged %d checkpoints into %s: %s", len(paths), output, ", ".join(p.name for p in paths))

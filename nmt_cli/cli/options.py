@@ -1,0 +1,112 @@
+"""Click options built from the config dataclasses: one field, one flag of the same name.
+
+A field's default, help and allowed values live in its `flag(...)` metadata (nmt_cli/config.py); this
+module only translates them into click types, so the two can never drift apart.
+"""
+
+from __future__ import annotations
+
+import types
+import typing
+from collections.abc import Callable, Iterable
+from dataclasses import MISSING, Field, fields
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+
+from nmt_cli.config import flag_name, parse_betas
+
+F = TypeVar("F", bound=Callable[..., Any])
+CONTEXT = {"show_default": True, "help_option_names": ["-h", "--help"], "max_content_width": 110}
+EXISTING_FILE = click.Path(exists=True, dir_okay=False, path_type=Path)
+PATH_TYPES = {"file": click.Path(exists=True, dir_okay=False), "dir": click.Path(exists=True, file_okay=False),
+              "new": click.Path()}
+
+
+class Betas(click.ParamType):
+    name = "BETA1,BETA2"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        return value if isinstance(value, tuple) else parse_betas(value)
+
+
+def click_type(f: Field, hint: Any) -> Any:
+    """The click type for a field: its path kind, choices or numeric range, else its Python type."""
+    m = f.metadata
+    optional = typing.get_origin(hint) in (typing.Union, types.UnionType)
+    base = next(a for a in typing.get_args(hint) if a is not type(None)) if optional else hint  # `X | None` -> X
+    if m["path"]:
+        return PATH_TYPES[m["path"]]
+    if m["choices"]:
+        return click.Choice(m["choices"])
+    if typing.get_origin(base) is tuple:
+        return Betas()
+    if base in (int, float) and (m["min"] is not None or m["max"] is not None):
+        kind = click.IntRange if base is int else click.FloatRange
+        return kind(m["min"], m["max"], min_open=m["min_open"], max_open=m["max_open"])
+    return base
+
+
+def field_param(f: Field, hint: Any, prefix: str, default_note: str | None) -> Callable[[F], F]:
+    """One click parameter for a field. default_note: the default is decided later (a preset, a checkpoint)."""
+    name = prefix + f.name
+    m = f.metadata
+    if m["argument"]:
+        return click.argument(name, required=f.default is MISSING, type=click_type(f, hint))
+    names = [flag_name(name)] + ([m["short"]] if m["short"] else [])
+    help_text = m["help"] + (f" [default: {default_note}]" if default_note else "")
+    if hint in (bool, "bool"):
+        if default_note is None and f.default is False:
+            return click.option(*names, name, is_flag=True, default=False, help=help_text)
+        spelled = f"{names[0]}/--no-{names[0][2:]}"
+        return click.option(spelled, name, default=None if default_note else f.default, help=help_text)
+    if default_note is not None:
+        return click.option(*names, name, type=click_type(f, hint), default=None, help=help_text)
+    if f.default is MISSING:
+        return click.option(*names, name, type=click_type(f, hint), required=True, help=help_text)
+    default = ",".join(map(str, f.default)) if isinstance(f.default, tuple) else f.default  # click reads tuples as nargs
+    return click.option(*names, name, type=click_type(f, hint), default=default, help=help_text)
+
+
+def config_options(cls: type, *, prefix: str = "", only: Iterable[str] | None = None,
+                   default_note: Callable[[Field], str] | None = None) -> Callable[[F], F]:
+    """Decorate a command with an option for every CLI field of `cls` (or the fields in `only`)."""
+    hints = typing.get_type_hints(cls)
+    wanted = set(only) if only is not None else None
+    chosen = [f for f in fields(cls) if f.metadata.get("cli") and (wanted is None or f.name in wanted)]
+
+    def decorate(fn: F) -> F:
+        for f in reversed(chosen):  # click lists options in decoration order, bottom up
+            note = default_note(f) if default_note else None
+            fn = field_param(f, hints[f.name], prefix, note)(fn)
+        return fn
+
+    return decorate
+
+
+def take(cls: type, values: dict[str, Any], prefix: str = "", drop_none: bool = False) -> dict[str, Any]:
+    """Pop the values of `cls`'s fields (named prefix + field) out of a command's keyword arguments."""
+    taken = {}
+    for f in fields(cls):
+        if prefix + f.name in values:
+            value = values.pop(prefix + f.name)
+            if not (drop_none and value is None):
+                taken[f.name] = value
+    return taken
+
+
+def precision_aliases(fn: F) -> F:
+    """--bf16 and --fp16: the spellings fairseq users know, as aliases of --precision."""
+    fn = click.option("--fp16", is_flag=True, help="Alias of --precision fp16.")(fn)
+    return click.option("--bf16", is_flag=True, help="Alias of --precision bf16.")(fn)
+
+
+def precision_from(values: dict[str, Any]) -> str | None:
+    """Fold --bf16/--fp16 into --precision; contradictory spellings are a usage error."""
+    chosen = {p for p, on in (("bf16", values.pop("bf16")), ("fp16", values.pop("fp16"))) if on}
+    if values.get("precision"):
+        chosen.add(values["precision"])
+    if len(chosen) > 1:
+        raise click.UsageError(f"conflicting precisions: {', '.join(sorted(chosen))}; give one --precision")
+    return chosen.pop() if chosen else None

@@ -1,0 +1,93 @@
+"""The search driver that `nmt generate` and training's BLEU validation share: load a checkpoint into a
+Translator, batch token sequences by length, search each batch, and return results in input order."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from nmt_cli.checkpoint import load_checkpoint, load_model_weights, model_config_of, vocab_of
+from nmt_cli.config import SearchConfig
+from nmt_cli.data.batching import batch_by_tokens, pad_sources
+from nmt_cli.data.vocab import PAD, Vocab
+from nmt_cli.model.linear import pack_for_cpu_inference
+from nmt_cli.model.transformer import Transformer, build_model
+from nmt_cli.runtime import autocast
+from nmt_cli.search.beam import Hypothesis, beam_search
+from nmt_cli.search.greedy import greedy_search
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class Translator:
+    """Everything a search needs: the model, its vocabulary, and where and how to run."""
+
+    model: Transformer
+    vocab: Vocab
+    device: torch.device
+    amp_dtype: torch.dtype | None = None
+
+
+def load_translator(path: Path, device: torch.device, amp_dtype: torch.dtype | None) -> tuple[Translator, dict]:
+    """Build the model a checkpoint file describes and load its weights; returns it with the raw checkpoint."""
+    state = load_checkpoint(path)
+    return translator_from(state, path, device, amp_dtype), state
+
+
+def translator_from(state: dict, path: Path, device: torch.device, amp_dtype: torch.dtype | None) -> Translator:
+    """The Translator of a loaded checkpoint (`path` names it in errors)."""
+    model = build_model(model_config_of(state, path))
+    load_model_weights(model, state["model"], path)
+    model.to(device).eval()
+    if device.type == "cpu" and amp_dtype is None and torch.backends.mkldnn.is_available():
+        pack_for_cpu_inference(model)
+    return Translator(model, vocab_of(state, path), device, amp_dtype)
+
+
+def search_batch(tr: Translator, sources: Sequence[np.ndarray], cfg: SearchConfig,
+                 generator: torch.Generator | None) -> list[list[Hypothesis]]:
+    """Encode one padded batch and run beam, greedy or sampling search."""
+    n = len(sources)
+    src = pad_sources([np.asarray(s, dtype=np.int64) for s in sources]).to(tr.device)
+    src_lens = torch.tensor([len(s) for s in sources], device=tr.device)
+    with torch.inference_mode(), autocast(tr.device, tr.amp_dtype):
+        enc = tr.model.encode(src, src.eq(PAD))
+        if cfg.sampling or cfg.beam == 1:
+            if cfg.nbest > 1:  # independent samples: repeat each sentence nbest times
+                rep = torch.arange(n, device=tr.device).repeat_interleave(cfg.nbest)
+                enc = type(enc)(enc.memory[rep], enc.src_pad_mask[rep])
+                hyps = greedy_search(tr.model, enc, src_lens[rep], cfg, generator)
+                return [[h[0] for h in hyps[i * cfg.nbest:(i + 1) * cfg.nbest]] for i in range(n)]
+            return greedy_search(tr.model, enc, src_lens, cfg, generator)
+        return beam_search(tr.model, enc, src_lens, cfg)
+
+
+def translate(tr: Translator, sources: Sequence[np.ndarray], cfg: SearchConfig, max_tokens: int,
+              batch_size: int = 0) -> list[list[Hypothesis]]:
+    """Translate token-id sequences (no EOS); results come back in input order.
+
+    Empty sources get an empty hypothesis without running the model; sources longer than the
+    model's positions are cut (with a warning).
+    """
+    limit = tr.model.max_positions - 1
+    n_cut = sum(len(s) > limit for s in sources)
+    if n_cut:
+        logger.warning("%d input(s) longer than the model's %d positions were truncated", n_cut, limit)
+    sources = [s[:limit] for s in sources]
+    lengths = np.array([len(s) for s in sources], dtype=np.int64)
+    results: list[list[Hypothesis]] = [[Hypothesis([], 0.0, [])] for _ in sources]
+    generator = torch.Generator(device=tr.device).manual_seed(cfg.seed) if cfg.sampling else None
+    nonempty = np.flatnonzero(lengths > 0)
+    budget = max(max_tokens, int(lengths.max(initial=0)) + 1)  # every sentence fits: none is skipped
+    batches, _ = batch_by_tokens(lengths[nonempty], lengths[nonempty], budget, None, batch_size)
+    for batch in batches:
+        ids = nonempty[batch]
+        for i, hyps in zip(ids, search_batch(tr, [sources[i] for i in ids], cfg, generator)):
+            results[i] = hyps
+    return results

@@ -1,0 +1,102 @@
+"""`nmt train` end to end: build (or resume) the trainer, print the settings, run the loop, leave cleanly."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from dataclasses import asdict, fields, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from nmt_cli.checkpoint import LAST, has_training_state, load_checkpoint, model_config_of
+from nmt_cli.config import ModelConfig, SearchConfig, TrainConfig, config_to_dict
+from nmt_cli.data.dataset import load_meta, load_vocab
+from nmt_cli.errors import CheckpointError, NmtError
+from nmt_cli.log import print_table
+from nmt_cli.model.transformer import count_parameters
+from nmt_cli.runtime import init_distributed, resolve_precision, seed_everything, set_threads, shutdown_distributed
+from nmt_cli.train.distributed import collective_failure
+from nmt_cli.train.loop import train_loop
+from nmt_cli.train.trainer import Trainer
+
+logger = logging.getLogger(__name__)
+
+
+def train(cfg: TrainConfig, model_cfg: ModelConfig, search_cfg: SearchConfig) -> Trainer:
+    """Run `nmt train` to its stopping rule; returns the trainer (for tests and benchmarks).
+
+    model_cfg's vocab_size is taken from the data directory.
+    """
+    try:
+        trainer = prepare(cfg, model_cfg, search_cfg)
+        reason = trainer.stop_reason()
+        if reason:
+            logger.info("training already finished at update %d (%s); nothing to do", trainer.state.update, reason)
+        else:
+            if trainer.info.is_main:
+                print_table(f"nmt train ({count_parameters(trainer.model):,} parameters)",
+                            {**asdict(trainer.model_cfg), **asdict(trainer.cfg)})
+            train_loop(trainer)
+        shutdown_distributed()
+    except (torch.distributed.DistError, RuntimeError) as e:
+        reason = collective_failure(e)  # a timeout or a peer that died: name this rank, not a traceback
+        if reason is None:
+            raise
+        rank = os.environ.get("RANK", "0")
+        raise NmtError(f"rank {rank}: a collective operation failed ({reason}); "
+                       "see the other ranks' logs") from None
+    return trainer
+
+
+def prepare(cfg: TrainConfig, model_cfg: ModelConfig, search_cfg: SearchConfig) -> Trainer:
+    """Build the trainer, resuming from checkpoint_last.pt when the save directory has one."""
+    info, device = init_distributed(cfg.device)
+    if not info.is_main:  # one voice: rank 0 logs, other ranks only warn
+        logging.getLogger("nmt_cli").setLevel(logging.WARNING)
+    set_threads(cfg.threads)
+    cfg = replace(cfg, precision=resolve_precision(device, cfg.precision))
+    logger.info("training on %s in %s", device, cfg.precision)
+    data_dir = Path(cfg.data_dir)
+    meta = load_meta(data_dir)
+    vocab = load_vocab(data_dir)
+    model_cfg = replace(model_cfg, vocab_size=meta["vocab_size"])
+    save_dir = Path(cfg.save_dir)
+    try:
+        save_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise CheckpointError(f"cannot create --save-dir {save_dir}: {e.strerror}") from None
+    last = save_dir / LAST
+    ckpt = load_checkpoint(last) if last.exists() else None
+    if ckpt is not None:
+        check_resumable(ckpt, model_cfg, cfg, last)
+    seed_everything(cfg.seed)
+    trainer = Trainer(cfg, model_cfg, search_cfg, vocab, meta, info, device)
+    if ckpt is not None:
+        trainer.restore(ckpt, last)
+        logger.info("resuming from %s at update %d (epoch %d, batch %d)", last, trainer.state.update,
+                    trainer.state.epoch, trainer.state.batch_in_epoch)
+    if info.is_main:
+        (save_dir / "config.json").write_text(json.dumps(
+            {"model": config_to_dict(model_cfg), "train": config_to_dict(cfg),
+             "search": config_to_dict(search_cfg)}, indent=2) + "\n")
+    return trainer
+
+
+def check_resumable(ckpt: dict[str, Any], model_cfg: ModelConfig, cfg: TrainConfig, path: Path) -> None:
+    """Refuse a checkpoint_last.pt that training cannot continue; log the options that changed."""
+    if not has_training_state(ckpt):
+        raise CheckpointError(f"{path} has no training state (an averaged checkpoint?); it cannot be resumed; "
+                              "use another --save-dir")
+    saved_model = model_config_of(ckpt, path)
+    if saved_model != model_cfg:
+        diff = [f"{f.name}={getattr(saved_model, f.name)!r} (options say {getattr(model_cfg, f.name)!r})"
+                for f in fields(ModelConfig) if getattr(saved_model, f.name) != getattr(model_cfg, f.name)]
+        raise CheckpointError(f"{path} holds a model of another shape: {', '.join(diff)}; "
+                              "use another --save-dir or the same model options")
+    saved_train = ckpt.get("train_config", {})
+    for name, value in config_to_dict(cfg).items():
+        if name in saved_train and saved_train[name] != value:
+            logger.info("option %s differs from the checkpoint: %r (was %r)", name, value, saved_train[name])
