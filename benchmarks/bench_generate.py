@@ -9,7 +9,6 @@ model's own lengths, max length input + 50, which only means something for a tra
 from __future__ import annotations
 
 import argparse
-
 from pathlib import Path
 
 from common import MULTI30K, NMT, ROOT, WORK, checkpoint, number, report, run

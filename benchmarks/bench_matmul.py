@@ -11,8 +11,8 @@ import argparse
 import time
 
 import torch
-
 from common import report
+
 from nmt_cli.model.linear import matmul_nt, pad_rows
 
 

@@ -21,15 +21,9 @@ from torch import Tensor
 from nmt_cli.config import SearchConfig
 from nmt_cli.data.vocab import BOS, EOS, PAD, UNK
 from nmt_cli.model.transformer import EncoderOut, Transformer
+from nmt_cli.search.hypothesis import Hypothesis
 
 NEG_INF = float("-inf")
-
-
-@dataclass
-class Hypothesis:
-    tokens: list[int]  # output ids without EOS
-    score: float  # sum of log-probs (nats) divided by the length penalty
-    positional_scores: list[float]  # log-prob of every token, EOS included
 
 
 @dataclass

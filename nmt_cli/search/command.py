@@ -22,7 +22,7 @@ from nmt_cli.config import GenerateConfig, SearchConfig
 from nmt_cli.data.vocab import Vocab
 from nmt_cli.errors import ConfigError, DataError
 from nmt_cli.runtime import AMP_DTYPES, choose_device, resolve_precision, set_threads
-from nmt_cli.search.beam import Hypothesis
+from nmt_cli.search.hypothesis import Hypothesis
 from nmt_cli.search.translate import Translator, translate, translator_from
 
 logger = logging.getLogger(__name__)

@@ -1,6 +1,8 @@
 """Greedy decoding and sampling (top-k, nucleus, temperature): one token per sentence per step.
 
-Shapes: B sentences, V vocabulary. Greedy is the reference that beam search with K = 1 must match.
+Shapes: B sentences, V vocabulary. Greedy is the reference that beam search with K = 1 must match, so it
+shares none of beam.py's code: its length limits, token masks and length penalty are written out here again,
+plainly, one sentence at a time where that is clearer.
 """
 
 from __future__ import annotations
@@ -9,9 +11,9 @@ import torch
 from torch import Tensor
 
 from nmt_cli.config import SearchConfig
-from nmt_cli.data.vocab import BOS, EOS, PAD
+from nmt_cli.data.vocab import BOS, EOS, PAD, UNK
 from nmt_cli.model.transformer import EncoderOut, Transformer
-from nmt_cli.search.beam import Hypothesis, constrain, length_penalty, max_lengths
+from nmt_cli.search.hypothesis import Hypothesis
 
 NEG_INF = float("-inf")
 
@@ -35,14 +37,15 @@ def greedy_search(model: Transformer, enc: EncoderOut, src_lens: Tensor, cfg: Se
                   generator: torch.Generator | None = None) -> list[list[Hypothesis]]:
     """Pick the most likely token each step (or sample one with cfg.sampling) until EOS or max length."""
     b, device = enc.memory.shape[0], enc.memory.device
-    max_len = max_lengths(src_lens, cfg, model.max_positions).to(device)
+    limits = [min(max(int(n * cfg.max_len_a + cfg.max_len_b), 1), model.max_positions - 1) for n in src_lens.tolist()]
+    max_len = torch.tensor(limits, device=device)
     cache = model.init_cache(enc, 1)
     prev = torch.full((b,), BOS, dtype=torch.long, device=device)
     tokens, scores = [], []
     done = torch.zeros(b, dtype=torch.bool, device=device)
-    for step in range(int(max_len.max()) + 1):
+    for step in range(max(limits) + 1):
         log_probs, cache = model.decode_step(prev, cache)
-        log_probs = constrain(log_probs, step, max_len, cfg)
+        log_probs = allowed_tokens(log_probs, step, max_len, cfg)
         choice = sample_from(log_probs, cfg, generator) if cfg.sampling else log_probs.argmax(-1)
         tokens.append(choice.masked_fill(done, PAD))
         scores.append(log_probs.gather(1, choice[:, None]).squeeze(1).masked_fill(done, 0.0))
@@ -53,12 +56,26 @@ def greedy_search(model: Transformer, enc: EncoderOut, src_lens: Tensor, cfg: Se
     return to_hypotheses(torch.stack(tokens, 1), torch.stack(scores, 1), cfg)
 
 
+def allowed_tokens(log_probs: Tensor, step: int, max_len: Tensor, cfg: SearchConfig) -> Tensor:
+    """Mask what may not come next: PAD and BOS never, EOS before min_len, anything but EOS at max_len."""
+    mask = torch.zeros_like(log_probs, dtype=torch.bool)
+    mask[:, [PAD, BOS]] = True
+    if step < cfg.min_len:
+        mask[:, EOS] = True
+    mask[max_len <= step] = True
+    mask[max_len <= step, EOS] = False
+    out = log_probs.masked_fill(mask, NEG_INF)
+    if cfg.unkpen:
+        out[:, UNK] -= cfg.unkpen
+    return out
+
+
 def to_hypotheses(tokens: Tensor, scores: Tensor, cfg: SearchConfig) -> list[list[Hypothesis]]:
     """tokens, scores: [B, t] with EOS ending each row -> one Hypothesis per sentence."""
     results = []
     for row_tokens, row_scores in zip(tokens.tolist(), scores.tolist()):
         n = row_tokens.index(EOS) + 1
         total = sum(row_scores[:n])
-        results.append([Hypothesis(row_tokens[:n - 1], total / length_penalty(n, cfg.lenpen, cfg.lenpen_style),
-                                   row_scores[:n])])
+        penalty = ((5 + n) / 6) ** cfg.lenpen if cfg.lenpen_style == "gnmt" else n**cfg.lenpen  # |Y| counts EOS
+        results.append([Hypothesis(row_tokens[:n - 1], total / penalty, row_scores[:n])])
     return results

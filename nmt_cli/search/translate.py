@@ -18,7 +18,8 @@ from nmt_cli.data.vocab import PAD, Vocab
 from nmt_cli.model.linear import pack_for_cpu_inference
 from nmt_cli.model.transformer import Transformer, build_model
 from nmt_cli.runtime import autocast
-from nmt_cli.search.beam import Hypothesis, beam_search
+from nmt_cli.search.beam import beam_search
+from nmt_cli.search.hypothesis import Hypothesis
 from nmt_cli.search.greedy import greedy_search
 
 logger = logging.getLogger(__name__)

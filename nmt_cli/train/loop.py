@@ -11,8 +11,8 @@ import logging
 import math
 import signal
 import time
-from contextlib import contextmanager
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 

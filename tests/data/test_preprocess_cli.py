@@ -2,12 +2,11 @@
 
 import json
 import os
-from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-
 from conftest import SHARED_DATA
+
 from nmt_cli.cli import cli
 
 SAMPLE = SHARED_DATA / "onmt-sample"

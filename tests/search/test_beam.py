@@ -10,9 +10,9 @@ from nmt_cli.config import SearchConfig
 from nmt_cli.data.vocab import EOS
 from nmt_cli.model.cache import DecoderCache
 from nmt_cli.model.transformer import EncoderOut
-from nmt_cli.search.beam import beam_search, length_penalty, top_candidates, BeamState
-from nmt_cli.search.translate import Translator, translate
+from nmt_cli.search.beam import BeamState, beam_search, length_penalty, top_candidates
 from nmt_cli.search.greedy import greedy_search
+from nmt_cli.search.translate import Translator, translate
 
 A, B = 4, 5  # two word ids; 0-3 are pad, unk, bos, eos
 V = 6

@@ -1,14 +1,11 @@
 """`nmt train` and `nmt average-checkpoints` through the CLI: outputs, exact resume, signals, bad input."""
 
 import json
-import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-import pytest
 import torch
 from click.testing import CliRunner
 
