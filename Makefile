@@ -4,26 +4,38 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-TRAIN_MINUTES ?= 3
+TRAIN_MINUTES ?= 5
 
-.PHONY: install test test-all demo bench clean
+.PHONY: install lint test test-all test-gpu demo bench clean
 
 install: $(STAMP)
 
-$(STAMP): setup.cfg setup.py
+$(STAMP): setup.cfg setup.py pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install -q torch==2.13.0
 	$(BIN)/python -m pip install -q -e ".[test]"
 	touch $(STAMP)
 
-test: install
+# ruff (lint and format check) and mypy, with the settings in pyproject.toml.
+lint: install
+	$(BIN)/ruff check nmt_cli tests benchmarks
+	$(BIN)/ruff format --check nmt_cli tests benchmarks
+	$(BIN)/mypy
+
+# The fast suite (slow and gpu tests excluded), after lint.
+test: lint
 	$(BIN)/python -m pytest -q
 
-test-all: install
+# Adds the slow tests: torchrun ranks, SIGKILL torture, recipe-scale runs.
+test-all: lint
 	$(BIN)/python -m pytest -q -m "not gpu"
 
+# The CUDA tests; they skip themselves where no GPU is visible.
+test-gpu: install
+	$(BIN)/python -m pytest -q -m gpu
+
 demo: install
-	PATH="$(abspath $(BIN)):$$PATH" TRAIN_MINUTES=$(TRAIN_MINUTES) bash recipes/multi30k_en_de/run.sh
+	PATH="$(abspath $(BIN)):$$PATH" TRAIN_MINUTES=$(TRAIN_MINUTES) WARMUP=$${WARMUP:-200} bash recipes/multi30k_en_de/run.sh
 
 bench: install
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python benchmarks/run_all.py

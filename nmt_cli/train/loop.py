@@ -63,6 +63,7 @@ class Session:
         self.elapsed_start = trainer.state.elapsed
         log_file = trainer.cfg.log_file
         self.log_path = Path(log_file) if log_file and trainer.info.is_main else None
+        self.last_train: dict[str, float] = {}  # the latest train log line, for the progress bar
 
     def tick(self) -> None:
         self.trainer.state.elapsed = self.elapsed_start + time.monotonic() - self.clock_start
@@ -132,7 +133,8 @@ def after_update(session: Session, stats: StepStats | None) -> None:
     if stats is not None:
         session.meter.add(stats)
     if stats is not None and s.update % c.log_interval == 0:
-        session.emit("train", {**session.meter.summary(), "lr": t.lr(s.update), "skipped": s.n_skipped_updates})
+        session.last_train = session.meter.summary()
+        session.emit("train", {**session.last_train, "lr": t.lr(s.update), "skipped": s.n_skipped_updates})
         session.meter.reset()
     timed = broadcast_flag(bool(c.save_interval_minutes) and
                            s.elapsed - s.last_timed_save >= c.save_interval_minutes * 60, t.info, t.device)
@@ -144,12 +146,24 @@ def after_update(session: Session, stats: StepStats | None) -> None:
         validate_and_save(session, numbered=timed or by_updates)
 
 
+def progress_fields(session: Session) -> dict[str, Any]:
+    """The bar counts updates toward --max-update, else minutes toward --max-time-minutes."""
+    c, s = session.trainer.cfg, session.trainer.state
+    info = f"epoch {s.epoch}"
+    if session.last_train:
+        info += f" | loss {session.last_train['loss']:.3f} | {session.last_train['tgt_tok_per_s']:,.0f} tok/s"
+    if c.max_update or not c.max_time_minutes:
+        return {"description": "updates", "completed": s.update, "total": c.max_update or None, "info": info}
+    return {"description": "minutes", "completed": round(s.elapsed / 60, 1), "total": c.max_time_minutes,
+            "info": f"update {s.update} | {info}"}
+
+
 def train_loop(trainer: Trainer) -> None:
     """Train until a stopping rule holds; always leaves an up-to-date checkpoint_last.pt."""
     r = Session(trainer)
     s, c = trainer.state, trainer.cfg
     with r.signals(), progress() as bar:
-        task = bar.add_task("train", total=c.max_update or None, completed=s.update, info="")
+        task = bar.add_task("train", total=None, completed=0, info="")
         reason = None
         while reason is None:
             batches = trainer.epoch_batches()
@@ -162,7 +176,7 @@ def train_loop(trainer: Trainer) -> None:
                 stats = trainer.train_step(group)
                 s.batch_in_epoch += len(group)
                 after_update(r, stats)
-                bar.update(task, completed=s.update, info=f"epoch {s.epoch}")
+                bar.update(task, **progress_fields(r))
             reason = trainer.stop_reason()
             if broadcast_flag(r.signal is not None, trainer.info, trainer.device):
                 reason = "stopped by a signal"

@@ -4,8 +4,9 @@
 # Each step skips itself when its output exists. Settings and measured results: README.md here.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
-RAW_DIR=${RAW_DIR:-$here/../../../shared/data/multi30k}
-WORK_DIR=${WORK_DIR:-$here/../../work/multi30k_en_de}
+repo=$(cd "$here/../.." && pwd)
+RAW_DIR=${RAW_DIR:-$(cd "$repo/.." && pwd)/shared/data/multi30k}
+WORK_DIR=${WORK_DIR:-$repo/work/multi30k_en_de}
 TRAIN_MINUTES=${TRAIN_MINUTES:-60}
 THREADS=${THREADS:-2}
 ARCH=${ARCH:-transformer_small}
@@ -14,6 +15,8 @@ MAX_TOKENS=${MAX_TOKENS:-4096}
 N_AVERAGE=${N_AVERAGE:-5}
 PRECISION=${PRECISION:---bf16}
 DROPOUT=${DROPOUT:-0.2}
+WARMUP=${WARMUP:-1000}
+SHOW=${SHOW:-5}
 run() { echo "+ $*" >&2; [ "${DRY_RUN:-0}" = 1 ] || "$@"; }
 
 mkdir -p "$WORK_DIR"
@@ -37,7 +40,7 @@ fi
 # 3. Train for TRAIN_MINUTES, a numbered checkpoint every 1/12 of the budget (the paper: every 10 minutes).
 SAVE_MINUTES=$(awk "BEGIN { print $TRAIN_MINUTES / 12 }")
 run nmt train "$WORK_DIR/data-bin" --save-dir "$WORK_DIR/checkpoints" --arch "$ARCH" \
-    --max-tokens "$MAX_TOKENS" --lr-scale 1 --warmup-updates 1000 --label-smoothing 0.1 \
+    --max-tokens "$MAX_TOKENS" --lr-scale 1 --warmup-updates "$WARMUP" --label-smoothing 0.1 \
     --max-time-minutes "$TRAIN_MINUTES" --save-interval-minutes "$SAVE_MINUTES" --threads "$THREADS" \
     --dropout "$DROPOUT" --log-interval 50 --log-file "$WORK_DIR/train.jsonl" $PRECISION
 
@@ -52,3 +55,10 @@ run nmt train "$WORK_DIR/data-bin" --save-dir "$WORK_DIR/checkpoints" --arch "$A
         --lenpen 0.6 --max-len-a 1 --max-len-b 50 --threads $THREADS > '$WORK_DIR/test.hyp.de.tmp' \
         && mv '$WORK_DIR/test.hyp.de.tmp' '$WORK_DIR/test.hyp.de'"
 run nmt score --sys "$WORK_DIR/test.hyp.de" --ref "$RAW_DIR/test_2016_flickr.de" | tee "$WORK_DIR/score.txt"
+
+# 6. A few test sentences: source, reference, ours.
+if [ "${DRY_RUN:-0}" != 1 ] && [ "$SHOW" -gt 0 ]; then
+    echo
+    paste "$RAW_DIR/test_2016_flickr.en" "$RAW_DIR/test_2016_flickr.de" "$WORK_DIR/test.hyp.de" | head -n "$SHOW" |
+        awk -F'\t' '{ printf "source:      %s\nreference:   %s\ntranslation: %s\n\n", $1, $2, $3 }'
+fi
