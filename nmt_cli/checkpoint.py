@@ -86,7 +86,9 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
     if not path.is_file():
         raise CheckpointError(f"checkpoint {path} does not exist")
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
+        # Memory-mapped: tensors are read when touched, so the optimizer state of a checkpoint that is only
+        # translated with is never read, and weights copied into a model are not kept twice in memory.
+        state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except Exception as e:  # torch raises many types for a file that is not a checkpoint
         raise CheckpointError(f"{path} is not a readable nmt checkpoint ({type(e).__name__})") from None
     if not isinstance(state, dict) or any(k not in state for k in ("format_version", "model_config", "model",

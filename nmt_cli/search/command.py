@@ -53,6 +53,7 @@ def run_generate(cfg: GenerateConfig, search_overrides: dict[str, Any] | None = 
     precision = generation_precision(cfg.precision, device, state)
     translator = translator_from(state, Path(cfg.path), device, AMP_DTYPES[precision])
     search = replace(search_config_of(state), **(search_overrides or {}))
+    del state  # the model holds its own copy of the weights
     fmt = cfg.output_format or ("fairseq" if cfg.data_dir else "plain")
     with ExitStack() as stack:
         out = open_output(cfg, stack, num_shards, shard_id)
