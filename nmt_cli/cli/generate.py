@@ -16,8 +16,8 @@ from nmt_cli.config import GenerateConfig, SearchConfig
 @config_options(SearchConfig, default_note=lambda f: f"the checkpoint's, else {f.default}")
 def generate(**values: Any) -> None:
     """Translate a binarized split (DATA_DIR) or raw text (--input) with beam search."""
-    from nmt_cli.search.command import run_generate
+    from nmt_cli.search.command import generate as generate_translations
 
     values["precision"] = precision_from(values)
     search_overrides = take(SearchConfig, values, drop_none=True)
-    run_generate(GenerateConfig(**take(GenerateConfig, values)), search_overrides)
+    generate_translations(GenerateConfig(**take(GenerateConfig, values)), search_overrides)

@@ -15,7 +15,7 @@ from nmt_cli.config import PreprocessConfig
 @config_options(PreprocessConfig)
 def preprocess(**values: Any) -> None:
     """Train a joint sentencepiece model and binarize train/valid/test."""
-    from nmt_cli.data.preprocess import preprocess as run
+    from nmt_cli.data.preprocess import preprocess as preprocess_data
 
-    meta = run(PreprocessConfig(**values))
+    meta = preprocess_data(PreprocessConfig(**values))
     click.echo(json.dumps({k: meta[k] for k in ("source_lang", "target_lang", "vocab_size", "splits")}))

@@ -38,7 +38,7 @@ def resolve_shard(cfg: GenerateConfig) -> tuple[int, int]:
     return num, shard
 
 
-def run_generate(cfg: GenerateConfig, search_overrides: dict[str, Any] | None = None) -> Summary:
+def generate(cfg: GenerateConfig, search_overrides: dict[str, Any] | None = None) -> Summary:
     """Translate what cfg names with the checkpoint's search settings, overridden by `search_overrides`."""
     if (cfg.data_dir is None) == (cfg.input is None):
         raise ConfigError("give either DATA_DIR (with --gen-subset) or --input FILE|-, not both or neither")
