@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 TRAIN_MINUTES ?= 5
 
-.PHONY: install lint test test-all test-gpu demo bench clean
+.PHONY: install lint test test-all test-gpu demo bench bench-peers clean
 
 install: $(STAMP)
 
@@ -39,6 +39,10 @@ demo: install
 
 bench: install
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python benchmarks/run_all.py
+
+# nmt next to fairseq and CTranslate2 in one run on this machine (../shared/peer-bench; about 30 minutes).
+bench-peers: install
+	bash benchmarks/peers.sh
 
 clean:
 	rm -rf $(VENV) *.egg-info work

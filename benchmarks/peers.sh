@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# `make bench-peers`: nmt side by side with fairseq and CTranslate2 in one run on this machine, with the
+# harness in ../shared/peer-bench (its README describes the method). Installs the peers it lacks first
+# (about 5 minutes and 2 GB under $PEERS_ROOT, default ~/.cache/nmt-peers). Run nothing else meanwhile.
+# The table it prints (and writes to $BENCH_WORK/runs/<date>/summary.md) is what benchmarks/README.md quotes.
+set -euo pipefail
+repo=$(cd "$(dirname "$0")/.." && pwd)
+PEER_BENCH=${PEER_BENCH:-$(cd "$repo/.." && pwd)/shared/peer-bench}
+PEERS_ROOT=${PEERS_ROOT:-$HOME/.cache/nmt-peers}
+export PEERS_ROOT
+[ -x "$PEER_BENCH/bench.sh" ] || { echo "error: no peer harness at $PEER_BENCH (set PEER_BENCH)" >&2; exit 1; }
+
+for peer in benchtools:benchtools fairseq:fairseq_fixed ct2:ct2; do
+    venv=${peer%%:*} script=${peer#*:}
+    [ -x "$PEERS_ROOT/$venv/bin/python" ] || bash "$PEER_BENCH/install/install_$script.sh"
+done
+
+export NMT_CMD=${NMT_CMD:-$repo/.venv/bin/nmt}
+export SMALL_WARM=${SMALL_WARM:-30} SMALL_MEAS=${SMALL_MEAS:-40} BASE_WARM=${BASE_WARM:-8} BASE_MEAS=${BASE_MEAS:-10}
+exec "$PEER_BENCH/bench.sh" -s "${STAGES:-train:small train:base gen:small:fixed gen:base:fixed}" \
+    ${RUNNERS:-fairseq ct2:float32 ct2:int8 nmt nmt:bf16}
