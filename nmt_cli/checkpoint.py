@@ -19,7 +19,7 @@ from nmt_cli import __version__
 from nmt_cli.config import ModelConfig, SearchConfig, TrainConfig, config_from_dict, config_to_dict
 from nmt_cli.data.vocab import Vocab
 from nmt_cli.errors import CheckpointError, ConfigError
-from nmt_cli.files import atomic_write
+from nmt_cli.files import atomic_write, make_parent
 
 logger = logging.getLogger(__name__)
 
@@ -196,9 +196,11 @@ def checkpoints_to_average(paths: list[Path], num_update_checkpoints: int | None
 
 
 def check_average_output(output: Path, inputs: list[Path]) -> None:
-    """Refuse to overwrite an input, or the file a save directory resumes from or keeps as its best."""
-    if any(output.resolve() == p.resolve() for p in inputs):
+    """Refuse to overwrite an input, or the file a save directory resumes from or keeps as its best; create
+    the output's directory."""
+    if any(output.resolve() == p.resolve() or (output.exists() and output.samefile(p)) for p in inputs):
         raise ConfigError(f"--output {output} is one of the checkpoints being averaged; write elsewhere")
     if output.name in (LAST, BEST) or re.fullmatch(r"checkpoint_\d+\.pt", output.name):
         raise ConfigError(f"--output {output}: {output.name} is a name training writes and resumes from; "
                           "choose another name, e.g. average.pt")
+    make_parent(output, "--output")

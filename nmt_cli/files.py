@@ -15,7 +15,7 @@ import shutil
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, TextIO
 
 from nmt_cli.errors import NmtError
 
@@ -96,6 +96,28 @@ def atomic_write(path: Path, write: Callable[[BinaryIO], None], what: str = "fil
 
 def atomic_write_text(path: Path, text: str, what: str = "file") -> None:
     atomic_write(path, lambda f: f.write(text.encode("utf-8")), what)
+
+
+@contextmanager
+def atomic_text_output(path: Path, what: str = "file") -> Iterator[TextIO]:
+    """A text file written as `path.tmp` and renamed to `path` when the block ends without an error.
+
+    On an error the temporary is removed (an existing `path` is left as it was); a full disk is a DiskFullError.
+    """
+    tmp = tmp_path_of(path)
+    try:
+        with tmp.open("w", encoding="utf-8") as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException as e:
+        tmp.unlink(missing_ok=True)
+        if is_disk_full(e):
+            raise DiskFullError(f"no space left on device writing {path}; nothing was written there") from None
+        if isinstance(e, OSError):
+            raise NmtError(f"cannot write {what} {path}: {e.strerror or e}") from None
+        raise
 
 
 def remove_stale_temporaries(directory: Path, patterns: tuple[str, ...] = (f"*{TMP_SUFFIX}",)) -> list[Path]:

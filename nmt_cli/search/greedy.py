@@ -32,8 +32,11 @@ def sample_from(log_probs: Tensor, cfg: SearchConfig, generator: torch.Generator
 
 @torch.inference_mode()
 def greedy_search(model: Transformer, enc: EncoderOut, src_lens: Tensor, cfg: SearchConfig,
-                  generator: torch.Generator | None = None) -> list[list[Hypothesis]]:
-    """Pick the most likely token each step (or sample one with cfg.sampling) until EOS or max length."""
+                  generator: torch.Generator | None = None, n_pieces: int | None = None) -> list[list[Hypothesis]]:
+    """Pick the most likely token each step (or sample one with cfg.sampling) until EOS or max length.
+
+    Ids from `n_pieces` on (the embedding table's padding rows) are never chosen.
+    """
     b, device = enc.memory.shape[0], enc.memory.device
     max_len = max_lengths(src_lens, cfg, model.max_positions).to(device)
     cache = model.init_cache(enc, 1)
@@ -42,7 +45,7 @@ def greedy_search(model: Transformer, enc: EncoderOut, src_lens: Tensor, cfg: Se
     done = torch.zeros(b, dtype=torch.bool, device=device)
     for step in range(int(max_len.max()) + 1):
         log_probs, cache = model.decode_step(prev, cache)
-        log_probs = constrain(log_probs, step, max_len, cfg)
+        log_probs = constrain(log_probs, step, max_len, cfg, n_pieces)
         choice = sample_from(log_probs, cfg, generator) if cfg.sampling else log_probs.argmax(-1)
         tokens.append(choice.masked_fill(done, PAD))
         scores.append(log_probs.gather(1, choice[:, None]).squeeze(1).masked_fill(done, 0.0))
