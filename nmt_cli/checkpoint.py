@@ -67,13 +67,14 @@ def has_training_state(state: dict[str, Any]) -> bool:
     return all(k in state for k in TRAINING_KEYS)
 
 
-def save_checkpoint(state: dict[str, Any], path: Path) -> None:
+def save_checkpoint(state: dict[str, Any], path: Path, kept: str | None = None) -> None:
     """Write through `path.tmp`, fsync, then rename: a killed job or a full disk never leaves a half-written file.
 
     Raises:
-        DiskFullError: no space left; the temporary is removed and the previous file is intact.
+        DiskFullError: no space left; the temporary is removed and the previous file is intact (`kept` says
+            what the user still has).
     """
-    atomic_write(path, lambda f: torch.save(state, f), "checkpoint")
+    atomic_write(path, lambda f: torch.save(state, f), "checkpoint", kept)
 
 
 def spm_fingerprint(model_bytes: bytes) -> str:

@@ -69,8 +69,10 @@ def make_parent(path: Path, what: str) -> None:
         raise NmtError(f"cannot create the directory of {what} {path}: {e.strerror}") from None
 
 
-def atomic_write(path: Path, write: Callable[[BinaryIO], None], what: str = "file") -> None:
+def atomic_write(path: Path, write: Callable[[BinaryIO], None], what: str = "file", kept: str | None = None) -> None:
     """Write `path` through `path.tmp`, fsync, then rename over it: readers see the old file or the new one.
+
+    `kept` ends the full-disk message (default: the previous file is intact, or nothing was written).
 
     Raises:
         DiskFullError: the device is full; `path.tmp` is removed and an existing `path` is intact.
@@ -86,7 +88,7 @@ def atomic_write(path: Path, write: Callable[[BinaryIO], None], what: str = "fil
     except BaseException as e:
         tmp.unlink(missing_ok=True)
         if is_disk_full(e):
-            kept = f"the previous {what} is intact" if path.exists() else "nothing was written"
+            kept = kept or (f"the previous {what} is intact" if path.exists() else "nothing was written")
             raise DiskFullError(f"no space left on device writing {path}; {kept}") from None
         if isinstance(e, OSError):
             raise NmtError(f"cannot write {path}: {e.strerror or e}") from None

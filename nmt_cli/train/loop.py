@@ -105,11 +105,12 @@ def save(trainer: Trainer, numbered: bool, best: bool) -> None:
     state = trainer.checkpoint()
     # checkpoint_last.pt goes last: a run killed in between resumes from the previous update and rewrites
     # the others, so the numbered and best files of every update that checkpoint_last.pt has passed exist.
+    kept = "the previous checkpoint is intact"
     if numbered:
-        save_checkpoint(state, save_dir / f"checkpoint_{update}.pt")
+        save_checkpoint(state, save_dir / f"checkpoint_{update}.pt", kept)
     if best:
-        save_checkpoint(state, save_dir / BEST)
-    save_checkpoint(state, save_dir / LAST)
+        save_checkpoint(state, save_dir / BEST, kept)
+    save_checkpoint(state, save_dir / LAST, kept)
     if numbered and trainer.cfg.keep_last:
         for old in numbered_checkpoints(save_dir)[:-trainer.cfg.keep_last]:
             old.unlink()
