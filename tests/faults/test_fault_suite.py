@@ -354,3 +354,50 @@ def test_two_trains_on_one_save_dir_then_a_killed_one(toy_data_bin, tmp_path):
     assert not leftovers(save)
     assert all((save / name).read_bytes() == data for name, data in numbered.items())
     assert torch.load(save / "checkpoint_last.pt", weights_only=True)["update"] == update + 1
+
+
+# ---- torture: SIGKILL at random points, resume, compare with an uninterrupted run ---------------------------
+@pytest.mark.slow
+def test_torture_random_sigkills_resume_bit_identical(toy_data_bin, tmp_path):
+    import random
+    import threading
+
+    rng = random.Random(1234)
+    extra = ["--max-update", 24, "--save-interval-updates", 1, "--dropout", 0.1, "--max-tokens", 512]
+    ref = train_process(toy_data_bin, tmp_path / "ref", *extra)
+    assert ref.wait(timeout=300) == 0, ref.stderr.read()
+    save, n_kills = tmp_path / "run", 0
+    while n_kills < 6:
+        proc = train_process(toy_data_bin, save, *extra)
+        saves, wanted = threading.Event(), rng.randint(1, 4)
+        count = [0]
+
+        def drain():
+            for line in proc.stderr:
+                if "saved checkpoint_last.pt" in line:
+                    count[0] += 1
+                    if count[0] >= wanted:
+                        saves.set()
+
+        threading.Thread(target=drain, daemon=True).start()
+        saves.wait(timeout=120)
+        time.sleep(rng.uniform(0.0, 0.4))  # anywhere: mid-update, mid-save, between the files of one save
+        if proc.poll() is not None:
+            break
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+        n_kills += 1
+    final = train_process(toy_data_bin, save, *extra)
+    assert final.wait(timeout=300) == 0, final.stderr.read()
+    assert n_kills >= 3, "the run finished before it was killed often enough"
+    assert not leftovers(save)
+    a, b = (torch.load(d / "checkpoint_last.pt", weights_only=True) for d in (tmp_path / "ref", save))
+    assert a["update"] == b["update"] == 24
+    for name, tensor in a["model"].items():
+        assert torch.equal(tensor, b["model"][name]), name
+    for va, vb in zip(a["optimizer"]["state"].values(), b["optimizer"]["state"].values()):
+        assert all(torch.equal(va[k], vb[k]) for k in va)
+    for u in range(1, 25):  # every numbered checkpoint of the killed run is there and equals the reference's
+        ma = torch.load(tmp_path / "ref" / f"checkpoint_{u}.pt", weights_only=True)["model"]
+        mb = torch.load(save / f"checkpoint_{u}.pt", weights_only=True)["model"]
+        assert all(torch.equal(ma[k], mb[k]) for k in ma), u
