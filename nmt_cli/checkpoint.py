@@ -7,8 +7,8 @@ it carries the model and training configs, the search settings and the sentencep
 
 from __future__ import annotations
 
+import hashlib
 import logging
-import os
 import re
 from pathlib import Path
 from typing import Any
@@ -19,6 +19,7 @@ from nmt_cli import __version__
 from nmt_cli.config import ModelConfig, SearchConfig, TrainConfig, config_from_dict, config_to_dict
 from nmt_cli.data.vocab import Vocab
 from nmt_cli.errors import CheckpointError, ConfigError
+from nmt_cli.files import atomic_write, make_parent
 
 logger = logging.getLogger(__name__)
 
@@ -66,23 +67,33 @@ def has_training_state(state: dict[str, Any]) -> bool:
     return all(k in state for k in TRAINING_KEYS)
 
 
-def save_checkpoint(state: dict[str, Any], path: Path) -> None:
-    """Write to a temporary file, fsync, then rename: a killed job never leaves a half-written file."""
-    tmp = path.with_name(path.name + ".tmp")
-    with tmp.open("wb") as f:
-        torch.save(state, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+def save_checkpoint(state: dict[str, Any], path: Path, kept: str | None = None) -> None:
+    """Write through `path.tmp`, fsync, then rename: a killed job or a full disk never leaves a half-written file.
+
+    Raises:
+        DiskFullError: no space left; the temporary is removed and the previous file is intact (`kept` says
+            what the user still has).
+    """
+    atomic_write(path, lambda f: torch.save(state, f), "checkpoint", kept)
+
+
+def spm_fingerprint(model_bytes: bytes) -> str:
+    """The sentencepiece model's identity: sha256 of its bytes (data dirs and checkpoints are bound by it)."""
+    return hashlib.sha256(model_bytes).hexdigest()
+
+
+def check_same_vocabulary(state: dict[str, Any], ckpt_path: Path, spm_bytes: bytes, spm_path: Path) -> None:
+    """Refuse a data directory whose sentencepiece model is not the one the checkpoint was trained with."""
+    ours, theirs = spm_fingerprint(bytes(state["spm_model"])), spm_fingerprint(spm_bytes)
+    if ours != theirs:
+        raise CheckpointError(f"{spm_path} (sha256 {theirs[:12]}) is not the sentencepiece model of {ckpt_path} "
+                              f"(sha256 {ours[:12]}); the data directory was made with another vocabulary")
 
 
 def load_checkpoint(path: Path) -> dict[str, Any]:
     """Load and check a checkpoint on the CPU; CheckpointError if it is missing or not one of ours."""
+    if path.is_dir():
+        raise CheckpointError(f"checkpoint {path} is a directory; give a checkpoint file")
     if not path.is_file():
         raise CheckpointError(f"checkpoint {path} does not exist")
     try:
@@ -94,6 +105,8 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
     if not isinstance(state, dict) or any(k not in state for k in ("format_version", "model_config", "model",
                                                                    "spm_model")):
         raise CheckpointError(f"{path} is not an nmt checkpoint (missing model, config or vocabulary)")
+    if not isinstance(state["format_version"], int):
+        raise CheckpointError(f"{path} has an invalid format version {state['format_version']!r}")
     if state["format_version"] > FORMAT_VERSION:
         raise CheckpointError(f"{path} has format version {state['format_version']}; this nmt "
                               f"{__version__} reads up to {FORMAT_VERSION}; upgrade nmt")
@@ -186,9 +199,11 @@ def checkpoints_to_average(paths: list[Path], num_update_checkpoints: int | None
 
 
 def check_average_output(output: Path, inputs: list[Path]) -> None:
-    """Refuse to overwrite an input, or the file a save directory resumes from or keeps as its best."""
-    if any(output.resolve() == p.resolve() for p in inputs):
+    """Refuse to overwrite an input, or the file a save directory resumes from or keeps as its best; create
+    the output's directory."""
+    if any(output.resolve() == p.resolve() or (output.exists() and output.samefile(p)) for p in inputs):
         raise ConfigError(f"--output {output} is one of the checkpoints being averaged; write elsewhere")
     if output.name in (LAST, BEST) or re.fullmatch(r"checkpoint_\d+\.pt", output.name):
         raise ConfigError(f"--output {output}: {output.name} is a name training writes and resumes from; "
                           "choose another name, e.g. average.pt")
+    make_parent(output, "--output")

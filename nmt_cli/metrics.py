@@ -74,7 +74,9 @@ _FAIRSEQ_LINE = re.compile(r"^([STHDP])-(\d+)\t")
 
 
 def read_text(path: Path) -> list[str]:
-    if not path.is_file():
+    if path.is_dir():
+        raise DataError(f"{path} is a directory; give a text file")
+    if not path.exists():
         raise DataError(f"file {path} does not exist")
     try:
         return path.read_text(encoding="utf-8").splitlines()
@@ -99,6 +101,8 @@ def read_hypotheses(path: Path) -> list[str]:
 def score_files(sys_path: Path, ref_path: Path, metrics: Sequence[str], lang: str) -> list[Score]:
     """Score a system output against one reference file with each metric."""
     hyps, refs = read_hypotheses(sys_path), read_text(ref_path)
+    if not refs:
+        raise DataError(f"{ref_path} is empty; there is nothing to score")
     if len(hyps) != len(refs):
         raise DataError(f"{sys_path} has {len(hyps)} hypotheses but {ref_path} has {len(refs)} lines")
     for i, hyp in enumerate(hyps, start=1):

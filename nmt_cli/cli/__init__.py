@@ -8,6 +8,7 @@ errors exit 2; `--debug` shows tracebacks.
 from __future__ import annotations
 
 import os
+import sys
 from typing import Any
 
 import click
@@ -32,6 +33,12 @@ class NmtGroup(click.Group):
             if ctx.params.get("debug"):
                 raise
             print_error(str(e))
+            ctx.exit(1)
+        except BrokenPipeError:  # `nmt generate ... | head`: the reader has gone, so stop quietly
+            try:
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
+            except (OSError, ValueError, AttributeError):  # stdout without a file descriptor (tests)
+                pass
             ctx.exit(1)
 
 

@@ -35,20 +35,25 @@ class Batch:
 
 
 def batch_by_tokens(src_lens: np.ndarray, tgt_lens: np.ndarray, max_tokens: int,
-                    rng: np.random.Generator | None, max_sentences: int = 0) -> tuple[list[np.ndarray], int]:
+                    rng: np.random.Generator | None, max_sentences: int = 0,
+                    max_positions: int = 0) -> tuple[list[np.ndarray], int]:
     """Group sentence indices into batches under the token budget (and at most `max_sentences`, 0: no cap).
+
+    Pairs that need more than `max_positions` positions (a side's length + 1; 0: no limit) are skipped too.
 
     Sentences are sorted by (target, source) length, ties broken randomly when `rng` is given,
     then packed greedily; the batch order is shuffled with `rng` (kept in length order without).
 
     Returns:
-        (batches, n_skipped): index arrays, and how many pairs exceed `max_tokens` on their own.
+        (batches, n_skipped): index arrays, and how many pairs exceed `max_tokens` (or `max_positions`)
+        on their own.
     """
     src = np.asarray(src_lens, dtype=np.int64) + 1
     tgt = np.asarray(tgt_lens, dtype=np.int64) + 1
     order = rng.permutation(len(src)) if rng is not None else np.arange(len(src))
     order = order[np.lexsort((src[order], tgt[order]))]
-    fits = (src[order] <= max_tokens) & (tgt[order] <= max_tokens)
+    limit = min(max_tokens, max_positions) if max_positions else max_tokens
+    fits = (src[order] <= limit) & (tgt[order] <= limit)
     n_skipped = int((~fits).sum())
     order = order[fits]
     batches: list[np.ndarray] = []
@@ -68,14 +73,14 @@ def batch_by_tokens(src_lens: np.ndarray, tgt_lens: np.ndarray, max_tokens: int,
 
 
 def epoch_batches(src_lens: np.ndarray, tgt_lens: np.ndarray, max_tokens: int, seed: int, epoch: int,
-                  rank: int = 0, world_size: int = 1) -> list[np.ndarray]:
+                  rank: int = 0, world_size: int = 1, max_positions: int = 0) -> list[np.ndarray]:
     """This rank's batches for `epoch`: a deterministic function of (seed, epoch).
 
     Ranks take disjoint, interleaved batches; the last `len % world_size` batches of the shuffled
     order are left out this epoch so that every rank gets the same number.
     """
     rng = np.random.default_rng([seed, epoch])
-    batches, _ = batch_by_tokens(src_lens, tgt_lens, max_tokens, rng)
+    batches, _ = batch_by_tokens(src_lens, tgt_lens, max_tokens, rng, max_positions=max_positions)
     per_rank = len(batches) // world_size
     return batches[rank::world_size][:per_rank]
 
@@ -106,3 +111,8 @@ def collate(dataset: ParallelDataset, ids: np.ndarray, max_positions: int | None
     tgt_out_t = torch.from_numpy(tgt_out)
     return Batch(np.asarray(ids), src_t, src_t.eq(PAD), torch.from_numpy(tgt_in), tgt_out_t,
                  int(sum(len(t) + 1 for t in tgts)))
+
+
+def count_too_long(src_lens: np.ndarray, tgt_lens: np.ndarray, max_positions: int) -> int:
+    """Pairs with a side that needs more than `max_positions` positions (its length + 1 for EOS or BOS)."""
+    return int(((np.asarray(src_lens) + 1 > max_positions) | (np.asarray(tgt_lens) + 1 > max_positions)).sum())

@@ -7,6 +7,7 @@ Both are opened with `np.load(..., mmap_mode="r")`, so reading never loads a cor
 
 from __future__ import annotations
 
+import hashlib
 import shutil
 from array import array
 from collections.abc import Iterator
@@ -23,6 +24,8 @@ def token_dtype(vocab_size: int) -> np.dtype:
 
 def check_text_file(path: Path) -> int:
     """Count lines and check that every line is valid UTF-8; DataError names file and line otherwise."""
+    if path.is_dir():
+        raise DataError(f"input file {path} is a directory; give a text file")
     if not path.is_file():
         raise DataError(f"input file {path} does not exist")
     n_lines = 0
@@ -84,16 +87,24 @@ class TokenWriter:
 
 
 class TokenArray:
-    """Read side of the format: sentence i is `tokens[offsets[i]:offsets[i+1]]`."""
+    """Read side of the format: sentence i is `tokens[offsets[i]:offsets[i+1]]`.
 
-    def __init__(self, prefix: Path) -> None:
+    Checked at open: both files load, the offsets start at 0, never decrease and end at the token count,
+    and (when `idx_sha256` is given, from meta.json) the offsets file is the one preprocess wrote.
+    """
+
+    def __init__(self, prefix: Path, idx_sha256: str | None = None) -> None:
         bin_path = prefix.with_name(prefix.name + ".bin.npy")
         idx_path = prefix.with_name(prefix.name + ".idx.npy")
         for path in (bin_path, idx_path):
             if not path.is_file():
                 raise DataError(f"missing {path}; run \"nmt preprocess\" to create the data directory")
-        self.tokens = np.load(bin_path, mmap_mode="r")
-        self.offsets = np.load(idx_path)
+        self.tokens = load_array(bin_path, mmap=True)
+        if idx_sha256 is not None and file_sha256(idx_path) != idx_sha256:
+            raise DataError(f"{idx_path} does not match the checksum in meta.json: the file was changed or "
+                            "corrupted; re-run \"nmt preprocess\"")
+        self.offsets = load_array(idx_path, mmap=False)
+        check_offsets(self.offsets, len(self.tokens), idx_path, bin_path)
         self.lengths = np.diff(self.offsets)
 
     def __len__(self) -> int:
@@ -101,3 +112,33 @@ class TokenArray:
 
     def __getitem__(self, i: int) -> np.ndarray:
         return self.tokens[self.offsets[i]:self.offsets[i + 1]]
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def load_array(path: Path, mmap: bool) -> np.ndarray:
+    """np.load with numpy's errors for a truncated or foreign file turned into one DataError."""
+    try:
+        array = np.load(path, mmap_mode="r" if mmap else None, allow_pickle=False)
+    except (ValueError, OSError, EOFError) as e:
+        raise DataError(f"{path} is truncated or not an nmt data file ({e}); re-run \"nmt preprocess\"") from None
+    if array.ndim != 1 or not np.issubdtype(array.dtype, np.integer):
+        raise DataError(f"{path} holds a {array.dtype} array of shape {array.shape}, not token ids or offsets; "
+                        "re-run \"nmt preprocess\"")
+    return array
+
+
+def check_offsets(offsets: np.ndarray, n_tokens: int, idx_path: Path, bin_path: Path) -> None:
+    """Offsets start at 0, never decrease, and end at the token count; DataError naming the file otherwise."""
+    if len(offsets) == 0 or offsets[0] != 0 or np.any(np.diff(offsets) < 0):
+        raise DataError(f"{idx_path} is corrupted (its offsets do not start at 0 and increase); "
+                        "re-run \"nmt preprocess\"")
+    if offsets[-1] != n_tokens:
+        raise DataError(f"{idx_path} ends at token {int(offsets[-1])} but {bin_path} has {n_tokens} tokens; "
+                        "one of them is truncated or corrupted; re-run \"nmt preprocess\"")

@@ -8,12 +8,16 @@ from typing import Any
 
 import numpy as np
 
+from nmt_cli import __version__
 from nmt_cli.data.binarize import TokenArray
 from nmt_cli.data.vocab import Vocab
 from nmt_cli.errors import DataError
 
 META_FILE = "meta.json"  # the data directory layout, written by preprocess.py
 SPM_FILE = "spm.model"
+# meta.json's own format. 1: records the sentencepiece model's sha256 and a checksum of every offsets file.
+META_FORMAT_VERSION = 1
+META_KEYS = ("source_lang", "target_lang", "vocab_size", "splits")
 
 
 def load_meta(data_dir: Path) -> dict[str, Any]:
@@ -24,13 +28,29 @@ def load_meta(data_dir: Path) -> dict[str, Any]:
         raise DataError(f"{data_dir} is not an nmt data directory (no {META_FILE}); "
                         "create it with \"nmt preprocess\"")
     try:
-        return json.loads(meta_path.read_text())
+        meta = json.loads(meta_path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise DataError(f"{meta_path} is not valid JSON ({e})") from None
+    if not isinstance(meta, dict) or any(k not in meta for k in META_KEYS):
+        raise DataError(f"{meta_path} is not an nmt data description (it needs {', '.join(META_KEYS)}); "
+                        "re-run \"nmt preprocess\"")
+    version = meta.get("format_version", 0)
+    if not isinstance(version, int) or version > META_FORMAT_VERSION:
+        raise DataError(f"{meta_path} has format version {version!r} (written by nmt "
+                        f"{meta.get('nmt_version', '?')}); this nmt {__version__} reads up to "
+                        f"{META_FORMAT_VERSION}; upgrade nmt")
+    return meta
 
 
-def load_vocab(data_dir: Path) -> Vocab:
-    return Vocab.load(data_dir / SPM_FILE)
+def load_vocab(data_dir: Path, meta: dict[str, Any] | None = None) -> Vocab:
+    """The data directory's sentencepiece model, checked against the sha256 its meta.json recorded."""
+    path = data_dir / SPM_FILE
+    vocab = Vocab.load(path)
+    expected = (meta or load_meta(data_dir)).get("spm_sha256")
+    if expected is not None and vocab.sha256 != expected:
+        raise DataError(f"{path} (sha256 {vocab.sha256[:12]}) is not the model {data_dir / META_FILE} was "
+                        f"written with (sha256 {expected[:12]}); re-run \"nmt preprocess\"")
+    return vocab
 
 
 class ParallelDataset:
@@ -41,8 +61,10 @@ class ParallelDataset:
         if split not in meta["splits"]:
             raise DataError(f"{data_dir} has no split {split!r}; it has {', '.join(meta['splits'])}")
         self.split = split
-        self.src = TokenArray(data_dir / f"{split}.{meta['source_lang']}")
-        self.tgt = TokenArray(data_dir / f"{split}.{meta['target_lang']}")
+        checksums = meta.get("checksums", {})
+        src, tgt = f"{split}.{meta['source_lang']}", f"{split}.{meta['target_lang']}"
+        self.src = TokenArray(data_dir / src, checksums.get(f"{src}.idx.npy"))
+        self.tgt = TokenArray(data_dir / tgt, checksums.get(f"{tgt}.idx.npy"))
         if len(self.src) != len(self.tgt):
             raise DataError(f"{data_dir}: split {split} has {len(self.src)} source and {len(self.tgt)} "
                             "target sentences; re-run \"nmt preprocess\"")

@@ -6,21 +6,27 @@ failed or interrupted run never leaves a half-written data directory.
 
 from __future__ import annotations
 
+import glob
 import json
 import logging
 import os
 import shutil
+import signal
 import tempfile
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from nmt_cli import __version__
 from nmt_cli.config import PreprocessConfig
-from nmt_cli.data.binarize import TokenWriter, check_text_file, read_pairs, token_dtype
-from nmt_cli.data.dataset import META_FILE, SPM_FILE
+from nmt_cli.data.binarize import TokenWriter, check_text_file, file_sha256, read_pairs, token_dtype
+from nmt_cli.data.dataset import META_FILE, META_FORMAT_VERSION, SPM_FILE
 from nmt_cli.data.vocab import Vocab, train_spm
 from nmt_cli.errors import DataError
+from nmt_cli.files import is_disk_full, remove_stale_temporaries, run_lock
 from nmt_cli.log import progress
 
 logger = logging.getLogger(__name__)
@@ -118,14 +124,52 @@ def make_vocab(cfg: PreprocessConfig, out_dir: Path) -> Vocab:
     return Vocab.load(target)
 
 
-def make_temp_dir(dest: Path) -> Path:
-    if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
+def check_destdir(dest: Path) -> None:
+    if dest.exists() and not dest.is_dir():
+        raise DataError(f"--destdir {dest} is a file, not a directory; remove it or choose another")
+    if dest.is_dir() and any(dest.iterdir()):
         raise DataError(f"--destdir {dest} already exists and is not empty; remove it or choose another")
+
+
+def make_temp_dir(dest: Path) -> Path:
     try:
-        dest.parent.mkdir(parents=True, exist_ok=True)
         return Path(tempfile.mkdtemp(prefix=f".{dest.name}.tmp-", dir=dest.parent))
     except OSError as e:
         raise DataError(f"cannot write --destdir {dest}: {e.strerror}") from None
+
+
+@contextmanager
+def destdir_lock(dest: Path) -> Iterator[None]:
+    """One preprocess per --destdir: a lock file beside it; temporaries of killed runs are removed under it."""
+    try:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        reason = "a parent of it is a file" if isinstance(e, (FileExistsError, NotADirectoryError)) else e.strerror
+        raise DataError(f"cannot write --destdir {dest}: {reason}") from None
+    with run_lock(dest.parent / f".{dest.name}.lock", "preprocess", dest):
+        remove_stale_temporaries(dest.parent, (f".{glob.escape(dest.name)}.tmp-*",))
+        yield
+
+
+@contextmanager
+def sigterm_as_error(dest: Path) -> Iterator[None]:
+    """SIGTERM unwinds like an error (so the temporary directory is removed) instead of killing outright."""
+    def handler(signum: int, frame: Any) -> None:
+        raise DataError(f"stopped by SIGTERM; --destdir {dest} was not written")
+
+    if threading.current_thread() is not threading.main_thread():  # only the main thread may set handlers
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def file_checksums(directory: Path) -> dict[str, str]:
+    """sha256 of every offsets file: a corrupted one would silently shift sentence boundaries."""
+    return {p.name: file_sha256(p) for p in sorted(directory.glob("*.idx.npy"))}
 
 
 def preprocess(cfg: PreprocessConfig) -> dict[str, Any]:
@@ -133,15 +177,26 @@ def preprocess(cfg: PreprocessConfig) -> dict[str, Any]:
     splits = split_prefixes(cfg)
     n_lines = check_inputs(cfg, splits)
     dest = Path(cfg.destdir)
+    check_destdir(dest)
+    with destdir_lock(dest), sigterm_as_error(dest):
+        check_destdir(dest)  # again, now that no other preprocess can be writing it
+        meta = build(cfg, splits, n_lines, dest)
+    return meta
+
+
+def build(cfg: PreprocessConfig, splits: dict[str, str], n_lines: dict[str, int], dest: Path) -> dict[str, Any]:
+    """Write everything into a temporary directory beside `dest`, then rename it to `dest`."""
     tmp = make_temp_dir(dest)
     try:
         vocab = make_vocab(cfg, tmp)
         vocab.write_vocab(tmp / "vocab.txt")
         stats = {split: binarize_split(cfg, vocab, split, prefix, n_lines[split], tmp)
                  for split, prefix in splits.items()}
-        meta = {"nmt_version": __version__, "source_lang": cfg.source_lang, "target_lang": cfg.target_lang,
-                "n_pieces": vocab.n_pieces, "vocab_size": vocab.padded_size,
-                "dtype": token_dtype(vocab.padded_size).name, "splits": stats, "preprocess": asdict(cfg)}
+        meta = {"format_version": META_FORMAT_VERSION, "nmt_version": __version__,
+                "source_lang": cfg.source_lang, "target_lang": cfg.target_lang,
+                "n_pieces": vocab.n_pieces, "vocab_size": vocab.padded_size, "spm_sha256": vocab.sha256,
+                "dtype": token_dtype(vocab.padded_size).name, "splits": stats, "checksums": file_checksums(tmp),
+                "preprocess": asdict(cfg)}
         (tmp / META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
         if dest.exists():
             dest.rmdir()
@@ -149,8 +204,10 @@ def preprocess(cfg: PreprocessConfig) -> dict[str, Any]:
         os.umask(umask)
         tmp.chmod(0o777 & ~umask)  # mkdtemp creates 0700
         tmp.rename(dest)
-    except BaseException:
+    except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
+        if is_disk_full(e):
+            raise DataError(f"no space left on device writing --destdir {dest}; nothing was written") from None
         raise
     logger.info("wrote %s (vocabulary of %d pieces, padded to %d)", dest, vocab.n_pieces, vocab.padded_size)
     return meta

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections.abc import Sequence
 from pathlib import Path
@@ -30,9 +31,16 @@ class Vocab:
 
     @classmethod
     def load(cls, path: Path) -> Vocab:
+        if path.is_dir():
+            raise DataError(f"sentencepiece model {path} is a directory; give the .model file")
         if not path.is_file():
             raise DataError(f"no sentencepiece model at {path}")
         return cls(path.read_bytes(), str(path))
+
+    @property
+    def sha256(self) -> str:
+        """The model's identity: data directories and checkpoints made with it are bound by this hash."""
+        return hashlib.sha256(self.model_bytes).hexdigest()
 
     @property
     def n_pieces(self) -> int:

@@ -55,10 +55,14 @@ def max_lengths(src_lens: Tensor, cfg: SearchConfig, max_positions: int) -> Tens
     return (src_lens.double() * cfg.max_len_a + cfg.max_len_b).long().clamp(min=1, max=max_positions - 1)
 
 
-def constrain(log_probs: Tensor, step: int, max_len: Tensor, cfg: SearchConfig) -> Tensor:
-    """Never PAD or BOS; no EOS before min_len; only EOS at max_len; unk penalty. log_probs: [N, V], max_len: [N]."""
+def constrain(log_probs: Tensor, step: int, max_len: Tensor, cfg: SearchConfig,
+              n_pieces: int | None = None) -> Tensor:
+    """Never PAD or BOS, nor the embedding table's padding rows (ids >= n_pieces, no sentencepiece piece);
+    no EOS before min_len; only EOS at max_len; unk penalty. log_probs: [N, V], max_len: [N]."""
     log_probs[:, PAD] = NEG_INF
     log_probs[:, BOS] = NEG_INF
+    if n_pieces is not None:
+        log_probs[:, n_pieces:] = NEG_INF
     if cfg.unkpen:
         log_probs[:, UNK] -= cfg.unkpen
     if step < cfg.min_len:
@@ -151,7 +155,8 @@ def start(b0: int, k: int, n_steps: int, device: torch.device) -> tuple[BeamStat
 
 
 @torch.inference_mode()
-def beam_search(model: Transformer, enc: EncoderOut, src_lens: Tensor, cfg: SearchConfig) -> list[list[Hypothesis]]:
+def beam_search(model: Transformer, enc: EncoderOut, src_lens: Tensor, cfg: SearchConfig,
+                n_pieces: int | None = None) -> list[list[Hypothesis]]:
     """Translate a batch of encoded sentences.
 
     Args:
@@ -159,6 +164,7 @@ def beam_search(model: Transformer, enc: EncoderOut, src_lens: Tensor, cfg: Sear
         enc: encoder output for B0 sentences.
         src_lens: [B0] source lengths without EOS.
         cfg: beam size, length penalty, length limits, nbest.
+        n_pieces: the vocabulary's real size; ids from here to V are embedding padding, never output.
 
     Returns:
         For each sentence, `cfg.nbest` hypotheses, best first.
@@ -175,7 +181,7 @@ def beam_search(model: Transformer, enc: EncoderOut, src_lens: Tensor, cfg: Sear
         if step == 0:
             to_beams = torch.arange(b0, device=device).repeat_interleave(k)
             log_probs, cache = log_probs[to_beams], cache.select_rows(to_beams)
-        log_probs = constrain(log_probs, step, row_max_len, cfg)
+        log_probs = constrain(log_probs, step, row_max_len, cfg, n_pieces)
         scores, beams, tokens = top_candidates(state, log_probs)
         finish(state, fin, scores, beams, tokens, log_probs, step, cfg)
         state, rows = survive(state, scores, beams, tokens, log_probs)

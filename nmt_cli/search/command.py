@@ -17,10 +17,12 @@ from typing import Any, TextIO
 import numpy as np
 import torch
 
-from nmt_cli.checkpoint import load_checkpoint, search_config_of
+from nmt_cli.checkpoint import check_same_vocabulary, load_checkpoint, search_config_of
 from nmt_cli.config import GenerateConfig, SearchConfig
+from nmt_cli.data.dataset import SPM_FILE, load_vocab
 from nmt_cli.data.vocab import Vocab
 from nmt_cli.errors import ConfigError, DataError
+from nmt_cli.files import atomic_text_output, require_file
 from nmt_cli.runtime import AMP_DTYPES, choose_device, resolve_precision, set_threads
 from nmt_cli.search.hypothesis import Hypothesis
 from nmt_cli.search.translate import Translator, translate, translator_from
@@ -45,12 +47,17 @@ def generate(cfg: GenerateConfig, search_overrides: dict[str, Any] | None = None
     num_shards, shard_id = resolve_shard(cfg)
     if cfg.input == "-" and num_shards > 1:
         raise ConfigError("--num-shards needs --input FILE or DATA_DIR; stdin cannot be split")
-    if cfg.input not in (None, "-") and not Path(cfg.input).is_file():
-        raise DataError(f"--input {cfg.input} does not exist")
+    if cfg.input not in (None, "-"):
+        require_file(Path(cfg.input), "--input")
+    if cfg.input == "-" and sys.stdin is None:
+        raise DataError("--input -: stdin is closed; pipe text in or give --input FILE")
     set_threads(cfg.threads)
     device = choose_device(cfg.device, int(os.environ.get("LOCAL_RANK", "0")))
     state = load_checkpoint(Path(cfg.path))
     precision = generation_precision(cfg.precision, device, state)
+    if cfg.data_dir is not None:
+        data_dir = Path(cfg.data_dir)
+        check_same_vocabulary(state, Path(cfg.path), load_vocab(data_dir).model_bytes, data_dir / SPM_FILE)
     translator = translator_from(state, Path(cfg.path), device, AMP_DTYPES[precision])
     search = replace(search_config_of(state), **(search_overrides or {}))
     del state  # the model holds its own copy of the weights
@@ -61,9 +68,10 @@ def generate(cfg: GenerateConfig, search_overrides: dict[str, Any] | None = None
             summary = generate_split(translator, Path(cfg.data_dir), cfg.gen_subset, search, cfg.max_tokens,
                                      cfg.batch_size, fmt, out, (num_shards, shard_id))
         else:
-            lines = open_input(cfg.input, stack, num_shards, shard_id)
-            summary = generate_text(translator, lines, search, cfg.max_tokens, cfg.batch_size, fmt, out,
-                                    cfg.buffer_size)
+            raw_lines, first_line = open_input(cfg.input, stack, num_shards, shard_id)
+            lines = read_lines(raw_lines, cfg.buffer_size, "stdin" if cfg.input == "-" else str(cfg.input),
+                               first_line)
+            summary = generate_text(translator, lines, search, cfg.max_tokens, cfg.batch_size, fmt, out)
     logger.info("translated %d sentences (%d tokens) in %.1f s: %.1f sentences/s, %.0f tokens/s "
                 "(beam %d, lenpen %g %s)", summary.n_sentences, summary.n_tokens, summary.seconds,
                 summary.n_sentences / max(summary.seconds, 1e-9), summary.n_tokens / max(summary.seconds, 1e-9),
@@ -79,34 +87,54 @@ def generation_precision(precision: str | None, device: torch.device, state: dic
 
 
 def open_output(cfg: GenerateConfig, stack: ExitStack, num_shards: int, shard_id: int) -> TextIO:
+    """stdout, or generate-SUBSET.txt under --results-path, written atomically (a failed run leaves none)."""
     if cfg.results_path is None:
         return sys.stdout
     results_path = Path(cfg.results_path)
+    if results_path.exists() and not results_path.is_dir():
+        raise DataError(f"--results-path {cfg.results_path} is a file; give a directory")
     try:
         results_path.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise DataError(f"cannot create --results-path {cfg.results_path}: {e.strerror}") from None
     name = f"generate-{cfg.gen_subset if cfg.data_dir else 'input'}"
     name += f".shard{shard_id}-of-{num_shards}.txt" if num_shards > 1 else ".txt"
-    return stack.enter_context((results_path / name).open("w", encoding="utf-8"))
+    return stack.enter_context(atomic_text_output(results_path / name, "--results-path file"))
 
 
-def open_input(path: str | None, stack: ExitStack, num_shards: int, shard_id: int) -> list[str] | TextIO:
+def open_input(path: str | None, stack: ExitStack, num_shards: int,
+               shard_id: int) -> tuple[Iterable[bytes], int]:
+    """The input's raw lines (decoded strictly by read_lines) and the line number of the first one.
+
+    stdin streams; a sharded file is read whole to find this shard's lines.
+    """
     if path == "-":
-        return sys.stdin
+        return (sys.stdin.buffer if hasattr(sys.stdin, "buffer") else (s.encode() for s in sys.stdin)), 1
     assert path is not None
-    stream = stack.enter_context(Path(path).open(encoding="utf-8", errors="strict"))
+    stream = stack.enter_context(Path(path).open("rb"))
     if num_shards == 1:
-        return stream
+        return stream, 1
     lines = stream.readlines()
-    return [lines[i] for i in shard_range(len(lines), num_shards, shard_id)]
+    shard = shard_range(len(lines), num_shards, shard_id)
+    return [lines[i] for i in shard], shard.start + 1
 
 
-def read_lines(stream: Iterable[str], buffer_size: int) -> Iterator[list[str]]:
-    """Chunks of up to `buffer_size` lines (newlines stripped), so that stdin streams."""
+def read_lines(stream: Iterable[bytes], buffer_size: int, name: str, first_line: int = 1) -> Iterator[list[str]]:
+    """Chunks of up to `buffer_size` lines (newlines stripped), so that stdin streams.
+
+    Every line is decoded as strict UTF-8 before its chunk is yielded, so a bad byte stops the run before
+    anything of that chunk is translated or written.
+
+    Raises:
+        DataError: `name:LINE: invalid UTF-8`.
+    """
     chunk: list[str] = []
-    for line in stream:
-        chunk.append(line.rstrip("\r\n"))
+    for number, raw in enumerate(stream, start=first_line):
+        try:
+            chunk.append(raw.decode("utf-8").rstrip("\r\n"))
+        except UnicodeDecodeError as e:
+            raise DataError(f"{name}:{number}: invalid UTF-8 (byte {e.start} of the line); fix or re-encode "
+                            "the input") from None
         if len(chunk) == buffer_size:
             yield chunk
             chunk = []
@@ -170,12 +198,12 @@ def generate_split(tr: Translator, data_dir: Path, subset: str, cfg: SearchConfi
     return summary
 
 
-def generate_text(tr: Translator, lines: Iterable[str], cfg: SearchConfig, max_tokens: int, batch_size: int,
-                  fmt: str, out: TextIO, buffer_size: int) -> Summary:
-    """Translate raw text with the checkpoint's own sentencepiece model, one buffer at a time."""
+def generate_text(tr: Translator, chunks: Iterable[list[str]], cfg: SearchConfig, max_tokens: int,
+                  batch_size: int, fmt: str, out: TextIO) -> Summary:
+    """Translate raw text with the checkpoint's own sentencepiece model, one buffer (chunk) at a time."""
     summary = Summary()
     first_id = 0
-    for chunk in read_lines(lines, buffer_size):
+    for chunk in chunks:
         start = time.perf_counter()
         sources = [np.asarray(ids, dtype=np.int64) for ids in tr.vocab.encode(chunk)]
         results = translate(tr, sources, cfg, max_tokens, batch_size)

@@ -34,8 +34,11 @@ def sample_from(log_probs: Tensor, cfg: SearchConfig, generator: torch.Generator
 
 @torch.inference_mode()
 def greedy_search(model: Transformer, enc: EncoderOut, src_lens: Tensor, cfg: SearchConfig,
-                  generator: torch.Generator | None = None) -> list[list[Hypothesis]]:
-    """Pick the most likely token each step (or sample one with cfg.sampling) until EOS or max length."""
+                  generator: torch.Generator | None = None, n_pieces: int | None = None) -> list[list[Hypothesis]]:
+    """Pick the most likely token each step (or sample one with cfg.sampling) until EOS or max length.
+
+    Ids from `n_pieces` on (the embedding table's padding rows) are never chosen.
+    """
     b, device = enc.memory.shape[0], enc.memory.device
     limits = [min(max(int(n * cfg.max_len_a + cfg.max_len_b), 1), model.max_positions - 1) for n in src_lens.tolist()]
     max_len = torch.tensor(limits, device=device)
@@ -45,7 +48,7 @@ def greedy_search(model: Transformer, enc: EncoderOut, src_lens: Tensor, cfg: Se
     done = torch.zeros(b, dtype=torch.bool, device=device)
     for step in range(max(limits) + 1):
         log_probs, cache = model.decode_step(prev, cache)
-        log_probs = allowed_tokens(log_probs, step, max_len, cfg)
+        log_probs = allowed_tokens(log_probs, step, max_len, cfg, n_pieces)
         choice = sample_from(log_probs, cfg, generator) if cfg.sampling else log_probs.argmax(-1)
         tokens.append(choice.masked_fill(done, PAD))
         scores.append(log_probs.gather(1, choice[:, None]).squeeze(1).masked_fill(done, 0.0))
@@ -56,10 +59,14 @@ def greedy_search(model: Transformer, enc: EncoderOut, src_lens: Tensor, cfg: Se
     return to_hypotheses(torch.stack(tokens, 1), torch.stack(scores, 1), cfg)
 
 
-def allowed_tokens(log_probs: Tensor, step: int, max_len: Tensor, cfg: SearchConfig) -> Tensor:
-    """Mask what may not come next: PAD and BOS never, EOS before min_len, anything but EOS at max_len."""
+def allowed_tokens(log_probs: Tensor, step: int, max_len: Tensor, cfg: SearchConfig,
+                   n_pieces: int | None = None) -> Tensor:
+    """Mask what may not come next: PAD, BOS and the embedding's padding rows (ids >= n_pieces) never,
+    EOS before min_len, anything but EOS at max_len."""
     mask = torch.zeros_like(log_probs, dtype=torch.bool)
     mask[:, [PAD, BOS]] = True
+    if n_pieces is not None:
+        mask[:, n_pieces:] = True
     if step < cfg.min_len:
         mask[:, EOS] = True
     mask[max_len <= step] = True

@@ -54,7 +54,7 @@ def translator_from(state: dict, path: Path, device: torch.device, amp_dtype: to
 def search_batch(tr: Translator, sources: Sequence[np.ndarray], cfg: SearchConfig,
                  generator: torch.Generator | None) -> list[list[Hypothesis]]:
     """Encode one padded batch and run beam, greedy or sampling search."""
-    n = len(sources)
+    n, n_pieces = len(sources), tr.vocab.n_pieces
     src = pad_sources([np.asarray(s, dtype=np.int64) for s in sources]).to(tr.device)
     src_lens = torch.tensor([len(s) for s in sources], device=tr.device)
     with torch.inference_mode(), autocast(tr.device, tr.amp_dtype):
@@ -63,10 +63,10 @@ def search_batch(tr: Translator, sources: Sequence[np.ndarray], cfg: SearchConfi
             if cfg.nbest > 1:  # independent samples: repeat each sentence nbest times
                 rep = torch.arange(n, device=tr.device).repeat_interleave(cfg.nbest)
                 enc = type(enc)(enc.memory[rep], enc.src_pad_mask[rep])
-                hyps = greedy_search(tr.model, enc, src_lens[rep], cfg, generator)
+                hyps = greedy_search(tr.model, enc, src_lens[rep], cfg, generator, n_pieces)
                 return [[h[0] for h in hyps[i * cfg.nbest:(i + 1) * cfg.nbest]] for i in range(n)]
-            return greedy_search(tr.model, enc, src_lens, cfg, generator)
-        return beam_search(tr.model, enc, src_lens, cfg)
+            return greedy_search(tr.model, enc, src_lens, cfg, generator, n_pieces)
+        return beam_search(tr.model, enc, src_lens, cfg, n_pieces)
 
 
 def translate(tr: Translator, sources: Sequence[np.ndarray], cfg: SearchConfig, max_tokens: int,

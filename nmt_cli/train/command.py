@@ -5,16 +5,20 @@ from __future__ import annotations
 import json
 import logging
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, fields, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from nmt_cli.checkpoint import LAST, has_training_state, load_checkpoint, model_config_of
+from nmt_cli.checkpoint import LAST, check_same_vocabulary, has_training_state, load_checkpoint, model_config_of
 from nmt_cli.config import ModelConfig, SearchConfig, TrainConfig, config_to_dict
-from nmt_cli.data.dataset import load_meta, load_vocab
-from nmt_cli.errors import CheckpointError, NmtError
+from nmt_cli.data.dataset import SPM_FILE, load_meta, load_vocab
+from nmt_cli.data.batching import count_too_long
+from nmt_cli.errors import CheckpointError, DataError, NmtError
+from nmt_cli.files import LOCK_FILE, atomic_write_text, make_parent, remove_stale_temporaries, run_lock
 from nmt_cli.log import print_table
 from nmt_cli.model.transformer import count_parameters
 from nmt_cli.runtime import init_distributed, resolve_precision, seed_everything, set_threads, shutdown_distributed
@@ -31,15 +35,17 @@ def train(cfg: TrainConfig, model_cfg: ModelConfig, search_cfg: SearchConfig) ->
     model_cfg's vocab_size is taken from the data directory.
     """
     try:
-        trainer = prepare(cfg, model_cfg, search_cfg)
-        reason = trainer.stop_reason()
-        if reason:
-            logger.info("training already finished at update %d (%s); nothing to do", trainer.state.update, reason)
-        else:
-            if trainer.info.is_main:
-                print_table(f"nmt train ({count_parameters(trainer.model):,} parameters)",
-                            {**asdict(trainer.model_cfg), **asdict(trainer.cfg)})
-            train_loop(trainer)
+        with save_dir_lock(Path(cfg.save_dir)):
+            trainer = prepare(cfg, model_cfg, search_cfg)
+            reason = trainer.stop_reason()
+            if reason:
+                logger.info("training already finished at update %d (%s); nothing to do", trainer.state.update,
+                            reason)
+            else:
+                if trainer.info.is_main:
+                    print_table(f"nmt train ({count_parameters(trainer.model):,} parameters)",
+                                {**asdict(trainer.model_cfg), **asdict(trainer.cfg)})
+                train_loop(trainer)
         shutdown_distributed()
     except (torch.distributed.DistError, RuntimeError) as e:
         reason = collective_failure(e)  # a timeout or a peer that died: name this rank, not a traceback
@@ -49,6 +55,21 @@ def train(cfg: TrainConfig, model_cfg: ModelConfig, search_cfg: SearchConfig) ->
         raise NmtError(f"rank {rank}: a collective operation failed ({reason}); "
                        "see the other ranks' logs") from None
     return trainer
+
+
+@contextmanager
+def save_dir_lock(save_dir: Path) -> Iterator[None]:
+    """Create --save-dir and hold its lock (rank 0; other ranks follow rank 0); clear temporaries of killed runs."""
+    try:
+        save_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise CheckpointError(f"cannot create --save-dir {save_dir}: {e.strerror}") from None
+    if int(os.environ.get("RANK", "0")) != 0:
+        yield
+        return
+    with run_lock(save_dir / LOCK_FILE, "train", save_dir):
+        remove_stale_temporaries(save_dir)
+        yield
 
 
 def prepare(cfg: TrainConfig, model_cfg: ModelConfig, search_cfg: SearchConfig) -> Trainer:
@@ -61,28 +82,46 @@ def prepare(cfg: TrainConfig, model_cfg: ModelConfig, search_cfg: SearchConfig) 
     logger.info("training on %s in %s", device, cfg.precision)
     data_dir = Path(cfg.data_dir)
     meta = load_meta(data_dir)
-    vocab = load_vocab(data_dir)
+    vocab = load_vocab(data_dir, meta)
     model_cfg = replace(model_cfg, vocab_size=meta["vocab_size"])
     save_dir = Path(cfg.save_dir)
-    try:
-        save_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise CheckpointError(f"cannot create --save-dir {save_dir}: {e.strerror}") from None
+    if cfg.log_file and info.is_main:
+        make_parent(Path(cfg.log_file), "--log-file")
     last = save_dir / LAST
     ckpt = load_checkpoint(last) if last.exists() else None
     if ckpt is not None:
+        check_same_vocabulary(ckpt, last, vocab.model_bytes, data_dir / SPM_FILE)
         check_resumable(ckpt, model_cfg, cfg, last)
     seed_everything(cfg.seed)
     trainer = Trainer(cfg, model_cfg, search_cfg, vocab, meta, info, device)
+    report_long_pairs(trainer)
     if ckpt is not None:
         trainer.restore(ckpt, last)
         logger.info("resuming from %s at update %d (epoch %d, batch %d)", last, trainer.state.update,
                     trainer.state.epoch, trainer.state.batch_in_epoch)
     if info.is_main:
-        (save_dir / "config.json").write_text(json.dumps(
+        atomic_write_text(save_dir / "config.json", json.dumps(
             {"model": config_to_dict(model_cfg), "train": config_to_dict(cfg),
              "search": config_to_dict(search_cfg)}, indent=2) + "\n")
     return trainer
+
+
+def report_long_pairs(trainer: Trainer) -> None:
+    """Say how many pairs do not fit --max-positions: training skips them, validation scores them cut."""
+    limit = trainer.model_cfg.max_positions
+    data = trainer.train_data
+    n_long = count_too_long(data.src_lens, data.tgt_lens, limit)
+    if n_long == len(data):
+        raise DataError(f"every training pair of {trainer.cfg.data_dir} needs more than --max-positions {limit} "
+                        "positions; raise --max-positions")
+    if n_long:
+        logger.warning("%d of %d training pairs need more than --max-positions %d positions (length + 1); "
+                       "training skips them", n_long, len(data), limit)
+    valid = trainer.valid_data
+    n_long = count_too_long(valid.src_lens, valid.tgt_lens, limit) if valid is not None else 0
+    if n_long:
+        logger.warning("%d of %d valid pairs are longer than --max-positions %d allows; validation scores them "
+                       "on their first %d pieces", n_long, len(valid), limit, limit - 1)
 
 
 def check_resumable(ckpt: dict[str, Any], model_cfg: ModelConfig, cfg: TrainConfig, path: Path) -> None:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from nmt_cli.checkpoint import BEST, LAST, numbered_checkpoints, save_checkpoint
+from nmt_cli.errors import NmtError
 from nmt_cli.log import progress
 from nmt_cli.train.distributed import broadcast_flag
 from nmt_cli.train.trainer import StepStats, Trainer
@@ -77,8 +78,11 @@ class Session:
                           if k != "event")
         logger.info("%s | %s", event, text)
         if self.log_path:
-            with self.log_path.open("a") as f:
-                f.write(json.dumps(record) + "\n")
+            try:
+                with self.log_path.open("a") as f:
+                    f.write(json.dumps(record) + "\n")
+            except OSError as e:
+                raise NmtError(f"cannot write --log-file {self.log_path}: {e.strerror}") from None
 
     @contextmanager
     def signals(self) -> Iterator[None]:
@@ -100,14 +104,17 @@ def save(trainer: Trainer, numbered: bool, best: bool) -> None:
     save_dir = Path(trainer.cfg.save_dir)
     update = trainer.state.update
     state = trainer.checkpoint()
-    save_checkpoint(state, save_dir / LAST)
+    # checkpoint_last.pt goes last: a run killed in between resumes from the previous update and rewrites
+    # the others, so the numbered and best files of every update that checkpoint_last.pt has passed exist.
+    kept = "the previous checkpoint is intact"
     if numbered:
-        save_checkpoint(state, save_dir / f"checkpoint_{update}.pt")
-        if trainer.cfg.keep_last:
-            for old in numbered_checkpoints(save_dir)[:-trainer.cfg.keep_last]:
-                old.unlink()
+        save_checkpoint(state, save_dir / f"checkpoint_{update}.pt", kept)
     if best:
-        save_checkpoint(state, save_dir / BEST)
+        save_checkpoint(state, save_dir / BEST, kept)
+    save_checkpoint(state, save_dir / LAST, kept)
+    if numbered and trainer.cfg.keep_last:
+        for old in numbered_checkpoints(save_dir)[:-trainer.cfg.keep_last]:
+            old.unlink()
     logger.info("saved %s at update %d%s%s", LAST, update, f" and checkpoint_{update}.pt" if numbered else "",
                 f" and {BEST}" if best else "")
 

@@ -86,7 +86,8 @@ class Trainer:
         epoch = self.state.epoch
         if self._epoch_cache is None or self._epoch_cache[0] != epoch:
             batches = epoch_batches(self.train_data.src_lens, self.train_data.tgt_lens, self.cfg.max_tokens,
-                                    self.cfg.seed, epoch, self.info.rank, self.info.world_size)
+                                    self.cfg.seed, epoch, self.info.rank, self.info.world_size,
+                                    self.model_cfg.max_positions)
             if not batches:
                 raise DataError(f"no training pair of {self.cfg.data_dir} fits --max-tokens {self.cfg.max_tokens}")
             self._epoch_cache = (epoch, batches)

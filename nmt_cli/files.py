@@ -1,0 +1,186 @@
+"""Files that are never left half-written: atomic writes through a sibling temporary, one-process locks on
+run directories, the clean-up of temporaries a killed run left behind, and checked paths.
+
+Every writer here turns a full disk into one NmtError line and removes its temporary; a file that
+existed before the write is untouched until the final rename.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import logging
+import os
+import shutil
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import BinaryIO, TextIO
+
+from nmt_cli.errors import NmtError
+
+logger = logging.getLogger(__name__)
+
+TMP_SUFFIX = ".tmp"
+LOCK_FILE = ".nmt.lock"
+
+
+class DiskFullError(NmtError):
+    """The device ran out of space while writing; the temporary was removed."""
+
+
+class BusyError(NmtError):
+    """Another nmt process holds the lock on a run directory."""
+
+
+def tmp_path_of(path: Path) -> Path:
+    return path.with_name(path.name + TMP_SUFFIX)
+
+
+def is_disk_full(error: BaseException) -> bool:
+    """True when `error` or an exception it was raised from is ENOSPC (torch chains several on a full disk)."""
+    seen: set[int] = set()
+    e: BaseException | None = error
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        if "No space left on device" in str(e):
+            return True
+        e = e.__cause__ or e.__context__
+    return False
+
+
+def fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def make_parent(path: Path, what: str) -> None:
+    """Create the directory a file is written into; NmtError naming the option when that is impossible."""
+    if path.is_dir():
+        raise NmtError(f"{what} {path} is a directory; give a file name")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise NmtError(f"cannot create the directory of {what} {path}: {e.strerror}") from None
+
+
+def atomic_write(path: Path, write: Callable[[BinaryIO], None], what: str = "file", kept: str | None = None) -> None:
+    """Write `path` through `path.tmp`, fsync, then rename over it: readers see the old file or the new one.
+
+    `kept` ends the full-disk message (default: the previous file is intact, or nothing was written).
+
+    Raises:
+        DiskFullError: the device is full; `path.tmp` is removed and an existing `path` is intact.
+        NmtError: any other OSError, named with the file.
+    """
+    tmp = tmp_path_of(path)
+    try:
+        with tmp.open("wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException as e:
+        tmp.unlink(missing_ok=True)
+        if is_disk_full(e):
+            kept = kept or (f"the previous {what} is intact" if path.exists() else "nothing was written")
+            raise DiskFullError(f"no space left on device writing {path}; {kept}") from None
+        if isinstance(e, OSError):
+            raise NmtError(f"cannot write {path}: {e.strerror or e}") from None
+        raise
+    fsync_dir(path.parent)
+
+
+def atomic_write_text(path: Path, text: str, what: str = "file") -> None:
+    atomic_write(path, lambda f: f.write(text.encode("utf-8")), what)
+
+
+@contextmanager
+def atomic_text_output(path: Path, what: str = "file") -> Iterator[TextIO]:
+    """A text file written as `path.tmp` and renamed to `path` when the block ends without an error.
+
+    On an error the temporary is removed (an existing `path` is left as it was); a full disk is a DiskFullError.
+    """
+    tmp = tmp_path_of(path)
+    try:
+        with tmp.open("w", encoding="utf-8") as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException as e:
+        tmp.unlink(missing_ok=True)
+        if is_disk_full(e):
+            raise DiskFullError(f"no space left on device writing {path}; nothing was written there") from None
+        if isinstance(e, OSError):
+            raise NmtError(f"cannot write {what} {path}: {e.strerror or e}") from None
+        raise
+
+
+def remove_stale_temporaries(directory: Path, patterns: tuple[str, ...] = (f"*{TMP_SUFFIX}",)) -> list[Path]:
+    """Delete temporaries a killed run left in `directory` (call it holding the directory's lock)."""
+    removed = []
+    for pattern in patterns:
+        for path in directory.glob(pattern):
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                path.unlink(missing_ok=True)
+            removed.append(path)
+    if removed:
+        logger.info("removed %d temporary file(s) left by an interrupted run: %s", len(removed),
+                    ", ".join(p.name for p in removed))
+    return removed
+
+
+@contextmanager
+def run_lock(lock_path: Path, command: str, directory: Path) -> Iterator[None]:
+    """Hold an exclusive fcntl lock on `lock_path` for the duration; a second holder fails at once.
+
+    The kernel drops the lock when its process dies, so a lock file left by a killed run never blocks.
+    The file carries the holder's pid for the message, and is removed on release.
+    """
+    fd = acquire(lock_path, command, directory)
+    try:
+        yield
+    finally:
+        lock_path.unlink(missing_ok=True)  # still holding the lock: no one can have taken this file meanwhile
+        os.close(fd)
+
+
+def acquire(lock_path: Path, command: str, directory: Path) -> int:
+    """Lock `lock_path`, retrying when the file was replaced between open and lock (a releaser unlinked it)."""
+    while True:
+        try:
+            fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as e:
+            raise NmtError(f"cannot create the lock file {lock_path}: {e.strerror}") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            pid = os.pread(fd, 32, 0).decode("ascii", "replace").strip() or "unknown"
+            os.close(fd)
+            raise BusyError(f"another nmt {command} is using {directory} (pid {pid}); wait for it to finish "
+                            "or stop it") from None
+        try:
+            same = os.fstat(fd).st_ino == os.stat(lock_path).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+            return fd
+        os.close(fd)
+
+
+def require_file(path: Path, what: str) -> None:
+    """NmtError unless `path` is an existing regular file (a directory is named as one, not as missing)."""
+    if path.is_dir():
+        raise NmtError(f"{what} {path} is a directory; give a file")
+    if not path.exists():
+        raise NmtError(f"{what} {path} does not exist")

@@ -1,0 +1,403 @@
+"""The fault suite: bad inputs and faults a user runs into, each asserted to end in exactly one `error:` line
+(exit != 0, no traceback), with nothing half-written left behind and every earlier checkpoint byte-identical.
+
+Cheap cases run in-process through click (an exception other than NmtError would surface there as
+`result.exception`, the in-process form of a traceback); cases about stdin, signals and locks run `nmt`
+as a subprocess.
+"""
+
+import errno
+import hashlib
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from click.testing import CliRunner
+
+from nmt_cli.cli import cli
+from nmt_cli.config import PreprocessConfig
+from nmt_cli.data.preprocess import preprocess
+from nmt_cli.files import LOCK_FILE, run_lock
+from conftest import write_copy_corpus
+
+ROOT = Path(__file__).resolve().parents[2]
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+TINY = ["--arch", "transformer_tiny", "--max-tokens", "256", "--warmup-updates", "4", "--device", "cpu",
+        "--threads", "1", "--log-interval", "1"]
+LEFTOVER = re.compile(r"(\.tmp$|\.tmp-|\.lock$|\.raw$)")
+
+
+# ---- checks shared by every case ------------------------------------------------------------------------
+def error_lines(text):
+    return [line for line in ANSI.sub("", text).splitlines() if line.lower().startswith("error:")]
+
+
+def snapshot(root, pattern="*"):
+    """sha256 of every file under root (to prove earlier files are byte-identical afterwards)."""
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob(pattern)) if p.is_file()}
+
+
+def leftovers(root):
+    return [str(p) for p in root.rglob("*") if LEFTOVER.search(p.name)]
+
+
+def assert_clean_failure(rc, output, expected, root, before=None, exception=None):
+    text = ANSI.sub("", output)
+    assert rc != 0, text
+    assert exception is None or isinstance(exception, SystemExit), repr(exception)
+    assert "Traceback" not in text, text
+    errors = error_lines(text)
+    assert len(errors) == 1, text
+    assert expected in errors[0], errors[0]
+    assert not leftovers(root), leftovers(root)
+    if before is not None:
+        after = snapshot(root)
+        assert {k: after.get(k) for k in before} == before, "an earlier file was changed or removed"
+
+
+def nmt(*args, input=None):
+    return CliRunner().invoke(cli, ["--no-progress", *[str(a) for a in args]], input=input)
+
+
+def nmt_subprocess(*args, stdin=subprocess.DEVNULL, input=None, shell_suffix=""):
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    cmd = [sys.executable, "-m", "nmt_cli", "--no-progress", *[str(a) for a in args]]
+    if shell_suffix:
+        cmd = ["bash", "-c", " ".join(f"'{c}'" for c in cmd) + shell_suffix]
+    return subprocess.run(cmd, input=input, stdin=None if input is not None else stdin, capture_output=True,
+                          env=env, timeout=120)
+
+
+# ---- fixtures ----------------------------------------------------------------------------------------------
+@pytest.fixture(scope="session")
+def other_data_bin(tmp_path_factory):
+    """A data directory of the same vocabulary size but another sentencepiece model (other text)."""
+    root = tmp_path_factory.mktemp("other")
+    write_copy_corpus(root / "train", 500, seed=7)
+    for name in ("train.src", "train.tgt"):  # letters instead of digits: another model, same size
+        path = root / name
+        path.write_text(path.read_text().translate(str.maketrans("0123456789", "abcdefghij")))
+    shutil.copy(root / "train.src", root / "test.src")
+    shutil.copy(root / "train.tgt", root / "test.tgt")
+    dest = root / "bin"
+    preprocess(PreprocessConfig(source_lang="src", target_lang="tgt", trainpref=str(root / "train"),
+                                testpref=str(root / "test"), destdir=str(dest), vocab_size=24, max_len_ratio=1.5))
+    return dest
+
+
+@pytest.fixture
+def work(tmp_path, toy_data_bin, tiny_checkpoint):
+    """A private copy of the data directory and of the tiny run's save directory."""
+    shutil.copytree(toy_data_bin, tmp_path / "data")
+    shutil.copytree(tiny_checkpoint.parent, tmp_path / "run")
+    return tmp_path
+
+
+def edit_meta(data_dir, **changes):
+    meta = json.loads((data_dir / "meta.json").read_text())
+    for key, value in changes.items():
+        if value is None:
+            meta.pop(key)
+        else:
+            meta[key] = value
+    (data_dir / "meta.json").write_text(json.dumps(meta))
+
+
+def truncate_bin(data_dir):
+    path = data_dir / "train.src.bin.npy"
+    path.write_bytes(path.read_bytes()[:-10])
+
+
+def merge_two_sentences(data_dir):
+    """What a corrupted offsets file does: sentences 3 and 4 become one (and 4 empty), still monotone."""
+    path = data_dir / "train.src.idx.npy"
+    offsets = np.load(path)
+    offsets[4] = offsets[3]
+    np.save(path, offsets)
+
+
+def break_offsets_without_checksums(data_dir):
+    merge_two_sentences(data_dir)
+    path = data_dir / "train.src.idx.npy"
+    offsets = np.load(path)
+    offsets[-1] += 5
+    np.save(path, offsets)
+    edit_meta(data_dir, checksums=None)
+
+
+def newer_checkpoint(work):
+    state = torch.load(work / "run" / "checkpoint_last.pt", weights_only=True)
+    state["format_version"] = 99
+    torch.save(state, work / "new.pt")
+
+
+# (id, setup(work) or None, args (strings with {w} for the work dir, {other} for other_data_bin), expected)
+IN_PROCESS = [
+    ("generate-data-of-another-vocabulary", None,
+     "generate {other} --path {w}/run/checkpoint_last.pt --gen-subset test", "is not the sentencepiece model of"),
+    ("resume-on-data-of-another-vocabulary", None,
+     "train {other} --save-dir {w}/run " + " ".join(TINY) + " --max-update 9", "is not the sentencepiece model of"),
+    ("average-output-is-an-input", None,
+     "average-checkpoints --inputs {w}/run/checkpoint_2.pt {w}/run/checkpoint_4.pt --output {w}/run/checkpoint_4.pt",
+     "is one of the checkpoints being averaged"),
+    ("average-output-is-a-symlink-to-an-input", lambda w: (w / "link.pt").symlink_to(w / "run" / "checkpoint_4.pt"),
+     "average-checkpoints --inputs {w}/run/checkpoint_4.pt {w}/run/checkpoint_6.pt --output {w}/link.pt",
+     "is one of the checkpoints being averaged"),
+    ("average-output-is-checkpoint-last", None,
+     "average-checkpoints --inputs {w}/run/checkpoint_4.pt {w}/run/checkpoint_6.pt --output {w}/run/checkpoint_last.pt",
+     "is a name training writes"),
+    ("average-output-is-checkpoint-best", None,
+     "average-checkpoints --inputs {w}/run/checkpoint_4.pt {w}/run/checkpoint_6.pt --output {w}/x/checkpoint_best.pt",
+     "is a name training writes"),
+    ("average-input-not-a-checkpoint", lambda w: (w / "junk.pt").write_bytes(b"junk"),
+     "average-checkpoints --inputs {w}/junk.pt {w}/run/checkpoint_6.pt --output {w}/avg.pt",
+     "not a readable nmt checkpoint"),
+    ("resume-from-an-averaged-checkpoint", lambda w: shutil.copy(w / "avg0.pt", w / "run" / "checkpoint_last.pt"),
+     "train {w}/data --save-dir {w}/run " + " ".join(TINY) + " --max-update 9", "has no training state"),
+    ("checkpoint-from-a-newer-nmt", newer_checkpoint,
+     "generate --path {w}/new.pt --input {w}/run/config.json", "has format version 99"),
+    ("generate-path-is-a-directory", None, "generate --path {w}/run --input {w}/run/config.json", "is a directory"),
+    ("generate-input-is-a-directory", None, "generate --path {w}/run/checkpoint_last.pt --input {w}/run",
+     "is a directory"),
+    ("generate-input-invalid-utf8", lambda w: (w / "bad.txt").write_bytes(b"1 2\n3 4\n5 \xff 6\n7\n"),
+     "generate --path {w}/run/checkpoint_last.pt --input {w}/bad.txt", "bad.txt:3: invalid UTF-8"),
+    ("generate-results-path-is-a-file", lambda w: (w / "file").write_text("x"),
+     "generate {w}/data --path {w}/run/checkpoint_last.pt --gen-subset test --results-path {w}/file", "is a file"),
+    ("generate-negative-max-len-b", None, "generate --path {w}/run/checkpoint_last.pt --input - --max-len-b -1",
+     "--max-len-b"),
+    ("generate-nan-lenpen", None, "generate --path {w}/run/checkpoint_last.pt --input - --lenpen nan", "--lenpen"),
+    ("generate-inf-lenpen", None, "generate --path {w}/run/checkpoint_last.pt --input - --lenpen inf", "--lenpen"),
+    ("generate-zero-beam", None, "generate --path {w}/run/checkpoint_last.pt --input - --beam 0", "--beam"),
+    ("train-negative-max-tokens", None, "train {w}/data --save-dir {w}/new " + " ".join(TINY) +
+     " --max-update 2 --max-tokens -5", "--max-tokens"),
+    ("train-nan-lr", None, "train {w}/data --save-dir {w}/new " + " ".join(TINY) + " --max-update 2 --lr-scale nan",
+     "--lr-scale"),
+    ("train-max-positions-below-every-pair", None, "train {w}/data --save-dir {w}/new " + " ".join(TINY) +
+     " --max-update 2 --max-positions 2", "needs more than --max-positions 2"),
+    ("truncated-bin", lambda w: truncate_bin(w / "data"),
+     "train {w}/data --save-dir {w}/new " + " ".join(TINY) + " --max-update 2", "train.src.bin.npy is truncated"),
+    ("corrupted-idx-merges-sentences", lambda w: merge_two_sentences(w / "data"),
+     "train {w}/data --save-dir {w}/new " + " ".join(TINY) + " --max-update 2", "does not match the checksum"),
+    ("corrupted-idx-without-checksums", lambda w: break_offsets_without_checksums(w / "data"),
+     "generate {w}/data --path {w}/run/checkpoint_last.pt --gen-subset train", "train.src.idx.npy ends at token"),
+    ("meta-from-a-newer-nmt", lambda w: edit_meta(w / "data", format_version=7, nmt_version="9.0"),
+     "train {w}/data --save-dir {w}/run " + " ".join(TINY) + " --max-update 9", "format version 7"),
+    ("meta-not-ours", lambda w: (w / "data" / "meta.json").write_text("[1, 2]"),
+     "generate {w}/data --path {w}/run/checkpoint_last.pt --gen-subset test", "is not an nmt data description"),
+    ("spm-model-replaced", lambda w: shutil.copy(w / "other" / "spm.model", w / "data" / "spm.model"),
+     "generate {w}/data --path {w}/run/checkpoint_last.pt --gen-subset test", "is not the model"),
+    ("score-empty-sys-and-ref", lambda w: [(w / n).write_text("") for n in ("hyp", "ref")],
+     "score --sys {w}/hyp --ref {w}/ref", "is empty"),
+    ("score-sys-is-a-directory", lambda w: (w / "ref").write_text("a\n"), "score --sys {w}/run --ref {w}/ref",
+     "is a directory"),
+    ("preprocess-destdir-is-an-empty-file", lambda w: (w / "dest").write_text(""),
+     "preprocess --source-lang src --target-lang tgt --trainpref {corpus}/train --destdir {w}/dest "
+     "--vocab-size 24", "is a file, not a directory"),
+    ("preprocess-destdir-not-empty", None,
+     "preprocess --source-lang src --target-lang tgt --trainpref {corpus}/train --destdir {w}/run --vocab-size 24",
+     "is not empty"),
+    ("preprocess-input-is-a-directory", lambda w: [(w / "c" / f"train.{lang}").mkdir(parents=True)
+                                                   for lang in ("src", "tgt")],
+     "preprocess --source-lang src --target-lang tgt --trainpref {w}/c/train --destdir {w}/dest --vocab-size 24",
+     "is a directory"),
+]
+
+
+@pytest.mark.parametrize("case_id,setup,args,expected", IN_PROCESS, ids=[c[0] for c in IN_PROCESS])
+def test_fault_in_process(case_id, setup, args, expected, work, other_data_bin, toy_corpus):
+    shutil.copytree(other_data_bin, work / "other")
+    if "avg0" in case_id or case_id == "resume-from-an-averaged-checkpoint":
+        assert nmt("average-checkpoints", "--inputs", work / "run" / "checkpoint_4.pt", work / "run" /
+                   "checkpoint_6.pt", "--output", work / "avg0.pt").exit_code == 0
+    if setup is not None:
+        setup(work)
+    before = snapshot(work)
+    argv = args.format(w=work, other=work / "other", corpus=toy_corpus).split()
+    r = nmt(*argv, input="1 2\n")
+    assert_clean_failure(r.exit_code, r.output, expected, work, before, r.exception)
+    assert r.stdout == "" or r.exit_code == 2, r.stdout  # nothing of the failed buffer was written
+
+
+# ---- a full disk --------------------------------------------------------------------------------------------
+def full_disk_after(n_bytes):
+    """A torch.save that writes some bytes, then fails as a full disk does (several chained errors)."""
+    real_save = torch.save
+
+    def save(obj, f, *args, **kwargs):
+        if hasattr(f, "write"):
+            f.write(b"x" * n_bytes)
+            try:
+                raise RuntimeError("[enforce fail at inline_container.cc] unexpected pos")
+            except RuntimeError:
+                raise OSError(errno.ENOSPC, "No space left on device")
+        return real_save(obj, f, *args, **kwargs)
+
+    return save
+
+
+def test_full_disk_while_training_saves(work, monkeypatch):
+    before = snapshot(work / "run", "*.pt")  # config.json is rewritten at every start, by design
+    monkeypatch.setattr(torch, "save", full_disk_after(100))
+    r = nmt("train", work / "data", "--save-dir", work / "run", *TINY, "--max-update", 7)
+    assert_clean_failure(r.exit_code, r.output, "no space left on device writing", work / "run", before, r.exception)
+    assert "the previous checkpoint is intact" in r.output
+
+
+def test_full_disk_while_averaging(work, monkeypatch):
+    monkeypatch.setattr(torch, "save", full_disk_after(100))
+    r = nmt("average-checkpoints", "--inputs", work / "run" / "checkpoint_4.pt", work / "run" / "checkpoint_6.pt",
+            "--output", work / "avg.pt")
+    assert_clean_failure(r.exit_code, r.output, f"no space left on device writing {work / 'avg.pt'}", work,
+                         exception=r.exception)
+    assert not (work / "avg.pt").exists()
+
+
+def test_full_disk_while_preprocessing(work, toy_corpus, monkeypatch):
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(np, "save", full)
+    r = nmt("preprocess", "--source-lang", "src", "--target-lang", "tgt", "--trainpref", toy_corpus / "train",
+            "--destdir", work / "dest", "--vocab-size", 24)
+    assert_clean_failure(r.exit_code, r.output, "no space left on device writing --destdir", work,
+                         exception=r.exception)
+    assert not (work / "dest").exists()
+
+
+# ---- stdin, locks and signals: real processes ---------------------------------------------------------------
+def test_invalid_utf8_on_stdin(tiny_checkpoint, tmp_path):
+    r = nmt_subprocess("generate", "--path", tiny_checkpoint, "--input", "-", "--buffer-size", 2,
+                       input=b"1 2\n3 4\n5 6\n7 \xc3\x28 8\n9\n")
+    assert_clean_failure(r.returncode, r.stderr.decode(), "stdin:4: invalid UTF-8", tmp_path)
+    assert len(r.stdout.decode().splitlines()) == 2, "the first buffer is translated, nothing of the bad one"
+
+
+def test_closed_stdin(tiny_checkpoint, tmp_path):
+    r = nmt_subprocess("generate", "--path", tiny_checkpoint, "--input", "-", shell_suffix=" <&-")
+    assert_clean_failure(r.returncode, r.stderr.decode(), "stdin is closed", tmp_path)
+
+
+def test_preprocess_refuses_a_destdir_in_use(toy_corpus, tmp_path):
+    dest = tmp_path / "dest"
+    with run_lock(tmp_path / ".dest.lock", "preprocess", dest):  # what a running preprocess holds
+        r = nmt_subprocess("preprocess", "--source-lang", "src", "--target-lang", "tgt", "--trainpref",
+                           toy_corpus / "train", "--destdir", dest, "--vocab-size", 24)
+        assert_clean_failure(r.returncode, r.stderr.decode(), f"another nmt preprocess is using {dest} (pid "
+                             f"{os.getpid()})", tmp_path / "none")
+    assert not dest.exists()
+
+
+def test_preprocess_removes_what_a_killed_run_left(toy_corpus, tmp_path):
+    stale = tmp_path / ".dest.tmp-abc123"  # what SIGKILL leaves: the unrenamed temporary directory
+    stale.mkdir()
+    (stale / "train.src.raw").write_bytes(b"\0" * 100)
+    (tmp_path / ".dest.lock").write_text("12345\n")  # and its lock file, which no longer locks anything
+    r = nmt("preprocess", "--source-lang", "src", "--target-lang", "tgt", "--trainpref", toy_corpus / "train",
+            "--destdir", tmp_path / "dest", "--vocab-size", 24)
+    assert r.exit_code == 0, r.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dest"]
+
+
+def test_preprocess_sigterm_leaves_nothing(tmp_path):
+    write_copy_corpus(tmp_path / "big" / "train", 200_000, seed=5)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([sys.executable, "-m", "nmt_cli", "--no-progress", "preprocess", "--source-lang", "src",
+                             "--target-lang", "tgt", "--trainpref", str(tmp_path / "big" / "train"), "--destdir",
+                             str(tmp_path / "dest"), "--vocab-size", "24", "--workers", "1"],
+                            stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, env=env)
+    deadline = time.monotonic() + 60
+    while not list(tmp_path.glob(".dest.tmp-*")) and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGTERM)
+    stderr = proc.communicate(timeout=60)[1].decode()
+    assert_clean_failure(proc.returncode, stderr, "stopped by SIGTERM", tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["big"]
+
+
+def train_process(data, save, *extra):
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.Popen([sys.executable, "-m", "nmt_cli", "--no-progress", "train", str(data), "--save-dir",
+                             str(save), *TINY, *map(str, extra)], stderr=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                            text=True, env=env)
+
+
+def test_two_trains_on_one_save_dir_then_a_killed_one(toy_data_bin, tmp_path):
+    save = tmp_path / "run"
+    first = train_process(toy_data_bin, save, "--max-update", 100000, "--save-interval-updates", 1)
+    for line in first.stderr:
+        if "saved checkpoint_last.pt at update 2" in line:
+            break
+    second = nmt_subprocess("train", toy_data_bin, "--save-dir", save, *TINY, "--max-update", 3)
+    err = ANSI.sub("", second.stderr.decode())
+    assert second.returncode == 1 and "Traceback" not in err
+    assert error_lines(err) == [f"error: another nmt train is using {save} (pid {first.pid}); wait for it to "
+                                "finish or stop it"]
+    first.send_signal(signal.SIGKILL)  # its lock file stays behind, but the lock died with it
+    first.wait(timeout=30)
+    (save / "checkpoint_last.pt.tmp").write_bytes(b"half a checkpoint")  # as a kill during a save leaves
+    update = torch.load(save / "checkpoint_last.pt", weights_only=True)["update"]
+    numbered = {p.name: p.read_bytes() for p in save.glob("checkpoint_*.pt") if p.stem.split("_")[1].isdigit()}
+    third = nmt_subprocess("train", toy_data_bin, "--save-dir", save, *TINY, "--max-update", update + 1,
+                           "--save-interval-updates", 1)
+    assert third.returncode == 0, third.stderr.decode()
+    assert "left by an interrupted run" in third.stderr.decode() and "checkpoint_last.pt.tmp" in third.stderr.decode()
+    assert not leftovers(save)
+    assert all((save / name).read_bytes() == data for name, data in numbered.items())
+    assert torch.load(save / "checkpoint_last.pt", weights_only=True)["update"] == update + 1
+
+
+# ---- torture: SIGKILL at random points, resume, compare with an uninterrupted run ---------------------------
+@pytest.mark.slow
+def test_torture_random_sigkills_resume_bit_identical(toy_data_bin, tmp_path):
+    import random
+    import threading
+
+    rng = random.Random(1234)
+    extra = ["--max-update", 24, "--save-interval-updates", 1, "--dropout", 0.1, "--max-tokens", 512]
+    ref = train_process(toy_data_bin, tmp_path / "ref", *extra)
+    assert ref.wait(timeout=300) == 0, ref.stderr.read()
+    save, n_kills = tmp_path / "run", 0
+    while n_kills < 6:
+        proc = train_process(toy_data_bin, save, *extra)
+        saves, wanted = threading.Event(), rng.randint(1, 4)
+        count = [0]
+
+        def drain():
+            for line in proc.stderr:
+                if "saved checkpoint_last.pt" in line:
+                    count[0] += 1
+                    if count[0] >= wanted:
+                        saves.set()
+
+        threading.Thread(target=drain, daemon=True).start()
+        saves.wait(timeout=120)
+        time.sleep(rng.uniform(0.0, 0.4))  # anywhere: mid-update, mid-save, between the files of one save
+        if proc.poll() is not None:
+            break
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+        n_kills += 1
+    final = train_process(toy_data_bin, save, *extra)
+    assert final.wait(timeout=300) == 0, final.stderr.read()
+    assert n_kills >= 3, "the run finished before it was killed often enough"
+    assert not leftovers(save)
+    a, b = (torch.load(d / "checkpoint_last.pt", weights_only=True) for d in (tmp_path / "ref", save))
+    assert a["update"] == b["update"] == 24
+    for name, tensor in a["model"].items():
+        assert torch.equal(tensor, b["model"][name]), name
+    for va, vb in zip(a["optimizer"]["state"].values(), b["optimizer"]["state"].values()):
+        assert all(torch.equal(va[k], vb[k]) for k in va)
+    for u in range(1, 25):  # every numbered checkpoint of the killed run is there and equals the reference's
+        ma = torch.load(tmp_path / "ref" / f"checkpoint_{u}.pt", weights_only=True)["model"]
+        mb = torch.load(save / f"checkpoint_{u}.pt", weights_only=True)["model"]
+        assert all(torch.equal(ma[k], mb[k]) for k in ma), u

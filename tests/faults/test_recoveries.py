@@ -1,0 +1,143 @@
+"""The cases next to the fault suite's that must end in a correct result: missing output directories are
+created, over-long pairs are skipped and counted, vocabulary padding ids never come out of search, and
+checkpoints keep their numbering and their tied weights."""
+
+import json
+import os
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from click.testing import CliRunner
+
+from nmt_cli.checkpoint import load_checkpoint
+from nmt_cli.cli import cli
+from nmt_cli.config import SearchConfig
+from nmt_cli.data.dataset import load_vocab
+from nmt_cli.files import atomic_write_text, run_lock
+from nmt_cli.model.transformer import build_model
+from nmt_cli.search.beam import constrain
+from nmt_cli.search.translate import Translator, translate
+
+ROOT = Path(__file__).resolve().parents[2]
+TINY = ["--arch", "transformer_tiny", "--max-tokens", "256", "--warmup-updates", "4", "--device", "cpu",
+        "--threads", "1", "--log-interval", "1"]
+
+
+def nmt(*args, input=None):
+    return CliRunner().invoke(cli, ["--no-progress", *[str(a) for a in args]], input=input)
+
+
+def test_output_files_in_missing_directories_are_created(tiny_checkpoint, tmp_path):
+    out = tmp_path / "a" / "b" / "avg.pt"
+    r = nmt("average-checkpoints", "--inputs", tiny_checkpoint.parent / "checkpoint_4.pt",
+            tiny_checkpoint.parent / "checkpoint_6.pt", "--output", out)
+    assert r.exit_code == 0, r.output
+    assert load_checkpoint(out)["averaged_from"]
+
+
+def test_log_file_in_a_missing_directory_and_over_long_pairs(toy_data_bin, tmp_path):
+    log = tmp_path / "logs" / "train.jsonl"
+    r = nmt("train", toy_data_bin, "--save-dir", tmp_path / "run", *TINY, "--max-update", 2, "--max-positions", 8,
+            "--log-file", log, "--validate-interval-updates", 2)
+    assert r.exit_code == 0, r.output
+    assert [json.loads(line)["update"] for line in log.read_text().splitlines()][:2] == [1, 2]
+    assert "training pairs need more than --max-positions 8 positions" in r.output and "skips them" in r.output
+    assert "valid pairs are longer than --max-positions 8" in r.output
+
+
+def test_search_never_emits_vocabulary_padding_ids(toy_data_bin):
+    log_probs = torch.zeros(2, 32)
+    log_probs[:, 30] = 5.0
+    out = constrain(log_probs, 1, torch.tensor([9, 9]), SearchConfig(), n_pieces=24)
+    assert torch.isinf(out[:, 24:]).all() and int(out.argmax(-1)[0]) < 24
+
+    vocab = load_vocab(toy_data_bin)
+    torch.manual_seed(0)
+    model = build_model_with_rows(vocab.n_pieces + 8).eval()
+    with torch.no_grad():
+        model.output.weight[vocab.n_pieces:] = 0.0
+        model.output.weight[vocab.n_pieces + 3] = 50.0 * model.output.weight.abs().max()  # the likeliest row
+    tr = Translator(model, vocab, torch.device("cpu"))
+    sources = [np.array(vocab.encode(["1 2 3"])[0])]
+    for cfg in (SearchConfig(beam=3), SearchConfig(beam=1), SearchConfig(sampling=True, beam=1, seed=1)):
+        hyps = translate(tr, sources, cfg, 256)
+        assert all(t < vocab.n_pieces for t in hyps[0][0].tokens), (cfg, hyps[0][0].tokens)
+
+
+def build_model_with_rows(n_rows):
+    from nmt_cli.config import ARCHITECTURES
+    from dataclasses import replace
+
+    return build_model(replace(ARCHITECTURES["transformer_tiny"], vocab_size=n_rows, dropout=0.0))
+
+
+def test_reset_lr_scheduler_keeps_numbering_and_keep_last(toy_data_bin, tmp_path):
+    args = ["train", toy_data_bin, "--save-dir", tmp_path, *TINY, "--save-interval-updates", 2, "--keep-last", 2]
+    assert nmt(*args, "--max-update", 4).exit_code == 0
+    r = nmt(*args, "--max-update", 8, "--reset-lr-scheduler")
+    assert r.exit_code == 0, r.output
+    names = sorted(p.name for p in tmp_path.glob("checkpoint_*.pt") if p.stem[11:].isdigit())
+    assert names == ["checkpoint_6.pt", "checkpoint_8.pt"]
+    state = load_checkpoint(tmp_path / "checkpoint_last.pt")
+    assert state["update"] == 8 and state["train_state"]["lr_start"] == 4
+
+
+def test_averaged_tied_weights_are_stored_once(tiny_checkpoint, tmp_path):
+    out = tmp_path / "avg.pt"
+    ckpt_dir = tiny_checkpoint.parent
+    assert nmt("average-checkpoints", "--inputs", ckpt_dir / "checkpoint_4.pt", ckpt_dir / "checkpoint_6.pt",
+               "--output", out).exit_code == 0
+    avg = torch.load(out, weights_only=True)["model"]
+    tied = [n for n in avg if n.endswith("weight") and ("embed" in n and "tokens" in n or n == "output.weight")]
+    ptrs = {avg[n].untyped_storage().data_ptr() for n in tied}
+    assert len(tied) >= 2 and len(ptrs) == 1, tied
+    untied = tmp_path / "untied.pt"  # the same checkpoint with each tied name holding its own copy
+    state = torch.load(out, weights_only=True)
+    state["model"] = {k: v.clone() for k, v in state["model"].items()}
+    torch.save(state, untied)
+    assert n_storages(untied) - n_storages(out) == len(tied) - 1  # the embedding is written once, not 3 times
+
+
+def n_storages(path):
+    import zipfile
+
+    with zipfile.ZipFile(path) as z:
+        return sum("/data/" in name and not name.endswith("/") for name in z.namelist())
+
+
+def test_lock_is_exclusive_and_released(tmp_path):
+    lock = tmp_path / ".nmt.lock"
+    with run_lock(lock, "train", tmp_path):
+        assert lock.read_text().strip() == str(os.getpid())
+        code = ("from pathlib import Path; from nmt_cli.files import run_lock, BusyError\n"
+                f"try:\n    run_lock(Path({str(lock)!r}), 'train', Path('.')).__enter__()\n"
+                "except BusyError as e:\n    print(e)")
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                             env={**os.environ, "PYTHONPATH": str(ROOT)}).stdout
+        assert f"(pid {os.getpid()})" in out
+    assert not lock.exists()
+    with run_lock(lock, "train", tmp_path):  # and can be taken again
+        pass
+
+
+def test_atomic_write_keeps_the_old_file_on_error(tmp_path):
+    path = tmp_path / "config.json"
+    atomic_write_text(path, "old")
+
+    class Boom(Exception):
+        pass
+
+    from nmt_cli.files import atomic_write
+
+    def write(f):
+        f.write(b"half")
+        raise Boom()
+
+    with pytest.raises(Boom):
+        atomic_write(path, write)
+    assert path.read_text() == "old" and sorted(p.name for p in tmp_path.iterdir()) == ["config.json"]
