@@ -94,11 +94,12 @@ class Session:
 
 def save(trainer: Trainer, numbered: bool, best: bool) -> None:
     """checkpoint_last.pt always; checkpoint_<update>.pt and checkpoint_best.pt when asked. Rank 0 only."""
+    rng = trainer.rng_states()  # every rank's random streams, gathered: a collective, so before the rank check
     if not trainer.info.is_main:
         return
     save_dir = Path(trainer.cfg.save_dir)
     update = trainer.state.update
-    state = trainer.checkpoint()
+    state = trainer.checkpoint(rng)
     save_checkpoint(state, save_dir / LAST)
     if numbered:
         save_checkpoint(state, save_dir / f"checkpoint_{update}.pt")
@@ -132,7 +133,9 @@ def after_update(session: Session, stats: StepStats | None) -> None:
     if stats is not None:
         session.meter.add(stats)
     if stats is not None and s.update % c.log_interval == 0:
-        session.emit("train", {**session.meter.summary(), "lr": t.lr(s.update), "skipped": s.n_skipped_updates})
+        overflows = {"fp16_overflows": s.n_overflows} if t.scaler else {}
+        session.emit("train", {**session.meter.summary(), "lr": t.lr(s.update), "skipped": s.n_skipped_updates,
+                               **overflows})
         session.meter.reset()
     timed = broadcast_flag(bool(c.save_interval_minutes) and
                            s.elapsed - s.last_timed_save >= c.save_interval_minutes * 60, t.info, t.device)
