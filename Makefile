@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 TRAIN_MINUTES ?= 3
 
-.PHONY: install test test-all demo bench clean
+.PHONY: install test test-all test-gpu demo bench clean
 
 install: $(STAMP)
 
@@ -21,6 +21,9 @@ test: install
 
 test-all: install
 	$(BIN)/python -m pytest -q -m "not gpu"
+
+test-gpu: install
+	$(BIN)/python -m pytest -q -m gpu
 
 demo: install
 	PATH="$(abspath $(BIN)):$$PATH" TRAIN_MINUTES=$(TRAIN_MINUTES) bash recipes/multi30k_en_de/run.sh
