@@ -119,7 +119,8 @@ class TranslationLoss(nn.Module):
                 tgt_index: Tensor | None = None) -> tuple[Tensor, Tensor]:
         hidden = self.model.decode(tgt_in, self.model.encode(src_tokens, src_pad_mask))
         if tgt_index is not None:
-            hidden, target = hidden.flatten(0, 1).index_select(0, tgt_index), tgt_out.flatten().index_select(0, tgt_index)
+            hidden = hidden.flatten(0, 1).index_select(0, tgt_index)
+            target = tgt_out.flatten().index_select(0, tgt_index)
         else:
             keep = tgt_out.ne(PAD)
             hidden, target = hidden[keep], tgt_out[keep]
