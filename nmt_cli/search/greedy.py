@@ -40,9 +40,10 @@ def greedy_search(model: Transformer, enc: EncoderOut, src_lens: Tensor, cfg: Se
     prev = torch.full((b,), BOS, dtype=torch.long, device=device)
     tokens, scores = [], []
     done = torch.zeros(b, dtype=torch.bool, device=device)
+    first_max = int(max_len.min())
     for step in range(int(max_len.max()) + 1):
         log_probs, cache = model.decode_step(prev, cache)
-        log_probs = constrain(log_probs, step, max_len, cfg)
+        log_probs = constrain(log_probs, step, max_len, cfg, may_reach_max=step >= first_max)
         choice = sample_from(log_probs, cfg, generator) if cfg.sampling else log_probs.argmax(-1)
         tokens.append(choice.masked_fill(done, PAD))
         scores.append(log_probs.gather(1, choice[:, None]).squeeze(1).masked_fill(done, 0.0))

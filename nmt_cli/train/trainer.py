@@ -131,7 +131,9 @@ class Trainer:
         max_norm = self.cfg.clip_norm if self.cfg.clip_norm > 0 else math.inf
         grad_norm = torch.nn.utils.clip_grad_norm_(self.params, max_norm)
         # The update's one host synchronisation.
-        loss_sum, nll_sum, n_tokens, n_failed, norm = torch.cat([totals, grad_norm.double().view(1)]).tolist()
+        # (clip_grad_norm_ answers on the CPU when no parameter has a gradient: a rank that failed at once.)
+        norm_t = grad_norm.to(totals.device, torch.float64).view(1)
+        loss_sum, nll_sum, n_tokens, n_failed, norm = torch.cat([totals, norm_t]).tolist()
         if n_failed:
             self.optimizer.zero_grad(set_to_none=True)
             self.state.n_skipped_updates += 1
