@@ -23,7 +23,7 @@ from nmt_cli.files import atomic_write, make_parent
 
 logger = logging.getLogger(__name__)
 
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 LAST, BEST = "checkpoint_last.pt", "checkpoint_best.pt"
 # The checkpoint format, defined once. Every checkpoint has the model keys (all that translating and averaging
 # need); a checkpoint that training can resume from has the training keys too.
@@ -51,6 +51,8 @@ def upgrade(state: dict[str, Any]) -> dict[str, Any]:
     """Bring an older checkpoint to FORMAT_VERSION, one version step at a time."""
     if state["format_version"] == 1:
         state = upgrade_v1_to_v2(state)
+    if state["format_version"] == 2:
+        state = upgrade_v2_to_v3(state)
     return state
 
 
@@ -61,6 +63,13 @@ def upgrade_v1_to_v2(state: dict[str, Any]) -> dict[str, Any]:
     bf16, fp16 = train.pop("bf16", False), train.pop("fp16", False)
     train["precision"] = "fp16" if fp16 else "bf16" if bf16 else "fp32"
     return {**state, "train_config": train, "format_version": 2}
+
+
+def upgrade_v2_to_v3(state: dict[str, Any]) -> dict[str, Any]:
+    """v3: `rng` holds every rank's random streams, a list by rank; v2 held one process's."""
+    if isinstance(state.get("rng"), dict):
+        state = {**state, "rng": [state["rng"]]}
+    return {**state, "format_version": 3}
 
 
 def has_training_state(state: dict[str, Any]) -> bool:

@@ -183,6 +183,8 @@ class TrainConfig:
                                  "scaling) [default: bf16 on CUDA devices that support it, else fp32].",
                                  choices=PRECISIONS)
     max_nonfinite: int = flag(10, "Stop after this many non-finite losses in a row.", min=1)
+    min_loss_scale: float = flag(1e-4, "fp16: stop when overflows push the loss scale below this.", min=0,
+                                 min_open=True)
     eval_bleu: bool = flag(False, "Also translate the valid split and log sacreBLEU.")
     eval_bleu_max_tokens: int = flag(8000, "Token budget of BLEU batches.", min=1)
     best_checkpoint_metric: str = flag("loss", "What checkpoint_best.pt is best at.", choices=("loss", "bleu"))

@@ -22,16 +22,20 @@ class Batch:
 
     ids: np.ndarray  # [B] sentence indices in the split
     src_tokens: torch.Tensor  # [B, S] source ids + EOS, right-padded
-    src_pad_mask: torch.Tensor  # [B, S] True at padding
+    src_pad_mask: torch.Tensor | None  # [B, S] True at padding; None: no padding (CUDA batches, see train/prefetch.py)
     tgt_in: torch.Tensor  # [B, T] BOS + target ids
     tgt_out: torch.Tensor  # [B, T] target ids + EOS (PAD where padded)
     n_tgt_tokens: int  # non-pad positions of tgt_out
+    tgt_index: torch.Tensor | None = None  # [n_tgt_tokens] flat positions of those, when computed on the host
 
     def to(self, device: torch.device) -> Batch:
         nb = device.type == "cuda"
-        return Batch(self.ids, self.src_tokens.to(device, non_blocking=nb),
-                     self.src_pad_mask.to(device, non_blocking=nb), self.tgt_in.to(device, non_blocking=nb),
-                     self.tgt_out.to(device, non_blocking=nb), self.n_tgt_tokens)
+
+        def move(t: torch.Tensor | None) -> torch.Tensor | None:
+            return None if t is None else t.to(device, non_blocking=nb)
+
+        return Batch(self.ids, move(self.src_tokens), move(self.src_pad_mask), move(self.tgt_in), move(self.tgt_out),
+                     self.n_tgt_tokens, move(self.tgt_index))
 
 
 def batch_by_tokens(src_lens: np.ndarray, tgt_lens: np.ndarray, max_tokens: int,

@@ -25,9 +25,9 @@ def attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, causal: 
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=causal)
 
 
-def attention_mask(src_pad_mask: Tensor) -> Tensor:
-    """[B, S] True at padding -> [B, 1, 1, S] True where a key may be attended."""
-    return ~src_pad_mask[:, None, None, :]
+def attention_mask(src_pad_mask: Tensor | None) -> Tensor | None:
+    """[B, S] True at padding -> [B, 1, 1, S] True where a key may be attended; None (no padding) stays None."""
+    return None if src_pad_mask is None else ~src_pad_mask[:, None, None, :]
 
 
 def attend_few_queries(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None) -> Tensor:
@@ -94,8 +94,8 @@ class CrossAttention(nn.Module):
         k, v = self.kv(memory).chunk(2, dim=-1)
         return split_heads(k, self.heads), split_heads(v, self.heads)
 
-    def forward(self, x: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tensor:
-        """x: [B, Tq, D] queries; k, v: [B, H, S, Dh]; mask: [B, 1, 1, S] -> [B, Tq, D].
+    def forward(self, x: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
+        """x: [B, Tq, D] queries; k, v: [B, H, S, Dh]; mask: [B, 1, 1, S] or None -> [B, Tq, D].
 
         During beam search the K beams of a sentence arrive as Tq = K query positions, so the
         sentence's keys and values serve every beam without being copied.

@@ -17,11 +17,11 @@ class DecoderCache:
     self_v: list[Tensor]  # per decoder layer [N, H, t, Dh]
     cross_k: list[Tensor]  # per decoder layer [B, H, S, Dh], computed once from the encoder output
     cross_v: list[Tensor]  # per decoder layer [B, H, S, Dh]
-    cross_mask: Tensor  # [B, 1, 1, S] True where a source position may be attended
+    cross_mask: Tensor | None  # [B, 1, 1, S] True where a source position may be attended; None: no padding
 
     @property
     def n_sentences(self) -> int:
-        return self.cross_mask.shape[0]
+        return self.cross_k[0].shape[0]
 
     def select_rows(self, rows: Tensor) -> DecoderCache:
         """Reorder the self-attention state to follow the surviving beams. rows: [N] indices into N."""
@@ -35,4 +35,4 @@ class DecoderCache:
                             [v.index_select(0, rows) for v in self.self_v],
                             [k.index_select(0, sentences) for k in self.cross_k],
                             [v.index_select(0, sentences) for v in self.cross_v],
-                            self.cross_mask.index_select(0, sentences))
+                            None if self.cross_mask is None else self.cross_mask.index_select(0, sentences))

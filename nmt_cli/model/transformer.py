@@ -1,7 +1,8 @@
 """The encoder-decoder Transformer: `encode`, teacher-forced `decode`, and incremental `decode_step`.
 
 Shapes: B batch, K beam, N = B*K rows, S source length, T target length, D d_model, V vocab.
-`src_pad_mask` is True at padding.
+`src_pad_mask` is True at padding; None means no sentence of the batch is padded (CUDA batches: no mask
+lets SDPA choose its fastest kernel).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from nmt_cli.model.linear import Linear
 @dataclass
 class EncoderOut:
     memory: Tensor  # [B, S, D]
-    src_pad_mask: Tensor  # [B, S] True at padding
+    src_pad_mask: Tensor | None  # [B, S] True at padding; None: no padding
 
 
 class Embedding(nn.Module):
@@ -76,7 +77,7 @@ class Transformer(nn.Module):
         if share_output_embed:
             self.output.weight = tgt_tokens.weight  # the pre-softmax projection (paper §3.4)
 
-    def encode(self, src_tokens: Tensor, src_pad_mask: Tensor) -> EncoderOut:
+    def encode(self, src_tokens: Tensor, src_pad_mask: Tensor | None) -> EncoderOut:
         """src_tokens: [B, S] -> memory [B, S, D]."""
         mask = attention_mask(src_pad_mask)
         x = self.src_embed(src_tokens)

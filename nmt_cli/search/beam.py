@@ -9,6 +9,9 @@ penalty); the best K candidates that do not end in EOS stay alive.
 Stopping rule: a sentence stops once it has K finished hypotheses, or when it reaches its
 maximum length max_len = a * |x| + b (|x| source pieces without EOS), where EOS is forced.
 This is fairseq's rule; with K = 1 it is exactly greedy search.
+
+The host waits for the device once per step, to learn how many sentences are done (`beam_search`);
+everything else is decided on the device, or on the host from what it already knows (the lengths).
 """
 
 from __future__ import annotations
@@ -38,11 +41,13 @@ class BeamState:
 class Finished:
     """Finished hypotheses of every sentence in the call, filled best-candidate first."""
 
-    tokens: Tensor  # [B0, K, L] EOS included, PAD after
-    step_scores: Tensor  # [B0, K, L]
-    lengths: Tensor  # [B0, K] tokens including EOS
-    scores: Tensor  # [B0, K] length-normalised score, -inf for an empty slot
+    tokens: Tensor  # [B0, K + 1, L] EOS included, PAD after
+    step_scores: Tensor  # [B0, K + 1, L]
+    lengths: Tensor  # [B0, K + 1] tokens including EOS
+    scores: Tensor  # [B0, K + 1] length-normalised score, -inf for an empty slot
     count: Tensor  # [B0] filled slots
+    # Slot K is a spare that candidates which do not finish are written to (so that `finish` needs no
+    # host-side selection); it is never read.
 
 
 def length_penalty(length: int, alpha: float, style: str) -> float:
@@ -55,10 +60,13 @@ def max_lengths(src_lens: Tensor, cfg: SearchConfig, max_positions: int) -> Tens
     return (src_lens.double() * cfg.max_len_a + cfg.max_len_b).long().clamp(min=1, max=max_positions - 1)
 
 
-def constrain(log_probs: Tensor, step: int, max_len: Tensor, cfg: SearchConfig,
-              n_pieces: int | None = None) -> Tensor:
+def constrain(log_probs: Tensor, step: int, max_len: Tensor, cfg: SearchConfig, n_pieces: int | None = None,
+              may_reach_max: bool = True) -> Tensor:
     """Never PAD or BOS, nor the embedding table's padding rows (ids >= n_pieces, no sentencepiece piece);
-    no EOS before min_len; only EOS at max_len; unk penalty. log_probs: [N, V], max_len: [N]."""
+    no EOS before min_len; only EOS at max_len; unk penalty. log_probs: [N, V], max_len: [N].
+
+    may_reach_max: False when the caller knows no row is at its maximum length yet (saves a pass over log_probs).
+    """
     log_probs[:, PAD] = NEG_INF
     log_probs[:, BOS] = NEG_INF
     if n_pieces is not None:
@@ -67,11 +75,10 @@ def constrain(log_probs: Tensor, step: int, max_len: Tensor, cfg: SearchConfig,
         log_probs[:, UNK] -= cfg.unkpen
     if step < cfg.min_len:
         log_probs[:, EOS] = NEG_INF
-    at_max = max_len <= step
-    if bool(at_max.any()):
-        eos_column = log_probs[at_max, EOS]
-        log_probs[at_max] = NEG_INF
-        log_probs[at_max, EOS] = eos_column
+    if may_reach_max:
+        eos_column = log_probs[:, EOS].clone()
+        log_probs.masked_fill_((max_len <= step)[:, None], NEG_INF)
+        log_probs[:, EOS] = eos_column
     return log_probs
 
 
@@ -92,22 +99,24 @@ def top_candidates(state: BeamState, log_probs: Tensor) -> tuple[Tensor, Tensor,
 
 def finish(state: BeamState, fin: Finished, scores: Tensor, beams: Tensor, tokens: Tensor, log_probs: Tensor,
            step: int, cfg: SearchConfig) -> None:
-    """Move EOS candidates ranked within the top K into the finished slots, best first, while slots remain."""
+    """Move EOS candidates ranked within the top K into the finished slots, best first, while slots remain.
+
+    All K top candidates are written, those that do not finish into the spare slot K: no host sync.
+    """
     b, k = state.scores.shape
     is_final = (tokens[:, :k] == EOS) & torch.isfinite(scores[:, :k])  # [B, K]
     slot = fin.count[state.sent_ids, None] + is_final.long().cumsum(1) - 1
     write = is_final & (slot < k)
-    rows, cols = write.nonzero(as_tuple=True)
-    if len(rows):
-        sent, src_beam = state.sent_ids[rows], beams[rows, cols]
-        dest = slot[rows, cols]
-        fin.tokens[sent, dest, :step] = state.tokens[rows, src_beam]
-        fin.tokens[sent, dest, step] = EOS
-        fin.step_scores[sent, dest, :step] = state.step_scores[rows, src_beam]
-        fin.step_scores[sent, dest, step] = log_probs.view(b, k, -1)[rows, src_beam, EOS]
-        fin.lengths[sent, dest] = step + 1
-        fin.scores[sent, dest] = scores[rows, cols] / length_penalty(step + 1, cfg.lenpen, cfg.lenpen_style)
-        fin.count.index_add_(0, sent, torch.ones_like(sent))
+    dest = torch.where(write, slot, k)  # [B, K]
+    sent, src_beam = state.sent_ids[:, None].expand(b, k), beams[:, :k]
+    rows = torch.arange(b, device=beams.device)[:, None]
+    fin.tokens[sent, dest, :step] = state.tokens[rows, src_beam]
+    fin.tokens[sent, dest, step] = EOS
+    fin.step_scores[sent, dest, :step] = state.step_scores[rows, src_beam]
+    fin.step_scores[sent, dest, step] = log_probs.view(b, k, -1)[rows, src_beam, EOS]
+    fin.lengths[sent, dest] = step + 1
+    fin.scores[sent, dest] = scores[:, :k] / length_penalty(step + 1, cfg.lenpen, cfg.lenpen_style)
+    fin.count.index_add_(0, state.sent_ids, write.long().sum(1))
 
 
 def survive(state: BeamState, scores: Tensor, beams: Tensor, tokens: Tensor, log_probs: Tensor) -> tuple[BeamState, Tensor]:
@@ -129,15 +138,17 @@ def keep_sentences(state: BeamState, keep: Tensor) -> BeamState:
 
 
 def collect(fin: Finished, nbest: int) -> list[list[Hypothesis]]:
-    """Each sentence's `nbest` finished hypotheses, best first."""
-    order = fin.scores.argsort(dim=1, descending=True)[:, :nbest]
+    """Each sentence's `nbest` finished hypotheses, best first (read on the host, copied there once)."""
+    scores = fin.scores[:, :-1].cpu()  # without the spare slot
+    tokens, step_scores, lengths = fin.tokens.cpu(), fin.step_scores.cpu(), fin.lengths.cpu()
+    order = scores.argsort(dim=1, descending=True)[:, :nbest]
     results = []
-    for s in range(fin.scores.shape[0]):
+    for s in range(scores.shape[0]):
         hyps = []
         for j in order[s].tolist():
-            n = int(fin.lengths[s, j])
-            hyps.append(Hypothesis(fin.tokens[s, j, :n - 1].tolist(), float(fin.scores[s, j]),
-                                   fin.step_scores[s, j, :n].tolist()))
+            n = int(lengths[s, j])
+            hyps.append(Hypothesis(tokens[s, j, :n - 1].tolist(), float(scores[s, j]),
+                                   step_scores[s, j, :n].tolist()))
         results.append(hyps)
     return results
 
@@ -148,9 +159,10 @@ def start(b0: int, k: int, n_steps: int, device: torch.device) -> tuple[BeamStat
     scores[:, 0] = 0.0
     state = BeamState(torch.zeros(b0, k, 0, dtype=torch.long, device=device), scores,
                       torch.zeros(b0, k, 0, device=device), torch.arange(b0, device=device))
-    fin = Finished(torch.full((b0, k, n_steps), PAD, dtype=torch.long, device=device),
-                   torch.zeros(b0, k, n_steps, device=device), torch.ones(b0, k, dtype=torch.long, device=device),
-                   torch.full((b0, k), NEG_INF, device=device), torch.zeros(b0, dtype=torch.long, device=device))
+    fin = Finished(torch.full((b0, k + 1, n_steps), PAD, dtype=torch.long, device=device),
+                   torch.zeros(b0, k + 1, n_steps, device=device),
+                   torch.ones(b0, k + 1, dtype=torch.long, device=device),
+                   torch.full((b0, k + 1), NEG_INF, device=device), torch.zeros(b0, dtype=torch.long, device=device))
     return state, fin
 
 
@@ -170,8 +182,9 @@ def beam_search(model: Transformer, enc: EncoderOut, src_lens: Tensor, cfg: Sear
         For each sentence, `cfg.nbest` hypotheses, best first.
     """
     k, device, b0 = cfg.beam, enc.memory.device, enc.memory.shape[0]
-    max_len = max_lengths(src_lens, cfg, model.max_positions).to(device)  # [B0]
-    n_steps = int(max_len.max()) + 1
+    host_max_len = max_lengths(src_lens.cpu(), cfg, model.max_positions)  # [B0], known on the host
+    max_len = host_max_len.to(device)
+    n_steps, first_max = int(host_max_len.max()) + 1, int(host_max_len.min())
     state, fin = start(b0, k, n_steps, device)
     row_max_len = max_len.repeat_interleave(k)  # [B*K]
     cache = model.init_cache(enc, 1)  # all beams start equal: step 0 runs once per sentence
@@ -181,15 +194,16 @@ def beam_search(model: Transformer, enc: EncoderOut, src_lens: Tensor, cfg: Sear
         if step == 0:
             to_beams = torch.arange(b0, device=device).repeat_interleave(k)
             log_probs, cache = log_probs[to_beams], cache.select_rows(to_beams)
-        log_probs = constrain(log_probs, step, row_max_len, cfg, n_pieces)
+        log_probs = constrain(log_probs, step, row_max_len, cfg, n_pieces, may_reach_max=step >= first_max)
         scores, beams, tokens = top_candidates(state, log_probs)
         finish(state, fin, scores, beams, tokens, log_probs, step, cfg)
         state, rows = survive(state, scores, beams, tokens, log_probs)
         done = fin.count[state.sent_ids] >= k  # [B]
-        if bool(done.all()):
+        b, n_done = done.shape[0], int(done.sum())  # the step's one host synchronisation
+        if n_done == b:
             break
-        if bool(done.any()):  # finished sentences leave the batch
-            keep = (~done).nonzero().squeeze(1)
+        if n_done:  # finished sentences leave the batch; keep: the others, in order
+            keep = torch.argsort(done.to(torch.uint8), stable=True)[:b - n_done]
             rows = rows.view(-1, k)[keep].view(-1)
             state = keep_sentences(state, keep)
             cache = cache.select_sentences(keep, rows)

@@ -56,13 +56,17 @@ def search_batch(tr: Translator, sources: Sequence[np.ndarray], cfg: SearchConfi
     """Encode one padded batch and run beam, greedy or sampling search."""
     n, n_pieces = len(sources), tr.vocab.n_pieces
     src = pad_sources([np.asarray(s, dtype=np.int64) for s in sources]).to(tr.device)
-    src_lens = torch.tensor([len(s) for s in sources], device=tr.device)
+    lengths = [len(s) for s in sources]
+    src_lens = torch.tensor(lengths, device=tr.device)
+    # On CUDA a batch of equal lengths passes no mask, so SDPA may choose its Flash kernel (known on the host).
+    no_padding = tr.device.type == "cuda" and min(lengths) == max(lengths)
     with torch.inference_mode(), autocast(tr.device, tr.amp_dtype):
-        enc = tr.model.encode(src, src.eq(PAD))
+        enc = tr.model.encode(src, None if no_padding else src.eq(PAD))
         if cfg.sampling or cfg.beam == 1:
             if cfg.nbest > 1:  # independent samples: repeat each sentence nbest times
                 rep = torch.arange(n, device=tr.device).repeat_interleave(cfg.nbest)
-                enc = type(enc)(enc.memory[rep], enc.src_pad_mask[rep])
+                mask = None if enc.src_pad_mask is None else enc.src_pad_mask[rep]
+                enc = type(enc)(enc.memory[rep], mask)
                 hyps = greedy_search(tr.model, enc, src_lens[rep], cfg, generator, n_pieces)
                 return [[h[0] for h in hyps[i * cfg.nbest:(i + 1) * cfg.nbest]] for i in range(n)]
             return greedy_search(tr.model, enc, src_lens, cfg, generator, n_pieces)

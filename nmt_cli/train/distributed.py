@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import inspect
 import re
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -51,6 +52,15 @@ def all_reduce_sum(values: Tensor, info: DistInfo) -> Tensor:
     if info.world_size > 1:
         dist.all_reduce(values, op=dist.ReduceOp.SUM)
     return values
+
+
+def gather_objects(obj: Any, info: DistInfo) -> list[Any]:
+    """Every rank's `obj`, by rank, on every rank ([obj] in a single process)."""
+    if info.world_size == 1:
+        return [obj]
+    gathered: list[Any] = [None] * info.world_size
+    dist.all_gather_object(gathered, obj)
+    return gathered
 
 
 def broadcast_flag(flag: bool, info: DistInfo, device: torch.device) -> bool:

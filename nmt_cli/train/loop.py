@@ -99,11 +99,12 @@ class Session:
 
 def save(trainer: Trainer, numbered: bool, best: bool) -> None:
     """checkpoint_last.pt always; checkpoint_<update>.pt and checkpoint_best.pt when asked. Rank 0 only."""
+    rng = trainer.rng_states()  # every rank's random streams, gathered: a collective, so before the rank check
     if not trainer.info.is_main:
         return
     save_dir = Path(trainer.cfg.save_dir)
     update = trainer.state.update
-    state = trainer.checkpoint()
+    state = trainer.checkpoint(rng)
     # checkpoint_last.pt goes last: a run killed in between resumes from the previous update and rewrites
     # the others, so the numbered and best files of every update that checkpoint_last.pt has passed exist.
     kept = "the previous checkpoint is intact"
@@ -141,7 +142,9 @@ def after_update(session: Session, stats: StepStats | None) -> None:
         session.meter.add(stats)
     if stats is not None and s.update % c.log_interval == 0:
         session.last_train = session.meter.summary()
-        session.emit("train", {**session.last_train, "lr": t.lr(s.update), "skipped": s.n_skipped_updates})
+        overflows = {"fp16_overflows": s.n_overflows} if t.scaler else {}
+        session.emit("train", {**session.last_train, "lr": t.lr(s.update), "skipped": s.n_skipped_updates,
+                               **overflows})
         session.meter.reset()
     timed = broadcast_flag(bool(c.save_interval_minutes) and
                            s.elapsed - s.last_timed_save >= c.save_interval_minutes * 60, t.info, t.device)

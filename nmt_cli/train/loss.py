@@ -6,6 +6,10 @@ each chunk's logits are computed, turned into the loss and into their gradient
 softmax(z) - (1 - eps) * one_hot(y) - eps / V, and folded into the gradients of the hidden states
 and of the weight right away. The full [M, V] logits never exist, which on CPU more than halves the
 time the loss takes and saves the memory on GPU.
+
+Chunks are sized for the device: on CPU they fit the caches (a few MB of logits); on CUDA they are as
+large as memory comfortably allows (a 3k-token micro-batch at a 37k vocabulary is one chunk), since
+every chunk re-reads and re-writes the float32 [V, D] weight gradient.
 """
 
 from __future__ import annotations
@@ -16,7 +20,13 @@ from torch import Tensor, nn
 from nmt_cli.data.vocab import PAD
 from nmt_cli.model.linear import ROWS, matmul_nt, on_cpu_path, pad_rows
 
-CHUNK_ELEMENTS = 1 << 21  # logits per chunk: rows * V (8 MB of float32)
+CHUNK_ELEMENTS = 1 << 21  # CPU: logits per chunk, rows * V (8 MB of float32)
+CUDA_CHUNK_ELEMENTS = 1 << 28  # elsewhere (CUDA): 1 GiB of float32 logits per chunk
+
+
+def chunk_rows(device_type: str, vocab: int) -> int:
+    """Rows of hidden states per chunk on this device type."""
+    return max(1, (CHUNK_ELEMENTS if device_type == "cpu" else CUDA_CHUNK_ELEMENTS) // vocab)
 
 
 def _compute_dtype(device_type: str) -> torch.dtype:
@@ -32,7 +42,7 @@ class _LinearLabelSmoothedCE(torch.autograd.Function):
         dtype = _compute_dtype(device_type)
         need_grad = hidden.requires_grad or weight.requires_grad
         vocab = weight.shape[0]
-        chunk = max(1, CHUNK_ELEMENTS // vocab)
+        chunk = chunk_rows(device_type, vocab)
         grad_hidden = torch.empty_like(hidden, dtype=torch.float32) if need_grad else None
         grad_weight = torch.zeros_like(weight, dtype=torch.float32) if need_grad else None
         loss = hidden.new_zeros((), dtype=torch.float32)
@@ -95,16 +105,23 @@ def label_smoothed_nll(hidden: Tensor, weight: Tensor, target: Tensor, epsilon: 
 class TranslationLoss(nn.Module):
     """The training objective as a module, so that DistributedDataParallel can wrap it.
 
-    forward(src_tokens, src_pad_mask, tgt_in, tgt_out) -> (loss_sum, nll_sum) over the real
+    forward(src_tokens, src_pad_mask, tgt_in, tgt_out, tgt_index) -> (loss_sum, nll_sum) over the real
     (non-pad) target tokens; the decoder's states at padded positions never reach the projection.
+    tgt_index: the flat positions of those tokens, computed on the host (CUDA: boolean indexing on
+    the device would wait for it); None selects them with tgt_out's mask (CPU).
     """
 
     def __init__(self, model: nn.Module, epsilon: float) -> None:
         super().__init__()
         self.model, self.epsilon = model, epsilon
 
-    def forward(self, src_tokens: Tensor, src_pad_mask: Tensor, tgt_in: Tensor,
-                tgt_out: Tensor) -> tuple[Tensor, Tensor]:
-        keep = tgt_out.ne(PAD)
+    def forward(self, src_tokens: Tensor, src_pad_mask: Tensor | None, tgt_in: Tensor, tgt_out: Tensor,
+                tgt_index: Tensor | None = None) -> tuple[Tensor, Tensor]:
         hidden = self.model.decode(tgt_in, self.model.encode(src_tokens, src_pad_mask))
-        return label_smoothed_nll(hidden[keep], self.model.output.weight, tgt_out[keep], self.epsilon)
+        if tgt_index is not None:
+            hidden = hidden.flatten(0, 1).index_select(0, tgt_index)
+            target = tgt_out.flatten().index_select(0, tgt_index)
+        else:
+            keep = tgt_out.ne(PAD)
+            hidden, target = hidden[keep], tgt_out[keep]
+        return label_smoothed_nll(hidden, self.model.output.weight, target, self.epsilon)

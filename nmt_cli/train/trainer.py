@@ -3,6 +3,9 @@
 One update = `update_freq` batches on each of `world_size` ranks. The loss is summed over their
 target tokens and the gradient divided by the global token count, so any split of the same
 batches over ranks and accumulation steps gives the same update.
+
+The host waits for the device once per update: the loss, token and failure totals, and the gradient
+norm stay on the device until one transfer (`train_step`) tells every rank whether to step or skip.
 """
 
 from __future__ import annotations
@@ -27,8 +30,9 @@ from nmt_cli.data.vocab import BOS, EOS, PAD, Vocab
 from nmt_cli.errors import DataError, NmtError
 from nmt_cli.model.transformer import build_model
 from nmt_cli.runtime import AMP_DTYPES, DistInfo, autocast
-from nmt_cli.train.distributed import all_reduce_sum, wrap_ddp
+from nmt_cli.train.distributed import all_reduce_sum, gather_objects, wrap_ddp
 from nmt_cli.train.loss import TranslationLoss
+from nmt_cli.train.prefetch import BatchLoader
 from nmt_cli.train.schedule import learning_rate
 from nmt_cli.train.validation import evaluate_bleu
 
@@ -48,6 +52,7 @@ class TrainState:
     bad_validations: int = 0
     n_skipped_updates: int = 0
     n_nonfinite_in_a_row: int = 0
+    n_overflows: int = 0  # fp16 updates skipped for an overflow (also counted in n_skipped_updates)
     lr_start: int = 0  # update at which the lr schedule (re)started: --reset-lr-scheduler
 
 
@@ -74,10 +79,15 @@ class Trainer:
         self.synced_objective = wrap_ddp(self.objective, info, device)
         self.distributed = info.world_size > 1
         self.params = [p for p in self.model.parameters() if p.requires_grad]
+        # CUDA: the fused AdamW kernel (one launch for all parameters); CPU keeps PyTorch's default.
+        fused = {"fused": True} if device.type == "cuda" else {}
         self.optimizer = torch.optim.AdamW(self.params, lr=0.0, betas=cfg.adam_betas, eps=cfg.adam_eps,
-                                           weight_decay=cfg.weight_decay)
+                                           weight_decay=cfg.weight_decay, **fused)
         self.amp_dtype = AMP_DTYPES[cfg.precision or "fp32"]
-        self.scaler = torch.amp.GradScaler("cuda") if self.amp_dtype == torch.float16 else None
+        # fp16: fairseq's initial loss scale, 2^7 (the loss is a sum over tokens; PyTorch's 2^16 overflows at first)
+        self.scaler = torch.amp.GradScaler(device.type, init_scale=2.0**7) if self.amp_dtype == torch.float16 else None
+        # On CUDA a background thread collates and pins the next batches; on CPU collation stays inline.
+        self.loader = BatchLoader(self.train_data, device, background=device.type == "cuda")
         self.state = TrainState()
         self._epoch_cache: tuple[int, list[np.ndarray]] | None = None
 
@@ -97,76 +107,87 @@ class Trainer:
     def batch_loss(self, batch: Batch, module: torch.nn.Module | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Summed label-smoothed loss and NLL over the batch's real target tokens."""
         with autocast(self.device, self.amp_dtype):
-            return (module or self.objective)(batch.src_tokens, batch.src_pad_mask, batch.tgt_in, batch.tgt_out)
+            return (module or self.objective)(batch.src_tokens, batch.src_pad_mask, batch.tgt_in, batch.tgt_out,
+                                              batch.tgt_index)
 
     def train_step(self, group: list[np.ndarray]) -> StepStats | None:
-        """Forward/backward over this rank's batches, sync, normalise, clip, step. None if skipped.
+        """Forward/backward over this rank's batches, one host synchronisation, then step. None if skipped.
 
-        Batches before the last accumulate gradients locally (DDP's no_sync). The last batch's forward
-        runs, then the ranks agree on loss, tokens and failures, and only then does every rank run the
-        backward that all-reduces the gradients: of the real loss, or, when a rank failed or the loss
-        is not finite, of a zero loss whose gradients are dropped (discard_update).
+        Batches before the last accumulate gradients locally (DDP's no_sync); the last batch's backward
+        all-reduces them. A rank that failed (out of memory) still joins that all-reduce with a zero loss.
+        Then the totals are summed over ranks, the gradient normalised and clipped, all on the device,
+        and one transfer brings [loss, nll, tokens, failed ranks, gradient norm] to the host: every rank
+        sees the same numbers and steps, or skips the update, together.
         """
         start = time.perf_counter()
         self.model.train()
-        totals, last_loss = self.accumulate(group)
-        loss_sum, nll_sum, n_tokens, n_failed = all_reduce_sum(totals, self.info).tolist()
-        if n_failed or not math.isfinite(loss_sum):
-            self.discard_update(last_loss)
-            if n_failed:
-                self.state.n_skipped_updates += 1
-                return None
-            return self.skip_nonfinite(loss_sum, math.nan)
-        assert last_loss is not None
-        try:
-            self.backward(last_loss)
-        except torch.cuda.OutOfMemoryError:
-            raise NmtError(f"rank {self.info.rank} ran out of memory in the backward pass that synchronises "
-                           "the ranks' gradients, which cannot be skipped; lower --max-tokens") from None
-        return self.apply_update(loss_sum, nll_sum, int(n_tokens), time.perf_counter() - start)
+        self.loader.plan(self.epoch_batches(), self.state.batch_in_epoch)
+        totals = all_reduce_sum(self.accumulate(group), self.info)
+        if self.scaler:
+            self.scaler.unscale_(self.optimizer)
+        # DDP averages the ranks' gradients; the update wants their sum over the global token count.
+        grads = [p.grad for p in self.params if p.grad is not None]
+        if grads:
+            torch._foreach_mul_(grads, self.info.world_size / totals[2].clamp(min=1))
+        max_norm = self.cfg.clip_norm if self.cfg.clip_norm > 0 else math.inf
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.params, max_norm)
+        # The update's one host synchronisation.
+        # (clip_grad_norm_ answers on the CPU when no parameter has a gradient: a rank that failed at once.)
+        norm_t = grad_norm.to(totals.device, torch.float64).view(1)
+        loss_sum, nll_sum, n_tokens, n_failed, norm = torch.cat([totals, norm_t]).tolist()
+        if n_failed:
+            self.optimizer.zero_grad(set_to_none=True)
+            self.state.n_skipped_updates += 1
+            if self.scaler:  # no overflow: the scale stays (the scaler needs an update after unscale_)
+                self.scaler.update(self.scaler.get_scale())
+            return None
+        if not (math.isfinite(loss_sum) and math.isfinite(norm)):
+            return self.skip_nonfinite(loss_sum, norm)
+        return self.apply_update(loss_sum, nll_sum, int(n_tokens), norm, time.perf_counter() - start)
 
-    def accumulate(self, group: list[np.ndarray]) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Forward (and, for all but the last batch, backward) this rank's batches of the update.
+    def accumulate(self, group: list[np.ndarray]) -> torch.Tensor:
+        """Forward and backward this rank's batches of the update; the last backward syncs the gradients.
 
-        Returns [loss, nll, target tokens, failed] summed over the batches, and the last batch's loss
-        (still to be backpropagated; None when this rank ran out of memory).
+        Returns [loss, nll, target tokens, failed] summed over the batches, on the device (no host sync).
         """
         totals = torch.zeros(4, dtype=torch.float64, device=self.device)
         for i, ids in enumerate(group):
-            batch = collate(self.train_data, ids).to(self.device)
+            batch = self.loader.get(ids).to(self.device)
+            syncing = i == len(group) - 1  # this batch's backward all-reduces the gradients (DDP)
             try:
-                if i == len(group) - 1:
+                with nullcontext() if syncing else self.no_sync():
                     loss, nll = self.batch_loss(batch, self.synced_objective)
-                    last_loss = loss
-                else:
-                    with self.no_sync():
-                        loss, nll = self.batch_loss(batch, self.synced_objective)
+                    if not syncing:
                         self.backward(loss)
             except torch.cuda.OutOfMemoryError:
                 logger.warning("rank %d ran out of memory on a batch of %d sentences; skipping this update "
                                "on every rank", self.info.rank, len(ids))
                 totals[3] += 1
                 torch.cuda.empty_cache()
-                return totals, None
-            totals[:3] += torch.stack([loss.detach().double(), nll.detach().double(),
-                                       torch.tensor(float(batch.n_tgt_tokens), dtype=torch.float64,
-                                                    device=self.device)])
-        return totals, last_loss
+                self.join_gradient_sync()
+                return totals
+            totals[:2] += torch.stack([loss.detach(), nll.detach()]).double()
+            totals[2] += batch.n_tgt_tokens
+            if syncing:
+                try:
+                    self.backward(loss)
+                except torch.cuda.OutOfMemoryError:
+                    raise NmtError(f"rank {self.info.rank} ran out of memory in the backward pass that "
+                                   "synchronises the ranks' gradients, which cannot be skipped; lower "
+                                   "--max-tokens") from None
+        return totals
 
-    def discard_update(self, last_loss: torch.Tensor | None) -> None:
-        """Drop this update's gradients on every rank.
+    def join_gradient_sync(self) -> None:
+        """Take part in DDP's gradient all-reduce after a failure, with a zero loss on one token.
 
         DDP expects the synchronising backward after every forward outside no_sync and stays out of
-        step with the other ranks without it, so each rank runs that backward on a zero loss (a rank
-        that failed before its last forward runs a one-token one first), then the gradients go.
+        step with the other ranks without it; the update is skipped on every rank afterwards.
         """
         if self.distributed:
-            if last_loss is None:
-                one = torch.tensor([[EOS]], device=self.device)
-                last_loss, _ = self.batch_loss(Batch(np.zeros(1, dtype=np.int64), one, one.eq(PAD),
-                                                     torch.full_like(one, BOS), one, 1), self.synced_objective)
-            (last_loss * 0.0).backward()
-        self.optimizer.zero_grad(set_to_none=True)
+            one = torch.tensor([[EOS]], device=self.device)
+            loss, _ = self.batch_loss(Batch(np.zeros(1, dtype=np.int64), one, one.eq(PAD), torch.full_like(one, BOS),
+                                            one, 1), self.synced_objective)
+            (loss * 0.0).backward()
 
     def backward(self, loss: torch.Tensor) -> None:
         (self.scaler.scale(loss) if self.scaler else loss).backward()
@@ -175,25 +196,16 @@ class Trainer:
         """Accumulate this batch's gradients locally; the update's last batch syncs them all."""
         return self.synced_objective.no_sync() if self.distributed else nullcontext()
 
-    def apply_update(self, loss_sum: float, nll_sum: float, n_tokens: int, seconds: float) -> StepStats | None:
-        if self.scaler:
-            self.scaler.unscale_(self.optimizer)
-        # DDP averages the ranks' gradients; the update wants their sum over the global token count.
-        torch._foreach_mul_([p.grad for p in self.params if p.grad is not None],
-                            self.info.world_size / max(n_tokens, 1))
-        max_norm = self.cfg.clip_norm if self.cfg.clip_norm > 0 else math.inf
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, max_norm))
-        if not (math.isfinite(grad_norm) and math.isfinite(loss_sum)):
-            return self.skip_nonfinite(loss_sum, grad_norm)
+    def apply_update(self, loss_sum: float, nll_sum: float, n_tokens: int, grad_norm: float,
+                     seconds: float) -> StepStats:
+        """Step with gradients already normalised, clipped and known to be finite."""
         self.state.n_nonfinite_in_a_row = 0
         lr = self.lr(self.state.update + 1)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
+        self.optimizer.step()  # unscaled and finite: scaler.step's own inf check (a host sync) is not needed
         if self.scaler:
-            self.scaler.step(self.optimizer)
             self.scaler.update()
-        else:
-            self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.state.update += 1
         return StepStats(loss_sum / n_tokens, nll_sum / n_tokens, n_tokens, grad_norm, seconds)
@@ -201,9 +213,16 @@ class Trainer:
     def skip_nonfinite(self, loss_sum: float, grad_norm: float) -> None:
         self.optimizer.zero_grad(set_to_none=True)
         self.state.n_skipped_updates += 1
-        if self.scaler:  # fp16 overflow: the scaler lowers the scale and we try again
-            self.scaler.update(self.scaler.get_scale() / 2)
-            logger.info("fp16 overflow, update skipped; loss scale now %g", self.scaler.get_scale())
+        if self.scaler:  # fp16 overflow: halve the loss scale and try again, down to --min-loss-scale
+            scale = self.scaler.get_scale() / 2
+            self.scaler.update(scale)
+            self.state.n_overflows += 1
+            logger.warning("fp16 overflow at update %d, update skipped (%d so far); loss scale now %g",
+                           self.state.update + 1, self.state.n_overflows, scale)
+            if scale < self.cfg.min_loss_scale:
+                raise NmtError(f"minimum loss scale reached: fp16 overflowed at every scale down to {scale:g} "
+                               f"(--min-loss-scale {self.cfg.min_loss_scale:g}); the loss is probably "
+                               "diverging: lower the learning rate, set --clip-norm, or use --precision bf16")
             return None
         self.state.n_nonfinite_in_a_row += 1
         logger.warning("non-finite loss (%s) or gradient norm (%s) at update %d; update skipped",
@@ -233,8 +252,8 @@ class Trainer:
         for ids in batches[self.info.rank::self.info.world_size]:
             batch = collate(data, ids, self.model_cfg.max_positions).to(self.device)
             loss, nll = self.batch_loss(batch)
-            totals += torch.tensor([loss.item(), nll.item(), batch.n_tgt_tokens], dtype=torch.float64,
-                                   device=self.device)
+            totals[:2] += torch.stack([loss, nll]).double()
+            totals[2] += batch.n_tgt_tokens
         loss_sum, nll_sum, n_tokens = all_reduce_sum(totals, self.info).tolist()
         result = {"valid_loss": loss_sum / n_tokens, "valid_nll": nll_sum / n_tokens,
                   "valid_ppl": math.exp(min(nll_sum / n_tokens, 100.0))}
@@ -258,17 +277,20 @@ class Trainer:
         return improved
 
     # ---- checkpoints ------------------------------------------------------------------------------
-    def checkpoint(self) -> dict[str, Any]:
-        """The whole training state as a checkpoint (nmt_cli/checkpoint.py defines the format)."""
-        name, key, pos, has_gauss, gauss = np.random.get_state()
-        rng = {"python": random.getstate(), "numpy": [name, key.tolist(), pos, has_gauss, gauss],
-               "torch": torch.get_rng_state()}
-        if torch.cuda.is_available():
-            rng["cuda"] = torch.cuda.get_rng_state_all()
+    def rng_states(self) -> list[dict[str, Any]]:
+        """Every rank's random streams, by rank. A collective: every rank calls it at every save."""
+        return gather_objects(rng_state(), self.info)
+
+    def checkpoint(self, rng: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+        """The whole training state as a checkpoint (nmt_cli/checkpoint.py defines the format).
+
+        rng: every rank's random streams (`rng_states`); this process's alone when not given.
+        """
         training = {"optimizer": self.optimizer.state_dict(),
                     "scheduler": {"name": self.cfg.lr_scheduler, "update": self.state.update - self.state.lr_start},
                     "grad_scaler": self.scaler.state_dict() if self.scaler else {},
-                    "train_state": asdict(self.state), "world_size": self.info.world_size, "rng": rng}
+                    "train_state": asdict(self.state), "world_size": self.info.world_size,
+                    "rng": rng if rng is not None else [rng_state()]}
         return make_checkpoint(self.model_cfg, self.cfg, self.search_cfg, self.vocab,
                                (self.meta["source_lang"], self.meta["target_lang"]), self.model.state_dict(),
                                self.state.update, self.state.epoch, training)
@@ -292,13 +314,11 @@ class Trainer:
                                "restarts at the beginning of epoch %d", ckpt.get("world_size", 1),
                                self.info.world_size, self.state.epoch)
             self.state.batch_in_epoch = 0
-        rng = ckpt["rng"]
-        random.setstate(rng["python"])
-        name, key, pos, has_gauss, gauss = rng["numpy"]
-        np.random.set_state((name, np.array(key, dtype=np.uint32), pos, has_gauss, gauss))
-        torch.set_rng_state(rng["torch"])
-        if "cuda" in rng and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(rng["cuda"])
+        rngs = ckpt["rng"]  # by rank
+        if len(rngs) != self.info.world_size:
+            logger.warning("checkpoint holds the random streams of %d rank(s), this run has %d; every rank "
+                           "continues from rank 0's", len(rngs), self.info.world_size)
+        set_rng_state(rngs[self.info.rank] if len(rngs) == self.info.world_size else rngs[0])
 
     def stop_reason(self) -> str | None:
         c, s = self.cfg, self.state
@@ -313,3 +333,20 @@ class Trainer:
         return None
 
 
+def rng_state() -> dict[str, Any]:
+    """This process's random streams: Python's, NumPy's, torch's CPU and CUDA generators."""
+    name, key, pos, has_gauss, gauss = np.random.get_state()
+    rng = {"python": random.getstate(), "numpy": [name, key.tolist(), pos, has_gauss, gauss],
+           "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        rng["cuda"] = torch.cuda.get_rng_state_all()
+    return rng
+
+
+def set_rng_state(rng: dict[str, Any]) -> None:
+    random.setstate(rng["python"])
+    name, key, pos, has_gauss, gauss = rng["numpy"]
+    np.random.set_state((name, np.array(key, dtype=np.uint32), pos, has_gauss, gauss))
+    torch.set_rng_state(rng["torch"])
+    if "cuda" in rng and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(rng["cuda"])

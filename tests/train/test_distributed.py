@@ -122,3 +122,53 @@ def test_collective_failure_recognises_gloo_and_nccl_errors_only():
     assert collective_failure(torch.distributed.DistError("NCCL watchdog timeout")) == "NCCL watchdog timeout"
     assert collective_failure(RuntimeError("shape mismatch in our own code")) is None
     assert collective_failure(ValueError("gloo")) is None
+
+
+def descendants(pid):
+    """Every process started, directly or not, by `pid` (torchrun starts its ranks in sessions of their own)."""
+    import os
+
+    children = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = open(f"/proc/{entry}/stat").read()
+            except OSError:
+                continue
+            children.setdefault(int(stat.rsplit(")", 1)[1].split()[1]), []).append(int(entry))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def test_every_rank_resumes_its_own_random_streams(toy_data_bin, tmp_path):
+    """With dropout on, 2 ranks killed (SIGKILL) after a checkpoint and resumed end bit-identical to an
+    uninterrupted run: each rank saved and restores its own random streams, not rank 0's."""
+    import os
+    import signal
+
+    extra = ["--dropout", "0.3", "--max-update", "12"]
+    nmt(toy_data_bin, tmp_path / "whole", *extra, ranks=2)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m", "nmt_cli",
+           "train", str(toy_data_bin), "--save-dir", str(tmp_path / "parts"), *COMMON, *extra,
+           "--save-interval-updates", "3"]
+    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+    for line in proc.stderr:
+        if "saved checkpoint_last.pt at update 3" in line:
+            for pid in [proc.pid, *descendants(proc.pid)]:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            break
+    proc.wait(timeout=60)
+    assert proc.returncode == -signal.SIGKILL
+    killed_at = load_checkpoint(tmp_path / "parts" / "checkpoint_last.pt")
+    assert killed_at["update"] < 12 and len(killed_at["rng"]) == 2
+    resumed = nmt(toy_data_bin, tmp_path / "parts", *extra, "--save-interval-updates", "3", ranks=2)
+    assert f"at update {killed_at['update']}" in resumed.stderr
+    assert_same_parameters(load_checkpoint(tmp_path / "whole" / "checkpoint_last.pt"),
+                           load_checkpoint(tmp_path / "parts" / "checkpoint_last.pt"), atol=0)

@@ -1,0 +1,204 @@
+"""GPU throughput: training target tokens/s, MFU and peak memory for transformer_base and _big, and beam-4 generation.
+
+    python benchmarks/bench_gpu.py [--peak-tflops 989] [--max-tokens 25000] [--updates 30]
+
+Skips (exit 0) without CUDA. Training runs the real Trainer (`nmt train`'s update: bf16 autocast,
+fused loss, fused AdamW, background batches) on a synthetic data directory: a 37,000-piece vocabulary
+and news-like sentence lengths (WMT14 EN-DE: ~27 pieces on average), about 25k target tokens per
+update as in the paper. Generation: beam 4 over 3,000 such sentences with a transformer_base in bf16;
+an untrained model does not stop on its own, so every output is forced to end at 1.1 x its source
+length (max_len_a 1.1, max_len_b 0), the length a trained one produces.
+
+Model FLOPs (counted from each batch's real lengths, padding excluded; multiply-add = 2 FLOPs;
+backward = 2 x forward, so training = 3 x forward = the "6 x parameters" rule):
+    6 * (P_enc * n_src + P_dec * n_tgt + D * V * n_tgt)             dense layers and output projection
+  + 3 * 4 * D * (L_enc * sum(s_i^2) + L_dec * sum(s_i * t_i))        encoder self-, cross-attention scores
+  + 3 * 2 * D * L_dec * sum(t_i^2)                                   causal decoder self-attention (half)
+P_enc / P_dec: parameters of the encoder / decoder layers (embeddings excluded), D d_model, V vocabulary,
+L layers, s_i / t_i the sentences' source / target lengths (with EOS), n_src / n_tgt their sums.
+Generation MFU uses the forward terms only (a third), with incremental decoding's attention over the prefix.
+MFU = model FLOP/s / the device's dense bf16 peak (table below, or --peak-tflops).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from nmt_cli.config import ARCHITECTURES, PreprocessConfig, SearchConfig, TrainConfig  # noqa: E402
+from nmt_cli.data.dataset import ParallelDataset  # noqa: E402
+from nmt_cli.data.preprocess import preprocess  # noqa: E402
+from nmt_cli.search.translate import Translator, translate  # noqa: E402
+
+PEAK_BF16_TFLOPS = {"H100 SXM": 989.0, "H100 80GB HBM3": 989.0, "H200": 989.0, "H100 PCIe": 756.0, "H100 NVL": 835.0,
+                    "GH200": 989.0, "A100": 312.0, "L40S": 362.0, "L4": 121.0, "A10": 125.0, "RTX 4090": 165.0}
+VOCAB = 37000
+
+
+def peak_tflops(name: str, override: float | None) -> float:
+    if override:
+        return override
+    for key, value in sorted(PEAK_BF16_TFLOPS.items(), key=lambda kv: -len(kv[0])):
+        if key.lower() in name.lower():
+            return value
+    raise SystemExit(f"no bf16 peak known for {name!r}; give --peak-tflops")
+
+
+def news_lengths(n: int, rng: np.random.Generator) -> np.ndarray:
+    """Piece counts shaped like WMT news sentences: log-normal, mean ~27, within 3..200."""
+    return np.clip(rng.lognormal(3.15, 0.55, n), 3, 200).astype(np.int64)
+
+
+def synthetic_data_dir(root: Path, n_train: int, vocab: int, seed: int = 1) -> Path:
+    """A data directory in `nmt preprocess`'s layout with random ids below `vocab` (a tiny real one, rewritten)."""
+    text = root / "text"
+    text.mkdir(parents=True)
+    for lang in ("src", "tgt"):
+        (text / f"train.{lang}").write_text("\n".join(f"{i} {i + 1} {i + 2}" for i in range(200)) + "\n")
+    dest = root / "data-bin"
+    preprocess(PreprocessConfig(source_lang="src", target_lang="tgt", trainpref=str(text / "train"),
+                                destdir=str(dest), vocab_size=40))
+    rng = np.random.default_rng(seed)
+    src_lens = news_lengths(n_train, rng)
+    tgt_lens = np.clip((src_lens * rng.normal(1.1, 0.1, n_train)).astype(np.int64), 2, 200)
+    for lang, lens in (("src", src_lens), ("tgt", tgt_lens)):
+        tokens = rng.integers(4, vocab, int(lens.sum())).astype(np.uint16)
+        np.save(dest / f"train.{lang}.bin.npy", tokens)
+        np.save(dest / f"train.{lang}.idx.npy", np.concatenate([[0], np.cumsum(lens)]).astype(np.int64))
+    meta = json.loads((dest / "meta.json").read_text())
+    meta.update(vocab_size=vocab, dtype="uint16")
+    meta["splits"] = {"train": meta["splits"]["train"]}
+    (dest / "meta.json").write_text(json.dumps(meta))
+    return dest
+
+
+def layer_params(model) -> tuple[int, int]:
+    enc = sum(p.numel() for m in (model.encoder, model.encoder_norm) for p in m.parameters())
+    dec = sum(p.numel() for m in (model.decoder, model.decoder_norm) for p in m.parameters())
+    return enc, dec
+
+
+def training_flops(model, cfg, s: np.ndarray, t: np.ndarray) -> float:
+    """Model FLOPs of one update over sentences with source lengths s and target lengths t (EOS included)."""
+    p_enc, p_dec = layer_params(model)
+    d, le, ld = cfg.d_model, cfg.encoder_layers, cfg.decoder_layers
+    s, t = s.astype(np.float64), t.astype(np.float64)
+    dense = 6 * (p_enc * s.sum() + p_dec * t.sum() + d * cfg.vocab_size * t.sum())
+    attention = 3 * 4 * d * (le * (s * s).sum() + ld * (s * t).sum()) + 3 * 2 * d * ld * (t * t).sum()
+    return float(dense + attention)
+
+
+def bench_training(arch: str, data_dir: Path, args, device: torch.device, peak: float) -> None:
+    from nmt_cli.train.command import prepare
+
+    save = Path(tempfile.mkdtemp(prefix=f"bench-{arch}-"))
+    cfg = TrainConfig(data_dir=str(data_dir), save_dir=str(save), max_tokens=args.max_tokens, max_update=10**6,
+                      device=device.type, precision=args.precision, warmup_updates=4000)
+    trainer = prepare(cfg, ARCHITECTURES[arch], SearchConfig())
+    model_cfg = trainer.model_cfg
+    data = trainer.train_data
+    batches = trainer.epoch_batches()
+    n_warm = min(args.warmup, len(batches) - 1)
+    for i in range(n_warm):
+        trainer.train_step([batches[i]])
+        trainer.state.batch_in_epoch = i + 1
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+    n_tokens, flops, start = 0, 0.0, time.perf_counter()
+    timed = batches[n_warm:n_warm + args.updates]
+    for i, ids in enumerate(timed):
+        stats = trainer.train_step([ids])  # one host sync per update: the timing needs no other
+        trainer.state.batch_in_epoch = n_warm + i + 1
+        s, t = data.src_lens[ids] + 1, data.tgt_lens[ids] + 1
+        n_tokens += int(t.sum())
+        flops += training_flops(trainer.model, model_cfg, s, t)
+        assert stats is not None
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    seconds = time.perf_counter() - start
+    peak_gb = torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else float("nan")
+    mfu = flops / seconds / (peak * 1e12)
+    print(f"train {arch:18s} {args.precision}: {n_tokens / seconds:>10,.0f} target tok/s  "
+          f"({n_tokens / len(timed):,.0f} target tokens/update, {len(timed)} updates)  MFU {mfu:6.1%}  "
+          f"peak memory {peak_gb:.1f} GiB", flush=True)
+    del trainer
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def bench_generation(args, device: torch.device, peak: float) -> None:
+    from nmt_cli.model.transformer import build_model
+
+    model_cfg = replace(ARCHITECTURES[args.gen_arch], vocab_size=VOCAB)
+    torch.manual_seed(1)
+    model = build_model(model_cfg).to(device).eval()
+    rng = np.random.default_rng(2)
+    lens = news_lengths(args.sentences, rng)
+    sources = [rng.integers(4, VOCAB, n) for n in lens]
+    cfg = SearchConfig(beam=4, max_len_a=1.1, max_len_b=0, min_len=0)
+    tr = Translator(model, None, device, torch.bfloat16 if args.precision == "bf16" else None)  # type: ignore[arg-type]
+    translate(tr, sources[:200], cfg, args.gen_max_tokens)  # warm-up
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    results = translate(tr, sources, cfg, args.gen_max_tokens)
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    seconds = time.perf_counter() - start
+    out = np.array([len(h[0].tokens) + 1 for h in results], dtype=np.float64)
+    s = lens.astype(np.float64) + 1
+    p_enc, p_dec = layer_params(model)
+    d, ld = model_cfg.d_model, model_cfg.decoder_layers
+    # Forward FLOPs: the encoder once per sentence, the decoder and projection for K beams per output token.
+    flops = 2 * p_enc * s.sum() + 4 * 2 * (p_dec + d * VOCAB) * out.sum() + 2 * 4 * d * model_cfg.encoder_layers * (s * s).sum() \
+        + 4 * 4 * d * ld * (s * out).sum() + 4 * 2 * d * ld * (out * out).sum()
+    mfu = flops / seconds / (peak * 1e12)
+    print(f"generate {args.gen_arch} beam 4 {args.precision}: {len(sources):,} sentences in {seconds:.2f} s = "
+          f"{len(sources) / seconds:,.0f} sentences/s, {out.sum() / seconds:,.0f} tokens/s  MFU {mfu:6.2%}",
+          flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--peak-tflops", type=float, help="the device's dense bf16 peak, if not in the table")
+    parser.add_argument("--archs", default="transformer_base,transformer_big")
+    parser.add_argument("--precision", default="bf16", choices=("bf16", "fp16", "fp32"))
+    parser.add_argument("--max-tokens", type=int, default=25000, help="per update (one batch)")
+    parser.add_argument("--updates", type=int, default=30)
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--train-sentences", type=int, default=200_000)
+    parser.add_argument("--sentences", type=int, default=3000)
+    parser.add_argument("--gen-arch", default="transformer_base")
+    parser.add_argument("--gen-max-tokens", type=int, default=16000)
+    parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"),
+                        help="cpu only checks that the script runs (tiny sizes)")
+    args = parser.parse_args()
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("bench_gpu: no CUDA device; skipped")
+        return
+    device = torch.device(args.device)
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    peak = peak_tflops(name, args.peak_tflops) if device.type == "cuda" else (args.peak_tflops or 1.0)
+    print(f"device: {name}  (dense bf16 peak {peak:g} TFLOP/s for MFU)  torch {torch.__version__}", flush=True)
+    with tempfile.TemporaryDirectory(prefix="bench-gpu-") as tmp:
+        data_dir = synthetic_data_dir(Path(tmp), args.train_sentences, VOCAB)
+        assert len(ParallelDataset(data_dir, "train")) == args.train_sentences
+        for arch in args.archs.split(","):
+            bench_training(arch, data_dir, args, device, peak)
+    bench_generation(args, device, peak)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,100 @@
+"""Training batches prepared ahead of the loop: collated, and on CUDA pinned, by a background thread.
+
+The thread walks the epoch's batch order from where the loop stands and keeps up to `depth` prepared
+batches in a queue, so the GPU does not wait on the host's padding and copying between micro-batches.
+It changes nothing about which batches are trained on or in what order: the trainer tells it where the
+loop stands (`plan`), takes what it asks for (`get`), and a request off the plan (a new epoch, a resume,
+a test calling train_step with its own batches) is collated inline and the thread restarted.
+
+On CUDA a batch also gets, on the host, what would otherwise cost a device synchronisation: the flat
+positions of its real target tokens (`tgt_index`, for the loss) and, when no sentence is padded, no
+source padding mask at all (so SDPA may choose its Flash kernel).
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import weakref
+from dataclasses import replace
+
+import numpy as np
+import torch
+
+from nmt_cli.data.batching import Batch, collate
+from nmt_cli.data.dataset import ParallelDataset
+from nmt_cli.data.vocab import PAD
+
+
+def prepare(dataset: ParallelDataset, ids: np.ndarray, device: torch.device) -> Batch:
+    """collate(), plus, for CUDA, the host-side target positions, no mask without padding, pinned memory."""
+    batch = collate(dataset, ids)
+    if device.type != "cuda":
+        return batch
+    index = torch.from_numpy(np.flatnonzero(batch.tgt_out.numpy().reshape(-1) != PAD))
+    mask = batch.src_pad_mask if bool(batch.src_pad_mask.any()) else None  # a CPU tensor: no device sync
+    batch = replace(batch, src_pad_mask=mask, tgt_index=index)
+    return pin(batch) if torch.cuda.is_available() else batch
+
+
+def pin(batch: Batch) -> Batch:
+    def pinned(t: torch.Tensor | None) -> torch.Tensor | None:
+        return None if t is None else t.pin_memory()
+
+    return replace(batch, src_tokens=pinned(batch.src_tokens), src_pad_mask=pinned(batch.src_pad_mask),
+                   tgt_in=pinned(batch.tgt_in), tgt_out=pinned(batch.tgt_out), tgt_index=pinned(batch.tgt_index))
+
+
+def _work(dataset: ParallelDataset, device: torch.device, order: list[np.ndarray], start: int,
+          out: queue.Queue, stop: threading.Event) -> None:
+    """Prepare order[start:] into `out` until the end of the order or until told to stop."""
+    for ids in order[start:]:
+        try:
+            item: tuple[np.ndarray, Batch | BaseException] = (ids, prepare(dataset, ids, device))
+        except BaseException as e:  # handed to the loop, which raises it where collate would have
+            item = (ids, e)
+        while not stop.is_set():
+            try:
+                out.put(item, timeout=0.1)
+                break
+            except queue.Full:
+                continue
+        if stop.is_set() or isinstance(item[1], BaseException):
+            return
+
+
+class BatchLoader:
+    """Prepared batches in the loop's order; background=False collates inline (the CPU default)."""
+
+    def __init__(self, dataset: ParallelDataset, device: torch.device, background: bool, depth: int = 4) -> None:
+        self.dataset, self.device, self.background, self.depth = dataset, device, background, depth
+        self._order: list[np.ndarray] | None = None
+        self._next = 0
+        self._queue: queue.Queue | None = None
+        self._stop = threading.Event()
+        weakref.finalize(self, self._stop.set)  # the thread ends with its loader
+
+    def plan(self, order: list[np.ndarray], start: int) -> None:
+        """The loop is about to take order[start], order[start + 1], ...: prepare them ahead."""
+        if not self.background or (order is self._order and start == self._next):
+            return
+        self._stop.set()
+        self._stop = stop = threading.Event()
+        weakref.finalize(self, stop.set)
+        self._order, self._next, self._queue = order, start, queue.Queue(maxsize=self.depth)
+        threading.Thread(target=_work, args=(self.dataset, self.device, order, start, self._queue, stop),
+                         daemon=True, name="nmt-batches").start()
+
+    def get(self, ids: np.ndarray) -> Batch:
+        """The prepared batch of `ids`: from the thread when it is the planned next one, else made now."""
+        order, n = self._order, self._next
+        if self._queue is None or order is None or n >= len(order) or order[n] is not ids:
+            self._order = None  # off the plan: the next plan() restarts the thread
+            return prepare(self.dataset, ids, self.device)
+        self._next += 1
+        planned_ids, batch = self._queue.get()
+        assert planned_ids is ids
+        if isinstance(batch, BaseException):
+            self._order = None
+            raise batch
+        return batch

@@ -1,0 +1,134 @@
+"""Training and translation on CUDA (`make test-gpu`); every test here is skipped where CUDA is absent.
+
+Tolerances: fp32 on CUDA (TF32 matmuls, other kernels, another dropout generator: dropout is off here)
+follows the CPU's loss curve within 2e-2 nats per update over 30 updates; bf16 and fp16 are only
+asked to lower the loss.
+"""
+
+import json
+from dataclasses import replace
+import signal
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from nmt_cli.checkpoint import load_checkpoint
+from nmt_cli.config import ARCHITECTURES, SearchConfig
+from nmt_cli.data.dataset import ParallelDataset
+from nmt_cli.search.translate import load_translator, translate
+from nmt_cli.train.command import prepare, train
+
+from conftest import tiny_train_config
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
+
+TINY = ARCHITECTURES["transformer_tiny"]
+FP32_LOSS_TOLERANCE = 2e-2
+
+
+def losses(log_file):
+    return [r["loss"] for r in map(json.loads, open(log_file)) if r["event"] == "train"]
+
+
+def run(data_bin, save_dir, device, **kw):
+    cfg = tiny_train_config(data_bin, save_dir, device=device, max_update=30, log_interval=1,
+                            log_file=str(save_dir.parent / f"{save_dir.name}.jsonl"), **kw)
+    train(cfg, replace(TINY, dropout=0.0), SearchConfig())
+    return losses(cfg.log_file)
+
+
+def test_fp32_on_cuda_follows_the_cpu_losses(toy_data_bin, tmp_path):
+    cpu = run(toy_data_bin, tmp_path / "cpu", "cpu")
+    cuda = run(toy_data_bin, tmp_path / "cuda", "cuda", precision="fp32")
+    assert len(cpu) == len(cuda) == 30
+    assert max(abs(a - b) for a, b in zip(cpu, cuda)) < FP32_LOSS_TOLERANCE, (cpu, cuda)
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_half_precisions_lower_the_loss(toy_data_bin, tmp_path, precision):
+    curve = run(toy_data_bin, tmp_path / precision, "cuda", precision=precision)
+    assert curve[-1] < curve[0] - 0.5, curve
+    assert load_checkpoint(tmp_path / precision / "checkpoint_last.pt")["train_config"]["precision"] == precision
+
+
+def test_training_update_makes_one_host_synchronisation(toy_data_bin, tmp_path):
+    trainer = prepare(tiny_train_config(toy_data_bin, tmp_path, device="cuda", max_update=3, update_freq=2),
+                      TINY, SearchConfig())
+    assert trainer.optimizer.defaults["fused"]
+    group = trainer.epoch_batches()[:2]
+    trainer.train_step(group)  # warm-up: allocations, cuBLAS handles, the loader's first plan
+    trainer.loader.plan(trainer.epoch_batches(), 2)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("warn")
+    try:
+        with pytest.warns(UserWarning) as record:
+            trainer.train_step(trainer.epoch_batches()[2:4])
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    syncs = [str(w.message) for w in record if "synchroniz" in str(w.message)]
+    assert len(syncs) == 1, syncs
+
+
+def test_killed_and_resumed_on_cuda_ends_bit_identical(toy_data_bin, tmp_path):
+    args = ["--arch", "transformer_tiny", "--max-tokens", "256", "--warmup-updates", "4", "--device", "cuda",
+            "--log-interval", "1", "--dropout", "0.3", "--max-update", "40"]
+    base = [sys.executable, "-m", "nmt_cli", "train", str(toy_data_bin)]
+    whole = subprocess.run([*base, "--save-dir", str(tmp_path / "whole"), *args], capture_output=True, text=True)
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    cmd = [*base, "--save-dir", str(tmp_path / "parts"), *args, "--save-interval-updates", "10"]
+    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+    for line in proc.stderr:
+        if "saved checkpoint_last.pt at update 10" in line:
+            proc.send_signal(signal.SIGKILL)
+            break
+    proc.wait(timeout=60)
+    assert proc.returncode == -signal.SIGKILL
+    resumed = subprocess.run(cmd, capture_output=True, text=True)
+    assert resumed.returncode == 0 and "resuming from" in resumed.stderr, resumed.stderr[-3000:]
+    a = load_checkpoint(tmp_path / "whole" / "checkpoint_last.pt")["model"]
+    b = load_checkpoint(tmp_path / "parts" / "checkpoint_last.pt")["model"]
+    for name in a:
+        assert torch.equal(a[name], b[name]), name
+
+
+def test_beam_search_on_cuda_returns_the_cpus_hypotheses(tiny_checkpoint, toy_data_bin):
+    sources = [ParallelDataset(toy_data_bin, "test").src[i] for i in range(30)]
+    cpu, _ = load_translator(tiny_checkpoint, torch.device("cpu"), None)
+    cuda, _ = load_translator(tiny_checkpoint, torch.device("cuda"), None)
+    torch.backends.cuda.matmul.allow_tf32 = False  # exact fp32 for the comparison
+    try:
+        on_cpu = translate(cpu, sources, SearchConfig(beam=4), 1000)
+        on_cuda = translate(cuda, sources, SearchConfig(beam=4), 1000)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = True
+    assert [h[0].tokens for h in on_cuda] == [h[0].tokens for h in on_cpu]
+    for a, b in zip(on_cpu, on_cuda):
+        assert abs(a[0].score - b[0].score) < 1e-3
+
+
+def test_beam_search_makes_one_host_synchronisation_per_step(tiny_checkpoint, toy_data_bin):
+    sources = [ParallelDataset(toy_data_bin, "test").src[i] for i in range(30)]
+    tr, _ = load_translator(tiny_checkpoint, torch.device("cuda"), torch.bfloat16)
+    cfg = SearchConfig(beam=4, max_len_a=0, max_len_b=20, min_len=20)  # exactly 21 steps, one batch
+    translate(tr, sources, cfg, 10000)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("warn")
+    try:
+        with pytest.warns(UserWarning) as record:
+            translate(tr, sources, cfg, 10000)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    syncs = [w for w in record if "synchroniz" in str(w.message)]
+    assert len(syncs) <= 21 + 8, len(syncs)  # a step each, plus a few per batch (lengths in, results out)
+
+
+def test_generate_in_bf16_on_cuda(tiny_checkpoint, toy_data_bin, tmp_path):
+    result = subprocess.run([sys.executable, "-m", "nmt_cli", "generate", str(toy_data_bin), "--path",
+                             str(tiny_checkpoint), "--device", "cuda", "--precision", "bf16", "--results-path",
+                             str(tmp_path)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-3000:]
+    hyps = [line for line in (tmp_path / "generate-test.txt").read_text().splitlines() if line.startswith("H-")]
+    assert len(hyps) == 30
