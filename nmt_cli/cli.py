@@ -226,6 +226,22 @@ def generate(data_dir: Path | None, checkpoint: Path, input_path: str | None, re
     run_generate(request)
 
 
+# ---- export ----------------------------------------------------------------------------------------
+@cli.command(context_settings=CONTEXT)
+@click.option("--path", "checkpoint", required=True, type=click.Path(path_type=Path), help="Checkpoint to export.")
+@click.option("--format", "fmt", default="ctranslate2", type=click.Choice(["ctranslate2"]), help="Serving format.")
+@click.option("--output", required=True, type=click.Path(file_okay=False, path_type=Path), help="Model directory to write.")
+@click.option("--quantization", type=click.Choice(["int8", "int8_float32", "bfloat16", "float16"]),
+              help="Weight type of the exported model [default: float32].")
+@click.option("--force", is_flag=True, help="Overwrite --output if it exists.")
+def export(checkpoint: Path, fmt: str, output: Path, quantization: str | None, force: bool) -> None:
+    """Write a checkpoint as a CTranslate2 model directory (needs `pip install nmt[export]`)."""
+    from nmt_cli.export.run import export_checkpoint
+
+    export_checkpoint(checkpoint, fmt, output, quantization, force)
+    click.echo(str(output))
+
+
 # ---- score -----------------------------------------------------------------------------------------
 @cli.command(context_settings=CONTEXT)
 @click.option("--sys", "sys_path", required=True, type=EXISTING_FILE, help="Hypotheses: plain text or `nmt generate` fairseq output.")
