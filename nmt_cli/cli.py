@@ -215,6 +215,7 @@ SEARCH_FLAGS = ("beam", "lenpen", "lenpen_style", "max_len_a", "max_len_b", "min
 @click.option("--fp16", is_flag=True, help="float16 autocast (CUDA).")
 @click.option("--num-shards", default=1, type=click.IntRange(min=1), help="Split the input into contiguous shards.")
 @click.option("--shard-id", default=0, type=click.IntRange(min=0), help="Which shard to translate.")
+@click.option("--quantize", type=click.Choice(["int8"]), help="CPU: dynamic int8 linear layers (float32 otherwise).")
 def generate(data_dir: Path | None, checkpoint: Path, input_path: str | None, results_path: Path | None,
              **opts: Any) -> None:
     """Translate a binarized split (DATA_DIR) or raw text (--input) with beam search."""

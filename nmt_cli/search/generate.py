@@ -14,7 +14,9 @@ import torch
 
 from nmt_cli.config import SearchConfig
 from nmt_cli.data.vocab import EOS, PAD, Vocab
+from nmt_cli.errors import ConfigError
 from nmt_cli.model.linear import pack_for_cpu_inference
+from nmt_cli.model.quantize import quantize_for_cpu_inference
 from nmt_cli.model.transformer import Transformer, build_model
 from nmt_cli.runtime import autocast
 from nmt_cli.search.beam import Hypothesis, beam_search
@@ -34,13 +36,23 @@ class Translator:
     amp_dtype: torch.dtype | None = None
 
 
-def load_translator(path: Path, device: torch.device, amp_dtype: torch.dtype | None) -> tuple[Translator, dict]:
-    """Build the model a checkpoint describes and load its weights; returns it with the raw checkpoint."""
+def load_translator(path: Path, device: torch.device, amp_dtype: torch.dtype | None,
+                    quantize: str | None = None) -> tuple[Translator, dict]:
+    """Build the model a checkpoint describes and load its weights; returns it with the raw checkpoint.
+
+    quantize="int8" (CPU, no autocast) swaps the linears for dynamic int8 ones; the checkpoint's float
+    tensors are then dropped from the returned dict, so no float32 copy of the weights stays alive.
+    """
+    if quantize is not None and (device.type != "cpu" or amp_dtype is not None):
+        raise ConfigError(f"--quantize {quantize} runs on the CPU in float32; drop --bf16/--fp16 and use --device cpu")
     state = load_checkpoint(path)
     model = build_model(model_config_of(state, path))
     load_model_weights(model, state["model"], path)
     model.to(device).eval()
-    if device.type == "cpu" and amp_dtype is None and torch.backends.mkldnn.is_available():
+    if quantize == "int8":
+        quantize_for_cpu_inference(model)
+        state = {k: v for k, v in state.items() if k not in ("model", "optimizer", "scheduler", "rng_state")}
+    elif device.type == "cpu" and amp_dtype is None and torch.backends.mkldnn.is_available():
         pack_for_cpu_inference(model)
     return Translator(model, vocab_of(state, path), device, amp_dtype), state
 

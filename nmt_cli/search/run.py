@@ -36,6 +36,7 @@ class GenerateRequest:
     fp16: bool = False
     num_shards: int = 1
     shard_id: int = 0
+    quantize: str | None = None
 
 
 def resolve_shard(req: GenerateRequest) -> tuple[int, int]:
@@ -59,7 +60,7 @@ def run_generate(req: GenerateRequest) -> Summary:
     set_threads(req.threads)
     device = choose_device(req.device, int(os.environ.get("LOCAL_RANK", "0")))
     amp = resolve_precision(device, req.bf16, req.fp16) if (req.bf16 or req.fp16) else None
-    translator, state = load_translator(req.checkpoint, device, amp)
+    translator, state = load_translator(req.checkpoint, device, amp, req.quantize)
     given = {k: v for k, v in (req.search_overrides or {}).items() if v is not None}
     cfg = replace(search_config_of(state), **given)
     fmt = req.output_format or ("fairseq" if req.data_dir else "plain")
