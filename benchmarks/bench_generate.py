@@ -4,11 +4,17 @@
 toolkit and checkpoint does the same work (the setting the peers were measured in); "natural": the
 model's own lengths, max length input + 50, which only means something for a trained model, so it uses
 --trained (default: the Multi30k recipe's average.pt, skipped when absent) and only for its shape.
+
+--precisions: fp32, bf16, int8 (`nmt generate --quantize int8`), and where ctranslate2 is installed
+ct2-fp32 and ct2-int8: CTranslate2 on the same checkpoint after `nmt export` (compute_type float32 or
+int8), same sentences, beam, batch of 64 sentences and 2 threads, through benchmarks/ct2_translate.py.
+CTranslate2's forced length is min = max = 25 decoding steps, nmt's 24 tokens plus the forced EOS.
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from common import MULTI30K, NMT, ROOT, WORK, checkpoint, number, report, run
@@ -16,11 +22,25 @@ from common import MULTI30K, NMT, ROOT, WORK, checkpoint, number, report, run
 FORCED = ["--min-len", "24", "--max-len-a", "0", "--max-len-b", "24"]
 
 
+def ct2_command(path: Path, src: Path, precision: str, beam: str, length: str) -> list[str] | None:
+    """The CTranslate2 child command for an exported copy of `path`, or None without ctranslate2."""
+    try:
+        import ctranslate2  # noqa: F401
+    except ImportError:
+        return None
+    model_dir = path.parent / f"{path.stem}-ct2"
+    if not (model_dir / "model.bin").exists() or model_dir.stat().st_mtime < path.stat().st_mtime:
+        run(NMT + ["export", "--path", str(path), "--output", str(model_dir), "--force"])
+    lengths = ["--min-len", "25", "--max-len", "25"] if length == "forced" else ["--max-len", "256"]
+    return [sys.executable, str(ROOT / "benchmarks" / "ct2_translate.py"), str(model_dir), str(src), "--beam", beam,
+            "--threads", "2", "--batch-size", "64", "--compute-type", precision.removeprefix("ct2-"), *lengths]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--shapes", default="small,base")
     parser.add_argument("--beams", default="4,1")
-    parser.add_argument("--precisions", default="fp32")
+    parser.add_argument("--precisions", default="fp32,int8,ct2-fp32,ct2-int8")
     parser.add_argument("--lengths", default="forced")
     parser.add_argument("--trained", default=str(ROOT / "work" / "multi30k_en_de" / "average.pt"),
                         help="trained transformer_small checkpoint for natural-length runs")
@@ -38,10 +58,16 @@ def main() -> None:
                     path = ckpt if length == "forced" else Path(args.trained)
                     if length == "natural" and (shape != "small" or not path.exists()):
                         continue
-                    cmd = NMT + ["generate", "--path", str(path), "--input", str(src), "--beam", beam,
-                                 "--batch-size", "64", "--max-tokens", "100000", "--threads", "2", "--device", "cpu",
-                                 *(FORCED if length == "forced" else ["--max-len-a", "1", "--max-len-b", "50"]),
-                                 *(["--bf16"] if precision == "bf16" else [])]
+                    if precision.startswith("ct2-"):
+                        cmd = ct2_command(path, src, precision, beam, length)
+                        if cmd is None:
+                            continue
+                    else:
+                        cmd = NMT + ["generate", "--path", str(path), "--input", str(src), "--beam", beam,
+                                     "--batch-size", "64", "--max-tokens", "100000", "--threads", "2", "--device", "cpu",
+                                     *(FORCED if length == "forced" else ["--max-len-a", "1", "--max-len-b", "50"]),
+                                     *(["--bf16"] if precision == "bf16" else []),
+                                     *(["--quantize", "int8"] if precision == "int8" else [])]
                     err, _, rss = run(cmd)
                     rows.append({"shape": shape, "beam": int(beam), "precision": precision, "length": length,
                                  "sent/s": number(r"([\d.]+) sentences/s", err),

@@ -231,6 +231,23 @@ class GenerateConfig:
                                  "on CPU].", choices=PRECISIONS)
     num_shards: int = flag(1, "Split the input into contiguous shards.", min=1)
     shard_id: int = flag(0, "Which shard to translate.", min=0)
+    quantize: str | None = flag(None, "CPU: dynamic int8 linear layers, the output projection included "
+                                "[default: float32].", choices=("int8",))
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+
+
+@dataclass(frozen=True)
+class ExportConfig:
+    """`nmt export`: a checkpoint as a model directory of a serving engine."""
+
+    path: str = flag(help="Checkpoint to export.", path="file")
+    output: str = flag(help="Model directory to write.", path="new")
+    format: str = flag("ctranslate2", "Serving format.", choices=("ctranslate2",))
+    quantization: str | None = flag(None, "Weight type of the exported model [default: float32].",
+                                    choices=("int8", "int8_float32", "bfloat16", "float16"))
+    force: bool = flag(False, "Overwrite --output if it exists.")
 
     def __post_init__(self) -> None:
         check_fields(self)

@@ -15,3 +15,7 @@ class DataError(NmtError):
 
 class CheckpointError(NmtError):
     """A checkpoint is missing, unreadable, or does not fit."""
+
+
+class ExportError(NmtError):
+    """A checkpoint cannot be exported to the requested format, or the exporter is not installed."""

@@ -10,6 +10,7 @@ from typing import Any
 
 from rich.console import Console
 from rich.logging import RichHandler
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
@@ -39,7 +40,7 @@ def setup_logging(verbosity: int = 0, progress: bool = True) -> None:
 
 
 def print_error(message: str) -> None:
-    console.print(f"[bold red]error:[/] {message}", highlight=False, markup=True, soft_wrap=True)
+    console.print(f"[bold red]error:[/] {escape(message)}", highlight=False, markup=True, soft_wrap=True)
 
 
 def print_table(title: str, rows: Mapping[str, Any]) -> None:

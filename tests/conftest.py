@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from nmt_cli.config import ARCHITECTURES, ModelConfig, PreprocessConfig, SearchConfig, TrainConfig
+from nmt_cli.config import ARCHITECTURES, ModelConfig, model_config, PreprocessConfig, SearchConfig, TrainConfig
 from nmt_cli.data.preprocess import preprocess
 from nmt_cli.model.transformer import build_model
 
@@ -68,5 +68,18 @@ def tiny_checkpoint(toy_data_bin, tmp_path_factory) -> Path:
 
     save_dir = tmp_path_factory.mktemp("ckpt")
     train(tiny_train_config(toy_data_bin, save_dir, max_update=6, save_interval_updates=2), ARCHITECTURES["transformer_tiny"],
+          SearchConfig())
+    return save_dir / "checkpoint_last.pt"
+
+
+@pytest.fixture(scope="session")
+def trained_copy_checkpoint(toy_data_bin, tmp_path_factory) -> Path:
+    """A transformer_tiny that has learned the copy task well enough for non-trivial, decisive beams
+    (300 updates; about 10 s on a free core). Used by the export parity and int8 tests."""
+    from nmt_cli.train.command import train
+
+    save_dir = tmp_path_factory.mktemp("trained")
+    train(tiny_train_config(toy_data_bin, save_dir, max_update=300, warmup_updates=100, max_tokens=1024,
+                            label_smoothing=0.0, log_interval=100), model_config("transformer_tiny", dropout=0.0),
           SearchConfig())
     return save_dir / "checkpoint_last.pt"

@@ -16,6 +16,7 @@ import click
 from nmt_cli import __version__
 from nmt_cli.allocator import tune_allocator
 from nmt_cli.cli.average import average_checkpoints
+from nmt_cli.cli.export import export
 from nmt_cli.cli.generate import generate
 from nmt_cli.cli.options import CONTEXT
 from nmt_cli.cli.preprocess import preprocess
@@ -51,12 +52,12 @@ class NmtGroup(click.Group):
 def cli(verbose: int, quiet: bool, no_progress: bool, debug: bool) -> None:
     """Neural machine translation with the Transformer of "Attention Is All You Need".
 
-    Pipeline: preprocess -> train -> average-checkpoints -> generate -> score.
+    Pipeline: preprocess -> train -> average-checkpoints -> generate -> score; export for serving.
     """
     setup_logging(-1 if quiet else verbose, progress=not no_progress)
 
 
-for command in (preprocess, train, average_checkpoints, generate, score):
+for command in (preprocess, train, average_checkpoints, generate, score, export):
     cli.add_command(command)
 
 

@@ -58,7 +58,7 @@ def generate(cfg: GenerateConfig, search_overrides: dict[str, Any] | None = None
     if cfg.data_dir is not None:
         data_dir = Path(cfg.data_dir)
         check_same_vocabulary(state, Path(cfg.path), load_vocab(data_dir).model_bytes, data_dir / SPM_FILE)
-    translator = translator_from(state, Path(cfg.path), device, AMP_DTYPES[precision])
+    translator = translator_from(state, Path(cfg.path), device, AMP_DTYPES[precision], cfg.quantize)
     search = replace(search_config_of(state), **(search_overrides or {}))
     del state  # the model holds its own copy of the weights
     fmt = cfg.output_format or ("fairseq" if cfg.data_dir else "plain")

@@ -15,7 +15,9 @@ from nmt_cli.checkpoint import load_checkpoint, load_model_weights, model_config
 from nmt_cli.config import SearchConfig
 from nmt_cli.data.batching import batch_by_tokens, pad_sources
 from nmt_cli.data.vocab import PAD, Vocab
+from nmt_cli.errors import ConfigError
 from nmt_cli.model.linear import pack_for_cpu_inference
+from nmt_cli.model.quantize import quantize_for_cpu_inference
 from nmt_cli.model.transformer import Transformer, build_model
 from nmt_cli.runtime import autocast
 from nmt_cli.search.beam import beam_search
@@ -35,18 +37,28 @@ class Translator:
     amp_dtype: torch.dtype | None = None
 
 
-def load_translator(path: Path, device: torch.device, amp_dtype: torch.dtype | None) -> tuple[Translator, dict]:
+def load_translator(path: Path, device: torch.device, amp_dtype: torch.dtype | None,
+                    quantize: str | None = None) -> tuple[Translator, dict]:
     """Build the model a checkpoint file describes and load its weights; returns it with the raw checkpoint."""
     state = load_checkpoint(path)
-    return translator_from(state, path, device, amp_dtype), state
+    return translator_from(state, path, device, amp_dtype, quantize), state
 
 
-def translator_from(state: dict, path: Path, device: torch.device, amp_dtype: torch.dtype | None) -> Translator:
-    """The Translator of a loaded checkpoint (`path` names it in errors)."""
+def translator_from(state: dict, path: Path, device: torch.device, amp_dtype: torch.dtype | None,
+                    quantize: str | None = None) -> Translator:
+    """The Translator of a loaded checkpoint (`path` names it in errors).
+
+    On CPU in float32 the linear layers are packed for oneDNN; quantize="int8" (CPU, float32 only) makes
+    them dynamic int8 ones instead.
+    """
+    if quantize is not None and (device.type != "cpu" or amp_dtype is not None):
+        raise ConfigError(f"--quantize {quantize} runs on the CPU in fp32; use --device cpu and --precision fp32")
     model = build_model(model_config_of(state, path))
     load_model_weights(model, state["model"], path)
     model.to(device).eval()
-    if device.type == "cpu" and amp_dtype is None and torch.backends.mkldnn.is_available():
+    if quantize == "int8":
+        quantize_for_cpu_inference(model)
+    elif device.type == "cpu" and amp_dtype is None and torch.backends.mkldnn.is_available():
         pack_for_cpu_inference(model)
     return Translator(model, vocab_of(state, path), device, amp_dtype)
 

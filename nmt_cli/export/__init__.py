@@ -1,0 +1,1 @@
+"""Model export: `nmt export` writes a checkpoint in a serving format (CTranslate2)."""

@@ -1,0 +1,54 @@
+"""Dynamic int8 linear layers for CPU translation (`nmt generate --quantize int8`).
+
+Weights are quantized once, per output channel, to int8 and packed for fbgemm (x86, AVX2/AVX-512
+VNNI); activations are quantized per call, per tensor, from their own min/max, and the product comes
+back in float32 with the bias added. Everything else (embeddings, LayerNorm, attention's own
+products, softmax) stays float32. Measured on 2 cores of this project's AMD EPYC (benchmarks/README.md):
+every projection of the model pays, the output projection (D x V) most, so all of them are swapped.
+The float32 weights are not kept: int8 translation holds a quarter of the linear weights' memory.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from nmt_cli.errors import ConfigError
+
+ENGINE = "fbgemm"
+
+
+class Int8Linear(nn.Module):
+    """A frozen Linear as int8 weights (per-channel scales) packed for fbgemm; float32 in and out."""
+
+    def __init__(self, linear: nn.Linear) -> None:
+        super().__init__()
+        weight = linear.weight.detach().float()  # [out, in]
+        scales = (weight.abs().amax(dim=1) / 127.0).clamp(min=1e-12).double()
+        zero_points = torch.zeros(weight.shape[0], dtype=torch.long)
+        q_weight = torch.quantize_per_channel(weight, scales, zero_points, 0, torch.qint8)
+        bias = None if linear.bias is None else linear.bias.detach().float()
+        self.packed = torch.ops.quantized.linear_prepack(q_weight, bias)
+        self.out_features = weight.shape[0]
+
+    def forward(self, x: Tensor) -> Tensor:
+        flat = x.reshape(-1, x.shape[-1]).contiguous()  # [M, in]
+        y = torch.ops.quantized.linear_dynamic(flat, self.packed, False)  # full 8-bit range: VNNI has no overflow
+        return y.view(*x.shape[:-1], self.out_features)
+
+
+def quantize_for_cpu_inference(model: nn.Module) -> nn.Module:
+    """Swap every Linear of the model, the output projection included, for an Int8Linear.
+
+    Raises:
+        ConfigError: this PyTorch build has no fbgemm (it is x86-only).
+    """
+    if ENGINE not in torch.backends.quantized.supported_engines:
+        raise ConfigError(f"--quantize int8 needs PyTorch's {ENGINE} int8 kernels (x86 CPUs); this build has "
+                          f"{', '.join(torch.backends.quantized.supported_engines)}")
+    torch.backends.quantized.engine = ENGINE
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if isinstance(child, nn.Linear):
+                setattr(parent, name, Int8Linear(child))
+    return model

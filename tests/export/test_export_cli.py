@@ -1,0 +1,62 @@
+"""`nmt export` on the command line: its output and its one-line errors."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from nmt_cli.cli import cli
+
+
+def run(*args):
+    return CliRunner().invoke(cli, ["--no-progress", "export", *args])
+
+
+def test_missing_ctranslate2_is_one_line_with_install_hint(tiny_checkpoint, tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "ctranslate2", None)  # import ctranslate2 now raises ImportError
+    monkeypatch.delitem(sys.modules, "nmt_cli.export.to_ctranslate2", raising=False)
+    result = run("--path", str(tiny_checkpoint), "--output", str(tmp_path / "out"))
+    assert result.exit_code == 1
+    assert "pip install" in result.output and "nmt[export]" in result.output
+    assert "Traceback" not in result.output
+
+
+def test_existing_output_needs_force(tiny_checkpoint, tmp_path):
+    (tmp_path / "out").mkdir()
+    result = run("--path", str(tiny_checkpoint), "--output", str(tmp_path / "out"))
+    assert result.exit_code == 1 and "--force" in result.output
+
+
+def test_parameter_without_a_place_is_one_line_error(tiny_checkpoint, tmp_path, monkeypatch):
+    pytest.importorskip("ctranslate2", reason="ctranslate2 is not installed (pip install nmt[export])")
+    from nmt_cli.export import to_ctranslate2
+
+    real = to_ctranslate2.Weights.__init__
+
+    def with_extra(self, model):  # a model variant with a tensor CTranslate2's Transformer has no place for
+        real(self, model)
+        self.tensors["encoder.0.res_attn.gate"] = torch.ones(4).numpy()
+
+    monkeypatch.setattr(to_ctranslate2.Weights, "__init__", with_extra)
+    result = run("--path", str(tiny_checkpoint), "--output", str(tmp_path / "out"))
+    assert result.exit_code == 1
+    assert "encoder.0.res_attn.gate" in result.output and len(result.output.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("normalize_before", [False, True])
+def test_export_cli_writes_a_loadable_model(toy_data_bin, tmp_path, normalize_before):
+    ctranslate2 = pytest.importorskip("ctranslate2", reason="ctranslate2 is not installed (pip install nmt[export])")
+    from conftest import tiny_train_config
+    from nmt_cli.config import SearchConfig, model_config
+    from nmt_cli.train.command import train
+
+    train(tiny_train_config(toy_data_bin, tmp_path / "ck", max_update=1),
+          model_config("transformer_tiny", normalize_before=normalize_before), SearchConfig())
+    result = run("--path", str(tmp_path / "ck" / "checkpoint_last.pt"), "--output", str(tmp_path / "ct2"),
+                 "--quantization", "int8")
+    assert result.exit_code == 0, result.output
+    translator = ctranslate2.Translator(str(tmp_path / "ct2"), device="cpu")
+    assert translator.translate_batch([["▁1", "▁2"]], beam_size=2, max_decoding_length=5)[0].hypotheses
