@@ -262,7 +262,7 @@ def parse_betas(text: str) -> tuple[float, float]:
         raise ConfigError(f"--adam-betas {text!r} must be two numbers like 0.9,0.98") from None
     if len(values) != 2:
         raise ConfigError(f"--adam-betas {text!r} must be two numbers like 0.9,0.98")
-    return values  # type: ignore[return-value]
+    return values[0], values[1]
 
 
 def config_to_dict(cfg: Any) -> dict[str, Any]:

@@ -69,7 +69,7 @@ def make_parent(path: Path, what: str) -> None:
         raise NmtError(f"cannot create the directory of {what} {path}: {e.strerror}") from None
 
 
-def atomic_write(path: Path, write: Callable[[BinaryIO], None], what: str = "file", kept: str | None = None) -> None:
+def atomic_write(path: Path, write: Callable[[BinaryIO], object], what: str = "file", kept: str | None = None) -> None:
     """Write `path` through `path.tmp`, fsync, then rename over it: readers see the old file or the new one.
 
     `kept` ends the full-disk message (default: the previous file is intact, or nothing was written).

@@ -11,7 +11,8 @@ from typing import Any
 from rich.console import Console
 from rich.logging import RichHandler
 from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn,
+                           TimeRemainingColumn)
 from rich.table import Table
 
 console = Console(stderr=True)
@@ -54,8 +55,8 @@ def print_table(title: str, rows: Mapping[str, Any]) -> None:
 
 
 class _NoProgress:
-    def add_task(self, *args: Any, **kwargs: Any) -> int:
-        return 0
+    def add_task(self, *args: Any, **kwargs: Any) -> TaskID:
+        return TaskID(0)
 
     def update(self, *args: Any, **kwargs: Any) -> None:
         pass

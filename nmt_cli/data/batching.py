@@ -31,11 +31,14 @@ class Batch:
     def to(self, device: torch.device) -> Batch:
         nb = device.type == "cuda"
 
-        def move(t: torch.Tensor | None) -> torch.Tensor | None:
-            return None if t is None else t.to(device, non_blocking=nb)
+        def move(t: torch.Tensor) -> torch.Tensor:
+            return t.to(device, non_blocking=nb)
 
-        return Batch(self.ids, move(self.src_tokens), move(self.src_pad_mask), move(self.tgt_in), move(self.tgt_out),
-                     self.n_tgt_tokens, move(self.tgt_index))
+        def move_optional(t: torch.Tensor | None) -> torch.Tensor | None:
+            return None if t is None else move(t)
+
+        return Batch(self.ids, move(self.src_tokens), move_optional(self.src_pad_mask), move(self.tgt_in),
+                     move(self.tgt_out), self.n_tgt_tokens, move_optional(self.tgt_index))
 
 
 def batch_by_tokens(src_lens: np.ndarray, tgt_lens: np.ndarray, max_tokens: int,

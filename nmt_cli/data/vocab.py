@@ -7,6 +7,7 @@ import re
 from collections.abc import Sequence
 from pathlib import Path
 
+import numpy as np
 import sentencepiece as spm
 
 from nmt_cli.errors import DataError
@@ -54,10 +55,10 @@ class Vocab:
     def encode(self, lines: Sequence[str], n_threads: int = 1) -> list[list[int]]:
         return self.sp.encode(list(lines), out_type=int, num_threads=n_threads)
 
-    def decode(self, ids: Sequence[int]) -> str:
+    def decode(self, ids: Sequence[int] | np.ndarray) -> str:
         return self.sp.decode([int(i) for i in ids if i < self.n_pieces])
 
-    def pieces(self, ids: Sequence[int]) -> list[str]:
+    def pieces(self, ids: Sequence[int] | np.ndarray) -> list[str]:
         return [self.sp.id_to_piece(int(i)) if i < self.n_pieces else "<madeup>" for i in ids]
 
     def write_vocab(self, path: Path) -> None:

@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import Any
 
 import ctranslate2
 import numpy as np
 import torch
-from ctranslate2.specs import common_spec, transformer_spec
+from ctranslate2.specs import attention_spec, common_spec, transformer_spec
 
 from nmt_cli.checkpoint import load_checkpoint, load_model_weights, model_config_of, vocab_of
 from nmt_cli.config import ModelConfig
@@ -70,13 +71,13 @@ def set_ffn(spec: transformer_spec.FeedForwardSpec, w: Weights, prefix: str, res
     set_linear(spec.linear_1, w, f"{prefix}.ffn.fc2")
 
 
-def set_self_attention(spec, w: Weights, prefix: str, residual: str) -> None:
+def set_self_attention(spec: attention_spec.MultiHeadAttentionSpec, w: Weights, prefix: str, residual: str) -> None:
     set_linear(spec.linear[0], w, f"{prefix}.self_attn.qkv")  # rows q, k, v: CTranslate2's fused order
     set_linear(spec.linear[1], w, f"{prefix}.self_attn.out")
     set_layer_norm(spec.layer_norm, w, f"{prefix}.{residual}.norm")
 
 
-def set_cross_attention(spec, w: Weights, prefix: str) -> None:
+def set_cross_attention(spec: attention_spec.MultiHeadAttentionSpec, w: Weights, prefix: str) -> None:
     set_linear(spec.linear[0], w, f"{prefix}.cross_attn.q")
     set_linear(spec.linear[1], w, f"{prefix}.cross_attn.kv")  # rows k, v: fused as CTranslate2 expects
     set_linear(spec.linear[2], w, f"{prefix}.cross_attn.out")
@@ -91,14 +92,15 @@ def position_table(model: Transformer, w: Weights, side: str) -> np.ndarray:
     return getattr(model, f"{side}_embed").positions.float().numpy()
 
 
-def set_embeddings(spec, model: Transformer, w: Weights, side: str) -> None:
+def set_embeddings(spec: Any, model: Transformer, w: Weights, side: str) -> None:
     emb = spec.embeddings[0] if isinstance(spec.embeddings, list) else spec.embeddings
     emb.weight = w.take(f"{side}_embed.tokens.weight")
     spec.scale_embeddings = math.sqrt(model.src_embed.tokens.embedding_dim)
     spec.position_encodings.encodings = position_table(model, w, side)
 
 
-def build_spec(model: Transformer, cfg: ModelConfig, vocab: list[str], specials: dict[str, str]):
+def build_spec(model: Transformer, cfg: ModelConfig, vocab: list[str],
+               specials: dict[str, str]) -> transformer_spec.TransformerSpec:
     """The filled TransformerSpec. Raises ExportError for a tensor without a place in it."""
     spec = transformer_spec.TransformerSpec.from_config(
         (cfg.encoder_layers, cfg.decoder_layers), cfg.heads, pre_norm=cfg.normalize_before,
@@ -142,7 +144,7 @@ class NmtConverter(ctranslate2.converters.Converter):
         self.checkpoint_path = checkpoint_path
         self.spm_model = b""  # the checkpoint's sentencepiece model, kept by _load
 
-    def _load(self):
+    def _load(self) -> transformer_spec.TransformerSpec:
         state = load_checkpoint(self.checkpoint_path)
         cfg = model_config_of(state, self.checkpoint_path)
         check_exportable(cfg)

@@ -19,6 +19,8 @@ whose weights oneDNN packs once.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -60,7 +62,7 @@ def matmul_nt(a: Tensor, b: Tensor, bias: Tensor | None = None) -> Tensor:
 
 class _Linear(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:  # type: ignore[override]
+    def forward(ctx: Any, x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
         flat = x.reshape(-1, x.shape[-1])
         x2 = pad_rows(flat)
         ctx.save_for_backward(x2, weight)
@@ -68,7 +70,7 @@ class _Linear(torch.autograd.Function):
         return matmul_nt(x2, weight, bias)[:flat.shape[0]].view(*x.shape[:-1], weight.shape[0])
 
     @staticmethod
-    def backward(ctx, grad_y: Tensor):  # type: ignore[override]
+    def backward(ctx: Any, grad_y: Tensor) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
         x2, weight = ctx.saved_tensors
         g = grad_y.reshape(-1, grad_y.shape[-1])
         grad_b = g.sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None

@@ -119,7 +119,7 @@ def report_long_pairs(trainer: Trainer) -> None:
                        "training skips them", n_long, len(data), limit)
     valid = trainer.valid_data
     n_long = count_too_long(valid.src_lens, valid.tgt_lens, limit) if valid is not None else 0
-    if n_long:
+    if valid is not None and n_long:
         logger.warning("%d of %d valid pairs are longer than --max-positions %d allows; validation scores them "
                        "on their first %d pieces", n_long, len(valid), limit, limit - 1)
 

@@ -31,7 +31,7 @@ def wrap_ddp(module: nn.Module, info: DistInfo, device: torch.device) -> nn.Modu
     no_sync = "forward_sync_buffers" if "forward_sync_buffers" in inspect.signature(DDP).parameters else \
         "broadcast_buffers"
     return DDP(module, device_ids=[device.index] if device.type == "cuda" else None, gradient_as_bucket_view=True,
-               **{no_sync: False})
+               **{no_sync: False})  # type: ignore[arg-type]
 
 
 def collective_failure(exc: BaseException) -> str | None:

@@ -14,10 +14,13 @@ every chunk re-reads and re-writes the float32 [V, D] weight gradient.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import Tensor, nn
 
 from nmt_cli.data.vocab import PAD
+from nmt_cli.model.transformer import Transformer
 from nmt_cli.model.linear import ROWS, matmul_nt, on_cpu_path, pad_rows
 
 CHUNK_ELEMENTS = 1 << 21  # CPU: logits per chunk, rows * V (8 MB of float32)
@@ -37,14 +40,15 @@ def _compute_dtype(device_type: str) -> torch.dtype:
 
 class _LinearLabelSmoothedCE(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, hidden: Tensor, weight: Tensor, target: Tensor, epsilon: float):  # type: ignore[override]
+    def forward(ctx: Any, hidden: Tensor, weight: Tensor, target: Tensor, epsilon: float) -> tuple[Tensor, Tensor]:
         device_type = hidden.device.type
         dtype = _compute_dtype(device_type)
         need_grad = hidden.requires_grad or weight.requires_grad
         vocab = weight.shape[0]
         chunk = chunk_rows(device_type, vocab)
-        grad_hidden = torch.empty_like(hidden, dtype=torch.float32) if need_grad else None
-        grad_weight = torch.zeros_like(weight, dtype=torch.float32) if need_grad else None
+        # Empty when no gradient is needed (validation): never read then.
+        grad_hidden = torch.empty_like(hidden, dtype=torch.float32) if need_grad else hidden.new_empty(0)
+        grad_weight = torch.zeros_like(weight, dtype=torch.float32) if need_grad else weight.new_empty(0)
         loss = hidden.new_zeros((), dtype=torch.float32)
         nll_sum = hidden.new_zeros((), dtype=torch.float32)
         with torch.autocast(device_type, enabled=False):
@@ -81,7 +85,7 @@ class _LinearLabelSmoothedCE(torch.autograd.Function):
         return loss, nll_sum
 
     @staticmethod
-    def backward(ctx, grad_loss: Tensor, grad_nll: Tensor):  # type: ignore[override]
+    def backward(ctx: Any, grad_loss: Tensor, grad_nll: Tensor) -> tuple[Tensor, Tensor, None, None]:
         grad_hidden, grad_weight = ctx.saved_tensors
         return ((grad_hidden * grad_loss).to(ctx.dtypes[0]), (grad_weight * grad_loss).to(ctx.dtypes[1]),
                 None, None)
@@ -111,7 +115,7 @@ class TranslationLoss(nn.Module):
     the device would wait for it); None selects them with tgt_out's mask (CPU).
     """
 
-    def __init__(self, model: nn.Module, epsilon: float) -> None:
+    def __init__(self, model: Transformer, epsilon: float) -> None:
         super().__init__()
         self.model, self.epsilon = model, epsilon
 

@@ -32,17 +32,19 @@ def prepare(dataset: ParallelDataset, ids: np.ndarray, device: torch.device) -> 
     if device.type != "cuda":
         return batch
     index = torch.from_numpy(np.flatnonzero(batch.tgt_out.numpy().reshape(-1) != PAD))
+    assert batch.src_pad_mask is not None  # collate() always sets it
     mask = batch.src_pad_mask if bool(batch.src_pad_mask.any()) else None  # a CPU tensor: no device sync
     batch = replace(batch, src_pad_mask=mask, tgt_index=index)
     return pin(batch) if torch.cuda.is_available() else batch
 
 
 def pin(batch: Batch) -> Batch:
-    def pinned(t: torch.Tensor | None) -> torch.Tensor | None:
+    def pinned_optional(t: torch.Tensor | None) -> torch.Tensor | None:
         return None if t is None else t.pin_memory()
 
-    return replace(batch, src_tokens=pinned(batch.src_tokens), src_pad_mask=pinned(batch.src_pad_mask),
-                   tgt_in=pinned(batch.tgt_in), tgt_out=pinned(batch.tgt_out), tgt_index=pinned(batch.tgt_index))
+    return replace(batch, src_tokens=batch.src_tokens.pin_memory(), src_pad_mask=pinned_optional(batch.src_pad_mask),
+                   tgt_in=batch.tgt_in.pin_memory(), tgt_out=batch.tgt_out.pin_memory(),
+                   tgt_index=pinned_optional(batch.tgt_index))
 
 
 def _work(dataset: ParallelDataset, device: torch.device, order: list[np.ndarray], start: int,

@@ -142,7 +142,8 @@ class Trainer:
                 self.scaler.update(self.scaler.get_scale())
             return None
         if not (math.isfinite(loss_sum) and math.isfinite(norm)):
-            return self.skip_nonfinite(loss_sum, norm)
+            self.skip_nonfinite(loss_sum, norm)
+            return None
         return self.apply_update(loss_sum, nll_sum, int(n_tokens), norm, time.perf_counter() - start)
 
     def accumulate(self, group: list[np.ndarray]) -> torch.Tensor:
@@ -194,7 +195,7 @@ class Trainer:
 
     def no_sync(self) -> AbstractContextManager:
         """Accumulate this batch's gradients locally; the update's last batch syncs them all."""
-        return self.synced_objective.no_sync() if self.distributed else nullcontext()
+        return self.synced_objective.no_sync() if self.distributed else nullcontext()  # type: ignore[operator]
 
     def apply_update(self, loss_sum: float, nll_sum: float, n_tokens: int, grad_norm: float,
                      seconds: float) -> StepStats:
@@ -335,8 +336,8 @@ class Trainer:
 
 def rng_state() -> dict[str, Any]:
     """This process's random streams: Python's, NumPy's, torch's CPU and CUDA generators."""
-    name, key, pos, has_gauss, gauss = np.random.get_state()
-    rng = {"python": random.getstate(), "numpy": [name, key.tolist(), pos, has_gauss, gauss],
+    name, key, pos, has_gauss, gauss = np.random.get_state(legacy=True)
+    rng = {"python": random.getstate(), "numpy": [name, key.tolist(), pos, has_gauss, gauss],  # type: ignore[union-attr]
            "torch": torch.get_rng_state()}
     if torch.cuda.is_available():
         rng["cuda"] = torch.cuda.get_rng_state_all()
