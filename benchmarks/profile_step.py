@@ -1,0 +1,129 @@
+"""Where a CPU training step's time goes, and how long oneDNN's kernel warm-up lasts.
+
+For each shape and precision: the time of every update from the first (oneDNN JIT-compiles a kernel for
+each new matmul shape, so early updates are slow), then a profile of steady updates, with the operators'
+own time grouped into matmul, attention, layer norm, softmax, dropout, copies, element-wise, optimizer
+and other, and the rest of the wall clock (Python and the framework between operators). The FLOPs of a
+step are counted from the shapes (formula in `step_flops`) so the speed reads as a fraction of the
+machine's matmul peak (`bench_matmul.py`).
+
+    python benchmarks/profile_step.py --shapes small,base --precisions fp32,bf16 --warmup 40 --steps 10
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import math
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from common import data_bin, report
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from nmt_cli.config import SearchConfig, TrainConfig, model_config  # noqa: E402
+from nmt_cli.data.batching import collate  # noqa: E402
+from nmt_cli.train.command import prepare  # noqa: E402
+from nmt_cli.train.trainer import Trainer  # noqa: E402
+
+GROUPS = (  # the first group whose key is in the operator's name takes it
+    ("attention", ("scaled_dot_product", "_flash_attention", "_efficient_attention")),
+    ("matmul", ("linear", "addmm", "matmul", "bmm", "mm", "mkldnn", "_convolution")),
+    ("layer norm", ("layer_norm",)),
+    ("softmax", ("softmax",)),
+    ("dropout", ("dropout", "bernoulli", "rand", "uniform")),
+    ("optimizer", ("_foreach", "adam", "_fused")),
+    ("copies", ("copy", "_to_", "to_dense", "contiguous", "cat", "index", "clone", "pad", "gather", "scatter",
+                "narrow", "slice", "stack", "embedding")),
+    ("element-wise", ("add", "mul", "sub", "div", "relu", "exp", "log", "where", "fill", "sum", "mean", "max",
+                      "masked", "neg", "sqrt", "pow", "lt", "gt", "eq", "ne", "clamp", "amax", "zero")),
+)
+
+
+def group_of(name: str) -> str:
+    name = name.lower()
+    return next((g for g, keys in GROUPS if any(k in name for k in keys)), "other")
+
+
+def step_flops(trainer: Trainer, group: list[np.ndarray]) -> float:
+    """Matmul FLOPs of one update: 6 per multiply-add-weight per token (forward 2, backward 4), over the
+    encoder's linears for source tokens, the decoder's and the output projection's for target tokens,
+    plus attention's QK^T and AV products (4 * S * S' * D per layer and sentence, times 3 for backward)."""
+    cfg = trainer.model_cfg
+    d, f, v = cfg.d_model, cfg.d_ff, cfg.vocab_size
+    enc_w = cfg.encoder_layers * (4 * d * d + 2 * d * f)
+    dec_w = cfg.decoder_layers * (8 * d * d + 2 * d * f) + v * d
+    total = 0.0
+    for ids in group:
+        batch = collate(trainer.train_data, ids)
+        s, t = batch.src_tokens.shape[1], batch.tgt_in.shape[1]
+        n_src, n_tgt = int((~batch.src_pad_mask).sum()), batch.n_tgt_tokens
+        attn = len(ids) * 4 * d * (cfg.encoder_layers * s * s + cfg.decoder_layers * (t * t + t * s))
+        total += 6 * (enc_w * n_src + dec_w * n_tgt) + 3 * attn
+    return total
+
+
+def build(shape: str, precision: str, work: Path) -> Trainer:
+    cfg = TrainConfig(data_dir=str(data_bin()), save_dir=str(work / f"{shape}-{precision}"), max_update=10**6,
+                      max_tokens=4096, threads=2, device="cpu", precision=precision, log_interval=10**6)
+    Path(cfg.save_dir).mkdir(parents=True)
+    return prepare(cfg, model_config(f"transformer_{shape}"), SearchConfig())
+
+
+def profile(shape: str, precision: str, warmup: int, steps: int, work: Path) -> dict[str, object]:
+    trainer = build(shape, precision, work)
+    batches = trainer.epoch_batches()
+    times = []
+    for i in range(warmup):
+        start = time.perf_counter()
+        trainer.train_step([batches[i % len(batches)]])
+        times.append(time.perf_counter() - start)
+    steady = float(np.median(times[-10:]))
+    settled = next(i for i, t in enumerate(times) if t <= 1.15 * steady)
+    groups: dict[str, float] = collections.defaultdict(float)
+    flops, wall = 0.0, 0.0
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        for i in range(warmup, warmup + steps):
+            group = [batches[i % len(batches)]]
+            start = time.perf_counter()
+            trainer.train_step(group)
+            wall += time.perf_counter() - start
+            flops += step_flops(trainer, group)
+    for event in prof.key_averages():
+        groups[group_of(event.key)] += event.self_cpu_time_total / 1e6
+    in_ops = sum(groups.values())
+    row: dict[str, object] = {"shape": shape, "precision": precision,
+                              "first update s": round(times[0], 2), "steady update s": round(steady, 3),
+                              "updates to steady": settled, "GFLOP/s": round(flops / wall / 1e9, 1)}
+    for name, _ in GROUPS:
+        row[name] = f"{100 * groups[name] / wall:.0f}%"
+    row["other ops"] = f"{100 * groups['other'] / wall:.0f}%"
+    row["outside ops"] = f"{100 * max(wall - in_ops, 0.0) / wall:.0f}%"
+    return row
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--shapes", default="small,base")
+    parser.add_argument("--precisions", default="fp32,bf16")
+    parser.add_argument("--warmup", type=int, default=40, help="Timed updates before the profile.")
+    parser.add_argument("--steps", type=int, default=10, help="Profiled updates.")
+    args = parser.parse_args()
+    torch.set_num_threads(2)
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for shape in args.shapes.split(","):
+            for precision in args.precisions.split(","):
+                rows.append(profile(shape, precision, args.warmup, args.steps, Path(tmp)))
+    report("profile_step", rows)
+    if not math.isfinite(sum(float(r["GFLOP/s"]) for r in rows)):  # type: ignore[arg-type]
+        raise SystemExit("a profile produced no finite speed")
+
+
+if __name__ == "__main__":
+    main()
