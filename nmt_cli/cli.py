@@ -82,7 +82,7 @@ def preprocess(**opts: Any) -> None:
 # ---- train -----------------------------------------------------------------------------------------
 MODEL_FLAGS = ("encoder_layers", "decoder_layers", "d_model", "d_ff", "heads", "dropout", "attention_dropout",
                "activation_dropout", "normalize_before", "learned_pos", "share_embeddings", "share_output_embed",
-               "max_positions")
+               "max_positions", "attention_key_dim")
 EVAL_FLAGS = {"eval_bleu_beam": "beam", "eval_bleu_lenpen": "lenpen", "eval_bleu_max_len_a": "max_len_a",
               "eval_bleu_max_len_b": "max_len_b"}
 
@@ -104,6 +104,8 @@ EVAL_FLAGS = {"eval_bleu_beam": "beam", "eval_bleu_lenpen": "lenpen", "eval_bleu
 @click.option("--share-embeddings/--no-share-embeddings", default=None, help="Tie source and target embeddings (default on).")
 @click.option("--share-output-embed/--no-share-output-embed", default=None, help="Tie target embedding and softmax (default on).")
 @click.option("--max-positions", type=click.IntRange(min=2), help="Longest sequence the model accepts.")
+@click.option("--attention-key-dim", type=click.IntRange(min=0),
+              help="d_k: query/key size per head (Table 3 row B); values keep d_model/heads. [default: d_model/heads]")
 @click.option("--max-tokens", default=4096, type=click.IntRange(min=1), help="Padded source (and target) tokens per batch, EOS included.")
 @click.option("--update-freq", default=1, type=click.IntRange(min=1), help="Batches accumulated per update.")
 @click.option("--max-update", default=0, type=click.IntRange(min=0), help="Stop after this many updates.")

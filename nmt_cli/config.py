@@ -31,11 +31,14 @@ class ModelConfig:
     share_embeddings: bool = True
     share_output_embed: bool = True
     max_positions: int = 1024
+    attention_key_dim: int = 0  # d_k per head for queries and keys (Table 3 row B); 0: d_model / heads
 
     def __post_init__(self) -> None:
         for name in ("encoder_layers", "decoder_layers", "d_model", "d_ff", "heads", "max_positions"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name}={getattr(self, name)} must be at least 1")
+        if self.attention_key_dim < 0:
+            raise ConfigError(f"attention_key_dim={self.attention_key_dim} must be at least 0 (0: d_model / heads)")
         if self.d_model % self.heads:
             raise ConfigError(f"d_model={self.d_model} must be divisible by heads={self.heads}")
         for name in ("dropout", "attention_dropout", "activation_dropout"):
