@@ -10,6 +10,7 @@ from typing import Any
 
 from rich.console import Console
 from rich.logging import RichHandler
+from rich.markup import escape
 from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
                            TimeRemainingColumn)
 from rich.table import Table
@@ -40,7 +41,8 @@ def setup_logging(verbosity: int = 0, progress: bool = True) -> None:
 
 
 def print_error(message: str) -> None:
-    console.print(f"[bold red]error:[/] {message}", highlight=False, markup=True, soft_wrap=True)
+    # escape: a message quoting brackets (`pip install "nmt[plot]"`, a path) is text, not markup
+    console.print(f"[bold red]error:[/] {escape(message)}", highlight=False, markup=True, soft_wrap=True)
 
 
 def print_table(title: str, rows: Mapping[str, Any]) -> None:
