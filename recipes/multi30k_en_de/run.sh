@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Multi30k EN->DE on a CPU: preprocess, train for TRAIN_MINUTES of wall clock, average the last
-# checkpoints, translate test_2016_flickr with beam 4 and score it with sacreBLEU.
+# checkpoints, translate test_2016_flickr with beam 4, score it with sacreBLEU and draw the learning curve.
 # Each step skips itself when its output exists. Settings and measured results: README.md here.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -52,3 +52,10 @@ run nmt train "$WORK_DIR/data-bin" --save-dir "$WORK_DIR/checkpoints" --arch "$A
         --lenpen 0.6 --max-len-a 1 --max-len-b 50 --threads $THREADS > '$WORK_DIR/test.hyp.de.tmp' \
         && mv '$WORK_DIR/test.hyp.de.tmp' '$WORK_DIR/test.hyp.de'"
 run nmt score --sys "$WORK_DIR/test.hyp.de" --ref "$RAW_DIR/test_2016_flickr.de" | tee "$WORK_DIR/score.txt"
+
+# 6. The learning curve: losses, learning rate and speed against updates and wall clock (needs matplotlib).
+if "$(dirname "$(command -v nmt)")/python" -c "import matplotlib" 2>/dev/null; then
+    run nmt plot curves --log-file "$WORK_DIR/train.jsonl" --label "$ARCH" --output "$WORK_DIR/curve.png"
+else
+    echo "skipping the learning curve: matplotlib is not installed (pip install \"nmt[plot]\")" >&2
+fi
