@@ -118,12 +118,21 @@ def test_plot_curves_of_a_real_log(toy_data_bin, tmp_path):
                                                                   if r["event"] == "valid"]
 
 
+def test_a_log_with_only_validations_still_plots(tmp_path):
+    write_log(tmp_path / "short.jsonl", [r for r in fake_run(4) if r["event"] == "valid"])
+    drawn = plot_curves([read_log(tmp_path / "short.jsonl")], tmp_path / "short.png")
+    assert set(drawn) == {("short", "valid", f, x) for f in ("valid_loss", "valid_bleu") for x in ("update", "elapsed_s")}
+
+
 def test_plot_curves_errors(tmp_path):
     (tmp_path / "bad.jsonl").write_text("not json\n")
     write_log(tmp_path / "ok.jsonl", fake_run(2))
     runner = CliRunner()
     result = runner.invoke(cli, ["plot", "curves", "--log-file", str(tmp_path / "bad.jsonl"), "--output", "x.png"])
     assert result.exit_code == 1 and "bad.jsonl:1 is not JSON" in result.output
+    (tmp_path / "empty.jsonl").write_text("")
+    result = runner.invoke(cli, ["plot", "curves", "--log-file", str(tmp_path / "empty.jsonl"), "--output", "x.png"])
+    assert result.exit_code == 1 and "empty.jsonl is empty" in result.output
     result = runner.invoke(cli, ["plot", "curves", "--log-file", str(tmp_path / "ok.jsonl"), "--label", "a",
                                  "--label", "b", "--output", "x.png"])
     assert result.exit_code == 1 and "one --label per --log-file" in result.output

@@ -53,8 +53,8 @@ def read_log(path: Path, label: str | None = None) -> RunLog:
         if not isinstance(record, dict) or "event" not in record or "update" not in record:
             raise DataError(f"{path}:{number} is not an nmt train log record (no event or update)")
         records.append(record)
-    if not any(r["event"] == "train" for r in records):
-        raise DataError(f"--log-file {path} has no train records; was it written by nmt train --log-file?")
+    if not records:  # a short run may have only valid records (fewer updates than --log-interval)
+        raise DataError(f"--log-file {path} is empty; was it written by nmt train --log-file?")
     return RunLog(label or path.stem, records)
 
 
@@ -67,6 +67,8 @@ def plot_curves(runs: list[RunLog], output: Path) -> dict[tuple[str, str, str, s
     plt = pyplot()
     panels = [t for t, fields in PANELS.items() if any(run.series(e, f, "update")[0] for run in runs
                                                        for e, f in fields)]
+    if not panels:
+        raise DataError("the --log-file records hold no loss, BLEU, lr or tokens/s to plot")
     fig, axes = plt.subplots(len(X_AXES), len(panels), figsize=(4.2 * len(panels), 6.4), squeeze=False,
                              constrained_layout=True)
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]

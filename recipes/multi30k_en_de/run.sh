@@ -14,6 +14,7 @@ MAX_TOKENS=${MAX_TOKENS:-4096}
 N_AVERAGE=${N_AVERAGE:-5}
 PRECISION=${PRECISION:---bf16}
 DROPOUT=${DROPOUT:-0.2}
+LOG_INTERVAL=${LOG_INTERVAL:-50}
 run() { echo "+ $*" >&2; [ "${DRY_RUN:-0}" = 1 ] || "$@"; }
 
 mkdir -p "$WORK_DIR"
@@ -39,7 +40,7 @@ SAVE_MINUTES=$(awk "BEGIN { print $TRAIN_MINUTES / 12 }")
 run nmt train "$WORK_DIR/data-bin" --save-dir "$WORK_DIR/checkpoints" --arch "$ARCH" \
     --max-tokens "$MAX_TOKENS" --lr-scale 1 --warmup-updates 1000 --label-smoothing 0.1 \
     --max-time-minutes "$TRAIN_MINUTES" --save-interval-minutes "$SAVE_MINUTES" --threads "$THREADS" \
-    --dropout "$DROPOUT" --log-interval 50 --log-file "$WORK_DIR/train.jsonl" $PRECISION
+    --dropout "$DROPOUT" --log-interval "$LOG_INTERVAL" --log-file "$WORK_DIR/train.jsonl" $PRECISION
 
 # 4. Average the last N_AVERAGE numbered checkpoints.
 [ -f "$WORK_DIR/average.pt" ] && [ "$WORK_DIR/average.pt" -nt "$WORK_DIR/checkpoints/checkpoint_last.pt" ] || \
