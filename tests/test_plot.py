@@ -101,6 +101,7 @@ def test_plot_curves_draws_the_logged_numbers(tmp_path):
 
 def test_plot_curves_of_a_real_log(toy_data_bin, tmp_path):
     from conftest import tiny_train_config
+
     from nmt_cli.config import SearchConfig
     from nmt_cli.train.trainer import train
 
