@@ -112,7 +112,7 @@ def test_table_in_the_papers_layout(tmp_path):
                                                                        {"attention_key_dim": 16})))
     assert cells[3] == ["B:dk16", "", "", "", "", "16", "", "", "", "", "14", "10.25", "11.0", f"{b_params / 1e6:.1f}"]
     assert cells[4][9] == "learned" and cells[4][1:9] == [""] * 8
-    assert "2 minutes" in lines[-1]
+    assert "2 min of training" in lines[-1]
 
 
 @pytest.mark.slow
@@ -126,4 +126,4 @@ def test_quick_recipe_end_to_end(tmp_path):
     for row in rows:
         ppl, bleu, params = (float(c) for c in row.strip("|").split("|")[-3:])
         assert ppl > 1 and 0 <= bleu <= 100 and params > 1
-    assert (tmp_path / "work" / "table.md").read_text().strip() == run.stdout.strip()
+    assert run.stdout.strip().endswith((tmp_path / "work" / "table.md").read_text().strip())  # after preprocess's JSON

@@ -60,7 +60,7 @@ def table(work_dir: Path, names: list[str], minutes: float) -> str:
         params = f"{n_parameters(config['model']) / 1e6:.1f}"
         lines.append("| " + " | ".join([name, *shown, *results(row_dir).values(), params]) + " |")
     lines.append("")
-    lines.append(f"Each row: {minutes:g} minutes of training wall clock; PPL: per-piece perplexity of the final "
+    lines.append(f"Each row: {minutes:g} min of training wall clock; PPL: per-piece perplexity of the final "
                  "checkpoint on valid; BLEU: sacreBLEU of the averaged checkpoints on valid (beam 4, alpha 0.6).")
     return "\n".join(lines)
 
