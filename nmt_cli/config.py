@@ -75,6 +75,8 @@ class ModelConfig:
     share_embeddings: bool = flag(True, "Tie source and target embeddings.")
     share_output_embed: bool = flag(True, "Tie the target embedding and the pre-softmax projection.")
     max_positions: int = flag(1024, "Longest sequence the model accepts.", min=2)
+    attention_key_dim: int = flag(0, "d_k: width per head of queries and keys (Table 3 row B); values keep "
+                                  "d_model / heads (0: d_model / heads).", min=0)
 
     def __post_init__(self) -> None:
         check_fields(self)

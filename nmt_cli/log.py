@@ -41,6 +41,7 @@ def setup_logging(verbosity: int = 0, progress: bool = True) -> None:
 
 
 def print_error(message: str) -> None:
+    # escape: a message quoting brackets (`pip install "nmt[plot]"`, a path) is text, not markup
     console.print(f"[bold red]error:[/] {escape(message)}", highlight=False, markup=True, soft_wrap=True)
 
 

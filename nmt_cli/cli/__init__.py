@@ -19,6 +19,7 @@ from nmt_cli.cli.average import average_checkpoints
 from nmt_cli.cli.export import export
 from nmt_cli.cli.generate import generate
 from nmt_cli.cli.options import CONTEXT
+from nmt_cli.cli.plot import plot
 from nmt_cli.cli.preprocess import preprocess
 from nmt_cli.cli.score import score
 from nmt_cli.cli.train import train
@@ -52,12 +53,12 @@ class NmtGroup(click.Group):
 def cli(verbose: int, quiet: bool, no_progress: bool, debug: bool) -> None:
     """Neural machine translation with the Transformer of "Attention Is All You Need".
 
-    Pipeline: preprocess -> train -> average-checkpoints -> generate -> score; export for serving.
+    Pipeline: preprocess -> train -> average-checkpoints -> generate -> score; export for serving, plot to see.
     """
     setup_logging(-1 if quiet else verbose, progress=not no_progress)
 
 
-for command in (preprocess, train, average_checkpoints, generate, score, export):
+for command in (preprocess, train, average_checkpoints, generate, score, export, plot):
     cli.add_command(command)
 
 

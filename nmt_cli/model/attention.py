@@ -1,8 +1,13 @@
 """Multi-head scaled dot-product attention (paper §3.2) on top of F.scaled_dot_product_attention.
 
 Shapes: B batch, K beam, N rows (B or B*K), S source length, T target length, D d_model,
-H heads, Dh = D / H. Masks passed to SDPA are True where attention is *allowed*; padding masks
+H heads, Dk key size per head (D / H unless `key_dim` is given: Table 3 row B), Dh = D / H value
+size per head. Masks passed to SDPA are True where attention is *allowed*; padding masks
 elsewhere in nmt are True at padding and are converted once, in `attention_mask()`.
+
+Attention weights on request: pass a list as `record` to `SelfAttention.forward` or `CrossAttention.forward`
+and that call computes softmax(QK^T/sqrt(Dk)) explicitly (`attend_recorded`), uses those weights for its
+output and appends them ([N, H, Tq, Tk]) to the list. Without `record` the fused kernels run as before.
 """
 
 from __future__ import annotations
@@ -39,6 +44,22 @@ def attend_few_queries(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = No
     return scores.softmax(dim=-1) @ v
 
 
+def attend_recorded(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, causal: bool = False,
+                    dropout: float = 0.0) -> tuple[Tensor, Tensor]:
+    """The same attention with its weights written out: -> (output [N, H, Tq, Dh], weights [N, H, Tq, Tk]).
+
+    For inspection (`nmt plot attention`); masked positions get weight exactly 0."""
+    scores = (q @ k.transpose(-1, -2)) * q.shape[-1] ** -0.5
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    if causal:
+        future = torch.ones(q.shape[2], k.shape[2], dtype=torch.bool, device=q.device).triu(1)
+        scores = scores.masked_fill(future, float("-inf"))
+    weights = scores.float().softmax(dim=-1).to(q.dtype)
+    used = F.dropout(weights, dropout) if dropout else weights
+    return used @ v, weights
+
+
 def split_heads(x: Tensor, heads: int) -> Tensor:
     b, t, d = x.shape
     return x.view(b, t, heads, d // heads).transpose(1, 2)  # [B, H, T, Dh]
@@ -50,27 +71,38 @@ def merge_heads(x: Tensor) -> Tensor:
 
 
 class SelfAttention(nn.Module):
-    """Self-attention with one fused QKV projection; the decoder's incremental step extends a K/V cache."""
+    """Self-attention with one fused QKV projection; the decoder's incremental step extends a K/V cache.
 
-    def __init__(self, d_model: int, heads: int, dropout: float) -> None:
+    key_dim (0: D / H) sets Dk, the size of each head's queries and keys; values keep D / H per head."""
+
+    def __init__(self, d_model: int, heads: int, dropout: float, key_dim: int = 0) -> None:
         super().__init__()
         self.heads = heads
         self.dropout = dropout
-        self.qkv = Linear(d_model, 3 * d_model)
+        self.qk_size = heads * (key_dim or d_model // heads)  # H * Dk (sizes kept here: PackedLinear has none)
+        self.v_size = d_model
+        self.qkv = Linear(d_model, 2 * self.qk_size + d_model)
         self.out = Linear(d_model, d_model)
 
     def project_qkv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        q, k, v = self.qkv(x).chunk(3, dim=-1)  # 3 x [N, T, D]
+        q, k, v = self.qkv(x).split([self.qk_size, self.qk_size, self.v_size], dim=-1)  # [N, T, H*Dk] x2, [N, T, D]
         return split_heads(q, self.heads), split_heads(k, self.heads), split_heads(v, self.heads)
 
-    def forward(self, x: Tensor, mask: Tensor | None = None, causal: bool = False) -> Tensor:
-        """x: [N, T, D]; mask: [N, 1, 1, T] or None; causal: future positions hidden."""
+    def forward(self, x: Tensor, mask: Tensor | None = None, causal: bool = False,
+                record: list[Tensor] | None = None) -> Tensor:
+        """x: [N, T, D]; mask: [N, 1, 1, T] or None; causal: future positions hidden; record: see module doc."""
         q, k, v = self.project_qkv(x)
-        y = attend(q, k, v, mask, causal, self.dropout if self.training else 0.0)
+        dropout = self.dropout if self.training else 0.0
+        if record is None:
+            y = attend(q, k, v, mask, causal, dropout)
+        else:
+            y, weights = attend_recorded(q, k, v, mask, causal, dropout)
+            record.append(weights)
         return self.out(merge_heads(y))
 
     def step(self, x: Tensor, past_k: Tensor, past_v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """One decoding step. x: [N, 1, D]; past_k/v: [N, H, t, Dh] -> (y [N, 1, D], k, v [N, H, t+1, Dh])."""
+        """One decoding step. x: [N, 1, D]; past_k: [N, H, t, Dk], past_v: [N, H, t, Dh] -> (y [N, 1, D],
+        k [N, H, t+1, Dk], v [N, H, t+1, Dh])."""
         q, k, v = self.project_qkv(x)
         k = torch.cat([past_k, k], dim=2)
         v = torch.cat([past_v, v], dim=2)
@@ -79,29 +111,37 @@ class SelfAttention(nn.Module):
 
 
 class CrossAttention(nn.Module):
-    """Encoder-decoder attention. Keys and values are projected once per sentence (`memory_kv`)."""
+    """Encoder-decoder attention. Keys and values are projected once per sentence (`memory_kv`).
 
-    def __init__(self, d_model: int, heads: int, dropout: float) -> None:
+    key_dim (0: D / H) sets Dk, the size of each head's queries and keys; values keep D / H per head."""
+
+    def __init__(self, d_model: int, heads: int, dropout: float, key_dim: int = 0) -> None:
         super().__init__()
         self.heads = heads
         self.dropout = dropout
-        self.q = Linear(d_model, d_model)
-        self.kv = Linear(d_model, 2 * d_model)
+        self.qk_size = heads * (key_dim or d_model // heads)  # H * Dk (sizes kept here: PackedLinear has none)
+        self.v_size = d_model
+        self.q = Linear(d_model, self.qk_size)
+        self.kv = Linear(d_model, self.qk_size + d_model)
         self.out = Linear(d_model, d_model)
 
     def memory_kv(self, memory: Tensor) -> tuple[Tensor, Tensor]:
-        """memory: [B, S, D] -> k, v: [B, H, S, Dh]."""
-        k, v = self.kv(memory).chunk(2, dim=-1)
+        """memory: [B, S, D] -> k: [B, H, S, Dk], v: [B, H, S, Dh]."""
+        k, v = self.kv(memory).split([self.qk_size, self.v_size], dim=-1)
         return split_heads(k, self.heads), split_heads(v, self.heads)
 
-    def forward(self, x: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
-        """x: [B, Tq, D] queries; k, v: [B, H, S, Dh]; mask: [B, 1, 1, S] or None -> [B, Tq, D].
+    def forward(self, x: Tensor, k: Tensor, v: Tensor, mask: Tensor | None,
+                record: list[Tensor] | None = None) -> Tensor:
+        """x: [B, Tq, D] queries; k: [B, H, S, Dk]; v: [B, H, S, Dh]; mask: [B, 1, 1, S] or None -> [B, Tq, D].
 
         During beam search the K beams of a sentence arrive as Tq = K query positions, so the
         sentence's keys and values serve every beam without being copied.
         """
         q = split_heads(self.q(x), self.heads)
-        if not self.training and q.device.type == "cpu" and q.shape[2] <= 16:
+        if record is not None:
+            y, weights = attend_recorded(q, k, v, mask, dropout=self.dropout if self.training else 0.0)
+            record.append(weights)
+        elif not self.training and q.device.type == "cpu" and q.shape[2] <= 16:
             y = attend_few_queries(q, k, v, mask)
         else:
             y = attend(q, k, v, mask, dropout=self.dropout if self.training else 0.0)

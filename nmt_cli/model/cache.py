@@ -1,7 +1,7 @@
 """The decoder's incremental state, passed into and returned from `Transformer.decode_step`.
 
 Shapes: B sentences, K beams, N = B*K rows (row = sentence * K + beam), H heads, t steps so far,
-S source length, Dh head size.
+S source length, Dk key size and Dh value size per head.
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from torch import Tensor
 
 @dataclass
 class DecoderCache:
-    self_k: list[Tensor]  # per decoder layer [N, H, t, Dh], grows one step per call
+    self_k: list[Tensor]  # per decoder layer [N, H, t, Dk], grows one step per call
     self_v: list[Tensor]  # per decoder layer [N, H, t, Dh]
-    cross_k: list[Tensor]  # per decoder layer [B, H, S, Dh], computed once from the encoder output
+    cross_k: list[Tensor]  # per decoder layer [B, H, S, Dk], computed once from the encoder output
     cross_v: list[Tensor]  # per decoder layer [B, H, S, Dh]
     cross_mask: Tensor | None  # [B, 1, 1, S] True where a source position may be attended; None: no padding
 

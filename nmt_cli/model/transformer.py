@@ -3,12 +3,14 @@
 Shapes: B batch, K beam, N = B*K rows, S source length, T target length, D d_model, V vocab.
 `src_pad_mask` is True at padding; None means no sentence of the batch is padded (CUDA batches: no mask
 lets SDPA choose its fastest kernel).
+To see the attention weights of a teacher-forced pass, pass an `AttentionWeights()` to `forward` (or
+`encode`/`decode`): the same pass fills it, layer by layer.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -26,6 +28,15 @@ from nmt_cli.model.linear import Linear
 class EncoderOut:
     memory: Tensor  # [B, S, D]
     src_pad_mask: Tensor | None  # [B, S] True at padding; None: no padding
+
+
+@dataclass
+class AttentionWeights:
+    """What `forward(..., weights=AttentionWeights())` records: softmax(QK^T/sqrt(Dk)), 0 where masked."""
+
+    encoder: list[Tensor] = field(default_factory=list)  # per encoder layer [B, H, S, S]
+    decoder: list[Tensor] = field(default_factory=list)  # per decoder layer, self-attention [B, H, T, T]
+    cross: list[Tensor] = field(default_factory=list)  # per decoder layer, encoder-decoder [B, H, T, S]
 
 
 class Embedding(nn.Module):
@@ -52,7 +63,7 @@ class Transformer(nn.Module):
     def __init__(self, *, vocab_size: int, encoder_layers: int, decoder_layers: int, d_model: int, d_ff: int,
                  heads: int, dropout: float, attention_dropout: float, activation_dropout: float,
                  normalize_before: bool, learned_pos: bool, share_embeddings: bool, share_output_embed: bool,
-                 max_positions: int) -> None:
+                 max_positions: int, key_dim: int = 0) -> None:
         super().__init__()
         self.max_positions = max_positions
         src_tokens = nn.Embedding(vocab_size, d_model, padding_idx=PAD)
@@ -62,7 +73,7 @@ class Transformer(nn.Module):
             nn.init.zeros_(emb.weight[PAD])
         self.src_embed = Embedding(src_tokens, max_positions, learned_pos, dropout)
         self.tgt_embed = Embedding(tgt_tokens, max_positions, learned_pos, dropout)
-        layer_args = (d_model, d_ff, heads, dropout, attention_dropout, activation_dropout, normalize_before)
+        layer_args = (d_model, d_ff, heads, dropout, attention_dropout, activation_dropout, normalize_before, key_dim)
         self.encoder = nn.ModuleList(EncoderLayer(*layer_args) for _ in range(encoder_layers))
         self.decoder = nn.ModuleList(DecoderLayer(*layer_args) for _ in range(decoder_layers))
         # Pre-norm stacks end with a LayerNorm; post-norm layers already end normalised.
@@ -77,39 +88,47 @@ class Transformer(nn.Module):
         if share_output_embed:
             self.output.weight = tgt_tokens.weight  # the pre-softmax projection (paper §3.4)
 
-    def encode(self, src_tokens: Tensor, src_pad_mask: Tensor | None) -> EncoderOut:
-        """src_tokens: [B, S] -> memory [B, S, D]."""
+    def encode(self, src_tokens: Tensor, src_pad_mask: Tensor | None,
+               weights: AttentionWeights | None = None) -> EncoderOut:
+        """src_tokens: [B, S] -> memory [B, S, D]. weights: records each layer's self-attention."""
         mask = attention_mask(src_pad_mask)
         x = self.src_embed(src_tokens)
         for layer in self.encoder:
-            x = layer(x, mask)
+            x = layer(x, mask, None if weights is None else weights.encoder)
         return EncoderOut(self.encoder_norm(x), src_pad_mask)
 
-    def decode(self, tgt_in: Tensor, enc: EncoderOut) -> Tensor:
-        """Teacher-forced decoder. tgt_in: [B, T] -> hidden states [B, T, D] (project with `logits`)."""
+    def decode(self, tgt_in: Tensor, enc: EncoderOut, weights: AttentionWeights | None = None) -> Tensor:
+        """Teacher-forced decoder. tgt_in: [B, T] -> hidden states [B, T, D] (project with `logits`).
+        weights: records each layer's self- and cross-attention."""
         mask = attention_mask(enc.src_pad_mask)
         x = self.tgt_embed(tgt_in)
         for layer in self.decoder:
             k, v = layer.cross_attn.memory_kv(enc.memory)
-            x = layer(x, k, v, mask)
+            x = layer(x, k, v, mask, *((None, None) if weights is None else (weights.decoder, weights.cross)))
         return self.decoder_norm(x)
 
     def logits(self, hidden: Tensor) -> Tensor:
         return self.output(hidden)  # [..., V]
 
-    def forward(self, src_tokens: Tensor, src_pad_mask: Tensor, tgt_in: Tensor) -> Tensor:
+    def forward(self, src_tokens: Tensor, src_pad_mask: Tensor | None, tgt_in: Tensor,
+                weights: AttentionWeights | None = None) -> Tensor:
         """Teacher-forced pass -> logits [B, T, V]. (Training feeds `decode`'s hidden states at the real
-        target positions straight into the fused loss instead, see train/loss.py.)"""
-        return self.logits(self.decode(tgt_in, self.encode(src_tokens, src_pad_mask)))
+        target positions straight into the fused loss instead, see train/loss.py.)
+
+        weights: an empty AttentionWeights to fill with every attention's weights; the pass then computes
+        them explicitly instead of through the fused kernels, and its output uses exactly those weights.
+        """
+        return self.logits(self.decode(tgt_in, self.encode(src_tokens, src_pad_mask, weights), weights))
 
     def init_cache(self, enc: EncoderOut, beam: int) -> DecoderCache:
         """Project the encoder output to every layer's cross-attention K/V once; empty self-attention state."""
         cross = [layer.cross_attn.memory_kv(enc.memory) for layer in self.decoder]
         b, _, d = enc.memory.shape
-        heads = self.decoder[0].self_attn.heads
-        empty = enc.memory.new_zeros(b * beam, heads, 0, d // heads)
+        attn = self.decoder[0].self_attn
+        empty_k = enc.memory.new_zeros(b * beam, attn.heads, 0, attn.qk_size // attn.heads)
+        empty_v = enc.memory.new_zeros(b * beam, attn.heads, 0, d // attn.heads)
         n = len(self.decoder)
-        return DecoderCache([empty] * n, [empty] * n, [k for k, _ in cross], [v for _, v in cross],
+        return DecoderCache([empty_k] * n, [empty_v] * n, [k for k, _ in cross], [v for _, v in cross],
                             attention_mask(enc.src_pad_mask))
 
     def decode_step(self, prev_tokens: Tensor, cache: DecoderCache) -> tuple[Tensor, DecoderCache]:
@@ -137,7 +156,8 @@ def build_model(cfg: ModelConfig) -> Transformer:
                        dropout=cfg.dropout, attention_dropout=cfg.attention_dropout,
                        activation_dropout=cfg.activation_dropout, normalize_before=cfg.normalize_before,
                        learned_pos=cfg.learned_pos, share_embeddings=cfg.share_embeddings,
-                       share_output_embed=cfg.share_output_embed, max_positions=cfg.max_positions)
+                       share_output_embed=cfg.share_output_embed, max_positions=cfg.max_positions,
+                       key_dim=cfg.attention_key_dim)
 
 
 def count_parameters(model: nn.Module) -> int:

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Multi30k EN->DE on a CPU: preprocess, train for TRAIN_MINUTES of wall clock, average the last
-# checkpoints, translate test_2016_flickr with beam 4 and score it with sacreBLEU.
+# checkpoints, translate test_2016_flickr with beam 4, score it with sacreBLEU and draw the learning curve.
 # Each step skips itself when its output exists. Settings and measured results: README.md here.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -17,6 +17,7 @@ PRECISION=${PRECISION:---bf16}
 DROPOUT=${DROPOUT:-0.2}
 WARMUP=${WARMUP:-1000}
 SHOW=${SHOW:-5}
+LOG_INTERVAL=${LOG_INTERVAL:-50}
 run() { echo "+ $*" >&2; [ "${DRY_RUN:-0}" = 1 ] || "$@"; }
 
 mkdir -p "$WORK_DIR"
@@ -42,7 +43,7 @@ SAVE_MINUTES=$(awk "BEGIN { print $TRAIN_MINUTES / 12 }")
 run nmt train "$WORK_DIR/data-bin" --save-dir "$WORK_DIR/checkpoints" --arch "$ARCH" \
     --max-tokens "$MAX_TOKENS" --lr-scale 1 --warmup-updates "$WARMUP" --label-smoothing 0.1 \
     --max-time-minutes "$TRAIN_MINUTES" --save-interval-minutes "$SAVE_MINUTES" --threads "$THREADS" \
-    --dropout "$DROPOUT" --log-interval 50 --log-file "$WORK_DIR/train.jsonl" $PRECISION
+    --dropout "$DROPOUT" --log-interval "$LOG_INTERVAL" --log-file "$WORK_DIR/train.jsonl" $PRECISION
 
 # 4. Average the last N_AVERAGE numbered checkpoints.
 [ -f "$WORK_DIR/average.pt" ] && [ "$WORK_DIR/average.pt" -nt "$WORK_DIR/checkpoints/checkpoint_last.pt" ] || \
@@ -56,7 +57,14 @@ run nmt train "$WORK_DIR/data-bin" --save-dir "$WORK_DIR/checkpoints" --arch "$A
         && mv '$WORK_DIR/test.hyp.de.tmp' '$WORK_DIR/test.hyp.de'"
 run nmt score --sys "$WORK_DIR/test.hyp.de" --ref "$RAW_DIR/test_2016_flickr.de" | tee "$WORK_DIR/score.txt"
 
-# 6. A few test sentences: source, reference, ours.
+# 6. The learning curve: losses, learning rate and speed against updates and wall clock (needs matplotlib).
+if "$(dirname "$(command -v nmt)")/python" -c "import matplotlib" 2>/dev/null; then
+    run nmt plot curves --log-file "$WORK_DIR/train.jsonl" --label "$ARCH" --output "$WORK_DIR/curve.png"
+else
+    echo "skipping the learning curve: matplotlib is not installed (pip install \"nmt[plot]\")" >&2
+fi
+
+# 7. A few test sentences: source, reference, ours.
 if [ "${DRY_RUN:-0}" != 1 ] && [ "$SHOW" -gt 0 ]; then
     echo
     paste "$RAW_DIR/test_2016_flickr.en" "$RAW_DIR/test_2016_flickr.de" "$WORK_DIR/test.hyp.de" | head -n "$SHOW" |

@@ -12,10 +12,12 @@ from nmt_cli.model.layers import sinusoidal_positions
 from nmt_cli.model.transformer import build_model, count_parameters
 
 
-def closed_form_parameters(v, n_enc, n_dec, d, d_ff, normalize_before=False):
+def closed_form_parameters(v, n_enc, n_dec, d, d_ff, normalize_before=False, heads=1, key_dim=0):
     """Paper Table 3 bookkeeping: one tied V x D embedding, 4D^2+4D per attention, 2 D d_ff + d_ff + D per FFN,
-    2D per LayerNorm (+ a final LayerNorm per stack in pre-norm)."""
-    attention = 4 * d * d + 4 * d
+    2D per LayerNorm (+ a final LayerNorm per stack in pre-norm). With a key size d_k (row B) the Q and K
+    projections are D x H*d_k each, so an attention has 2(D H d_k + H d_k) + 2(D^2 + D)."""
+    qk = heads * key_dim if key_dim else d
+    attention = 2 * (d * qk + qk) + 2 * (d * d + d)
     ffn = 2 * d * d_ff + d_ff + d
     norm = 2 * d
     encoder = n_enc * (attention + ffn + 2 * norm)
@@ -29,6 +31,15 @@ def test_parameter_count_matches_closed_form(arch):
     with torch.device("meta"):
         model = build_model(cfg)
     expected = closed_form_parameters(37000, cfg.encoder_layers, cfg.decoder_layers, cfg.d_model, cfg.d_ff)
+    assert count_parameters(model) == expected
+
+
+@pytest.mark.parametrize("heads,key_dim", [(8, 16), (8, 32), (4, 100), (1, 512)])
+def test_parameter_count_with_a_key_size(heads, key_dim):
+    cfg = model_config("transformer_base", vocab_size=37000, heads=heads, attention_key_dim=key_dim)
+    with torch.device("meta"):
+        model = build_model(cfg)
+    expected = closed_form_parameters(37000, 6, 6, 512, 2048, heads=heads, key_dim=key_dim)
     assert count_parameters(model) == expected
 
 

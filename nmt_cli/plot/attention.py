@@ -1,0 +1,116 @@
+"""Attention maps of one sentence, as the paper's figures 3-5 draw them, from the model's real forward pass.
+
+The source is encoded, translated greedily (beam 1, the checkpoint's length limits), and the translation is
+teacher-forced through `Transformer.forward` with an `AttentionWeights` recorder, so every weight drawn is
+one the model used. Query rows of the decoder maps are labelled with the piece that position predicts;
+key columns with the piece at that position.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from nmt_cli.checkpoint import load_checkpoint, load_model_weights, model_config_of, search_config_of, vocab_of
+from nmt_cli.data.vocab import BOS, EOS
+from nmt_cli.errors import ConfigError, DataError
+from nmt_cli.model.transformer import AttentionWeights, build_model
+from nmt_cli.plot import check_output, pyplot, save_figure
+from nmt_cli.search.greedy import greedy_search
+
+logger = logging.getLogger(__name__)
+
+KINDS = ("encoder", "decoder", "cross")
+TITLES = {"encoder": "encoder self-attention", "decoder": "decoder self-attention",
+          "cross": "encoder-decoder attention"}
+
+
+@dataclass
+class SentenceAttention:
+    """One sentence's pieces and every layer's attention weights (batch dimension dropped)."""
+
+    src_pieces: list[str]  # S: the source pieces and </s>
+    tgt_in_pieces: list[str]  # T: <s> and the translation's pieces (decoder inputs, the key axis)
+    tgt_out_pieces: list[str]  # T: the translation's pieces and </s> (what each decoder position predicts)
+    weights: dict[str, list[Tensor]]  # kind -> per layer [H, Tq, Tk], float32
+
+    def keys_and_queries(self, kind: str) -> tuple[list[str], list[str]]:
+        if kind == "encoder":
+            return self.src_pieces, self.src_pieces
+        return (self.tgt_in_pieces if kind == "decoder" else self.src_pieces), self.tgt_out_pieces
+
+
+@torch.inference_mode()
+def sentence_attention(checkpoint_path: Path, sentence: str) -> SentenceAttention:
+    """Translate `sentence` greedily with the checkpoint, then record attention on that translation."""
+    state = load_checkpoint(checkpoint_path)
+    model = build_model(model_config_of(state, checkpoint_path))
+    load_model_weights(model, state["model"], checkpoint_path)
+    model.eval()
+    vocab = vocab_of(state, checkpoint_path)
+    src_ids = vocab.encode([sentence.strip()])[0]
+    if not src_ids:
+        raise DataError("--input is empty; give a sentence to translate")
+    src = torch.tensor([src_ids + [EOS]])
+    src_pad = torch.zeros_like(src, dtype=torch.bool)
+    cfg = replace(search_config_of(state), beam=1, sampling=False, nbest=1)
+    hyp = greedy_search(model, model.encode(src, src_pad), torch.tensor([len(src_ids)]), cfg)[0][0]
+    weights = AttentionWeights()
+    model(src, src_pad, torch.tensor([[BOS] + hyp.tokens]), weights)
+    logger.info("translation (greedy): %s", vocab.decode(hyp.tokens))
+    return SentenceAttention(vocab.pieces(src_ids) + ["</s>"], ["<s>"] + vocab.pieces(hyp.tokens),
+                             vocab.pieces(hyp.tokens) + ["</s>"],
+                             {kind: [w[0].float() for w in getattr(weights, kind)] for kind in KINDS})
+
+
+def attention_figure(checkpoint_path: Path, sentence: str, layer: int | None, head: int | None,
+                     output: Path) -> Any:
+    """`nmt plot attention`: record one sentence's attention and draw it to `output` (.png, .svg, .pdf)."""
+    check_output(output)
+    pyplot()  # fail on a missing matplotlib before loading the model
+    return plot_attention(sentence_attention(checkpoint_path, sentence), layer, head, output)
+
+
+def select_heads(att: SentenceAttention, layer: int | None, head: int | None) -> tuple[int, list[int]]:
+    """1-based --layer (default: the last) and --head (None: all) -> 0-based layer and head indices."""
+    n_layers, n_heads = len(att.weights["encoder"]), att.weights["encoder"][0].shape[0]
+    n_dec = len(att.weights["decoder"])
+    layer = layer or min(n_layers, n_dec)
+    if not 1 <= layer <= min(n_layers, n_dec):
+        raise ConfigError(f"--layer {layer} is out of range: the model has {n_layers} encoder and {n_dec} "
+                          "decoder layers (counted from 1)")
+    if head is not None and not 1 <= head <= n_heads:
+        raise ConfigError(f"--head {head} is out of range: the model has {n_heads} heads (counted from 1)")
+    return layer - 1, list(range(n_heads)) if head is None else [head - 1]
+
+
+def draw_map(ax: Any, weights: Tensor, keys: list[str], queries: list[str], title: str) -> None:
+    """One heat map: queries down, keys across, weight 0 white to 1 dark."""
+    ax.imshow(weights.numpy(), cmap="Blues", vmin=0.0, vmax=1.0, aspect="auto", interpolation="nearest")
+    ax.set_xticks(range(len(keys)), keys, rotation=90, fontsize=7)
+    ax.set_yticks(range(len(queries)), queries, fontsize=7)
+    ax.set_title(title, fontsize=8)
+
+
+def plot_attention(att: SentenceAttention, layer: int | None, head: int | None, output: Path) -> Any:
+    """Draw the three kinds of attention of one layer (rows) for one head or all (columns); write `output`.
+
+    Returns the matplotlib Figure; its axes hold the drawn arrays (`ax.images[0].get_array()`).
+    """
+    plt = pyplot()
+    layer_index, heads = select_heads(att, layer, head)
+    size = 1.2 + 0.22 * max(len(att.src_pieces), len(att.tgt_out_pieces))
+    fig, axes = plt.subplots(len(KINDS), len(heads), figsize=(size * len(heads), size * len(KINDS)),
+                             squeeze=False, constrained_layout=True)
+    for row, kind in enumerate(KINDS):
+        keys, queries = att.keys_and_queries(kind)
+        for col, h in enumerate(heads):
+            draw_map(axes[row][col], att.weights[kind][layer_index][h], keys, queries,
+                     f"{TITLES[kind]}, layer {layer_index + 1}, head {h + 1}")
+    save_figure(fig, output)
+    return fig
