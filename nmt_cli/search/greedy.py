@@ -5,6 +5,8 @@ Shapes: B sentences, V vocabulary. Greedy is the reference that beam search with
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import Tensor
 
@@ -32,17 +34,24 @@ def sample_from(log_probs: Tensor, cfg: SearchConfig, generator: torch.Generator
 
 @torch.inference_mode()
 def greedy_search(model: Transformer, enc: EncoderOut, src_lens: Tensor, cfg: SearchConfig,
-                  generator: torch.Generator | None = None) -> list[list[Hypothesis]]:
-    """Pick the most likely token each step (or sample one with cfg.sampling) until EOS or max length."""
+                  generator: torch.Generator | None = None, constraint: Any = None,
+                  n_leaves: Tensor | None = None) -> list[list[Hypothesis]]:
+    """Pick the most likely token each step (or sample one with cfg.sampling) until EOS or max length.
+
+    An optional `constraint` (parsing/constraint.py) masks the log-probs first (n_leaves [B] per sentence).
+    """
     b, device = enc.memory.shape[0], enc.memory.device
     max_len = max_lengths(src_lens, cfg, model.max_positions).to(device)
     cache = model.init_cache(enc, 1)
     prev = torch.full((b,), BOS, dtype=torch.long, device=device)
     tokens, scores = [], []
     done = torch.zeros(b, dtype=torch.bool, device=device)
+    tree = constraint.start(n_leaves.to(device)) if constraint is not None else None
     for step in range(int(max_len.max()) + 1):
         log_probs, cache = model.decode_step(prev, cache)
         log_probs = constrain(log_probs, step, max_len, cfg)
+        if constraint is not None:
+            log_probs = constraint.mask(log_probs, tree, step, max_len)
         choice = sample_from(log_probs, cfg, generator) if cfg.sampling else log_probs.argmax(-1)
         tokens.append(choice.masked_fill(done, PAD))
         scores.append(log_probs.gather(1, choice[:, None]).squeeze(1).masked_fill(done, 0.0))
@@ -50,6 +59,8 @@ def greedy_search(model: Transformer, enc: EncoderOut, src_lens: Tensor, cfg: Se
         if bool(done.all()):
             break
         prev = choice
+        if constraint is not None:
+            tree = constraint.advance(tree, choice)
     return to_hypotheses(torch.stack(tokens, 1), torch.stack(scores, 1), cfg)
 
 
