@@ -118,7 +118,7 @@ def average_checkpoints(paths: list[Path]) -> dict[str, Any]:
     averaged = {k: (v / len(paths)).to(first["model"][k].dtype) if v.is_floating_point() else v
                 for k, v in sums.items()}
     keep = ("format_version", "nmt_version", "model_config", "train_config", "search_config", "spm_model",
-            "source_lang", "target_lang", "update", "epoch")
+            "source_lang", "target_lang", "update", "epoch", "target_format", "tree_leaves")
     out = {k: first[k] for k in keep if k in first}
     out.update(model=averaged, averaged_from=[str(p) for p in paths], nmt_version=__version__)
     return out

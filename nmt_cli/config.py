@@ -50,6 +50,9 @@ ARCHITECTURES: dict[str, ModelConfig] = {
                                      d_model=256, d_ff=1024, heads=4, dropout=0.1),
     "transformer_tiny": ModelConfig(arch="transformer_tiny", encoder_layers=2, decoder_layers=2,
                                     d_model=32, d_ff=64, heads=2, dropout=0.1, max_positions=256),
+    # Constituency parsing, paper section 6.3: 4 + 4 layers, d_model 1024 (its search settings: PARSE_SEARCH).
+    "transformer_parse": ModelConfig(arch="transformer_parse", encoder_layers=4, decoder_layers=4,
+                                     d_model=1024, d_ff=4096, heads=16),
 }
 
 
@@ -77,8 +80,14 @@ class PreprocessConfig:
     max_len: int = 250
     max_len_ratio: float = 1.5
     workers: int = 1
+    target_format: str = "text"  # or "ptb-tree": one bracketed tree per target line (nmt_cli/parsing)
+    tree_leaves: str = "pos"  # ptb-tree: leaves are POS tags ("pos") or the placeholder XX ("slot")
 
     def __post_init__(self) -> None:
+        if self.target_format not in ("text", "ptb-tree"):
+            raise ConfigError(f"--target-format {self.target_format!r} must be text or ptb-tree")
+        if self.tree_leaves not in ("pos", "slot"):
+            raise ConfigError(f"--tree-leaves {self.tree_leaves!r} must be pos or slot")
         if self.source_lang == self.target_lang:
             raise ConfigError(f"--source-lang and --target-lang are both {self.source_lang!r}; "
                               "they must differ")
@@ -117,6 +126,10 @@ class SearchConfig:
             raise ConfigError(f"--temperature {self.temperature} must be positive")
         if not 0.0 < self.sampling_topp <= 1.0:
             raise ConfigError(f"--sampling-topp {self.sampling_topp} must be in (0, 1]")
+
+
+# The paper's parsing search (section 6.3): beam 21, alpha 0.3, max output length |x| + 300.
+PARSE_SEARCH = SearchConfig(beam=21, lenpen=0.3, max_len_a=1.0, max_len_b=300)
 
 
 @dataclass(frozen=True)

@@ -130,6 +130,10 @@ def make_temp_dir(dest: Path) -> Path:
 
 def preprocess(cfg: PreprocessConfig) -> dict[str, Any]:
     """Build a data directory from raw parallel text; returns its metadata."""
+    if cfg.target_format == "ptb-tree":  # sentences -> linearised trees (nmt_cli/parsing/preprocess.py)
+        from nmt_cli.parsing.preprocess import preprocess_trees
+
+        return preprocess_trees(cfg)
     splits = split_prefixes(cfg)
     n_lines = check_inputs(cfg, splits)
     dest = Path(cfg.destdir)

@@ -62,6 +62,10 @@ def run_generate(req: GenerateRequest) -> Summary:
     translator, state = load_translator(req.checkpoint, device, amp)
     given = {k: v for k, v in (req.search_overrides or {}).items() if v is not None}
     cfg = replace(search_config_of(state), **given)
+    if state.get("target_format", "text") == "ptb-tree":  # a parser writes trees (nmt_cli/parsing/generate.py)
+        from nmt_cli.parsing.generate import run_parse
+
+        return run_parse(req, translator, cfg, num_shards, shard_id)
     fmt = req.output_format or ("fairseq" if req.data_dir else "plain")
     with ExitStack() as stack:
         out = open_output(req, stack, num_shards, shard_id)

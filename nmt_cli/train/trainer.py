@@ -22,7 +22,8 @@ import numpy as np
 import torch
 
 from nmt_cli import __version__
-from nmt_cli.config import ModelConfig, SearchConfig, TrainConfig, config_to_dict, model_config_from_arch
+from nmt_cli.config import (PARSE_SEARCH, ModelConfig, SearchConfig, TrainConfig, config_to_dict,
+                            model_config_from_arch)
 from nmt_cli.data.batching import Batch, batch_by_tokens, collate, epoch_batches
 from nmt_cli.data.dataset import ParallelDataset, load_meta, load_vocab
 from nmt_cli.data.vocab import BOS, EOS, PAD, Vocab
@@ -272,6 +273,7 @@ class Trainer:
             "model_config": config_to_dict(self.model_cfg), "train_config": config_to_dict(self.cfg),
             "search_config": config_to_dict(self.search_cfg), "spm_model": self.vocab.model_bytes,
             "source_lang": self.meta["source_lang"], "target_lang": self.meta["target_lang"],
+            "target_format": self.meta.get("target_format", "text"), "tree_leaves": self.meta.get("tree_leaves"),
             "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
             "scheduler": {"name": self.cfg.lr_scheduler, "update": self.state.update},
             "grad_scaler": self.scaler.state_dict() if self.scaler else {},
@@ -345,6 +347,8 @@ def prepare(cfg: TrainConfig, model_overrides: dict[str, Any], search_cfg: Searc
     meta = load_meta(data_dir)
     vocab = load_vocab(data_dir)
     model_cfg = model_config_from_arch(cfg.arch, meta["vocab_size"], model_overrides)
+    if meta.get("target_format") == "ptb-tree" and search_cfg == SearchConfig():
+        search_cfg = PARSE_SEARCH  # a parser's generate defaults: the paper's beam 21, alpha 0.3, |x| + 300
     save_dir = Path(cfg.save_dir)
     try:
         save_dir.mkdir(parents=True, exist_ok=True)
