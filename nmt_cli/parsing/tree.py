@@ -61,6 +61,8 @@ def parse_tree(text: str) -> Tree:
     i = 0
     while i < len(tokens):
         tok = tokens[i]
+        if root is not None and tok == ")":
+            raise TreeSyntaxError("unbalanced brackets: too many ')'")
         if root is not None:
             raise TreeSyntaxError(f"text after the end of the tree: {' '.join(tokens[i:i + 3])!r}")
         if tok == "(":
