@@ -20,7 +20,7 @@ else
 fi
 DROPOUT=${DROPOUT:-0.3}
 MAX_TOKENS=${MAX_TOKENS:-4096}
-PYTHON=${PYTHON:-$(dirname "$(command -v nmt)")/python}
+if command -v nmt >/dev/null; then PYTHON=${PYTHON:-$(dirname "$(command -v nmt)")/python}; else PYTHON=${PYTHON:-python3}; fi
 run() { echo "+ $*" >&2; [ "${DRY_RUN:-0}" = 1 ] || "$@"; }
 
 mkdir -p "$WORK_DIR"
