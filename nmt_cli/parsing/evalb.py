@@ -15,12 +15,15 @@ errors (EVALB exits); error sentences are listed instead.
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from nmt_cli.errors import DataError
+
+logger = logging.getLogger(__name__)
 
 _TOKEN = re.compile(r"\(|\)|[^\s()]+")
 OK, ERROR, SKIP = 0, 1, 2
@@ -290,4 +293,9 @@ def score_tree_files(sys_path: Path, ref_path: Path, params: EvalbParams = COLLI
                 raise DataError(f"{path}:{n}: not a bracketed tree ({line[:40]!r}); --metric bracket-f1 "
                                 "scores parser output (`nmt generate` with a parsing checkpoint) against "
                                 "gold trees; use sacrebleu for translations")
-    return evalb(gold, test, params)
+    result = evalb(gold, test, params)
+    errors = [r for r in result.sentences if r.status == ERROR]
+    if errors:  # EVALB prints these on stderr too; they are left out of every number but the error count
+        logger.warning("%d error sentence(s) left out of the scores, e.g. line %d: %s (--verbose lists them)",
+                       len(errors), errors[0].line, errors[0].message)
+    return result

@@ -12,14 +12,15 @@ QUICK=${QUICK:-0}
 THREADS=${THREADS:-2}
 LEAVES=${LEAVES:-pos}                 # pos: the decoder predicts POS tags; slot: XX (punctuation tags kept)
 if [ "$QUICK" = 1 ]; then
-    ARCH=${ARCH:-transformer_tiny}; TRAIN_MINUTES=${TRAIN_MINUTES:-0.4}; VALID_LINES=${VALID_LINES:-40}
+    ARCH=${ARCH:-transformer_tiny}; TRAIN_MINUTES=${TRAIN_MINUTES:-0.25}; VALID_LINES=${VALID_LINES:-40}
     BEAM=${BEAM:-2}; MAX_LEN_B=${MAX_LEN_B:-20}; WARMUP=${WARMUP:-50}; VOCAB=${VOCAB:-1000}
 else
-    ARCH=${ARCH:-transformer_small}; TRAIN_MINUTES=${TRAIN_MINUTES:-12}; VALID_LINES=${VALID_LINES:-0}
-    BEAM=${BEAM:-21}; MAX_LEN_B=${MAX_LEN_B:-300}; WARMUP=${WARMUP:-400}; VOCAB=${VOCAB:-4000}
+    ARCH=${ARCH:-transformer_small}; TRAIN_MINUTES=${TRAIN_MINUTES:-15}; VALID_LINES=${VALID_LINES:-0}
+    BEAM=${BEAM:-21}; MAX_LEN_B=${MAX_LEN_B:-300}; WARMUP=${WARMUP:-200}; VOCAB=${VOCAB:-4000}
 fi
 DROPOUT=${DROPOUT:-0.3}
 MAX_TOKENS=${MAX_TOKENS:-4096}
+PRECISION=${PRECISION:-}             # --bf16 on CPUs with AVX512-BF16 or AMX
 if command -v nmt >/dev/null; then PYTHON=${PYTHON:-$(dirname "$(command -v nmt)")/python}; else PYTHON=${PYTHON:-python3}; fi
 run() { echo "+ $*" >&2; [ "${DRY_RUN:-0}" = 1 ] || "$@"; }
 
@@ -29,7 +30,8 @@ if [ "$VALID_LINES" -gt 0 ]; then
     head -n "$VALID_LINES" "$DATA/valid.tree" > "$WORK_DIR/valid.tree"
     head -n "$VALID_LINES" "$DATA/valid.words" > "$WORK_DIR/valid.words"
 else
-    cp "$DATA/valid.tree" "$DATA/valid.words" "$WORK_DIR/"
+    cat "$DATA/valid.tree" > "$WORK_DIR/valid.tree"
+    cat "$DATA/valid.words" > "$WORK_DIR/valid.words"
 fi
 
 # 2. Sentences -> linearised trees; tree tokens are single vocabulary items.
@@ -40,7 +42,7 @@ fi
 # 3. Train for TRAIN_MINUTES of wall clock (shared CPU: see README.md).
 run nmt train "$WORK_DIR/data-bin" --save-dir "$WORK_DIR/checkpoints" --arch "$ARCH" --dropout "$DROPOUT" \
     --max-tokens "$MAX_TOKENS" --warmup-updates "$WARMUP" --label-smoothing 0.1 \
-    --max-time-minutes "$TRAIN_MINUTES" --threads "$THREADS" --log-interval 50 --log-file "$WORK_DIR/train.jsonl"
+    --max-time-minutes "$TRAIN_MINUTES" --threads "$THREADS" --log-interval 20 --log-file "$WORK_DIR/train.jsonl" $PRECISION
 
 # 4. Parse the valid sentences: beam BEAM, alpha 0.3, max length |x| + MAX_LEN_B, every output a tree.
 [ -f "$WORK_DIR/valid.hyp.tree" ] && [ "$WORK_DIR/valid.hyp.tree" -nt "$WORK_DIR/checkpoints/checkpoint_last.pt" ] || \
