@@ -3,7 +3,8 @@
 Each input line is split on whitespace; its words are encoded with the checkpoint's sentencepiece
 model, searched under the tree constraint (constraint.py) with exactly as many leaves as words,
 and the best hypothesis is turned back into a tree holding the input's own words (`(TOP ...)`,
-EVALB's gold format). An empty line gives an empty line.
+EVALB's gold format); punctuation words get their fixed tag (linearize.tag_punctuation). An empty
+line gives an empty line.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from nmt_cli.config import SearchConfig
 from nmt_cli.data.vocab import EOS, PAD, Vocab
 from nmt_cli.errors import ConfigError
 from nmt_cli.parsing.constraint import TreeConstraint
-from nmt_cli.parsing.linearize import CLOSE, SLOT, TOP, delinearize, is_open, with_top
+from nmt_cli.parsing.linearize import CLOSE, SLOT, TOP, delinearize, is_open, tag_punctuation, with_top
 from nmt_cli.parsing.tree import Tree
 from nmt_cli.runtime import autocast
 from nmt_cli.search.beam import beam_search, max_lengths
@@ -78,7 +79,7 @@ def parse_sentences(tr: Translator, constraint: TreeConstraint, words: list[list
         best = search_trees(tr, constraint, [sources[i] for i in ids], [len(words[i]) for i in ids], cfg)
         for i, tokens in zip(ids, best):
             try:
-                trees[i] = with_top(delinearize(tr.vocab.pieces(tokens), words[i]))
+                trees[i] = with_top(tag_punctuation(delinearize(tr.vocab.pieces(tokens), words[i])))
             except ValueError:  # the constraint rules this out; keep the output usable if it ever fails
                 n_fallback += 1
     return trees, n_fallback

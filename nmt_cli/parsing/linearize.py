@@ -23,6 +23,9 @@ SLOT = "XX"
 TOP = "TOP"
 LEAF_MODES = ("pos", "slot")
 KEPT_TAGS = frozenset({",", ":", "``", "''", ".", "-LRB-", "-RRB-", "#", "$"})
+# Punctuation words whose Penn Treebank tag is fixed by the word itself ("'" is left out: POS or '').
+PUNCTUATION_TAGS = {",": ",", ".": ".", "?": ".", "!": ".", ":": ":", ";": ":", "--": ":", "...": ":",
+                    "``": "``", "`": "``", "''": "''"}
 
 
 def is_open(token: str) -> bool:
@@ -86,3 +89,21 @@ def delinearize(tokens: Sequence[str], words: Sequence[str]) -> Tree:
 def with_top(tree: Tree) -> Tree:
     """The output form: one TOP bracket above the root, as EVALB's gold files have (it is not scored)."""
     return tree if tree.label == TOP else Tree(TOP, [tree])
+
+
+def tag_punctuation(tree: Tree) -> Tree:
+    """Give the punctuation words their fixed tag (PUNCTUATION_TAGS), and no word with a letter or digit
+    a punctuation tag (it becomes XX), whatever the decoder predicted.
+
+    EVALB deletes words by their tag in each tree separately, so a comma tagged NN in the output but
+    "," in the gold (or a word tagged ",") makes the sentence a length-mismatch error. The tag comes
+    from the input word alone.
+    """
+    punctuation = set(PUNCTUATION_TAGS.values())
+    for leaf in tree.preterminals():
+        word = leaf.word or ""
+        if word in PUNCTUATION_TAGS:
+            leaf.label = PUNCTUATION_TAGS[word]
+        elif leaf.label in punctuation and any(c.isalnum() for c in word):
+            leaf.label = SLOT
+    return tree

@@ -6,7 +6,7 @@ import pytest
 
 from conftest import SHARED_DATA
 from nmt_cli.errors import DataError
-from nmt_cli.parsing.linearize import SLOT, delinearize, linearize, with_top
+from nmt_cli.parsing.linearize import SLOT, delinearize, linearize, tag_punctuation, with_top
 from nmt_cli.parsing.tree import TreeSyntaxError, clean, parse_tree, read_trees, split_mrg, strip_function_tag
 
 PTB = SHARED_DATA / "ptb-sample"
@@ -80,3 +80,8 @@ def test_round_trip_on_every_sample_tree():
 def test_split_mrg():
     text = "( (S \n  (NP (NN a))\n  (VP (VBZ b))) )\n( (FRAG (NN c)) )\n"
     assert split_mrg(text) == ["((S (NP (NN a)) (VP (VBZ b))))", "((FRAG (NN c)))"]
+
+
+def test_punctuation_words_get_their_fixed_tag():
+    tree = delinearize("(S (NP NN NN NN ) VB NN NN , )".split(), ["``", "a", ",", "b", "'", ".", "Calif."])
+    assert tag_punctuation(tree).tags() == ["``", "NN", ",", "VB", "NN", ".", SLOT]
