@@ -25,7 +25,7 @@ LEAF_MODES = ("pos", "slot")
 KEPT_TAGS = frozenset({",", ":", "``", "''", ".", "-LRB-", "-RRB-", "#", "$"})
 # Punctuation words whose Penn Treebank tag is fixed by the word itself ("'" is left out: POS or '').
 PUNCTUATION_TAGS = {",": ",", ".": ".", "?": ".", "!": ".", ":": ":", ";": ":", "--": ":", "...": ":",
-                    "``": "``", "`": "``", "''": "''"}
+                    "-": ":", "``": "``", "`": "``", "''": "''"}
 
 
 def is_open(token: str) -> bool:
@@ -92,8 +92,8 @@ def with_top(tree: Tree) -> Tree:
 
 
 def tag_punctuation(tree: Tree) -> Tree:
-    """Give the punctuation words their fixed tag (PUNCTUATION_TAGS), and no word with a letter or digit
-    a punctuation tag (it becomes XX), whatever the decoder predicted.
+    """Give the punctuation words their fixed tag (PUNCTUATION_TAGS), and no other word a punctuation tag
+    (it becomes XX; "'" keeps its predicted tag, as it is POS or ''), whatever the decoder predicted.
 
     EVALB deletes words by their tag in each tree separately, so a comma tagged NN in the output but
     "," in the gold (or a word tagged ",") makes the sentence a length-mismatch error. The tag comes
@@ -104,6 +104,6 @@ def tag_punctuation(tree: Tree) -> Tree:
         word = leaf.word or ""
         if word in PUNCTUATION_TAGS:
             leaf.label = PUNCTUATION_TAGS[word]
-        elif leaf.label in punctuation and any(c.isalnum() for c in word):
+        elif leaf.label in punctuation and word != "'":
             leaf.label = SLOT
     return tree

@@ -83,5 +83,5 @@ def test_split_mrg():
 
 
 def test_punctuation_words_get_their_fixed_tag():
-    tree = delinearize("(S (NP NN NN NN ) VB NN NN , )".split(), ["``", "a", ",", "b", "'", ".", "Calif."])
-    assert tag_punctuation(tree).tags() == ["``", "NN", ",", "VB", "NN", ".", SLOT]
+    tree = delinearize("(S (NP NN NN NN ) VB NN NN , , )".split(), ["``", "a", ",", "b", "'", ".", "Calif.", "$"])
+    assert tag_punctuation(tree).tags() == ["``", "NN", ",", "VB", "NN", ".", SLOT, SLOT]
