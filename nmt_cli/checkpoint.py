@@ -23,23 +23,28 @@ from nmt_cli.files import atomic_write, make_parent
 
 logger = logging.getLogger(__name__)
 
-FORMAT_VERSION = 3
+FORMAT_VERSION = 4
 LAST, BEST = "checkpoint_last.pt", "checkpoint_best.pt"
 # The checkpoint format, defined once. Every checkpoint has the model keys (all that translating and averaging
 # need); a checkpoint that training can resume from has the training keys too.
 MODEL_KEYS = ("format_version", "nmt_version", "model_config", "train_config", "search_config", "spm_model",
-              "source_lang", "target_lang", "update", "epoch", "model")
+              "source_lang", "target_lang", "target_format", "tree_leaves", "update", "epoch", "model")
 TRAINING_KEYS = ("optimizer", "scheduler", "grad_scaler", "train_state", "world_size", "rng")
 
 
 def make_checkpoint(model_cfg: ModelConfig, train_cfg: TrainConfig, search_cfg: SearchConfig, vocab: Vocab,
                     langs: tuple[str, str], weights: dict[str, torch.Tensor], update: int, epoch: int,
-                    training: dict[str, Any] | None = None) -> dict[str, Any]:
-    """A checkpoint dict with every model key, plus the training keys when `training` is given."""
+                    training: dict[str, Any] | None = None, target_format: str = "text",
+                    tree_leaves: str | None = None) -> dict[str, Any]:
+    """A checkpoint dict with every model key, plus the training keys when `training` is given.
+
+    target_format: "text" (translation) or "ptb-tree" (a constituency parser, nmt_cli/parsing), with its
+    tree_leaves ("pos" or "slot")."""
     state = {"format_version": FORMAT_VERSION, "nmt_version": __version__,
              "model_config": config_to_dict(model_cfg), "train_config": config_to_dict(train_cfg),
              "search_config": config_to_dict(search_cfg), "spm_model": vocab.model_bytes,
-             "source_lang": langs[0], "target_lang": langs[1], "update": update, "epoch": epoch,
+             "source_lang": langs[0], "target_lang": langs[1], "target_format": target_format,
+             "tree_leaves": tree_leaves, "update": update, "epoch": epoch,
              "model": weights}
     if training is not None:
         assert set(training) == set(TRAINING_KEYS), sorted(set(training) ^ set(TRAINING_KEYS))
@@ -53,6 +58,8 @@ def upgrade(state: dict[str, Any]) -> dict[str, Any]:
         state = upgrade_v1_to_v2(state)
     if state["format_version"] == 2:
         state = upgrade_v2_to_v3(state)
+    if state["format_version"] == 3:
+        state = upgrade_v3_to_v4(state)
     return state
 
 
@@ -70,6 +77,11 @@ def upgrade_v2_to_v3(state: dict[str, Any]) -> dict[str, Any]:
     if isinstance(state.get("rng"), dict):
         state = {**state, "rng": [state["rng"]]}
     return {**state, "format_version": 3}
+
+
+def upgrade_v3_to_v4(state: dict[str, Any]) -> dict[str, Any]:
+    """v4: the task is recorded (target_format "text" or "ptb-tree"); every earlier checkpoint translates."""
+    return {**state, "target_format": "text", "tree_leaves": None, "format_version": 4}
 
 
 def has_training_state(state: dict[str, Any]) -> bool:

@@ -91,6 +91,9 @@ ARCHITECTURES: dict[str, ModelConfig] = {
                                      d_model=256, d_ff=1024, heads=4, dropout=0.1),
     "transformer_tiny": ModelConfig(arch="transformer_tiny", encoder_layers=2, decoder_layers=2,
                                     d_model=32, d_ff=64, heads=2, dropout=0.1, max_positions=256),
+    # Constituency parsing, paper section 6.3: 4 + 4 layers, d_model 1024 (its search settings: PARSE_SEARCH).
+    "transformer_parse": ModelConfig(arch="transformer_parse", encoder_layers=4, decoder_layers=4,
+                                     d_model=1024, d_ff=4096, heads=16),
 }
 
 
@@ -117,6 +120,10 @@ class PreprocessConfig:
     max_len: int = flag(250, "Drop training pairs longer than this (pieces).", min=1)
     max_len_ratio: float = flag(1.5, "Drop training pairs with a longer length ratio.", min=1.0)
     workers: int = flag(1, "Encoding threads.", min=1)
+    target_format: str = flag("text", "ptb-tree: the target files hold one bracketed Penn Treebank tree per line "
+                              "(constituency parsing, nmt_cli/parsing).", choices=("text", "ptb-tree"))
+    tree_leaves: str = flag("pos", "ptb-tree: the target's leaves are the POS tags, or the placeholder XX "
+                            "(punctuation tags kept).", choices=("pos", "slot"))
 
     def __post_init__(self) -> None:
         check_fields(self)
@@ -150,6 +157,10 @@ class SearchConfig:
             raise ConfigError(f"--nbest {self.nbest} cannot exceed --beam {self.beam}")
         if self.max_len_a == 0 and self.max_len_b == 0:
             raise ConfigError("--max-len-a 0 and --max-len-b 0 leave no room for any output")
+
+
+# The paper's parsing search (section 6.3): beam 21, alpha 0.3, max output length |x| + 300.
+PARSE_SEARCH = SearchConfig(beam=21, lenpen=0.3, max_len_a=1.0, max_len_b=300)
 
 
 @dataclass(frozen=True)

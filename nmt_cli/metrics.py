@@ -105,6 +105,11 @@ def score_files(sys_path: Path, ref_path: Path, metrics: Sequence[str], lang: st
         raise DataError(f"{ref_path} is empty; there is nothing to score")
     if len(hyps) != len(refs):
         raise DataError(f"{sys_path} has {len(hyps)} hypotheses but {ref_path} has {len(refs)} lines")
+    from nmt_cli.parsing.tree import looks_like_trees
+
+    if looks_like_trees(hyps) and looks_like_trees(refs):
+        raise DataError(f"{sys_path} and {ref_path} hold bracketed trees (a parsing model's output?); "
+                        "score them with --metric bracket-f1")
     for i, hyp in enumerate(hyps, start=1):
         if "\u2581" in hyp:
             raise DataError(f"{sys_path}: hypothesis {i} still contains sentencepiece pieces (\u2581); "

@@ -16,6 +16,8 @@ from nmt_cli.config import PreprocessConfig
 def preprocess(**values: Any) -> None:
     """Train a joint sentencepiece model and binarize train/valid/test."""
     from nmt_cli.data.preprocess import preprocess as preprocess_data
+    from nmt_cli.parsing.preprocess import preprocess_trees
 
-    meta = preprocess_data(PreprocessConfig(**values))
+    cfg = PreprocessConfig(**values)
+    meta = preprocess_trees(cfg) if cfg.target_format == "ptb-tree" else preprocess_data(cfg)
     click.echo(json.dumps({k: meta[k] for k in ("source_lang", "target_lang", "vocab_size", "splits")}))

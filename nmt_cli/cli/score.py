@@ -8,18 +8,31 @@ from pathlib import Path
 import click
 
 from nmt_cli.cli.options import CONTEXT, EXISTING_FILE
+from nmt_cli.errors import ConfigError
 
 
 @click.command(context_settings=CONTEXT)
 @click.option("--sys", "sys_path", required=True, type=EXISTING_FILE, help="Hypotheses: plain text or `nmt generate` fairseq output.")
 @click.option("--ref", "ref_path", required=True, type=EXISTING_FILE, help="Reference text, one line per hypothesis.")
-@click.option("--metric", "metrics", multiple=True, type=click.Choice(["sacrebleu", "chrf", "tok-bleu", "tok-bleu-compound"]),
-              help="Repeatable [default: sacrebleu and chrf].")
+@click.option("--metric", "metrics", multiple=True,
+              type=click.Choice(["sacrebleu", "chrf", "tok-bleu", "tok-bleu-compound", "bracket-f1"]),
+              help="Repeatable [default: sacrebleu and chrf]. bracket-f1: EVALB (COLLINS.prm) on trees, alone.")
 @click.option("--lang", default="en", help="Language of the Moses tokenizer for tok-bleu metrics.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per metric.")
-def score(sys_path: Path, ref_path: Path, metrics: tuple[str, ...], lang: str, as_json: bool) -> None:
-    """Score translations: sacreBLEU (with its signature) and chrF; tokenized BLEU on request."""
+@click.option("--verbose", is_flag=True, help="bracket-f1: also EVALB's line per sentence.")
+def score(sys_path: Path, ref_path: Path, metrics: tuple[str, ...], lang: str, as_json: bool, verbose: bool) -> None:
+    """Score translations: sacreBLEU (with its signature) and chrF; tokenized BLEU on request; trees: bracket-f1."""
     from nmt_cli.metrics import score_files
+
+    if "bracket-f1" in metrics:  # constituency trees (nmt_cli/parsing/evalb.py)
+        from nmt_cli.parsing.evalb import COLLINS, format_report, score_tree_files
+
+        if len(set(metrics)) > 1:
+            raise ConfigError("--metric bracket-f1 scores trees; give it alone")
+        result = score_tree_files(sys_path, ref_path)
+        click.echo(json.dumps({"metric": "bracket-f1", **result.all.summary()}) if as_json
+                   else format_report(result, COLLINS, verbose))
+        return
 
     for s in score_files(sys_path, ref_path, metrics or ("sacrebleu", "chrf"), lang):
         if as_json:

@@ -14,9 +14,10 @@ import shutil
 import signal
 import tempfile
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +26,7 @@ from nmt_cli.config import PreprocessConfig
 from nmt_cli.data.binarize import TokenWriter, check_text_file, file_sha256, read_pairs, token_dtype
 from nmt_cli.data.dataset import META_FILE, META_FORMAT_VERSION, SPM_FILE
 from nmt_cli.data.vocab import Vocab, train_spm
-from nmt_cli.errors import DataError
+from nmt_cli.errors import ConfigError, DataError
 from nmt_cli.files import is_disk_full, remove_stale_temporaries, run_lock
 from nmt_cli.log import progress
 
@@ -172,31 +173,49 @@ def file_checksums(directory: Path) -> dict[str, str]:
     return {p.name: file_sha256(p) for p in sorted(directory.glob("*.idx.npy"))}
 
 
-def preprocess(cfg: PreprocessConfig) -> dict[str, Any]:
-    """Build a data directory from raw parallel text; returns its metadata."""
-    splits = split_prefixes(cfg)
-    n_lines = check_inputs(cfg, splits)
+# What a data directory holds besides its metadata: given the config and the temporary directory, write the
+# vocabulary and the binarized splits there; return the vocabulary, each split's statistics and any
+# metadata of the task's own. Translation's is `text_contents`; parsing's is in nmt_cli/parsing/preprocess.py.
+Contents = Callable[[PreprocessConfig, Path], tuple[Vocab, dict[str, Any], dict[str, Any]]]
+
+
+def preprocess(cfg: PreprocessConfig, contents: Contents | None = None) -> dict[str, Any]:
+    """Build a data directory from raw parallel text (or what `contents` writes); returns its metadata."""
+    if contents is None:
+        if cfg.target_format != "text":
+            raise ConfigError(f"--target-format {cfg.target_format} needs its own contents "
+                              "(nmt_cli.parsing.preprocess.preprocess_trees)")
+        splits = split_prefixes(cfg)
+        n_lines = check_inputs(cfg, splits)
+        contents = partial(text_contents, splits=splits, n_lines=n_lines)
     dest = Path(cfg.destdir)
     check_destdir(dest)
     with destdir_lock(dest), sigterm_as_error(dest):
         check_destdir(dest)  # again, now that no other preprocess can be writing it
-        meta = build(cfg, splits, n_lines, dest)
+        meta = build(cfg, dest, contents)
     return meta
 
 
-def build(cfg: PreprocessConfig, splits: dict[str, str], n_lines: dict[str, int], dest: Path) -> dict[str, Any]:
+def text_contents(cfg: PreprocessConfig, tmp: Path, splits: dict[str, str],
+                  n_lines: dict[str, int]) -> tuple[Vocab, dict[str, Any], dict[str, Any]]:
+    """Translation: a joint sentencepiece vocabulary, then every split encoded."""
+    vocab = make_vocab(cfg, tmp)
+    stats = {split: binarize_split(cfg, vocab, split, prefix, n_lines[split], tmp)
+             for split, prefix in splits.items()}
+    return vocab, stats, {}
+
+
+def build(cfg: PreprocessConfig, dest: Path, contents: Contents) -> dict[str, Any]:
     """Write everything into a temporary directory beside `dest`, then rename it to `dest`."""
     tmp = make_temp_dir(dest)
     try:
-        vocab = make_vocab(cfg, tmp)
+        vocab, stats, task_meta = contents(cfg, tmp)
         vocab.write_vocab(tmp / "vocab.txt")
-        stats = {split: binarize_split(cfg, vocab, split, prefix, n_lines[split], tmp)
-                 for split, prefix in splits.items()}
         meta = {"format_version": META_FORMAT_VERSION, "nmt_version": __version__,
                 "source_lang": cfg.source_lang, "target_lang": cfg.target_lang,
                 "n_pieces": vocab.n_pieces, "vocab_size": vocab.padded_size, "spm_sha256": vocab.sha256,
                 "dtype": token_dtype(vocab.padded_size).name, "splits": stats, "checksums": file_checksums(tmp),
-                "preprocess": asdict(cfg)}
+                "preprocess": asdict(cfg), **task_meta}
         (tmp / META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
         if dest.exists():
             dest.rmdir()

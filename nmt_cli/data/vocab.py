@@ -69,15 +69,19 @@ class Vocab:
 
 
 def train_spm(input_paths: Sequence[Path], model_prefix: Path, vocab_size: int, model_type: str,
-              character_coverage: float, max_sentences: int, n_threads: int = 1) -> None:
-    """Train one joint model on all inputs, sampling at most `max_sentences` lines (streamed by spm)."""
+              character_coverage: float, max_sentences: int, n_threads: int = 1,
+              control_symbols: Sequence[str] = ()) -> None:
+    """Train one joint model on all inputs, sampling at most `max_sentences` lines (streamed by spm).
+
+    `control_symbols` get ids of their own (after eos) that encoding text never produces (tree tokens).
+    """
     try:
         spm.SentencePieceTrainer.train(
             input=",".join(str(p) for p in input_paths), model_prefix=str(model_prefix),
             vocab_size=vocab_size, model_type=model_type, character_coverage=character_coverage,
             pad_id=PAD, unk_id=UNK, bos_id=BOS, eos_id=EOS, input_sentence_size=max_sentences,
             shuffle_input_sentence=True, num_threads=n_threads, minloglevel=2,
-            max_sentence_length=1 << 16)
+            max_sentence_length=1 << 16, **({"control_symbols": list(control_symbols)} if control_symbols else {}))
     except RuntimeError as e:
         message = str(e)
         too_high = re.search(r"Vocabulary size too high \((\d+)\).*<= (\d+)", message)

@@ -12,11 +12,13 @@ This is fairseq's rule; with K = 1 it is exactly greedy search.
 
 The host waits for the device once per step, to learn how many sentences are done (`beam_search`);
 everything else is decided on the device, or on the host from what it already knows (the lengths).
+An optional `constraint` (parsing/constraint.py) masks log-probs before the top-k and follows the beams.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -168,7 +170,8 @@ def start(b0: int, k: int, n_steps: int, device: torch.device) -> tuple[BeamStat
 
 @torch.inference_mode()
 def beam_search(model: Transformer, enc: EncoderOut, src_lens: Tensor, cfg: SearchConfig,
-                n_pieces: int | None = None) -> list[list[Hypothesis]]:
+                n_pieces: int | None = None, *, constraint: Any = None,
+                n_leaves: Tensor | None = None) -> list[list[Hypothesis]]:
     """Translate a batch of encoded sentences.
 
     Args:
@@ -177,6 +180,7 @@ def beam_search(model: Transformer, enc: EncoderOut, src_lens: Tensor, cfg: Sear
         src_lens: [B0] source lengths without EOS.
         cfg: beam size, length penalty, length limits, nbest.
         n_pieces: the vocabulary's real size; ids from here to V are embedding padding, never output.
+        constraint: optional TreeConstraint (mask / advance / start), with n_leaves [B0] per sentence.
 
     Returns:
         For each sentence, `cfg.nbest` hypotheses, best first.
@@ -189,12 +193,15 @@ def beam_search(model: Transformer, enc: EncoderOut, src_lens: Tensor, cfg: Sear
     row_max_len = max_len.repeat_interleave(k)  # [B*K]
     cache = model.init_cache(enc, 1)  # all beams start equal: step 0 runs once per sentence
     prev = torch.full((b0,), BOS, dtype=torch.long, device=device)
+    tree = constraint.start(n_leaves.to(device).repeat_interleave(k)) if constraint is not None else None
     for step in range(n_steps):
         log_probs, cache = model.decode_step(prev, cache)  # [B*K, V]
         if step == 0:
             to_beams = torch.arange(b0, device=device).repeat_interleave(k)
             log_probs, cache = log_probs[to_beams], cache.select_rows(to_beams)
         log_probs = constrain(log_probs, step, row_max_len, cfg, n_pieces, may_reach_max=step >= first_max)
+        if constraint is not None:
+            log_probs = constraint.mask(log_probs, tree, step, row_max_len)
         scores, beams, tokens = top_candidates(state, log_probs)
         finish(state, fin, scores, beams, tokens, log_probs, step, cfg)
         state, rows = survive(state, scores, beams, tokens, log_probs)
@@ -211,4 +218,6 @@ def beam_search(model: Transformer, enc: EncoderOut, src_lens: Tensor, cfg: Sear
         else:
             cache = cache.select_rows(rows)
         prev = state.tokens[:, :, -1].reshape(-1)
+        if constraint is not None:
+            tree = constraint.advance(tree.select(rows), prev)
     return collect(fin, cfg.nbest)

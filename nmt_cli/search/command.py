@@ -24,8 +24,9 @@ from nmt_cli.data.vocab import Vocab
 from nmt_cli.errors import ConfigError, DataError
 from nmt_cli.files import atomic_text_output, require_file
 from nmt_cli.runtime import AMP_DTYPES, choose_device, resolve_precision, set_threads
+from nmt_cli.parsing.generate import check_parse_request, generate_trees
 from nmt_cli.search.hypothesis import Hypothesis
-from nmt_cli.search.translate import Translator, translate, translator_from
+from nmt_cli.search.translate import Summary, Translator, translate, translator_from
 
 logger = logging.getLogger(__name__)
 
@@ -58,6 +59,9 @@ def generate(cfg: GenerateConfig, search_overrides: dict[str, Any] | None = None
     if cfg.data_dir is not None:
         data_dir = Path(cfg.data_dir)
         check_same_vocabulary(state, Path(cfg.path), load_vocab(data_dir).model_bytes, data_dir / SPM_FILE)
+    is_parser = state.get("target_format") == "ptb-tree"
+    if is_parser:
+        check_parse_request(cfg)
     translator = translator_from(state, Path(cfg.path), device, AMP_DTYPES[precision], cfg.quantize)
     search = replace(search_config_of(state), **(search_overrides or {}))
     del state  # the model holds its own copy of the weights
@@ -71,7 +75,10 @@ def generate(cfg: GenerateConfig, search_overrides: dict[str, Any] | None = None
             raw_lines, first_line = open_input(cfg.input, stack, num_shards, shard_id)
             lines = read_lines(raw_lines, cfg.buffer_size, "stdin" if cfg.input == "-" else str(cfg.input),
                                first_line)
-            summary = generate_text(translator, lines, search, cfg.max_tokens, cfg.batch_size, fmt, out)
+            if is_parser:  # one bracketed tree per input line (nmt_cli/parsing)
+                summary = generate_trees(translator, lines, search, cfg.max_tokens, cfg.batch_size, out)
+            else:
+                summary = generate_text(translator, lines, search, cfg.max_tokens, cfg.batch_size, fmt, out)
     logger.info("translated %d sentences (%d tokens) in %.1f s: %.1f sentences/s, %.0f tokens/s "
                 "(beam %d, lenpen %g %s)", summary.n_sentences, summary.n_tokens, summary.seconds,
                 summary.n_sentences / max(summary.seconds, 1e-9), summary.n_tokens / max(summary.seconds, 1e-9),
@@ -167,18 +174,6 @@ def format_record(i: int, hyps: list[Hypothesis], vocab: Vocab, fmt: str, source
         lines.append(f"D-{i}\t{h.score:.4f}\t{vocab.decode(h.tokens)}")
         lines.append(f"P-{i}\t{' '.join(f'{s:.4f}' for s in h.positional_scores)}")
     return "\n".join(lines)
-
-
-@dataclass
-class Summary:
-    n_sentences: int = 0
-    n_tokens: int = 0
-    seconds: float = 0.0
-
-    def add(self, results: list[list[Hypothesis]], seconds: float) -> None:
-        self.n_sentences += len(results)
-        self.n_tokens += sum(len(h.tokens) + 1 for hyps in results for h in hyps[:1])
-        self.seconds += seconds
 
 
 def generate_split(tr: Translator, data_dir: Path, subset: str, cfg: SearchConfig, max_tokens: int,

@@ -7,6 +7,8 @@ plainly, one sentence at a time where that is clearer.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import Tensor
 
@@ -34,10 +36,12 @@ def sample_from(log_probs: Tensor, cfg: SearchConfig, generator: torch.Generator
 
 @torch.inference_mode()
 def greedy_search(model: Transformer, enc: EncoderOut, src_lens: Tensor, cfg: SearchConfig,
-                  generator: torch.Generator | None = None, n_pieces: int | None = None) -> list[list[Hypothesis]]:
+                  generator: torch.Generator | None = None, n_pieces: int | None = None,
+                  *, constraint: Any = None, n_leaves: Tensor | None = None) -> list[list[Hypothesis]]:
     """Pick the most likely token each step (or sample one with cfg.sampling) until EOS or max length.
 
-    Ids from `n_pieces` on (the embedding table's padding rows) are never chosen.
+    Ids from `n_pieces` on (the embedding table's padding rows) are never chosen. An optional `constraint`
+    (parsing/constraint.py) masks the log-probs first (n_leaves [B] per sentence).
     """
     b, device = enc.memory.shape[0], enc.memory.device
     limits = [min(max(int(n * cfg.max_len_a + cfg.max_len_b), 1), model.max_positions - 1) for n in src_lens.tolist()]
@@ -46,9 +50,12 @@ def greedy_search(model: Transformer, enc: EncoderOut, src_lens: Tensor, cfg: Se
     prev = torch.full((b,), BOS, dtype=torch.long, device=device)
     tokens, scores = [], []
     done = torch.zeros(b, dtype=torch.bool, device=device)
+    tree = constraint.start(n_leaves.to(device)) if constraint is not None else None
     for step in range(max(limits) + 1):
         log_probs, cache = model.decode_step(prev, cache)
         log_probs = allowed_tokens(log_probs, step, max_len, cfg, n_pieces)
+        if constraint is not None:
+            log_probs = constraint.mask(log_probs, tree, step, max_len)
         choice = sample_from(log_probs, cfg, generator) if cfg.sampling else log_probs.argmax(-1)
         tokens.append(choice.masked_fill(done, PAD))
         scores.append(log_probs.gather(1, choice[:, None]).squeeze(1).masked_fill(done, 0.0))
@@ -56,6 +63,8 @@ def greedy_search(model: Transformer, enc: EncoderOut, src_lens: Tensor, cfg: Se
         if bool(done.all()):
             break
         prev = choice
+        if constraint is not None:
+            tree = constraint.advance(tree, choice)
     return to_hypotheses(torch.stack(tokens, 1), torch.stack(scores, 1), cfg)
 
 

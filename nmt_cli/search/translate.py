@@ -108,3 +108,15 @@ def translate(tr: Translator, sources: Sequence[np.ndarray], cfg: SearchConfig, 
         for i, hyps in zip(ids, search_batch(tr, [sources[i] for i in ids], cfg, generator)):
             results[i] = hyps
     return results
+
+
+@dataclass
+class Summary:
+    n_sentences: int = 0
+    n_tokens: int = 0
+    seconds: float = 0.0
+
+    def add(self, results: list[list[Hypothesis]], seconds: float) -> None:
+        self.n_sentences += len(results)
+        self.n_tokens += sum(len(h.tokens) + 1 for hyps in results for h in hyps[:1])
+        self.seconds += seconds

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from nmt_cli.checkpoint import LAST, check_same_vocabulary, has_training_state, load_checkpoint, model_config_of
-from nmt_cli.config import ModelConfig, SearchConfig, TrainConfig, config_to_dict
+from nmt_cli.config import PARSE_SEARCH, ModelConfig, SearchConfig, TrainConfig, config_to_dict
 from nmt_cli.data.dataset import SPM_FILE, load_meta, load_vocab
 from nmt_cli.data.batching import count_too_long
 from nmt_cli.errors import CheckpointError, DataError, NmtError
@@ -84,6 +84,8 @@ def prepare(cfg: TrainConfig, model_cfg: ModelConfig, search_cfg: SearchConfig) 
     meta = load_meta(data_dir)
     vocab = load_vocab(data_dir, meta)
     model_cfg = replace(model_cfg, vocab_size=meta["vocab_size"])
+    if meta.get("target_format") == "ptb-tree" and search_cfg == SearchConfig():
+        search_cfg = PARSE_SEARCH  # a parser's generate defaults: the paper's beam 21, alpha 0.3, |x| + 300
     save_dir = Path(cfg.save_dir)
     if cfg.log_file and info.is_main:
         make_parent(Path(cfg.log_file), "--log-file")

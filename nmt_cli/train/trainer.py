@@ -294,7 +294,8 @@ class Trainer:
                     "rng": rng if rng is not None else [rng_state()]}
         return make_checkpoint(self.model_cfg, self.cfg, self.search_cfg, self.vocab,
                                (self.meta["source_lang"], self.meta["target_lang"]), self.model.state_dict(),
-                               self.state.update, self.state.epoch, training)
+                               self.state.update, self.state.epoch, training,
+                               self.meta.get("target_format", "text"), self.meta.get("tree_leaves"))
 
     def restore(self, ckpt: dict[str, Any], path: Path) -> None:
         c = self.cfg

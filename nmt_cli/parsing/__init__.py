@@ -1,0 +1,1 @@
+"""English constituency parsing as translation (paper section 6.3): trees, linearisation, the tree constraint, EVALB."""

@@ -1,0 +1,119 @@
+"""`nmt generate` with a parsing checkpoint: sentences in, one bracketed tree per line out.
+
+Each input line is split on whitespace; its words are encoded with the checkpoint's sentencepiece
+model, searched under the tree constraint (constraint.py) with exactly as many leaves as words,
+and the best hypothesis is turned back into a tree holding the input's own words (`(TOP ...)`,
+EVALB's gold format); punctuation words get their fixed tag (linearize.tag_punctuation). An empty
+line gives an empty line.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable, Sequence
+from typing import TextIO
+
+import numpy as np
+import torch
+
+from nmt_cli.config import GenerateConfig, SearchConfig
+from nmt_cli.data.batching import batch_by_tokens, pad_sources
+from nmt_cli.data.vocab import EOS, PAD, Vocab
+from nmt_cli.errors import ConfigError
+from nmt_cli.parsing.constraint import TreeConstraint
+from nmt_cli.parsing.linearize import CLOSE, SLOT, TOP, delinearize, is_open, tag_punctuation, with_top
+from nmt_cli.parsing.tree import Tree
+from nmt_cli.runtime import autocast
+from nmt_cli.search.beam import beam_search, max_lengths
+from nmt_cli.search.greedy import greedy_search
+from nmt_cli.search.translate import Summary, Translator
+
+logger = logging.getLogger(__name__)
+
+
+def tree_constraint(vocab: Vocab, vocab_size: int) -> TreeConstraint:
+    """Tree tokens are the vocabulary's control symbols after EOS (parsing/preprocess.py puts them there)."""
+    pieces = [vocab.sp.id_to_piece(i) for i in range(vocab.n_pieces)]
+    leaves = [p for i, p in enumerate(pieces) if i > EOS and vocab.sp.is_control(i) and not is_open(p) and p != CLOSE]
+    return TreeConstraint.from_pieces(pieces, leaves, vocab_size)
+
+
+def flat_tree(words: Sequence[str]) -> Tree:
+    """The fallback when no tree fits the length limit: every word under one S."""
+    return Tree(TOP, [Tree("S", [Tree(SLOT, word=w) for w in words])])
+
+
+def search_trees(tr: Translator, constraint: TreeConstraint, sources: Sequence[np.ndarray], n_words: list[int],
+                 cfg: SearchConfig) -> list[list[int]]:
+    """The best tree-token ids for one batch of encoded sentences."""
+    src = pad_sources([np.asarray(s, dtype=np.int64) for s in sources]).to(tr.device)
+    src_lens = torch.tensor([len(s) for s in sources], device=tr.device)
+    n_leaves = torch.tensor(n_words, device=tr.device)
+    with torch.inference_mode(), autocast(tr.device, tr.amp_dtype):
+        enc = tr.model.encode(src, src.eq(PAD))
+        if cfg.sampling or cfg.beam == 1:
+            hyps = greedy_search(tr.model, enc, src_lens, cfg, None, tr.vocab.n_pieces, constraint=constraint,
+                                 n_leaves=n_leaves)
+        else:
+            hyps = beam_search(tr.model, enc, src_lens, cfg, tr.vocab.n_pieces, constraint=constraint,
+                               n_leaves=n_leaves)
+    return [h[0].tokens for h in hyps]
+
+
+def parse_sentences(tr: Translator, constraint: TreeConstraint, words: list[list[str]], cfg: SearchConfig,
+                    max_tokens: int, batch_size: int) -> tuple[list[Tree | None], int]:
+    """Trees for tokenised sentences, in input order (None for an empty one); also the fallback count."""
+    limit = tr.model.max_positions - 1
+    sources = [np.asarray(ids[:limit], dtype=np.int64) for ids in tr.vocab.encode([" ".join(w) for w in words])]
+    src_lens = torch.tensor([len(s) for s in sources])
+    fits = max_lengths(src_lens, cfg, tr.model.max_positions) >= torch.tensor([len(w) + 2 for w in words])
+    trees: list[Tree | None] = [None if not w else flat_tree(w) for w in words]
+    todo = np.flatnonzero(np.array([bool(w) for w in words]) & fits.numpy())
+    n_fallback = sum(1 for i, w in enumerate(words) if w and not bool(fits[i]))
+    lengths = np.array([len(sources[i]) for i in todo], dtype=np.int64)
+    budget = max(max_tokens, int(lengths.max(initial=0)) + 1)  # every sentence fits: none is skipped
+    for batch in batch_by_tokens(lengths, lengths, budget, None, batch_size)[0]:
+        ids = todo[batch]
+        best = search_trees(tr, constraint, [sources[i] for i in ids], [len(words[i]) for i in ids], cfg)
+        for i, tokens in zip(ids, best):
+            try:
+                trees[i] = with_top(tag_punctuation(delinearize(tr.vocab.pieces(tokens), words[i])))
+            except ValueError:  # the constraint rules this out; keep the output usable if it ever fails
+                n_fallback += 1
+    return trees, n_fallback
+
+
+def generate_trees(tr: Translator, chunks: Iterable[list[str]], cfg: SearchConfig, max_tokens: int,
+                   batch_size: int, out: TextIO) -> Summary:
+    """Parse raw sentences one buffer (chunk of lines) at a time; one tree (or an empty line) per input line."""
+    constraint = tree_constraint(tr.vocab, tr.vocab.padded_size)
+    summary, n_fallback, n_empty = Summary(), 0, 0
+    for chunk in chunks:
+        start = time.perf_counter()
+        words = [line.split() for line in chunk]
+        trees, fallback = parse_sentences(tr, constraint, words, cfg, max_tokens, batch_size)
+        n_fallback += fallback
+        n_empty += sum(t is None for t in trees)
+        summary.n_sentences += len(chunk)
+        summary.n_tokens += sum(len(w) for w in words)
+        summary.seconds += time.perf_counter() - start
+        for tree in trees:
+            print("" if tree is None else str(tree), file=out)
+        out.flush()
+    if n_empty:
+        logger.warning("%d empty input line(s) gave empty output lines", n_empty)
+    if n_fallback:
+        logger.warning("%d sentence(s) had no tree within the maximum length (--max-len-a/--max-len-b or the "
+                       "model's positions); they got a flat (S ...) tree", n_fallback)
+    return summary
+
+
+def check_parse_request(cfg: GenerateConfig) -> None:
+    """A parser reads sentences (--input) and writes trees (plain output), so refuse anything else."""
+    if cfg.input is None:
+        raise ConfigError(f"{cfg.path} is a parsing model: give the sentences with --input FILE|- "
+                          "(one tokenised sentence per line), not a DATA_DIR")
+    if cfg.output_format not in (None, "plain"):
+        raise ConfigError(f"{cfg.path} is a parsing model; it writes one tree per line "
+                          f"(--output-format plain), not {cfg.output_format}")
