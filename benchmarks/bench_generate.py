@@ -32,8 +32,21 @@ def ct2_command(path: Path, src: Path, precision: str, beam: str, length: str) -
     if not (model_dir / "model.bin").exists() or model_dir.stat().st_mtime < path.stat().st_mtime:
         run(NMT + ["export", "--path", str(path), "--output", str(model_dir), "--force"])
     lengths = ["--min-len", "25", "--max-len", "25"] if length == "forced" else ["--max-len", "256"]
-    return [sys.executable, str(ROOT / "benchmarks" / "ct2_translate.py"), str(model_dir), str(src), "--beam", beam,
-            "--threads", "2", "--batch-size", "64", "--compute-type", precision.removeprefix("ct2-"), *lengths]
+    return [
+        sys.executable,
+        str(ROOT / "benchmarks" / "ct2_translate.py"),
+        str(model_dir),
+        str(src),
+        "--beam",
+        beam,
+        "--threads",
+        "2",
+        "--batch-size",
+        "64",
+        "--compute-type",
+        precision.removeprefix("ct2-"),
+        *lengths,
+    ]
 
 
 def main() -> None:
@@ -42,8 +55,11 @@ def main() -> None:
     parser.add_argument("--beams", default="4,1")
     parser.add_argument("--precisions", default="fp32,int8,ct2-fp32,ct2-int8")
     parser.add_argument("--lengths", default="forced")
-    parser.add_argument("--trained", default=str(ROOT / "work" / "multi30k_en_de" / "average.pt"),
-                        help="trained transformer_small checkpoint for natural-length runs")
+    parser.add_argument(
+        "--trained",
+        default=str(ROOT / "work" / "multi30k_en_de" / "average.pt"),
+        help="trained transformer_small checkpoint for natural-length runs",
+    )
     args = parser.parse_args()
     src = WORK / "gen500.en"
     lines = (MULTI30K / "test_2016_flickr.en").read_text(encoding="utf-8").splitlines()[:500]
@@ -63,15 +79,38 @@ def main() -> None:
                         if cmd is None:
                             continue
                     else:
-                        cmd = NMT + ["generate", "--path", str(path), "--input", str(src), "--beam", beam,
-                                     "--batch-size", "64", "--max-tokens", "100000", "--threads", "2", "--device", "cpu",
-                                     *(FORCED if length == "forced" else ["--max-len-a", "1", "--max-len-b", "50"]),
-                                     *(["--bf16"] if precision == "bf16" else []),
-                                     *(["--quantize", "int8"] if precision == "int8" else [])]
+                        cmd = NMT + [
+                            "generate",
+                            "--path",
+                            str(path),
+                            "--input",
+                            str(src),
+                            "--beam",
+                            beam,
+                            "--batch-size",
+                            "64",
+                            "--max-tokens",
+                            "100000",
+                            "--threads",
+                            "2",
+                            "--device",
+                            "cpu",
+                            *(FORCED if length == "forced" else ["--max-len-a", "1", "--max-len-b", "50"]),
+                            *(["--bf16"] if precision == "bf16" else []),
+                            *(["--quantize", "int8"] if precision == "int8" else []),
+                        ]
                     err, _, rss = run(cmd)
-                    rows.append({"shape": shape, "beam": int(beam), "precision": precision, "length": length,
-                                 "sent/s": number(r"([\d.]+) sentences/s", err),
-                                 "tok/s": number(r"([\d.]+) tokens/s", err), "peak_rss_gb": round(rss, 2)})
+                    rows.append(
+                        {
+                            "shape": shape,
+                            "beam": int(beam),
+                            "precision": precision,
+                            "length": length,
+                            "sent/s": number(r"([\d.]+) sentences/s", err),
+                            "tok/s": number(r"([\d.]+) tokens/s", err),
+                            "peak_rss_gb": round(rss, 2),
+                        }
+                    )
                     print(rows[-1], flush=True)
     report("generate", rows)
 

@@ -41,8 +41,19 @@ from nmt_cli.data.dataset import ParallelDataset  # noqa: E402
 from nmt_cli.data.preprocess import preprocess  # noqa: E402
 from nmt_cli.search.translate import Translator, translate  # noqa: E402
 
-PEAK_BF16_TFLOPS = {"H100 SXM": 989.0, "H100 80GB HBM3": 989.0, "H200": 989.0, "H100 PCIe": 756.0, "H100 NVL": 835.0,
-                    "GH200": 989.0, "A100": 312.0, "L40S": 362.0, "L4": 121.0, "A10": 125.0, "RTX 4090": 165.0}
+PEAK_BF16_TFLOPS = {
+    "H100 SXM": 989.0,
+    "H100 80GB HBM3": 989.0,
+    "H200": 989.0,
+    "H100 PCIe": 756.0,
+    "H100 NVL": 835.0,
+    "GH200": 989.0,
+    "A100": 312.0,
+    "L40S": 362.0,
+    "L4": 121.0,
+    "A10": 125.0,
+    "RTX 4090": 165.0,
+}
 VOCAB = 37000
 
 
@@ -67,8 +78,11 @@ def synthetic_data_dir(root: Path, n_train: int, vocab: int, seed: int = 1) -> P
     for lang in ("src", "tgt"):
         (text / f"train.{lang}").write_text("\n".join(f"{i} {i + 1} {i + 2}" for i in range(200)) + "\n")
     dest = root / "data-bin"
-    preprocess(PreprocessConfig(source_lang="src", target_lang="tgt", trainpref=str(text / "train"),
-                                destdir=str(dest), vocab_size=40))
+    preprocess(
+        PreprocessConfig(
+            source_lang="src", target_lang="tgt", trainpref=str(text / "train"), destdir=str(dest), vocab_size=40
+        )
+    )
     rng = np.random.default_rng(seed)
     src_lens = news_lengths(n_train, rng)
     tgt_lens = np.clip((src_lens * rng.normal(1.1, 0.1, n_train)).astype(np.int64), 2, 200)
@@ -103,8 +117,15 @@ def bench_training(arch: str, data_dir: Path, args, device: torch.device, peak: 
     from nmt_cli.train.command import prepare
 
     save = Path(tempfile.mkdtemp(prefix=f"bench-{arch}-"))
-    cfg = TrainConfig(data_dir=str(data_dir), save_dir=str(save), max_tokens=args.max_tokens, max_update=10**6,
-                      device=device.type, precision=args.precision, warmup_updates=4000)
+    cfg = TrainConfig(
+        data_dir=str(data_dir),
+        save_dir=str(save),
+        max_tokens=args.max_tokens,
+        max_update=10**6,
+        device=device.type,
+        precision=args.precision,
+        warmup_updates=4000,
+    )
     trainer = prepare(cfg, ARCHITECTURES[arch], SearchConfig())
     model_cfg = trainer.model_cfg
     data = trainer.train_data
@@ -117,7 +138,7 @@ def bench_training(arch: str, data_dir: Path, args, device: torch.device, peak: 
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
     n_tokens, flops, start = 0, 0.0, time.perf_counter()
-    timed = batches[n_warm:n_warm + args.updates]
+    timed = batches[n_warm : n_warm + args.updates]
     for i, ids in enumerate(timed):
         stats = trainer.train_step([ids])  # one host sync per update: the timing needs no other
         trainer.state.batch_in_epoch = n_warm + i + 1
@@ -130,9 +151,12 @@ def bench_training(arch: str, data_dir: Path, args, device: torch.device, peak: 
     seconds = time.perf_counter() - start
     peak_gb = torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else float("nan")
     mfu = flops / seconds / (peak * 1e12)
-    print(f"train {arch:18s} {args.precision}: {n_tokens / seconds:>10,.0f} target tok/s  "
-          f"({n_tokens / len(timed):,.0f} target tokens/update, {len(timed)} updates)  MFU {mfu:6.1%}  "
-          f"peak memory {peak_gb:.1f} GiB", flush=True)
+    print(
+        f"train {arch:18s} {args.precision}: {n_tokens / seconds:>10,.0f} target tok/s  "
+        f"({n_tokens / len(timed):,.0f} target tokens/update, {len(timed)} updates)  MFU {mfu:6.1%}  "
+        f"peak memory {peak_gb:.1f} GiB",
+        flush=True,
+    )
     del trainer
     if device.type == "cuda":
         torch.cuda.empty_cache()
@@ -162,12 +186,19 @@ def bench_generation(args, device: torch.device, peak: float) -> None:
     p_enc, p_dec = layer_params(model)
     d, ld = model_cfg.d_model, model_cfg.decoder_layers
     # Forward FLOPs: the encoder once per sentence, the decoder and projection for K beams per output token.
-    flops = 2 * p_enc * s.sum() + 4 * 2 * (p_dec + d * VOCAB) * out.sum() + 2 * 4 * d * model_cfg.encoder_layers * (s * s).sum() \
-        + 4 * 4 * d * ld * (s * out).sum() + 4 * 2 * d * ld * (out * out).sum()
+    flops = (
+        2 * p_enc * s.sum()
+        + 4 * 2 * (p_dec + d * VOCAB) * out.sum()
+        + 2 * 4 * d * model_cfg.encoder_layers * (s * s).sum()
+        + 4 * 4 * d * ld * (s * out).sum()
+        + 4 * 2 * d * ld * (out * out).sum()
+    )
     mfu = flops / seconds / (peak * 1e12)
-    print(f"generate {args.gen_arch} beam 4 {args.precision}: {len(sources):,} sentences in {seconds:.2f} s = "
-          f"{len(sources) / seconds:,.0f} sentences/s, {out.sum() / seconds:,.0f} tokens/s  MFU {mfu:6.2%}",
-          flush=True)
+    print(
+        f"generate {args.gen_arch} beam 4 {args.precision}: {len(sources):,} sentences in {seconds:.2f} s = "
+        f"{len(sources) / seconds:,.0f} sentences/s, {out.sum() / seconds:,.0f} tokens/s  MFU {mfu:6.2%}",
+        flush=True,
+    )
 
 
 def main() -> None:
@@ -182,8 +213,9 @@ def main() -> None:
     parser.add_argument("--sentences", type=int, default=3000)
     parser.add_argument("--gen-arch", default="transformer_base")
     parser.add_argument("--gen-max-tokens", type=int, default=16000)
-    parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"),
-                        help="cpu only checks that the script runs (tiny sizes)")
+    parser.add_argument(
+        "--device", default="cuda", choices=("cuda", "cpu"), help="cpu only checks that the script runs (tiny sizes)"
+    )
     args = parser.parse_args()
     if args.device == "cuda" and not torch.cuda.is_available():
         print("bench_gpu: no CUDA device; skipped")

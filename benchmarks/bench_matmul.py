@@ -36,15 +36,17 @@ def main() -> None:
         x, w, g = torch.randn(args.rows, k), torch.randn(n, k), torch.randn(args.rows, n)
         xp, gp = pad_rows(x), pad_rows(g)
         flops = 2.0 * args.rows * k * n
-        rows.append({
-            "in x out": f"{k} x {n}",
-            "mkl fwd": gflops(lambda: x @ w.t(), flops, args.repeat),
-            "onednn fwd": gflops(lambda: matmul_nt(pad_rows(x), w), flops, args.repeat),
-            "mkl grad_x": gflops(lambda: g @ w, flops, args.repeat),
-            "onednn grad_x": gflops(lambda: matmul_nt(pad_rows(g), w.t()), flops, args.repeat),
-            "mkl grad_w": gflops(lambda: g.t() @ x, flops, args.repeat),
-            "onednn grad_w": gflops(lambda: matmul_nt(gp.t(), xp.t()), flops, args.repeat),
-        })
+        rows.append(
+            {
+                "in x out": f"{k} x {n}",
+                "mkl fwd": gflops(lambda: x @ w.t(), flops, args.repeat),
+                "onednn fwd": gflops(lambda: matmul_nt(pad_rows(x), w), flops, args.repeat),
+                "mkl grad_x": gflops(lambda: g @ w, flops, args.repeat),
+                "onednn grad_x": gflops(lambda: matmul_nt(pad_rows(g), w.t()), flops, args.repeat),
+                "mkl grad_w": gflops(lambda: g.t() @ x, flops, args.repeat),
+                "onednn grad_w": gflops(lambda: matmul_nt(gp.t(), xp.t()), flops, args.repeat),
+            }
+        )
     report("matmul", rows)
 
 

@@ -10,19 +10,47 @@ from common import MULTI30K, NMT, WORK, report, run
 
 def main() -> None:
     rows = []
-    n_lines = sum(len((MULTI30K / f"{s}.en").read_text(encoding="utf-8").splitlines())
-                  for s in ("train", "valid", "test_2016_flickr"))
+    n_lines = sum(
+        len((MULTI30K / f"{s}.en").read_text(encoding="utf-8").splitlines())
+        for s in ("train", "valid", "test_2016_flickr")
+    )
     spm = None
     for label in ("train spm + binarize", "binarize with --spm-model"):
         dest = WORK / "bench-preprocess"
         shutil.rmtree(dest, ignore_errors=True)
         extra = ["--spm-model", str(spm)] if spm else []
-        _, seconds, rss = run(NMT + ["preprocess", "-s", "en", "-t", "de", "--trainpref", str(MULTI30K / "train"),
-                                     "--validpref", str(MULTI30K / "valid"), "--testpref",
-                                     str(MULTI30K / "test_2016_flickr"), "--destdir", str(dest),
-                                     "--vocab-size", "8000", "--workers", "2", *extra])
-        rows.append({"run": label, "pairs": n_lines, "seconds": round(seconds, 2), "pairs/s": n_lines / seconds,
-                     "peak_rss_gb": round(rss, 2)})
+        _, seconds, rss = run(
+            NMT
+            + [
+                "preprocess",
+                "-s",
+                "en",
+                "-t",
+                "de",
+                "--trainpref",
+                str(MULTI30K / "train"),
+                "--validpref",
+                str(MULTI30K / "valid"),
+                "--testpref",
+                str(MULTI30K / "test_2016_flickr"),
+                "--destdir",
+                str(dest),
+                "--vocab-size",
+                "8000",
+                "--workers",
+                "2",
+                *extra,
+            ]
+        )
+        rows.append(
+            {
+                "run": label,
+                "pairs": n_lines,
+                "seconds": round(seconds, 2),
+                "pairs/s": n_lines / seconds,
+                "peak_rss_gb": round(rss, 2),
+            }
+        )
         print(rows[-1], flush=True)
         spm = WORK / "bench.spm.model"
         shutil.copy(dest / "spm.model", spm)

@@ -22,9 +22,28 @@ def train_run(shape: str, precision: str, stop: list[str], log_interval: int) ->
     shutil.rmtree(save, ignore_errors=True)
     save.mkdir(parents=True)
     log = save / "log.jsonl"
-    _, _, rss = run(NMT + ["train", str(data_bin()), "--save-dir", str(save), *SHAPES[shape], "--max-tokens", "4096",
-                           "--threads", "2", "--device", "cpu", "--log-interval", str(log_interval),
-                           "--log-file", str(log), *stop, *(["--bf16"] if precision == "bf16" else [])])
+    _, _, rss = run(
+        NMT
+        + [
+            "train",
+            str(data_bin()),
+            "--save-dir",
+            str(save),
+            *SHAPES[shape],
+            "--max-tokens",
+            "4096",
+            "--threads",
+            "2",
+            "--device",
+            "cpu",
+            "--log-interval",
+            str(log_interval),
+            "--log-file",
+            str(log),
+            *stop,
+            *(["--bf16"] if precision == "bf16" else []),
+        ]
+    )
     return [json.loads(line) for line in log.read_text().splitlines()], rss
 
 
@@ -32,9 +51,14 @@ def speed_row(shape: str, precision: str, updates: int) -> dict:
     records, rss = train_run(shape, precision, ["--max-update", str(updates)], max(1, updates // 6))
     train = [r for r in records if r["event"] == "train"][1:]  # the first interval is warm-up
     span = (train[-1]["elapsed_s"] - train[0]["elapsed_s"]) / (train[-1]["update"] - train[0]["update"])
-    return {"shape": shape, "precision": precision, "updates": train[-1]["update"],
-            "tgt_tok/s": sum(r["tgt_tok_per_s"] for r in train[1:]) / max(len(train) - 1, 1),
-            "s/update": span, "peak_rss_gb": round(rss, 2)}
+    return {
+        "shape": shape,
+        "precision": precision,
+        "updates": train[-1]["update"],
+        "tgt_tok/s": sum(r["tgt_tok_per_s"] for r in train[1:]) / max(len(train) - 1, 1),
+        "s/update": span,
+        "peak_rss_gb": round(rss, 2),
+    }
 
 
 def main() -> None:
@@ -51,8 +75,13 @@ def main() -> None:
             if args.quality_minutes:
                 records, _ = train_run(shape, precision, ["--max-time-minutes", str(args.quality_minutes)], 100)
                 valid = [r for r in records if r["event"] == "valid"]
-                row.update({"budget_min": args.quality_minutes, "budget_updates": records[-1]["update"],
-                            "budget_valid_loss": valid[-1]["valid_loss"]})
+                row.update(
+                    {
+                        "budget_min": args.quality_minutes,
+                        "budget_updates": records[-1]["update"],
+                        "budget_valid_loss": valid[-1]["valid_loss"],
+                    }
+                )
             rows.append(row)
             print(row, flush=True)
     report("train", rows)

@@ -42,9 +42,30 @@ def data_bin() -> Path:
     if not (dest / "meta.json").exists():
         if not (MULTI30K / "train.en").exists():
             raise SystemExit(f"benchmarks need {MULTI30K} (set NMT_SHARED_DATA)")
-        run(NMT + ["preprocess", "-s", "en", "-t", "de", "--trainpref", str(MULTI30K / "train"),
-                   "--validpref", str(MULTI30K / "valid"), "--testpref", str(MULTI30K / "test_2016_flickr"),
-                   "--destdir", str(dest), "--vocab-size", "8000", "--max-len-ratio", "3", "--workers", "2"])
+        run(
+            NMT
+            + [
+                "preprocess",
+                "-s",
+                "en",
+                "-t",
+                "de",
+                "--trainpref",
+                str(MULTI30K / "train"),
+                "--validpref",
+                str(MULTI30K / "valid"),
+                "--testpref",
+                str(MULTI30K / "test_2016_flickr"),
+                "--destdir",
+                str(dest),
+                "--vocab-size",
+                "8000",
+                "--max-len-ratio",
+                "3",
+                "--workers",
+                "2",
+            ]
+        )
     return dest
 
 
@@ -55,8 +76,24 @@ def checkpoint(shape: str) -> Path:
     """A checkpoint of the given shape after one update (speed does not depend on training)."""
     save = WORK / f"ckpt-{shape}"
     if not (save / "checkpoint_last.pt").exists():
-        run(NMT + ["train", str(data_bin()), "--save-dir", str(save), *SHAPES[shape], "--max-update", "1",
-                   "--max-tokens", "1024", "--threads", "2", "--device", "cpu"])
+        run(
+            NMT
+            + [
+                "train",
+                str(data_bin()),
+                "--save-dir",
+                str(save),
+                *SHAPES[shape],
+                "--max-update",
+                "1",
+                "--max-tokens",
+                "1024",
+                "--threads",
+                "2",
+                "--device",
+                "cpu",
+            ]
+        )
     return save / "checkpoint_last.pt"
 
 
@@ -70,8 +107,13 @@ def number(pattern: str, text: str) -> float:
 def machine() -> dict:
     import torch
 
-    return {"date": time.strftime("%Y-%m-%d"), "cpu": platform.processor() or platform.machine(),
-            "cores": os.cpu_count(), "torch": torch.__version__, "python": platform.python_version()}
+    return {
+        "date": time.strftime("%Y-%m-%d"),
+        "cpu": platform.processor() or platform.machine(),
+        "cores": os.cpu_count(),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+    }
 
 
 def report(name: str, rows: list[dict]) -> None:

@@ -29,19 +29,28 @@ def main() -> None:
     args = parser.parse_args()
     lines = args.input.read_text(encoding="utf-8").splitlines()
     sp = spm.SentencePieceProcessor(model_file=str(args.model_dir / "sentencepiece.model"))
-    translator = ctranslate2.Translator(str(args.model_dir), device="cpu", compute_type=args.compute_type,
-                                       inter_threads=1, intra_threads=args.threads)
+    translator = ctranslate2.Translator(
+        str(args.model_dir), device="cpu", compute_type=args.compute_type, inter_threads=1, intra_threads=args.threads
+    )
     start = time.perf_counter()
     tokens = sp.encode(lines, out_type=str)
-    results = translator.translate_batch(tokens, beam_size=args.beam, max_batch_size=args.batch_size,
-                                         length_penalty=args.lenpen, min_decoding_length=args.min_len,
-                                         max_decoding_length=args.max_len)
+    results = translator.translate_batch(
+        tokens,
+        beam_size=args.beam,
+        max_batch_size=args.batch_size,
+        length_penalty=args.lenpen,
+        min_decoding_length=args.min_len,
+        max_decoding_length=args.max_len,
+    )
     seconds = time.perf_counter() - start
     n_tokens = sum(len(r.hypotheses[0]) + 1 for r in results)
     for r in results:
         print(sp.decode(r.hypotheses[0]))
-    print(f"translated {len(lines)} sentences in {seconds:.1f} s: {len(lines) / seconds:.1f} sentences/s, "
-          f"{n_tokens / seconds:.0f} tokens/s", file=sys.stderr)
+    print(
+        f"translated {len(lines)} sentences in {seconds:.1f} s: {len(lines) / seconds:.1f} sentences/s, "
+        f"{n_tokens / seconds:.0f} tokens/s",
+        file=sys.stderr,
+    )
 
 
 if __name__ == "__main__":

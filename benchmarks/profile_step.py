@@ -22,7 +22,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-
 from common import data_bin, report
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -38,10 +37,53 @@ GROUPS = (  # the first group whose key is in the operator's name takes it
     ("softmax", ("softmax",)),
     ("dropout", ("dropout", "bernoulli", "rand", "uniform")),
     ("optimizer", ("_foreach", "adam", "_fused")),
-    ("copies", ("copy", "_to_", "to_dense", "contiguous", "cat", "index", "clone", "pad", "gather", "scatter",
-                "narrow", "slice", "stack", "embedding")),
-    ("element-wise", ("add", "mul", "sub", "div", "relu", "exp", "log", "where", "fill", "sum", "mean", "max",
-                      "masked", "neg", "sqrt", "pow", "lt", "gt", "eq", "ne", "clamp", "amax", "zero")),
+    (
+        "copies",
+        (
+            "copy",
+            "_to_",
+            "to_dense",
+            "contiguous",
+            "cat",
+            "index",
+            "clone",
+            "pad",
+            "gather",
+            "scatter",
+            "narrow",
+            "slice",
+            "stack",
+            "embedding",
+        ),
+    ),
+    (
+        "element-wise",
+        (
+            "add",
+            "mul",
+            "sub",
+            "div",
+            "relu",
+            "exp",
+            "log",
+            "where",
+            "fill",
+            "sum",
+            "mean",
+            "max",
+            "masked",
+            "neg",
+            "sqrt",
+            "pow",
+            "lt",
+            "gt",
+            "eq",
+            "ne",
+            "clamp",
+            "amax",
+            "zero",
+        ),
+    ),
 )
 
 
@@ -69,8 +111,16 @@ def step_flops(trainer: Trainer, group: list[np.ndarray]) -> float:
 
 
 def build(shape: str, precision: str, work: Path) -> Trainer:
-    cfg = TrainConfig(data_dir=str(data_bin()), save_dir=str(work / f"{shape}-{precision}"), max_update=10**6,
-                      max_tokens=4096, threads=2, device="cpu", precision=precision, log_interval=10**6)
+    cfg = TrainConfig(
+        data_dir=str(data_bin()),
+        save_dir=str(work / f"{shape}-{precision}"),
+        max_update=10**6,
+        max_tokens=4096,
+        threads=2,
+        device="cpu",
+        precision=precision,
+        log_interval=10**6,
+    )
     Path(cfg.save_dir).mkdir(parents=True)
     return prepare(cfg, model_config(f"transformer_{shape}"), SearchConfig())
 
@@ -97,9 +147,14 @@ def profile(shape: str, precision: str, warmup: int, steps: int, work: Path) -> 
     for event in prof.key_averages():
         groups[group_of(event.key)] += event.self_cpu_time_total / 1e6
     in_ops = sum(groups.values())
-    row: dict[str, object] = {"shape": shape, "precision": precision,
-                              "first update s": round(times[0], 2), "steady update s": round(steady, 3),
-                              "updates to steady": settled, "GFLOP/s": round(flops / wall / 1e9, 1)}
+    row: dict[str, object] = {
+        "shape": shape,
+        "precision": precision,
+        "first update s": round(times[0], 2),
+        "steady update s": round(steady, 3),
+        "updates to steady": settled,
+        "GFLOP/s": round(flops / wall / 1e9, 1),
+    }
     for name, _ in GROUPS:
         row[name] = f"{100 * groups[name] / wall:.0f}%"
     row["other ops"] = f"{100 * groups['other'] / wall:.0f}%"

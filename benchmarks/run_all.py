@@ -1,4 +1,5 @@
-"""`make bench`: every benchmark in turn (about 10 minutes on 2 cores); tables on stdout, JSON in benchmarks/results/."""
+"""`make bench`: every benchmark in turn (about 10 minutes on 2 cores); tables on stdout, JSON in
+benchmarks/results/."""
 
 import subprocess
 import sys

@@ -27,25 +27,56 @@ FORMAT_VERSION = 4
 LAST, BEST = "checkpoint_last.pt", "checkpoint_best.pt"
 # The checkpoint format, defined once. Every checkpoint has the model keys (all that translating and averaging
 # need); a checkpoint that training can resume from has the training keys too.
-MODEL_KEYS = ("format_version", "nmt_version", "model_config", "train_config", "search_config", "spm_model",
-              "source_lang", "target_lang", "target_format", "tree_leaves", "update", "epoch", "model")
+MODEL_KEYS = (
+    "format_version",
+    "nmt_version",
+    "model_config",
+    "train_config",
+    "search_config",
+    "spm_model",
+    "source_lang",
+    "target_lang",
+    "target_format",
+    "tree_leaves",
+    "update",
+    "epoch",
+    "model",
+)
 TRAINING_KEYS = ("optimizer", "scheduler", "grad_scaler", "train_state", "world_size", "rng")
 
 
-def make_checkpoint(model_cfg: ModelConfig, train_cfg: TrainConfig, search_cfg: SearchConfig, vocab: Vocab,
-                    langs: tuple[str, str], weights: dict[str, torch.Tensor], update: int, epoch: int,
-                    training: dict[str, Any] | None = None, target_format: str = "text",
-                    tree_leaves: str | None = None) -> dict[str, Any]:
+def make_checkpoint(
+    model_cfg: ModelConfig,
+    train_cfg: TrainConfig,
+    search_cfg: SearchConfig,
+    vocab: Vocab,
+    langs: tuple[str, str],
+    weights: dict[str, torch.Tensor],
+    update: int,
+    epoch: int,
+    training: dict[str, Any] | None = None,
+    target_format: str = "text",
+    tree_leaves: str | None = None,
+) -> dict[str, Any]:
     """A checkpoint dict with every model key, plus the training keys when `training` is given.
 
     target_format: "text" (translation) or "ptb-tree" (a constituency parser, nmt_cli/parsing), with its
     tree_leaves ("pos" or "slot")."""
-    state = {"format_version": FORMAT_VERSION, "nmt_version": __version__,
-             "model_config": config_to_dict(model_cfg), "train_config": config_to_dict(train_cfg),
-             "search_config": config_to_dict(search_cfg), "spm_model": vocab.model_bytes,
-             "source_lang": langs[0], "target_lang": langs[1], "target_format": target_format,
-             "tree_leaves": tree_leaves, "update": update, "epoch": epoch,
-             "model": weights}
+    state = {
+        "format_version": FORMAT_VERSION,
+        "nmt_version": __version__,
+        "model_config": config_to_dict(model_cfg),
+        "train_config": config_to_dict(train_cfg),
+        "search_config": config_to_dict(search_cfg),
+        "spm_model": vocab.model_bytes,
+        "source_lang": langs[0],
+        "target_lang": langs[1],
+        "target_format": target_format,
+        "tree_leaves": tree_leaves,
+        "update": update,
+        "epoch": epoch,
+        "model": weights,
+    }
     if training is not None:
         assert set(training) == set(TRAINING_KEYS), sorted(set(training) ^ set(TRAINING_KEYS))
         state.update(training)
@@ -107,8 +138,10 @@ def check_same_vocabulary(state: dict[str, Any], ckpt_path: Path, spm_bytes: byt
     """Refuse a data directory whose sentencepiece model is not the one the checkpoint was trained with."""
     ours, theirs = spm_fingerprint(bytes(state["spm_model"])), spm_fingerprint(spm_bytes)
     if ours != theirs:
-        raise CheckpointError(f"{spm_path} (sha256 {theirs[:12]}) is not the sentencepiece model of {ckpt_path} "
-                              f"(sha256 {ours[:12]}); the data directory was made with another vocabulary")
+        raise CheckpointError(
+            f"{spm_path} (sha256 {theirs[:12]}) is not the sentencepiece model of {ckpt_path} "
+            f"(sha256 {ours[:12]}); the data directory was made with another vocabulary"
+        )
 
 
 def load_checkpoint(path: Path) -> dict[str, Any]:
@@ -123,14 +156,17 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
         state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except Exception as e:  # torch raises many types for a file that is not a checkpoint
         raise CheckpointError(f"{path} is not a readable nmt checkpoint ({type(e).__name__})") from None
-    if not isinstance(state, dict) or any(k not in state for k in ("format_version", "model_config", "model",
-                                                                   "spm_model")):
+    if not isinstance(state, dict) or any(
+        k not in state for k in ("format_version", "model_config", "model", "spm_model")
+    ):
         raise CheckpointError(f"{path} is not an nmt checkpoint (missing model, config or vocabulary)")
     if not isinstance(state["format_version"], int):
         raise CheckpointError(f"{path} has an invalid format version {state['format_version']!r}")
     if state["format_version"] > FORMAT_VERSION:
-        raise CheckpointError(f"{path} has format version {state['format_version']}; this nmt "
-                              f"{__version__} reads up to {FORMAT_VERSION}; upgrade nmt")
+        raise CheckpointError(
+            f"{path} has format version {state['format_version']}; this nmt "
+            f"{__version__} reads up to {FORMAT_VERSION}; upgrade nmt"
+        )
     return upgrade(state)
 
 
@@ -155,8 +191,10 @@ def load_model_weights(model: torch.nn.Module, weights: dict[str, torch.Tensor],
         raise CheckpointError(f"{path} does not fit this model: missing {missing[:3]}, unexpected {unexpected[:3]}")
     for name, tensor in weights.items():
         if tensor.shape != expected[name].shape:
-            raise CheckpointError(f"{path} does not fit this model: {name} has shape {tuple(tensor.shape)}, "
-                                  f"the model needs {tuple(expected[name].shape)}")
+            raise CheckpointError(
+                f"{path} does not fit this model: {name} has shape {tuple(tensor.shape)}, "
+                f"the model needs {tuple(expected[name].shape)}"
+            )
     model.load_state_dict(weights)
 
 
@@ -182,14 +220,14 @@ def average_checkpoints(paths: list[Path]) -> dict[str, Any]:
     for path in paths[1:]:
         state = load_checkpoint(path)
         if state["model_config"] != first["model_config"]:
-            raise CheckpointError(f"{path} has another model config than {paths[0]}; only checkpoints of "
-                                  "one model can be averaged")
+            raise CheckpointError(
+                f"{path} has another model config than {paths[0]}; only checkpoints of one model can be averaged"
+            )
         if set(state["model"]) != set(sums):
             raise CheckpointError(f"{path} has other parameter names than {paths[0]}")
         for k, v in state["model"].items():
             if v.shape != sums[k].shape:
-                raise CheckpointError(f"{path}: {k} has shape {tuple(v.shape)}, {paths[0]} has "
-                                      f"{tuple(sums[k].shape)}")
+                raise CheckpointError(f"{path}: {k} has shape {tuple(v.shape)}, {paths[0]} has {tuple(sums[k].shape)}")
             if v.is_floating_point():
                 sums[k] += v.double()
     averaged: dict[str, torch.Tensor] = {}
@@ -211,8 +249,10 @@ def checkpoints_to_average(paths: list[Path], num_update_checkpoints: int | None
             raise ConfigError(f"--inputs {paths[0]} is a directory; give --num-update-checkpoints N")
         found = numbered_checkpoints(paths[0])
         if len(found) < num_update_checkpoints:
-            raise CheckpointError(f"{paths[0]} has {len(found)} numbered checkpoints, fewer than "
-                                  f"--num-update-checkpoints {num_update_checkpoints}")
+            raise CheckpointError(
+                f"{paths[0]} has {len(found)} numbered checkpoints, fewer than "
+                f"--num-update-checkpoints {num_update_checkpoints}"
+            )
         return found[-num_update_checkpoints:]
     if any(p.is_dir() for p in paths):
         raise ConfigError("--inputs takes either one directory or checkpoint files")
@@ -225,6 +265,8 @@ def check_average_output(output: Path, inputs: list[Path]) -> None:
     if any(output.resolve() == p.resolve() or (output.exists() and output.samefile(p)) for p in inputs):
         raise ConfigError(f"--output {output} is one of the checkpoints being averaged; write elsewhere")
     if output.name in (LAST, BEST) or re.fullmatch(r"checkpoint_\d+\.pt", output.name):
-        raise ConfigError(f"--output {output}: {output.name} is a name training writes and resumes from; "
-                          "choose another name, e.g. average.pt")
+        raise ConfigError(
+            f"--output {output}: {output.name} is a name training writes and resumes from; "
+            "choose another name, e.g. average.pt"
+        )
     make_parent(output, "--output")

@@ -17,16 +17,37 @@ from nmt_cli.errors import CheckpointError, ConfigError
 PRECISIONS = ("fp32", "bf16", "fp16")
 
 
-def flag(default: Any = MISSING, help: str = "", *, min: float | None = None, max: float | None = None,
-         min_open: bool = False, max_open: bool = False, choices: tuple[str, ...] | None = None,
-         path: str | None = None, argument: bool = False, short: str | None = None, cli: bool = True) -> Any:
+def flag(
+    default: Any = MISSING,
+    help: str = "",
+    *,
+    min: float | None = None,
+    max: float | None = None,
+    min_open: bool = False,
+    max_open: bool = False,
+    choices: tuple[str, ...] | None = None,
+    path: str | None = None,
+    argument: bool = False,
+    short: str | None = None,
+    cli: bool = True,
+) -> Any:
     """A config field that is also a CLI flag: default, help and allowed values in one place.
 
     path: "file" / "dir" (must exist) or "new" (a path to be written) for the CLI's path checks;
     argument: a positional argument instead of an option; cli=False: set by the program, not a flag.
     """
-    meta = {"help": help, "min": min, "max": max, "min_open": min_open, "max_open": max_open,
-            "choices": choices, "path": path, "argument": argument, "short": short, "cli": cli}
+    meta = {
+        "help": help,
+        "min": min,
+        "max": max,
+        "min_open": min_open,
+        "max_open": max_open,
+        "choices": choices,
+        "path": path,
+        "argument": argument,
+        "short": short,
+        "cli": cli,
+    }
     return field(default=default, metadata=meta)
 
 
@@ -75,8 +96,11 @@ class ModelConfig:
     share_embeddings: bool = flag(True, "Tie source and target embeddings.")
     share_output_embed: bool = flag(True, "Tie the target embedding and the pre-softmax projection.")
     max_positions: int = flag(1024, "Longest sequence the model accepts.", min=2)
-    attention_key_dim: int = flag(0, "d_k: width per head of queries and keys (Table 3 row B); values keep "
-                                  "d_model / heads (0: d_model / heads).", min=0)
+    attention_key_dim: int = flag(
+        0,
+        "d_k: width per head of queries and keys (Table 3 row B); values keep d_model / heads (0: d_model / heads).",
+        min=0,
+    )
 
     def __post_init__(self) -> None:
         check_fields(self)
@@ -87,13 +111,23 @@ class ModelConfig:
 ARCHITECTURES: dict[str, ModelConfig] = {
     "transformer_base": ModelConfig(arch="transformer_base"),
     "transformer_big": ModelConfig(arch="transformer_big", d_model=1024, d_ff=4096, heads=16, dropout=0.3),
-    "transformer_small": ModelConfig(arch="transformer_small", encoder_layers=3, decoder_layers=3,
-                                     d_model=256, d_ff=1024, heads=4, dropout=0.1),
-    "transformer_tiny": ModelConfig(arch="transformer_tiny", encoder_layers=2, decoder_layers=2,
-                                    d_model=32, d_ff=64, heads=2, dropout=0.1, max_positions=256),
+    "transformer_small": ModelConfig(
+        arch="transformer_small", encoder_layers=3, decoder_layers=3, d_model=256, d_ff=1024, heads=4, dropout=0.1
+    ),
+    "transformer_tiny": ModelConfig(
+        arch="transformer_tiny",
+        encoder_layers=2,
+        decoder_layers=2,
+        d_model=32,
+        d_ff=64,
+        heads=2,
+        dropout=0.1,
+        max_positions=256,
+    ),
     # Constituency parsing, paper section 6.3: 4 + 4 layers, d_model 1024 (its search settings: PARSE_SEARCH).
-    "transformer_parse": ModelConfig(arch="transformer_parse", encoder_layers=4, decoder_layers=4,
-                                     d_model=1024, d_ff=4096, heads=16),
+    "transformer_parse": ModelConfig(
+        arch="transformer_parse", encoder_layers=4, decoder_layers=4, d_model=1024, d_ff=4096, heads=16
+    ),
 }
 
 
@@ -120,16 +154,22 @@ class PreprocessConfig:
     max_len: int = flag(250, "Drop training pairs longer than this (pieces).", min=1)
     max_len_ratio: float = flag(1.5, "Drop training pairs with a longer length ratio.", min=1.0)
     workers: int = flag(1, "Encoding threads.", min=1)
-    target_format: str = flag("text", "ptb-tree: the target files hold one bracketed Penn Treebank tree per line "
-                              "(constituency parsing, nmt_cli/parsing).", choices=("text", "ptb-tree"))
-    tree_leaves: str = flag("pos", "ptb-tree: the target's leaves are the POS tags, or the placeholder XX "
-                            "(punctuation tags kept).", choices=("pos", "slot"))
+    target_format: str = flag(
+        "text",
+        "ptb-tree: the target files hold one bracketed Penn Treebank tree per line "
+        "(constituency parsing, nmt_cli/parsing).",
+        choices=("text", "ptb-tree"),
+    )
+    tree_leaves: str = flag(
+        "pos",
+        "ptb-tree: the target's leaves are the POS tags, or the placeholder XX (punctuation tags kept).",
+        choices=("pos", "slot"),
+    )
 
     def __post_init__(self) -> None:
         check_fields(self)
         if self.source_lang == self.target_lang:
-            raise ConfigError(f"--source-lang and --target-lang are both {self.source_lang!r}; "
-                              "they must differ")
+            raise ConfigError(f"--source-lang and --target-lang are both {self.source_lang!r}; they must differ")
 
 
 @dataclass(frozen=True)
@@ -138,8 +178,9 @@ class SearchConfig:
 
     beam: int = flag(4, "Beam size; 1 is greedy.", min=1)
     lenpen: float = flag(0.6, "Length penalty alpha.")
-    lenpen_style: str = flag("gnmt", "gnmt: ((5+|Y|)/6)^alpha (the paper's); fairseq: |Y|^alpha.",
-                             choices=("gnmt", "fairseq"))
+    lenpen_style: str = flag(
+        "gnmt", "gnmt: ((5+|Y|)/6)^alpha (the paper's); fairseq: |Y|^alpha.", choices=("gnmt", "fairseq")
+    )
     max_len_a: float = flag(1.0, "Max output length a*|x|+b.", min=0)
     max_len_b: int = flag(50, "Max output length a*|x|+b.", min=0)
     min_len: int = flag(1, "Min output length.", min=0)
@@ -172,8 +213,9 @@ class TrainConfig:
     max_update: int = flag(0, "Stop after this many updates.", min=0)
     max_epoch: int = flag(0, "Stop after this many epochs.", min=0)
     max_time_minutes: float = flag(0.0, "Stop after this much training wall clock.", min=0)
-    lr_scheduler: str = flag("noam", "noam: the paper's schedule; inverse_sqrt: fairseq's.",
-                             choices=("noam", "inverse_sqrt"))
+    lr_scheduler: str = flag(
+        "noam", "noam: the paper's schedule; inverse_sqrt: fairseq's.", choices=("noam", "inverse_sqrt")
+    )
     warmup_updates: int = flag(4000, "Warm-up updates of the schedule.", min=1)
     lr: float | None = flag(None, "Peak lr of inverse_sqrt [default: 5e-4].", min=0, min_open=True)
     lr_scale: float = flag(1.0, "Multiplies noam's lr.", min=0, min_open=True)
@@ -192,12 +234,16 @@ class TrainConfig:
     threads: int = flag(0, "CPU threads (0: torch's default).", min=0)
     log_interval: int = flag(100, "Log every N updates.", min=1)
     log_file: str | None = flag(None, "Append every logged metric as JSON lines.", path="new")
-    precision: str | None = flag(None, "fp32, bf16 (autocast, float32 master weights) or fp16 (CUDA, loss "
-                                 "scaling) [default: bf16 on CUDA devices that support it, else fp32].",
-                                 choices=PRECISIONS)
+    precision: str | None = flag(
+        None,
+        "fp32, bf16 (autocast, float32 master weights) or fp16 (CUDA, loss "
+        "scaling) [default: bf16 on CUDA devices that support it, else fp32].",
+        choices=PRECISIONS,
+    )
     max_nonfinite: int = flag(10, "Stop after this many non-finite losses in a row.", min=1)
-    min_loss_scale: float = flag(1e-4, "fp16: stop when overflows push the loss scale below this.", min=0,
-                                 min_open=True)
+    min_loss_scale: float = flag(
+        1e-4, "fp16: stop when overflows push the loss scale below this.", min=0, min_open=True
+    )
     eval_bleu: bool = flag(False, "Also translate the valid split and log sacreBLEU.")
     eval_bleu_max_tokens: int = flag(8000, "Token budget of BLEU batches.", min=1)
     best_checkpoint_metric: str = flag("loss", "What checkpoint_best.pt is best at.", choices=("loss", "bleu"))
@@ -210,8 +256,10 @@ class TrainConfig:
         if not (self.max_update or self.max_epoch or self.max_time_minutes):
             raise ConfigError("give a stopping rule: --max-update, --max-epoch or --max-time-minutes")
         if self.lr_scheduler == "noam" and self.lr is not None:
-            raise ConfigError("--lr sets the peak of inverse_sqrt; noam's peak follows d_model and "
-                              "--warmup-updates, scale it with --lr-scale")
+            raise ConfigError(
+                "--lr sets the peak of inverse_sqrt; noam's peak follows d_model and "
+                "--warmup-updates, scale it with --lr-scale"
+            )
         if self.best_checkpoint_metric == "bleu" and not self.eval_bleu:
             raise ConfigError("--best-checkpoint-metric bleu needs --eval-bleu")
         if len(self.adam_betas) != 2 or not all(0.0 <= b < 1.0 for b in self.adam_betas):
@@ -227,25 +275,32 @@ class GenerateConfig:
     """`nmt generate` apart from the search itself (SearchConfig, whose defaults come from the checkpoint)."""
 
     path: str = flag(help="Checkpoint to translate with.")
-    data_dir: str | None = flag(None, "Data directory made by `nmt preprocess` (or use --input).", path="dir",
-                                argument=True)
+    data_dir: str | None = flag(
+        None, "Data directory made by `nmt preprocess` (or use --input).", path="dir", argument=True
+    )
     gen_subset: str = flag("test", "Split of DATA_DIR to translate.")
     input: str | None = flag(None, "Raw text file to translate, or - for stdin (instead of DATA_DIR).")
     buffer_size: int = flag(1000, "Lines read at a time with --input.", min=1)
-    output_format: str | None = flag(None, "[default: fairseq for DATA_DIR, plain for --input]; scores are in "
-                                     "nats (natural log).", choices=("plain", "fairseq", "jsonl"))
-    results_path: str | None = flag(None, "Write generate-SUBSET.txt into this directory instead of stdout.",
-                                    path="new")
+    output_format: str | None = flag(
+        None,
+        "[default: fairseq for DATA_DIR, plain for --input]; scores are in nats (natural log).",
+        choices=("plain", "fairseq", "jsonl"),
+    )
+    results_path: str | None = flag(
+        None, "Write generate-SUBSET.txt into this directory instead of stdout.", path="new"
+    )
     max_tokens: int = flag(8000, "Source tokens per batch.", min=1)
     batch_size: int = flag(0, "Also cap sentences per batch (0: no cap).", min=0)
     device: str = flag("auto", "Where to translate (auto: CUDA when available).", choices=("auto", "cpu", "cuda"))
     threads: int = flag(0, "CPU threads (0: torch's default).", min=0)
-    precision: str | None = flag(None, "fp32, bf16 or fp16 (CUDA) [default: the checkpoint's on CUDA, fp32 "
-                                 "on CPU].", choices=PRECISIONS)
+    precision: str | None = flag(
+        None, "fp32, bf16 or fp16 (CUDA) [default: the checkpoint's on CUDA, fp32 on CPU].", choices=PRECISIONS
+    )
     num_shards: int = flag(1, "Split the input into contiguous shards.", min=1)
     shard_id: int = flag(0, "Which shard to translate.", min=0)
-    quantize: str | None = flag(None, "CPU: dynamic int8 linear layers, the output projection included "
-                                "[default: float32].", choices=("int8",))
+    quantize: str | None = flag(
+        None, "CPU: dynamic int8 linear layers, the output projection included [default: float32].", choices=("int8",)
+    )
 
     def __post_init__(self) -> None:
         check_fields(self)
@@ -258,8 +313,11 @@ class ExportConfig:
     path: str = flag(help="Checkpoint to export.", path="file")
     output: str = flag(help="Model directory to write.", path="new")
     format: str = flag("ctranslate2", "Serving format.", choices=("ctranslate2",))
-    quantization: str | None = flag(None, "Weight type of the exported model [default: float32].",
-                                    choices=("int8", "int8_float32", "bfloat16", "float16"))
+    quantization: str | None = flag(
+        None,
+        "Weight type of the exported model [default: float32].",
+        choices=("int8", "int8_float32", "bfloat16", "float16"),
+    )
     force: bool = flag(False, "Overwrite --output if it exists.")
 
     def __post_init__(self) -> None:

@@ -133,8 +133,11 @@ def remove_stale_temporaries(directory: Path, patterns: tuple[str, ...] = (f"*{T
                 path.unlink(missing_ok=True)
             removed.append(path)
     if removed:
-        logger.info("removed %d temporary file(s) left by an interrupted run: %s", len(removed),
-                    ", ".join(p.name for p in removed))
+        logger.info(
+            "removed %d temporary file(s) left by an interrupted run: %s",
+            len(removed),
+            ", ".join(p.name for p in removed),
+        )
     return removed
 
 
@@ -165,8 +168,9 @@ def acquire(lock_path: Path, command: str, directory: Path) -> int:
         except BlockingIOError:
             pid = os.pread(fd, 32, 0).decode("ascii", "replace").strip() or "unknown"
             os.close(fd)
-            raise BusyError(f"another nmt {command} is using {directory} (pid {pid}); wait for it to finish "
-                            "or stop it") from None
+            raise BusyError(
+                f"another nmt {command} is using {directory} (pid {pid}); wait for it to finish or stop it"
+            ) from None
         try:
             same = os.fstat(fd).st_ino == os.stat(lock_path).st_ino
         except FileNotFoundError:

@@ -11,8 +11,15 @@ from typing import Any
 from rich.console import Console
 from rich.logging import RichHandler
 from rich.markup import escape
-from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn,
-                           TimeRemainingColumn)
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TaskID,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
 from rich.table import Table
 
 console = Console(stderr=True)
@@ -29,8 +36,7 @@ def setup_logging(verbosity: int = 0, progress: bool = True) -> None:
     level = {-1: logging.WARNING, 0: logging.INFO}.get(verbosity, logging.DEBUG)
     handler: logging.Handler
     if console.is_terminal:
-        handler = RichHandler(console=console, show_path=False, show_time=True, markup=False,
-                              log_time_format="[%X]")
+        handler = RichHandler(console=console, show_path=False, show_time=True, markup=False, log_time_format="[%X]")
     else:
         handler = logging.StreamHandler(sys.stderr)
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%H:%M:%S"))
@@ -72,8 +78,15 @@ def progress() -> Iterator[Progress | _NoProgress]:
     if not (_progress_enabled and console.is_terminal):
         yield _NoProgress()
         return
-    bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                   TimeElapsedColumn(), TimeRemainingColumn(), TextColumn("{task.fields[info]}"),
-                   console=console, transient=True)
+    bar = Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+        TextColumn("{task.fields[info]}"),
+        console=console,
+        transient=True,
+    )
     with bar:
         yield bar

@@ -56,9 +56,9 @@ def moses_tokenize(lines: Sequence[str], lang: str, split_compounds: bool) -> li
 def tokenized_bleu(hyps: Sequence[str], refs: Sequence[str], lang: str, split_compounds: bool) -> Score:
     name = "tok-bleu-compound" if split_compounds else "tok-bleu"
     result = sacrebleu.metrics.BLEU(tokenize="none", force=True).corpus_score(
-        moses_tokenize(hyps, lang, split_compounds), [moses_tokenize(refs, lang, split_compounds)])
-    note = (f"Moses-tokenized ({lang}){', compounds split' if split_compounds else ''}; "
-            "NOT comparable with sacreBLEU")
+        moses_tokenize(hyps, lang, split_compounds), [moses_tokenize(refs, lang, split_compounds)]
+    )
+    note = f"Moses-tokenized ({lang}){', compounds split' if split_compounds else ''}; NOT comparable with sacreBLEU"
     return Score(name, result.score, f"{name.upper()} = {result.score:.2f} ({note})", note)
 
 
@@ -108,10 +108,14 @@ def score_files(sys_path: Path, ref_path: Path, metrics: Sequence[str], lang: st
     from nmt_cli.parsing.tree import looks_like_trees
 
     if looks_like_trees(hyps) and looks_like_trees(refs):
-        raise DataError(f"{sys_path} and {ref_path} hold bracketed trees (a parsing model's output?); "
-                        "score them with --metric bracket-f1")
+        raise DataError(
+            f"{sys_path} and {ref_path} hold bracketed trees (a parsing model's output?); "
+            "score them with --metric bracket-f1"
+        )
     for i, hyp in enumerate(hyps, start=1):
         if "\u2581" in hyp:
-            raise DataError(f"{sys_path}: hypothesis {i} still contains sentencepiece pieces (\u2581); "
-                            "score the detokenized output (D- lines or plain `nmt generate --input`)")
+            raise DataError(
+                f"{sys_path}: hypothesis {i} still contains sentencepiece pieces (\u2581); "
+                "score the detokenized output (D- lines or plain `nmt generate --input`)"
+            )
     return [compute(m, hyps, refs, lang) for m in metrics]

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from nmt_cli.config import ARCHITECTURES, ModelConfig, model_config, PreprocessConfig, SearchConfig, TrainConfig
+from nmt_cli.config import ARCHITECTURES, ModelConfig, PreprocessConfig, SearchConfig, TrainConfig, model_config
 from nmt_cli.data.preprocess import preprocess
 from nmt_cli.model.transformer import build_model
 
@@ -36,16 +36,34 @@ def toy_corpus(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def toy_data_bin(toy_corpus, tmp_path_factory) -> Path:
     dest = tmp_path_factory.mktemp("bin") / "data-bin"
-    preprocess(PreprocessConfig(source_lang="src", target_lang="tgt", trainpref=str(toy_corpus / "train"),
-                                validpref=str(toy_corpus / "valid"), testpref=str(toy_corpus / "test"),
-                                destdir=str(dest), vocab_size=24, max_len_ratio=1.5))
+    preprocess(
+        PreprocessConfig(
+            source_lang="src",
+            target_lang="tgt",
+            trainpref=str(toy_corpus / "train"),
+            validpref=str(toy_corpus / "valid"),
+            testpref=str(toy_corpus / "test"),
+            destdir=str(dest),
+            vocab_size=24,
+            max_len_ratio=1.5,
+        )
+    )
     return dest
 
 
 @pytest.fixture
 def tiny_model_config() -> ModelConfig:
-    return ModelConfig(arch="transformer_tiny", vocab_size=24, encoder_layers=2, decoder_layers=2, d_model=16,
-                       d_ff=32, heads=2, dropout=0.0, max_positions=64)
+    return ModelConfig(
+        arch="transformer_tiny",
+        vocab_size=24,
+        encoder_layers=2,
+        decoder_layers=2,
+        d_model=16,
+        d_ff=32,
+        heads=2,
+        dropout=0.0,
+        max_positions=64,
+    )
 
 
 @pytest.fixture
@@ -55,8 +73,17 @@ def tiny_model(tiny_model_config):
 
 
 def tiny_train_config(data_bin: Path, save_dir: Path, **kw) -> TrainConfig:
-    base = dict(data_dir=str(data_bin), save_dir=str(save_dir), max_tokens=512,
-                max_update=8, warmup_updates=4, lr_scale=1.0, log_interval=4, device="cpu", threads=1)
+    base = dict(
+        data_dir=str(data_bin),
+        save_dir=str(save_dir),
+        max_tokens=512,
+        max_update=8,
+        warmup_updates=4,
+        lr_scale=1.0,
+        log_interval=4,
+        device="cpu",
+        threads=1,
+    )
     base.update(kw)
     return TrainConfig(**base)
 
@@ -67,8 +94,11 @@ def tiny_checkpoint(toy_data_bin, tmp_path_factory) -> Path:
     from nmt_cli.train.command import train
 
     save_dir = tmp_path_factory.mktemp("ckpt")
-    train(tiny_train_config(toy_data_bin, save_dir, max_update=6, save_interval_updates=2), ARCHITECTURES["transformer_tiny"],
-          SearchConfig())
+    train(
+        tiny_train_config(toy_data_bin, save_dir, max_update=6, save_interval_updates=2),
+        ARCHITECTURES["transformer_tiny"],
+        SearchConfig(),
+    )
     return save_dir / "checkpoint_last.pt"
 
 
@@ -79,7 +109,17 @@ def trained_copy_checkpoint(toy_data_bin, tmp_path_factory) -> Path:
     from nmt_cli.train.command import train
 
     save_dir = tmp_path_factory.mktemp("trained")
-    train(tiny_train_config(toy_data_bin, save_dir, max_update=300, warmup_updates=100, max_tokens=1024,
-                            label_smoothing=0.0, log_interval=100), model_config("transformer_tiny", dropout=0.0),
-          SearchConfig())
+    train(
+        tiny_train_config(
+            toy_data_bin,
+            save_dir,
+            max_update=300,
+            warmup_updates=100,
+            max_tokens=1024,
+            label_smoothing=0.0,
+            log_interval=100,
+        ),
+        model_config("transformer_tiny", dropout=0.0),
+        SearchConfig(),
+    )
     return save_dir / "checkpoint_last.pt"

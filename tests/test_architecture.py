@@ -49,7 +49,7 @@ def test_no_import_cycles():
         state[node] = "open"
         for nxt in graph[node]:
             if state.get(nxt) == "open":
-                pytest.fail("import cycle: " + " -> ".join(stack[stack.index(nxt):] + [nxt]))
+                pytest.fail("import cycle: " + " -> ".join(stack[stack.index(nxt) :] + [nxt]))
             if nxt not in state:
                 visit(nxt, stack + [nxt])
         state[node] = "done"

@@ -6,13 +6,14 @@ asked to lower the loss.
 """
 
 import json
-from dataclasses import replace
 import signal
 import subprocess
 import sys
+from dataclasses import replace
 
 import pytest
 import torch
+from conftest import tiny_train_config
 
 from nmt_cli.checkpoint import load_checkpoint
 from nmt_cli.config import ARCHITECTURES, SearchConfig
@@ -20,10 +21,7 @@ from nmt_cli.data.dataset import ParallelDataset
 from nmt_cli.search.translate import load_translator, translate
 from nmt_cli.train.command import prepare, train
 
-from conftest import tiny_train_config
-
-pytestmark = [pytest.mark.gpu,
-              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
 TINY = ARCHITECTURES["transformer_tiny"]
 FP32_LOSS_TOLERANCE = 2e-2
@@ -34,8 +32,15 @@ def losses(log_file):
 
 
 def run(data_bin, save_dir, device, **kw):
-    cfg = tiny_train_config(data_bin, save_dir, device=device, max_update=30, log_interval=1,
-                            log_file=str(save_dir.parent / f"{save_dir.name}.jsonl"), **kw)
+    cfg = tiny_train_config(
+        data_bin,
+        save_dir,
+        device=device,
+        max_update=30,
+        log_interval=1,
+        log_file=str(save_dir.parent / f"{save_dir.name}.jsonl"),
+        **kw,
+    )
     train(cfg, replace(TINY, dropout=0.0), SearchConfig())
     return losses(cfg.log_file)
 
@@ -55,8 +60,9 @@ def test_half_precisions_lower_the_loss(toy_data_bin, tmp_path, precision):
 
 
 def test_training_update_makes_one_host_synchronisation(toy_data_bin, tmp_path):
-    trainer = prepare(tiny_train_config(toy_data_bin, tmp_path, device="cuda", max_update=3, update_freq=2),
-                      TINY, SearchConfig())
+    trainer = prepare(
+        tiny_train_config(toy_data_bin, tmp_path, device="cuda", max_update=3, update_freq=2), TINY, SearchConfig()
+    )
     assert trainer.optimizer.defaults["fused"]
     group = trainer.epoch_batches()[:2]
     trainer.train_step(group)  # warm-up: allocations, cuBLAS handles, the loader's first plan
@@ -73,8 +79,22 @@ def test_training_update_makes_one_host_synchronisation(toy_data_bin, tmp_path):
 
 
 def test_killed_and_resumed_on_cuda_ends_bit_identical(toy_data_bin, tmp_path):
-    args = ["--arch", "transformer_tiny", "--max-tokens", "256", "--warmup-updates", "4", "--device", "cuda",
-            "--log-interval", "1", "--dropout", "0.3", "--max-update", "40"]
+    args = [
+        "--arch",
+        "transformer_tiny",
+        "--max-tokens",
+        "256",
+        "--warmup-updates",
+        "4",
+        "--device",
+        "cuda",
+        "--log-interval",
+        "1",
+        "--dropout",
+        "0.3",
+        "--max-update",
+        "40",
+    ]
     base = [sys.executable, "-m", "nmt_cli", "train", str(toy_data_bin)]
     whole = subprocess.run([*base, "--save-dir", str(tmp_path / "whole"), *args], capture_output=True, text=True)
     assert whole.returncode == 0, whole.stderr[-3000:]
@@ -126,9 +146,25 @@ def test_beam_search_makes_one_host_synchronisation_per_step(tiny_checkpoint, to
 
 
 def test_generate_in_bf16_on_cuda(tiny_checkpoint, toy_data_bin, tmp_path):
-    result = subprocess.run([sys.executable, "-m", "nmt_cli", "generate", str(toy_data_bin), "--path",
-                             str(tiny_checkpoint), "--device", "cuda", "--precision", "bf16", "--results-path",
-                             str(tmp_path)], capture_output=True, text=True)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "nmt_cli",
+            "generate",
+            str(toy_data_bin),
+            "--path",
+            str(tiny_checkpoint),
+            "--device",
+            "cuda",
+            "--precision",
+            "bf16",
+            "--results-path",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     hyps = [line for line in (tmp_path / "generate-test.txt").read_text().splitlines() if line.startswith("H-")]
     assert len(hyps) == 30

@@ -49,12 +49,31 @@ def test_plot_attention_draws_the_recorded_weights(tiny_checkpoint, tmp_path):
 
 def test_plot_attention_cli(tiny_checkpoint, tmp_path):
     out = tmp_path / "att.png"
-    result = CliRunner().invoke(cli, ["plot", "attention", "--path", str(tiny_checkpoint), "--input", "1 2 3",
-                                      "--layer", "2", "--head", "1", "--output", str(out)])
+    result = CliRunner().invoke(
+        cli,
+        [
+            "plot",
+            "attention",
+            "--path",
+            str(tiny_checkpoint),
+            "--input",
+            "1 2 3",
+            "--layer",
+            "2",
+            "--head",
+            "1",
+            "--output",
+            str(out),
+        ],
+    )
     assert result.exit_code == 0, result.output
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    for args, message in ((["--layer", "3"], "--layer 3 is out of range"), (["--head", "9"], "--head 9 is out"),
-                          (["--head", "x"], "--head 'x' must be"), (["--output", str(tmp_path / "a.jpg")], "must end in")):
+    for args, message in (
+        (["--layer", "3"], "--layer 3 is out of range"),
+        (["--head", "9"], "--head 9 is out"),
+        (["--head", "x"], "--head 'x' must be"),
+        (["--output", str(tmp_path / "a.jpg")], "must end in"),
+    ):
         argv = ["plot", "attention", "--path", str(tiny_checkpoint), "--input", "1 2", "--output", str(out), *args]
         result = CliRunner().invoke(cli, argv)
         assert result.exit_code == 1 and message in result.output, result.output
@@ -67,12 +86,32 @@ def write_log(path, records):
 def fake_run(n, bleu=True, offset=0.0):
     records = []
     for u in range(10, 10 * n + 1, 10):
-        records.append({"event": "train", "update": u, "epoch": 1, "elapsed_s": u * 0.7 + offset, "loss": 9 - u / 20,
-                        "nll_loss": 8 - u / 20, "ppl": 100.0, "tgt_tok_per_s": 5000 + u, "grad_norm": 1.0,
-                        "lr": u * 1e-5, "skipped": 0})
+        records.append(
+            {
+                "event": "train",
+                "update": u,
+                "epoch": 1,
+                "elapsed_s": u * 0.7 + offset,
+                "loss": 9 - u / 20,
+                "nll_loss": 8 - u / 20,
+                "ppl": 100.0,
+                "tgt_tok_per_s": 5000 + u,
+                "grad_norm": 1.0,
+                "lr": u * 1e-5,
+                "skipped": 0,
+            }
+        )
         if u % 20 == 0:
-            valid = {"event": "valid", "update": u, "epoch": 1, "elapsed_s": u * 0.7 + 1, "valid_loss": 8.5 - u / 25,
-                     "valid_nll": 8.0, "valid_ppl": 3000.0, "best": 1.0}
+            valid = {
+                "event": "valid",
+                "update": u,
+                "epoch": 1,
+                "elapsed_s": u * 0.7 + 1,
+                "valid_loss": 8.5 - u / 25,
+                "valid_nll": 8.0,
+                "valid_ppl": 3000.0,
+                "best": 1.0,
+            }
             if bleu:
                 valid["valid_bleu"] = u / 10
             records.append(valid)
@@ -89,13 +128,18 @@ def test_plot_curves_draws_the_logged_numbers(tmp_path):
     train = [r for r in a if r["event"] == "train"]
     valid = [r for r in a if r["event"] == "valid"]
     assert drawn[("a", "train", "loss", "update")] == ([r["update"] for r in train], [r["loss"] for r in train])
-    assert drawn[("a", "valid", "valid_loss", "update")] == ([r["update"] for r in valid],
-                                                             [r["valid_loss"] for r in valid])
-    assert drawn[("a", "valid", "valid_bleu", "elapsed_s")] == ([r["elapsed_s"] / 60 for r in valid],
-                                                                [r["valid_bleu"] for r in valid])
+    assert drawn[("a", "valid", "valid_loss", "update")] == (
+        [r["update"] for r in valid],
+        [r["valid_loss"] for r in valid],
+    )
+    assert drawn[("a", "valid", "valid_bleu", "elapsed_s")] == (
+        [r["elapsed_s"] / 60 for r in valid],
+        [r["valid_bleu"] for r in valid],
+    )
     assert drawn[("second", "train", "tgt_tok_per_s", "update")][1] == [5010, 5020, 5030, 5040]
-    assert drawn[("second", "train", "lr", "elapsed_s")][0] == [r["elapsed_s"] / 60 for r in fake_run(4, offset=3.0)
-                                                                if r["event"] == "train"]
+    assert drawn[("second", "train", "lr", "elapsed_s")][0] == [
+        r["elapsed_s"] / 60 for r in fake_run(4, offset=3.0) if r["event"] == "train"
+    ]
     assert ("second", "valid", "valid_bleu", "update") not in drawn
 
 
@@ -106,23 +150,44 @@ def test_plot_curves_of_a_real_log(toy_data_bin, tmp_path):
     from nmt_cli.train.command import train
 
     log = tmp_path / "run.jsonl"
-    train(tiny_train_config(toy_data_bin, tmp_path / "ckpt", max_update=4, log_interval=2, log_file=str(log)),
-          model_config("transformer_tiny"), SearchConfig())
+    train(
+        tiny_train_config(toy_data_bin, tmp_path / "ckpt", max_update=4, log_interval=2, log_file=str(log)),
+        model_config("transformer_tiny"),
+        SearchConfig(),
+    )
     out = tmp_path / "c.png"
-    result = CliRunner().invoke(cli, ["plot", "curves", "--log-file", str(log), "--log-file", str(log),
-                                      "--label", "one", "--label", "two", "--output", str(out)])
+    result = CliRunner().invoke(
+        cli,
+        [
+            "plot",
+            "curves",
+            "--log-file",
+            str(log),
+            "--log-file",
+            str(log),
+            "--label",
+            "one",
+            "--label",
+            "two",
+            "--output",
+            str(out),
+        ],
+    )
     assert result.exit_code == 0, result.output
     logged = [json.loads(line) for line in log.read_text().splitlines()]
     drawn = plot_curves([read_log(log)], tmp_path / "c2.png")
     assert drawn[("run", "train", "loss", "update")][1] == [r["loss"] for r in logged if r["event"] == "train"]
-    assert drawn[("run", "valid", "valid_loss", "update")][1] == [r["valid_loss"] for r in logged
-                                                                  if r["event"] == "valid"]
+    assert drawn[("run", "valid", "valid_loss", "update")][1] == [
+        r["valid_loss"] for r in logged if r["event"] == "valid"
+    ]
 
 
 def test_a_log_with_only_validations_still_plots(tmp_path):
     write_log(tmp_path / "short.jsonl", [r for r in fake_run(4) if r["event"] == "valid"])
     drawn = plot_curves([read_log(tmp_path / "short.jsonl")], tmp_path / "short.png")
-    assert set(drawn) == {("short", "valid", f, x) for f in ("valid_loss", "valid_bleu") for x in ("update", "elapsed_s")}
+    assert set(drawn) == {
+        ("short", "valid", f, x) for f in ("valid_loss", "valid_bleu") for x in ("update", "elapsed_s")
+    }
 
 
 def test_plot_curves_errors(tmp_path):
@@ -134,8 +199,21 @@ def test_plot_curves_errors(tmp_path):
     (tmp_path / "empty.jsonl").write_text("")
     result = runner.invoke(cli, ["plot", "curves", "--log-file", str(tmp_path / "empty.jsonl"), "--output", "x.png"])
     assert result.exit_code == 1 and "empty.jsonl is empty" in result.output
-    result = runner.invoke(cli, ["plot", "curves", "--log-file", str(tmp_path / "ok.jsonl"), "--label", "a",
-                                 "--label", "b", "--output", "x.png"])
+    result = runner.invoke(
+        cli,
+        [
+            "plot",
+            "curves",
+            "--log-file",
+            str(tmp_path / "ok.jsonl"),
+            "--label",
+            "a",
+            "--label",
+            "b",
+            "--output",
+            "x.png",
+        ],
+    )
     assert result.exit_code == 1 and "one --label per --log-file" in result.output
     result = runner.invoke(cli, ["plot", "curves", "--log-file", str(tmp_path / "missing.jsonl"), "--output", "x.png"])
     assert result.exit_code == 2
@@ -146,8 +224,9 @@ def test_without_matplotlib_one_error_line(tmp_path, monkeypatch):
     for name in [m for m in sys.modules if m == "matplotlib" or m.startswith("matplotlib.")]:
         monkeypatch.delitem(sys.modules, name)
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib now raises ImportError
-    result = CliRunner().invoke(cli, ["plot", "curves", "--log-file", str(tmp_path / "ok.jsonl"),
-                                      "--output", str(tmp_path / "c.png")])
+    result = CliRunner().invoke(
+        cli, ["plot", "curves", "--log-file", str(tmp_path / "ok.jsonl"), "--output", str(tmp_path / "c.png")]
+    )
     assert result.exit_code == 1
     assert result.output.strip().splitlines() == ['error: nmt plot needs matplotlib: pip install "nmt[plot]"']
     assert not (tmp_path / "c.png").exists()

@@ -24,23 +24,36 @@ RECIPE = ROOT / "recipes" / "table3"
 
 
 def recipe_env(tmp_path, **kw):
-    return {**os.environ, "WORK_DIR": str(tmp_path / "work"), "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
-            **kw}
+    return {
+        **os.environ,
+        "WORK_DIR": str(tmp_path / "work"),
+        "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+        **kw,
+    }
 
 
 def dry_run_train_commands(tmp_path, **kw):
     (tmp_path / "work" / "data-bin").mkdir(parents=True)
     (tmp_path / "work" / "data-bin" / "meta.json").write_text("{}")
-    run = subprocess.run(["bash", str(RECIPE / "run.sh")], env=recipe_env(tmp_path, DRY_RUN="1", **kw),
-                         capture_output=True, text=True, timeout=60, check=False)
+    run = subprocess.run(
+        ["bash", str(RECIPE / "run.sh")],
+        env=recipe_env(tmp_path, DRY_RUN="1", **kw),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert run.returncode == 0, run.stderr
     return [shlex.split(line[2:])[2:] for line in run.stderr.splitlines() if line.startswith("+ nmt train ")]
 
 
 def test_every_row_is_nmt_train_flags(tmp_path):
     commands = dry_run_train_commands(tmp_path)
-    rows = [line.split()[0] for line in (RECIPE / "rows.txt").read_text().splitlines()
-            if line.strip() and not line.startswith("#")]
+    rows = [
+        line.split()[0]
+        for line in (RECIPE / "rows.txt").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    ]
     assert len(commands) == len(rows) == 17
     seen = {}
     for args in commands:
@@ -67,13 +80,37 @@ def test_quick_selects_the_quick_rows_at_a_minute(tmp_path):
 
 def test_key_dim_and_learned_positions_train_and_translate(toy_data_bin, tmp_path):
     save = tmp_path / "ckpt"
-    result = CliRunner().invoke(cli, ["train", str(toy_data_bin), "--save-dir", str(save), "--arch", "transformer_tiny",
-                                      "--attention-key-dim", "4", "--heads", "2", "--learned-pos", "--max-update", "2",
-                                      "--max-tokens", "512", "--device", "cpu", "--threads", "1"])
+    result = CliRunner().invoke(
+        cli,
+        [
+            "train",
+            str(toy_data_bin),
+            "--save-dir",
+            str(save),
+            "--arch",
+            "transformer_tiny",
+            "--attention-key-dim",
+            "4",
+            "--heads",
+            "2",
+            "--learned-pos",
+            "--max-update",
+            "2",
+            "--max-tokens",
+            "512",
+            "--device",
+            "cpu",
+            "--threads",
+            "1",
+        ],
+    )
     assert result.exit_code == 0, result.output
     assert json.loads((save / "config.json").read_text())["model"]["attention_key_dim"] == 4
-    result = CliRunner().invoke(cli, ["generate", "--path", str(save / "checkpoint_last.pt"), "--input", "-",
-                                      "--beam", "2", "--max-len-b", "3"], input="1 2 3\n4 5\n")
+    result = CliRunner().invoke(
+        cli,
+        ["generate", "--path", str(save / "checkpoint_last.pt"), "--input", "-", "--beam", "2", "--max-len-b", "3"],
+        input="1 2 3\n4 5\n",
+    )
     assert result.exit_code == 0, result.output
     assert len(result.stdout.splitlines()) == 2
 
@@ -90,11 +127,21 @@ def fake_row(work, name, model, label_smoothing, ppl, bleu):
     (d / "checkpoints").mkdir(parents=True)
     cfg = model_config("transformer_small", vocab_size=8000, **model)
     from nmt_cli.config import config_to_dict
-    (d / "checkpoints" / "config.json").write_text(json.dumps({"model": config_to_dict(cfg),
-                                                               "train": {"label_smoothing": label_smoothing}}))
-    (d / "train.jsonl").write_text("\n".join(json.dumps(r) for r in (
-        {"event": "train", "update": 10, "loss": 5.0}, {"event": "valid", "update": 12, "valid_ppl": ppl + 1},
-        {"event": "valid", "update": 14, "valid_ppl": ppl})) + "\n")
+
+    (d / "checkpoints" / "config.json").write_text(
+        json.dumps({"model": config_to_dict(cfg), "train": {"label_smoothing": label_smoothing}})
+    )
+    (d / "train.jsonl").write_text(
+        "\n".join(
+            json.dumps(r)
+            for r in (
+                {"event": "train", "update": 10, "loss": 5.0},
+                {"event": "valid", "update": 12, "valid_ppl": ppl + 1},
+                {"event": "valid", "update": 14, "valid_ppl": ppl},
+            )
+        )
+        + "\n"
+    )
     (d / "score.json").write_text(json.dumps({"metric": "sacrebleu", "score": bleu}) + "\n")
 
 
@@ -104,13 +151,42 @@ def test_table_in_the_papers_layout(tmp_path):
     fake_row(tmp_path, "E:learned", {"learned_pos": True}, 0.1, 9.0, 13.0)
     lines = load_table_module().table(tmp_path, ["base", "B:dk16", "E:learned"], 2).splitlines()
     cells = [[c.strip() for c in line.strip("|").split("|")] for line in lines[:5]]
-    assert cells[0] == ["row", "N", "d_model", "d_ff", "h", "d_k", "d_v", "P_drop", "eps_ls", "pos", "updates",
-                        "PPL (dev)", "BLEU (dev)", "params x10^6"]
-    assert cells[2] == ["base", "3", "256", "1024", "4", "64", "64", "0.1", "0.1", "sinusoid", "14", "9.50", "12.3",
-                        "7.6"]
+    assert cells[0] == [
+        "row",
+        "N",
+        "d_model",
+        "d_ff",
+        "h",
+        "d_k",
+        "d_v",
+        "P_drop",
+        "eps_ls",
+        "pos",
+        "updates",
+        "PPL (dev)",
+        "BLEU (dev)",
+        "params x10^6",
+    ]
+    assert cells[2] == [
+        "base",
+        "3",
+        "256",
+        "1024",
+        "4",
+        "64",
+        "64",
+        "0.1",
+        "0.1",
+        "sinusoid",
+        "14",
+        "9.50",
+        "12.3",
+        "7.6",
+    ]
     with torch.device("meta"):
-        b_params = count_parameters(build_model(model_config("transformer_small", vocab_size=8000,
-                                                             attention_key_dim=16)))
+        b_params = count_parameters(
+            build_model(model_config("transformer_small", vocab_size=8000, attention_key_dim=16))
+        )
     assert cells[3] == ["B:dk16", "", "", "", "", "16", "", "", "", "", "14", "10.25", "11.0", f"{b_params / 1e6:.1f}"]
     assert cells[4][9] == "learned" and cells[4][1:9] == [""] * 8
     assert "2 min of training" in lines[-1]
@@ -119,8 +195,14 @@ def test_table_in_the_papers_layout(tmp_path):
 @pytest.mark.slow
 @pytest.mark.skipif(not (SHARED_DATA / "multi30k" / "train.en").exists(), reason=f"needs {SHARED_DATA}/multi30k")
 def test_quick_recipe_end_to_end(tmp_path):
-    run = subprocess.run(["bash", str(RECIPE / "run.sh")], env=recipe_env(tmp_path, QUICK="1"), capture_output=True,
-                         text=True, timeout=900, check=False)
+    run = subprocess.run(
+        ["bash", str(RECIPE / "run.sh")],
+        env=recipe_env(tmp_path, QUICK="1"),
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     rows = [line for line in run.stdout.splitlines() if line.startswith(("| base", "| B:dk16"))]
     assert len(rows) == 2

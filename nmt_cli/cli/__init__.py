@@ -7,6 +7,7 @@ errors exit 2; `--debug` shows tracebacks.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from typing import Any
@@ -37,10 +38,9 @@ class NmtGroup(click.Group):
             print_error(str(e))
             ctx.exit(1)
         except BrokenPipeError:  # `nmt generate ... | head`: the reader has gone, so stop quietly
-            try:
-                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
-            except (OSError, ValueError, AttributeError):  # stdout without a file descriptor (tests)
-                pass
+            # no second error at exit; stdout may have no file descriptor (tests)
+            with contextlib.suppress(OSError, ValueError, AttributeError):
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
             ctx.exit(1)
 
 
@@ -48,7 +48,9 @@ class NmtGroup(click.Group):
 @click.version_option(__version__, prog_name="nmt")
 @click.option("-v", "--verbose", count=True, help="More log output (-v: debug).")
 @click.option("-q", "--quiet", is_flag=True, help="Warnings and errors only.")
-@click.option("--no-progress", is_flag=True, help="No progress bars (they are off anyway when stderr is not a terminal).")
+@click.option(
+    "--no-progress", is_flag=True, help="No progress bars (they are off anyway when stderr is not a terminal)."
+)
 @click.option("--debug", is_flag=True, help="Show tracebacks for user errors too.")
 def cli(verbose: int, quiet: bool, no_progress: bool, debug: bool) -> None:
     """Neural machine translation with the Transformer of "Attention Is All You Need".

@@ -13,13 +13,23 @@ logger = logging.getLogger(__name__)
 
 
 @click.command("average-checkpoints", context_settings=CONTEXT)
-@click.option("--inputs", required=True, multiple=True, type=click.Path(exists=True, path_type=Path),
-              help="Checkpoint files, or one directory (with --num-update-checkpoints). Repeat or list after it.")
-@click.option("--num-update-checkpoints", type=click.IntRange(min=1), help="Average the last N checkpoint_<update>.pt of the directory.")
+@click.option(
+    "--inputs",
+    required=True,
+    multiple=True,
+    type=click.Path(exists=True, path_type=Path),
+    help="Checkpoint files, or one directory (with --num-update-checkpoints). Repeat or list after it.",
+)
+@click.option(
+    "--num-update-checkpoints",
+    type=click.IntRange(min=1),
+    help="Average the last N checkpoint_<update>.pt of the directory.",
+)
 @click.option("--output", required=True, type=click.Path(dir_okay=False, path_type=Path))
 @click.argument("more_inputs", nargs=-1, type=click.Path(exists=True, dir_okay=False, path_type=Path))
-def average_checkpoints(inputs: tuple[Path, ...], num_update_checkpoints: int | None, output: Path,
-                        more_inputs: tuple[Path, ...]) -> None:
+def average_checkpoints(
+    inputs: tuple[Path, ...], num_update_checkpoints: int | None, output: Path, more_inputs: tuple[Path, ...]
+) -> None:
     """Average the weights of several checkpoints (the paper averaged the last 5 or 20)."""
     from nmt_cli.checkpoint import average_checkpoints as average
     from nmt_cli.checkpoint import check_average_output, checkpoints_to_average, save_checkpoint

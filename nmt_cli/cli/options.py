@@ -20,8 +20,11 @@ from nmt_cli.config import flag_name, parse_betas
 F = TypeVar("F", bound=Callable[..., Any])
 CONTEXT = {"show_default": True, "help_option_names": ["-h", "--help"], "max_content_width": 110}
 EXISTING_FILE = click.Path(exists=True, dir_okay=False, path_type=Path)
-PATH_TYPES = {"file": click.Path(exists=True, dir_okay=False), "dir": click.Path(exists=True, file_okay=False),
-              "new": click.Path()}
+PATH_TYPES = {
+    "file": click.Path(exists=True, dir_okay=False),
+    "dir": click.Path(exists=True, file_okay=False),
+    "new": click.Path(),
+}
 
 
 class Betas(click.ParamType):
@@ -65,12 +68,19 @@ def field_param(f: Field, hint: Any, prefix: str, default_note: str | None) -> C
         return click.option(*names, name, type=click_type(f, hint), default=None, help=help_text)
     if f.default is MISSING:
         return click.option(*names, name, type=click_type(f, hint), required=True, help=help_text)
-    default = ",".join(map(str, f.default)) if isinstance(f.default, tuple) else f.default  # click reads tuples as nargs
+    default = (
+        ",".join(map(str, f.default)) if isinstance(f.default, tuple) else f.default
+    )  # click reads tuples as nargs
     return click.option(*names, name, type=click_type(f, hint), default=default, help=help_text)
 
 
-def config_options(cls: type, *, prefix: str = "", only: Iterable[str] | None = None,
-                   default_note: Callable[[Field], str] | None = None) -> Callable[[F], F]:
+def config_options(
+    cls: type,
+    *,
+    prefix: str = "",
+    only: Iterable[str] | None = None,
+    default_note: Callable[[Field], str] | None = None,
+) -> Callable[[F], F]:
     """Decorate a command with an option for every CLI field of `cls` (or the fields in `only`)."""
     hints = typing.get_type_hints(cls)
     wanted = set(only) if only is not None else None

@@ -36,8 +36,14 @@ def plot_attention(checkpoint: Path, sentence: str, layer: int | None, head: str
 
 
 @plot.command("curves", context_settings=CONTEXT)
-@click.option("--log-file", "log_files", required=True, multiple=True, type=EXISTING_FILE,
-              help="A JSON-lines log of nmt train --log-file; repeat for several runs on one figure.")
+@click.option(
+    "--log-file",
+    "log_files",
+    required=True,
+    multiple=True,
+    type=EXISTING_FILE,
+    help="A JSON-lines log of nmt train --log-file; repeat for several runs on one figure.",
+)
 @click.option("--label", "labels", multiple=True, help="Legend name of each --log-file, in order [default: file stem].")
 @click.option("--output", required=True, type=FIGURE, help="FILE.png, .svg or .pdf")
 def plot_curves(log_files: tuple[Path, ...], labels: tuple[str, ...], output: Path) -> None:

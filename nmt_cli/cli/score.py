@@ -12,11 +12,21 @@ from nmt_cli.errors import ConfigError
 
 
 @click.command(context_settings=CONTEXT)
-@click.option("--sys", "sys_path", required=True, type=EXISTING_FILE, help="Hypotheses: plain text or `nmt generate` fairseq output.")
+@click.option(
+    "--sys",
+    "sys_path",
+    required=True,
+    type=EXISTING_FILE,
+    help="Hypotheses: plain text or `nmt generate` fairseq output.",
+)
 @click.option("--ref", "ref_path", required=True, type=EXISTING_FILE, help="Reference text, one line per hypothesis.")
-@click.option("--metric", "metrics", multiple=True,
-              type=click.Choice(["sacrebleu", "chrf", "tok-bleu", "tok-bleu-compound", "bracket-f1"]),
-              help="Repeatable [default: sacrebleu and chrf]. bracket-f1: EVALB (COLLINS.prm) on trees, alone.")
+@click.option(
+    "--metric",
+    "metrics",
+    multiple=True,
+    type=click.Choice(["sacrebleu", "chrf", "tok-bleu", "tok-bleu-compound", "bracket-f1"]),
+    help="Repeatable [default: sacrebleu and chrf]. bracket-f1: EVALB (COLLINS.prm) on trees, alone.",
+)
 @click.option("--lang", default="en", help="Language of the Moses tokenizer for tok-bleu metrics.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per metric.")
 @click.option("--verbose", is_flag=True, help="bracket-f1: also EVALB's line per sentence.")
@@ -30,8 +40,11 @@ def score(sys_path: Path, ref_path: Path, metrics: tuple[str, ...], lang: str, a
         if len(set(metrics)) > 1:
             raise ConfigError("--metric bracket-f1 scores trees; give it alone")
         result = score_tree_files(sys_path, ref_path)
-        click.echo(json.dumps({"metric": "bracket-f1", **result.all.summary()}) if as_json
-                   else format_report(result, COLLINS, verbose))
+        click.echo(
+            json.dumps({"metric": "bracket-f1", **result.all.summary()})
+            if as_json
+            else format_report(result, COLLINS, verbose)
+        )
         return
 
     for s in score_files(sys_path, ref_path, metrics or ("sacrebleu", "chrf"), lang):
@@ -39,5 +52,3 @@ def score(sys_path: Path, ref_path: Path, metrics: tuple[str, ...], lang: str, a
             click.echo(json.dumps({"metric": s.metric, "score": round(s.score, 2), "signature": s.signature}))
         else:
             click.echo(f"{s.text}  [{s.signature}]" if s.metric in ("sacrebleu", "chrf") else s.text)
-
-

@@ -16,8 +16,12 @@ EVAL_SEARCH_FIELDS = ("beam", "lenpen", "lenpen_style", "max_len_a", "max_len_b"
 @click.command(context_settings=CONTEXT)
 @config_options(TrainConfig)
 @precision_aliases
-@click.option("--arch", default="transformer_base", type=click.Choice(list(ARCHITECTURES)),
-              help="Preset shape; the model flags below override it.")
+@click.option(
+    "--arch",
+    default="transformer_base",
+    type=click.Choice(list(ARCHITECTURES)),
+    help="Preset shape; the model flags below override it.",
+)
 @config_options(ModelConfig, default_note=lambda f: "the --arch preset's")
 @config_options(SearchConfig, prefix=EVAL_PREFIX, only=EVAL_SEARCH_FIELDS)
 def train(arch: str, **values: Any) -> None:

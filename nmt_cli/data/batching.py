@@ -37,13 +37,25 @@ class Batch:
         def move_optional(t: torch.Tensor | None) -> torch.Tensor | None:
             return None if t is None else move(t)
 
-        return Batch(self.ids, move(self.src_tokens), move_optional(self.src_pad_mask), move(self.tgt_in),
-                     move(self.tgt_out), self.n_tgt_tokens, move_optional(self.tgt_index))
+        return Batch(
+            self.ids,
+            move(self.src_tokens),
+            move_optional(self.src_pad_mask),
+            move(self.tgt_in),
+            move(self.tgt_out),
+            self.n_tgt_tokens,
+            move_optional(self.tgt_index),
+        )
 
 
-def batch_by_tokens(src_lens: np.ndarray, tgt_lens: np.ndarray, max_tokens: int,
-                    rng: np.random.Generator | None, max_sentences: int = 0,
-                    max_positions: int = 0) -> tuple[list[np.ndarray], int]:
+def batch_by_tokens(
+    src_lens: np.ndarray,
+    tgt_lens: np.ndarray,
+    max_tokens: int,
+    rng: np.random.Generator | None,
+    max_sentences: int = 0,
+    max_positions: int = 0,
+) -> tuple[list[np.ndarray], int]:
     """Group sentence indices into batches under the token budget (and at most `max_sentences`, 0: no cap).
 
     Pairs that need more than `max_positions` positions (a side's length + 1; 0: no limit) are skipped too.
@@ -79,8 +91,16 @@ def batch_by_tokens(src_lens: np.ndarray, tgt_lens: np.ndarray, max_tokens: int,
     return batches, n_skipped
 
 
-def epoch_batches(src_lens: np.ndarray, tgt_lens: np.ndarray, max_tokens: int, seed: int, epoch: int,
-                  rank: int = 0, world_size: int = 1, max_positions: int = 0) -> list[np.ndarray]:
+def epoch_batches(
+    src_lens: np.ndarray,
+    tgt_lens: np.ndarray,
+    max_tokens: int,
+    seed: int,
+    epoch: int,
+    rank: int = 0,
+    world_size: int = 1,
+    max_positions: int = 0,
+) -> list[np.ndarray]:
     """This rank's batches for `epoch`: a deterministic function of (seed, epoch).
 
     Ranks take disjoint, interleaved batches; the last `len % world_size` batches of the shuffled
@@ -96,7 +116,7 @@ def pad_sources(sources: list[np.ndarray]) -> torch.Tensor:
     """[B, S] source ids + EOS, right-padded with PAD: the encoder's input in training and in search."""
     src_tokens = np.full((len(sources), max(len(s) for s in sources) + 1), PAD, dtype=np.int64)
     for row, s in enumerate(sources):
-        src_tokens[row, :len(s)] = s
+        src_tokens[row, : len(s)] = s
         src_tokens[row, len(s)] = EOS
     return torch.from_numpy(src_tokens)
 
@@ -112,12 +132,13 @@ def collate(dataset: ParallelDataset, ids: np.ndarray, max_positions: int | None
     tgt_out = np.full((n, tgt_len), PAD, dtype=np.int64)
     for row, t in enumerate(tgts):
         tgt_in[row, 0] = BOS
-        tgt_in[row, 1:len(t) + 1] = t
-        tgt_out[row, :len(t)] = t
+        tgt_in[row, 1 : len(t) + 1] = t
+        tgt_out[row, : len(t)] = t
         tgt_out[row, len(t)] = EOS
     tgt_out_t = torch.from_numpy(tgt_out)
-    return Batch(np.asarray(ids), src_t, src_t.eq(PAD), torch.from_numpy(tgt_in), tgt_out_t,
-                 int(sum(len(t) + 1 for t in tgts)))
+    return Batch(
+        np.asarray(ids), src_t, src_t.eq(PAD), torch.from_numpy(tgt_in), tgt_out_t, int(sum(len(t) + 1 for t in tgts))
+    )
 
 
 def count_too_long(src_lens: np.ndarray, tgt_lens: np.ndarray, max_positions: int) -> int:

@@ -77,8 +77,7 @@ class TokenWriter:
         np.save(self.prefix.with_name(self.prefix.name + ".idx.npy"), offsets)
         n_tokens = int(offsets[-1])
         with open(self.prefix.with_name(self.prefix.name + ".bin.npy"), "wb") as out:
-            header = {"descr": np.lib.format.dtype_to_descr(self.dtype), "fortran_order": False,
-                      "shape": (n_tokens,)}
+            header = {"descr": np.lib.format.dtype_to_descr(self.dtype), "fortran_order": False, "shape": (n_tokens,)}
             np.lib.format.write_array_header_1_0(out, header)
             with self.raw_path.open("rb") as raw:
                 shutil.copyfileobj(raw, out, 1 << 24)
@@ -98,11 +97,13 @@ class TokenArray:
         idx_path = prefix.with_name(prefix.name + ".idx.npy")
         for path in (bin_path, idx_path):
             if not path.is_file():
-                raise DataError(f"missing {path}; run \"nmt preprocess\" to create the data directory")
+                raise DataError(f'missing {path}; run "nmt preprocess" to create the data directory')
         self.tokens = load_array(bin_path, mmap=True)
         if idx_sha256 is not None and file_sha256(idx_path) != idx_sha256:
-            raise DataError(f"{idx_path} does not match the checksum in meta.json: the file was changed or "
-                            "corrupted; re-run \"nmt preprocess\"")
+            raise DataError(
+                f"{idx_path} does not match the checksum in meta.json: the file was changed or "
+                'corrupted; re-run "nmt preprocess"'
+            )
         self.offsets = load_array(idx_path, mmap=False)
         check_offsets(self.offsets, len(self.tokens), idx_path, bin_path)
         self.lengths = np.diff(self.offsets)
@@ -111,7 +112,7 @@ class TokenArray:
         return len(self.lengths)
 
     def __getitem__(self, i: int) -> np.ndarray:
-        return self.tokens[self.offsets[i]:self.offsets[i + 1]]
+        return self.tokens[self.offsets[i] : self.offsets[i + 1]]
 
 
 def file_sha256(path: Path) -> str:
@@ -127,18 +128,23 @@ def load_array(path: Path, mmap: bool) -> np.ndarray:
     try:
         array = np.load(path, mmap_mode="r" if mmap else None, allow_pickle=False)
     except (ValueError, OSError, EOFError) as e:
-        raise DataError(f"{path} is truncated or not an nmt data file ({e}); re-run \"nmt preprocess\"") from None
+        raise DataError(f'{path} is truncated or not an nmt data file ({e}); re-run "nmt preprocess"') from None
     if array.ndim != 1 or not np.issubdtype(array.dtype, np.integer):
-        raise DataError(f"{path} holds a {array.dtype} array of shape {array.shape}, not token ids or offsets; "
-                        "re-run \"nmt preprocess\"")
+        raise DataError(
+            f"{path} holds a {array.dtype} array of shape {array.shape}, not token ids or offsets; "
+            're-run "nmt preprocess"'
+        )
     return array
 
 
 def check_offsets(offsets: np.ndarray, n_tokens: int, idx_path: Path, bin_path: Path) -> None:
     """Offsets start at 0, never decrease, and end at the token count; DataError naming the file otherwise."""
     if len(offsets) == 0 or offsets[0] != 0 or np.any(np.diff(offsets) < 0):
-        raise DataError(f"{idx_path} is corrupted (its offsets do not start at 0 and increase); "
-                        "re-run \"nmt preprocess\"")
+        raise DataError(
+            f'{idx_path} is corrupted (its offsets do not start at 0 and increase); re-run "nmt preprocess"'
+        )
     if offsets[-1] != n_tokens:
-        raise DataError(f"{idx_path} ends at token {int(offsets[-1])} but {bin_path} has {n_tokens} tokens; "
-                        "one of them is truncated or corrupted; re-run \"nmt preprocess\"")
+        raise DataError(
+            f"{idx_path} ends at token {int(offsets[-1])} but {bin_path} has {n_tokens} tokens; "
+            'one of them is truncated or corrupted; re-run "nmt preprocess"'
+        )

@@ -23,22 +23,24 @@ META_KEYS = ("source_lang", "target_lang", "vocab_size", "splits")
 def load_meta(data_dir: Path) -> dict[str, Any]:
     meta_path = data_dir / META_FILE
     if not data_dir.is_dir():
-        raise DataError(f"data directory {data_dir} does not exist; create it with \"nmt preprocess\"")
+        raise DataError(f'data directory {data_dir} does not exist; create it with "nmt preprocess"')
     if not meta_path.is_file():
-        raise DataError(f"{data_dir} is not an nmt data directory (no {META_FILE}); "
-                        "create it with \"nmt preprocess\"")
+        raise DataError(f'{data_dir} is not an nmt data directory (no {META_FILE}); create it with "nmt preprocess"')
     try:
         meta = json.loads(meta_path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise DataError(f"{meta_path} is not valid JSON ({e})") from None
     if not isinstance(meta, dict) or any(k not in meta for k in META_KEYS):
-        raise DataError(f"{meta_path} is not an nmt data description (it needs {', '.join(META_KEYS)}); "
-                        "re-run \"nmt preprocess\"")
+        raise DataError(
+            f'{meta_path} is not an nmt data description (it needs {", ".join(META_KEYS)}); re-run "nmt preprocess"'
+        )
     version = meta.get("format_version", 0)
     if not isinstance(version, int) or version > META_FORMAT_VERSION:
-        raise DataError(f"{meta_path} has format version {version!r} (written by nmt "
-                        f"{meta.get('nmt_version', '?')}); this nmt {__version__} reads up to "
-                        f"{META_FORMAT_VERSION}; upgrade nmt")
+        raise DataError(
+            f"{meta_path} has format version {version!r} (written by nmt "
+            f"{meta.get('nmt_version', '?')}); this nmt {__version__} reads up to "
+            f"{META_FORMAT_VERSION}; upgrade nmt"
+        )
     return meta
 
 
@@ -48,8 +50,10 @@ def load_vocab(data_dir: Path, meta: dict[str, Any] | None = None) -> Vocab:
     vocab = Vocab.load(path)
     expected = (meta or load_meta(data_dir)).get("spm_sha256")
     if expected is not None and vocab.sha256 != expected:
-        raise DataError(f"{path} (sha256 {vocab.sha256[:12]}) is not the model {data_dir / META_FILE} was "
-                        f"written with (sha256 {expected[:12]}); re-run \"nmt preprocess\"")
+        raise DataError(
+            f"{path} (sha256 {vocab.sha256[:12]}) is not the model {data_dir / META_FILE} was "
+            f'written with (sha256 {expected[:12]}); re-run "nmt preprocess"'
+        )
     return vocab
 
 
@@ -66,8 +70,10 @@ class ParallelDataset:
         self.src = TokenArray(data_dir / src, checksums.get(f"{src}.idx.npy"))
         self.tgt = TokenArray(data_dir / tgt, checksums.get(f"{tgt}.idx.npy"))
         if len(self.src) != len(self.tgt):
-            raise DataError(f"{data_dir}: split {split} has {len(self.src)} source and {len(self.tgt)} "
-                            "target sentences; re-run \"nmt preprocess\"")
+            raise DataError(
+                f"{data_dir}: split {split} has {len(self.src)} source and {len(self.tgt)} "
+                'target sentences; re-run "nmt preprocess"'
+            )
 
     @property
     def src_lens(self) -> np.ndarray:

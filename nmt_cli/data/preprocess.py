@@ -53,8 +53,9 @@ def check_inputs(cfg: PreprocessConfig, splits: dict[str, str]) -> dict[str, int
         tgt_path = Path(f"{prefix}.{cfg.target_lang}")
         n_src, n_tgt = check_text_file(src_path), check_text_file(tgt_path)
         if n_src != n_tgt:
-            raise DataError(f"{src_path} has {n_src} lines but {tgt_path} has {n_tgt}; "
-                            "parallel files must have equal line counts")
+            raise DataError(
+                f"{src_path} has {n_src} lines but {tgt_path} has {n_tgt}; parallel files must have equal line counts"
+            )
         if n_src == 0:
             raise DataError(f"{src_path} and {tgt_path} are empty")
         n_lines[split] = n_src
@@ -72,8 +73,9 @@ def keep_pair(src: list[int], tgt: list[int], max_len: int, max_ratio: float) ->
     return None
 
 
-def binarize_split(cfg: PreprocessConfig, vocab: Vocab, split: str, prefix: str, n_lines: int,
-                   out_dir: Path) -> dict[str, Any]:
+def binarize_split(
+    cfg: PreprocessConfig, vocab: Vocab, split: str, prefix: str, n_lines: int, out_dir: Path
+) -> dict[str, Any]:
     """Encode one split; train is filtered by length and ratio, other splits are kept line for line."""
     dtype = token_dtype(vocab.padded_size)
     langs = (cfg.source_lang, cfg.target_lang)
@@ -81,8 +83,7 @@ def binarize_split(cfg: PreprocessConfig, vocab: Vocab, split: str, prefix: str,
     dropped = {"empty": 0, "too_long": 0, "ratio": 0}
     with progress() as bar:
         task = bar.add_task(f"binarize {split}", total=n_lines, info="")
-        for src_lines, tgt_lines in read_pairs(Path(f"{prefix}.{langs[0]}"), Path(f"{prefix}.{langs[1]}"),
-                                               CHUNK_SIZE):
+        for src_lines, tgt_lines in read_pairs(Path(f"{prefix}.{langs[0]}"), Path(f"{prefix}.{langs[1]}"), CHUNK_SIZE):
             src_ids = vocab.encode(src_lines, cfg.workers)
             tgt_ids = vocab.encode(tgt_lines, cfg.workers)
             if split == "train":
@@ -98,14 +99,29 @@ def binarize_split(cfg: PreprocessConfig, vocab: Vocab, split: str, prefix: str,
     n_tokens = [w.finish() for w in writers]
     n_pairs = n_lines - sum(dropped.values())
     if split == "train" and n_pairs == 0:
-        raise DataError(f"every training pair of {prefix}.* was filtered out ({dropped}); "
-                        "check the files or raise --max-len / --max-len-ratio")
-    stats = {"lines": n_lines, "pairs": n_pairs, f"{langs[0]}_tokens": n_tokens[0],
-             f"{langs[1]}_tokens": n_tokens[1], "dropped": dropped}
+        raise DataError(
+            f"every training pair of {prefix}.* was filtered out ({dropped}); "
+            "check the files or raise --max-len / --max-len-ratio"
+        )
+    stats = {
+        "lines": n_lines,
+        "pairs": n_pairs,
+        f"{langs[0]}_tokens": n_tokens[0],
+        f"{langs[1]}_tokens": n_tokens[1],
+        "dropped": dropped,
+    }
     if split == "train":
-        logger.info("train: kept %d of %d pairs; dropped %d with an empty side, %d longer than %d pieces, "
-                    "%d with a length ratio over %.2f", n_pairs, n_lines, dropped["empty"],
-                    dropped["too_long"], cfg.max_len, dropped["ratio"], cfg.max_len_ratio)
+        logger.info(
+            "train: kept %d of %d pairs; dropped %d with an empty side, %d longer than %d pieces, "
+            "%d with a length ratio over %.2f",
+            n_pairs,
+            n_lines,
+            dropped["empty"],
+            dropped["too_long"],
+            cfg.max_len,
+            dropped["ratio"],
+            cfg.max_len_ratio,
+        )
     else:
         logger.info("%s: %d pairs (never filtered)", split, n_pairs)
     return stats
@@ -118,10 +134,21 @@ def make_vocab(cfg: PreprocessConfig, out_dir: Path) -> Vocab:
         target.write_bytes(vocab.model_bytes)
         return vocab
     inputs = [Path(f"{cfg.trainpref}.{lang}") for lang in (cfg.source_lang, cfg.target_lang)]
-    logger.info("training a joint %s sentencepiece model of %d pieces on %s", cfg.model_type,
-                cfg.vocab_size, ", ".join(map(str, inputs)))
-    train_spm(inputs, out_dir / "spm", cfg.vocab_size, cfg.model_type, cfg.character_coverage,
-              cfg.spm_train_sentences, cfg.workers)
+    logger.info(
+        "training a joint %s sentencepiece model of %d pieces on %s",
+        cfg.model_type,
+        cfg.vocab_size,
+        ", ".join(map(str, inputs)),
+    )
+    train_spm(
+        inputs,
+        out_dir / "spm",
+        cfg.vocab_size,
+        cfg.model_type,
+        cfg.character_coverage,
+        cfg.spm_train_sentences,
+        cfg.workers,
+    )
     return Vocab.load(target)
 
 
@@ -155,6 +182,7 @@ def destdir_lock(dest: Path) -> Iterator[None]:
 @contextmanager
 def sigterm_as_error(dest: Path) -> Iterator[None]:
     """SIGTERM unwinds like an error (so the temporary directory is removed) instead of killing outright."""
+
     def handler(signum: int, frame: Any) -> None:
         raise DataError(f"stopped by SIGTERM; --destdir {dest} was not written")
 
@@ -183,8 +211,10 @@ def preprocess(cfg: PreprocessConfig, contents: Contents | None = None) -> dict[
     """Build a data directory from raw parallel text (or what `contents` writes); returns its metadata."""
     if contents is None:
         if cfg.target_format != "text":
-            raise ConfigError(f"--target-format {cfg.target_format} needs its own contents "
-                              "(nmt_cli.parsing.preprocess.preprocess_trees)")
+            raise ConfigError(
+                f"--target-format {cfg.target_format} needs its own contents "
+                "(nmt_cli.parsing.preprocess.preprocess_trees)"
+            )
         splits = split_prefixes(cfg)
         n_lines = check_inputs(cfg, splits)
         contents = partial(text_contents, splits=splits, n_lines=n_lines)
@@ -196,12 +226,12 @@ def preprocess(cfg: PreprocessConfig, contents: Contents | None = None) -> dict[
     return meta
 
 
-def text_contents(cfg: PreprocessConfig, tmp: Path, splits: dict[str, str],
-                  n_lines: dict[str, int]) -> tuple[Vocab, dict[str, Any], dict[str, Any]]:
+def text_contents(
+    cfg: PreprocessConfig, tmp: Path, splits: dict[str, str], n_lines: dict[str, int]
+) -> tuple[Vocab, dict[str, Any], dict[str, Any]]:
     """Translation: a joint sentencepiece vocabulary, then every split encoded."""
     vocab = make_vocab(cfg, tmp)
-    stats = {split: binarize_split(cfg, vocab, split, prefix, n_lines[split], tmp)
-             for split, prefix in splits.items()}
+    stats = {split: binarize_split(cfg, vocab, split, prefix, n_lines[split], tmp) for split, prefix in splits.items()}
     return vocab, stats, {}
 
 
@@ -211,11 +241,20 @@ def build(cfg: PreprocessConfig, dest: Path, contents: Contents) -> dict[str, An
     try:
         vocab, stats, task_meta = contents(cfg, tmp)
         vocab.write_vocab(tmp / "vocab.txt")
-        meta = {"format_version": META_FORMAT_VERSION, "nmt_version": __version__,
-                "source_lang": cfg.source_lang, "target_lang": cfg.target_lang,
-                "n_pieces": vocab.n_pieces, "vocab_size": vocab.padded_size, "spm_sha256": vocab.sha256,
-                "dtype": token_dtype(vocab.padded_size).name, "splits": stats, "checksums": file_checksums(tmp),
-                "preprocess": asdict(cfg), **task_meta}
+        meta = {
+            "format_version": META_FORMAT_VERSION,
+            "nmt_version": __version__,
+            "source_lang": cfg.source_lang,
+            "target_lang": cfg.target_lang,
+            "n_pieces": vocab.n_pieces,
+            "vocab_size": vocab.padded_size,
+            "spm_sha256": vocab.sha256,
+            "dtype": token_dtype(vocab.padded_size).name,
+            "splits": stats,
+            "checksums": file_checksums(tmp),
+            "preprocess": asdict(cfg),
+            **task_meta,
+        }
         (tmp / META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
         if dest.exists():
             dest.rmdir()

@@ -27,8 +27,10 @@ class Vocab:
             raise DataError(f"{source} is not a sentencepiece model ({e})") from None
         specials = (self.sp.pad_id(), self.sp.unk_id(), self.sp.bos_id(), self.sp.eos_id())
         if specials != (PAD, UNK, BOS, EOS):
-            raise DataError(f"{source} has special ids pad,unk,bos,eos={specials}; nmt needs "
-                            f"{(PAD, UNK, BOS, EOS)} (train it with pad_id=0 unk_id=1 bos_id=2 eos_id=3)")
+            raise DataError(
+                f"{source} has special ids pad,unk,bos,eos={specials}; nmt needs "
+                f"{(PAD, UNK, BOS, EOS)} (train it with pad_id=0 unk_id=1 bos_id=2 eos_id=3)"
+            )
 
     @classmethod
     def load(cls, path: Path) -> Vocab:
@@ -68,24 +70,44 @@ class Vocab:
                 f.write(f"{self.sp.id_to_piece(i)}\t{i}\n")
 
 
-def train_spm(input_paths: Sequence[Path], model_prefix: Path, vocab_size: int, model_type: str,
-              character_coverage: float, max_sentences: int, n_threads: int = 1,
-              control_symbols: Sequence[str] = ()) -> None:
+def train_spm(
+    input_paths: Sequence[Path],
+    model_prefix: Path,
+    vocab_size: int,
+    model_type: str,
+    character_coverage: float,
+    max_sentences: int,
+    n_threads: int = 1,
+    control_symbols: Sequence[str] = (),
+) -> None:
     """Train one joint model on all inputs, sampling at most `max_sentences` lines (streamed by spm).
 
     `control_symbols` get ids of their own (after eos) that encoding text never produces (tree tokens).
     """
     try:
         spm.SentencePieceTrainer.train(
-            input=",".join(str(p) for p in input_paths), model_prefix=str(model_prefix),
-            vocab_size=vocab_size, model_type=model_type, character_coverage=character_coverage,
-            pad_id=PAD, unk_id=UNK, bos_id=BOS, eos_id=EOS, input_sentence_size=max_sentences,
-            shuffle_input_sentence=True, num_threads=n_threads, minloglevel=2,
-            max_sentence_length=1 << 16, **({"control_symbols": list(control_symbols)} if control_symbols else {}))
+            input=",".join(str(p) for p in input_paths),
+            model_prefix=str(model_prefix),
+            vocab_size=vocab_size,
+            model_type=model_type,
+            character_coverage=character_coverage,
+            pad_id=PAD,
+            unk_id=UNK,
+            bos_id=BOS,
+            eos_id=EOS,
+            input_sentence_size=max_sentences,
+            shuffle_input_sentence=True,
+            num_threads=n_threads,
+            minloglevel=2,
+            max_sentence_length=1 << 16,
+            **({"control_symbols": list(control_symbols)} if control_symbols else {}),  # type: ignore[arg-type]
+        )
     except RuntimeError as e:
         message = str(e)
         too_high = re.search(r"Vocabulary size too high \((\d+)\).*<= (\d+)", message)
         if too_high:
-            raise DataError(f"--vocab-size {too_high.group(1)} is too large for this training data; "
-                            f"sentencepiece allows at most {too_high.group(2)}") from None
+            raise DataError(
+                f"--vocab-size {too_high.group(1)} is too large for this training data; "
+                f"sentencepiece allows at most {too_high.group(2)}"
+            ) from None
         raise DataError(f"sentencepiece training failed: {message.splitlines()[-1]}") from None

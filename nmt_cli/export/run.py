@@ -14,7 +14,9 @@ from nmt_cli.errors import ExportError
 
 logger = logging.getLogger(__name__)
 
-INSTALL_HINT = 'ctranslate2 is not installed; install it with `pip install "nmt[export]"` (or `pip install ctranslate2`)'
+INSTALL_HINT = (
+    'ctranslate2 is not installed; install it with `pip install "nmt[export]"` (or `pip install ctranslate2`)'
+)
 
 
 def export_checkpoint(cfg: ExportConfig) -> Path:
@@ -34,6 +36,10 @@ def export_checkpoint(cfg: ExportConfig) -> Path:
             raise
         raise ExportError(INSTALL_HINT) from None
     convert(checkpoint_path, output_dir, quantization)
-    logger.info("wrote the CTranslate2 model %s (quantization %s) from %s", output_dir, quantization or "float32",
-                checkpoint_path)
+    logger.info(
+        "wrote the CTranslate2 model %s (quantization %s) from %s",
+        output_dir,
+        quantization or "float32",
+        checkpoint_path,
+    )
     return output_dir

@@ -99,12 +99,16 @@ def set_embeddings(spec: Any, model: Transformer, w: Weights, side: str) -> None
     spec.position_encodings.encodings = position_table(model, w, side)
 
 
-def build_spec(model: Transformer, cfg: ModelConfig, vocab: list[str],
-               specials: dict[str, str]) -> transformer_spec.TransformerSpec:
+def build_spec(
+    model: Transformer, cfg: ModelConfig, vocab: list[str], specials: dict[str, str]
+) -> transformer_spec.TransformerSpec:
     """The filled TransformerSpec. Raises ExportError for a tensor without a place in it."""
     spec = transformer_spec.TransformerSpec.from_config(
-        (cfg.encoder_layers, cfg.decoder_layers), cfg.heads, pre_norm=cfg.normalize_before,
-        activation=common_spec.Activation.RELU)
+        (cfg.encoder_layers, cfg.decoder_layers),
+        cfg.heads,
+        pre_norm=cfg.normalize_before,
+        activation=common_spec.Activation.RELU,
+    )
     w = Weights(model)
     set_embeddings(spec.encoder, model, w, "src")
     set_embeddings(spec.decoder, model, w, "tgt")
@@ -120,8 +124,9 @@ def build_spec(model: Transformer, cfg: ModelConfig, vocab: list[str],
         set_layer_norm(spec.decoder.layer_norm, w, "decoder_norm")
     set_linear(spec.decoder.projection, w, "output")
     if w.unused():
-        raise ExportError(f"the checkpoint has parameters CTranslate2's Transformer has no place for: "
-                          f"{', '.join(w.unused()[:3])}")
+        raise ExportError(
+            f"the checkpoint has parameters CTranslate2's Transformer has no place for: {', '.join(w.unused()[:3])}"
+        )
     spec.register_source_vocabulary(vocab)
     spec.register_target_vocabulary(vocab)
     spec.config.unk_token, spec.config.bos_token = specials["unk"], specials["bos"]

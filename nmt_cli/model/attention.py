@@ -20,8 +20,9 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from nmt_cli.model.linear import Linear
 
 
-def attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, causal: bool = False,
-           dropout: float = 0.0) -> Tensor:
+def attend(
+    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, causal: bool = False, dropout: float = 0.0
+) -> Tensor:
     """F.scaled_dot_product_attention; on CPU in bfloat16 through its math backend, which measured
     4x faster than the CPU flash kernel for NMT's short sequences (float32 keeps the default)."""
     if q.device.type == "cpu" and q.dtype == torch.bfloat16:
@@ -44,8 +45,9 @@ def attend_few_queries(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = No
     return scores.softmax(dim=-1) @ v
 
 
-def attend_recorded(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, causal: bool = False,
-                    dropout: float = 0.0) -> tuple[Tensor, Tensor]:
+def attend_recorded(
+    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, causal: bool = False, dropout: float = 0.0
+) -> tuple[Tensor, Tensor]:
     """The same attention with its weights written out: -> (output [N, H, Tq, Dh], weights [N, H, Tq, Tk]).
 
     For inspection (`nmt plot attention`); masked positions get weight exactly 0."""
@@ -88,8 +90,9 @@ class SelfAttention(nn.Module):
         q, k, v = self.qkv(x).split([self.qk_size, self.qk_size, self.v_size], dim=-1)  # [N, T, H*Dk] x2, [N, T, D]
         return split_heads(q, self.heads), split_heads(k, self.heads), split_heads(v, self.heads)
 
-    def forward(self, x: Tensor, mask: Tensor | None = None, causal: bool = False,
-                record: list[Tensor] | None = None) -> Tensor:
+    def forward(
+        self, x: Tensor, mask: Tensor | None = None, causal: bool = False, record: list[Tensor] | None = None
+    ) -> Tensor:
         """x: [N, T, D]; mask: [N, 1, 1, T] or None; causal: future positions hidden; record: see module doc."""
         q, k, v = self.project_qkv(x)
         dropout = self.dropout if self.training else 0.0
@@ -130,8 +133,9 @@ class CrossAttention(nn.Module):
         k, v = self.kv(memory).split([self.qk_size, self.v_size], dim=-1)
         return split_heads(k, self.heads), split_heads(v, self.heads)
 
-    def forward(self, x: Tensor, k: Tensor, v: Tensor, mask: Tensor | None,
-                record: list[Tensor] | None = None) -> Tensor:
+    def forward(
+        self, x: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, record: list[Tensor] | None = None
+    ) -> Tensor:
         """x: [B, Tq, D] queries; k: [B, H, S, Dk]; v: [B, H, S, Dh]; mask: [B, 1, 1, S] or None -> [B, Tq, D].
 
         During beam search the K beams of a sentence arrive as Tq = K query positions, so the

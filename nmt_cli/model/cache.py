@@ -25,14 +25,20 @@ class DecoderCache:
 
     def select_rows(self, rows: Tensor) -> DecoderCache:
         """Reorder the self-attention state to follow the surviving beams. rows: [N] indices into N."""
-        return DecoderCache([k.index_select(0, rows) for k in self.self_k],
-                            [v.index_select(0, rows) for v in self.self_v],
-                            self.cross_k, self.cross_v, self.cross_mask)
+        return DecoderCache(
+            [k.index_select(0, rows) for k in self.self_k],
+            [v.index_select(0, rows) for v in self.self_v],
+            self.cross_k,
+            self.cross_v,
+            self.cross_mask,
+        )
 
     def select_sentences(self, sentences: Tensor, rows: Tensor) -> DecoderCache:
         """Keep only some sentences (those still searching). sentences: [B'], rows: [B'*K]."""
-        return DecoderCache([k.index_select(0, rows) for k in self.self_k],
-                            [v.index_select(0, rows) for v in self.self_v],
-                            [k.index_select(0, sentences) for k in self.cross_k],
-                            [v.index_select(0, sentences) for v in self.cross_v],
-                            None if self.cross_mask is None else self.cross_mask.index_select(0, sentences))
+        return DecoderCache(
+            [k.index_select(0, rows) for k in self.self_k],
+            [v.index_select(0, rows) for v in self.self_v],
+            [k.index_select(0, sentences) for k in self.cross_k],
+            [v.index_select(0, sentences) for v in self.cross_v],
+            None if self.cross_mask is None else self.cross_mask.index_select(0, sentences),
+        )

@@ -75,8 +75,17 @@ class Residual(nn.Module):
 
 
 class EncoderLayer(nn.Module):
-    def __init__(self, d_model: int, d_ff: int, heads: int, dropout: float, attention_dropout: float,
-                 activation_dropout: float, normalize_before: bool, key_dim: int = 0) -> None:
+    def __init__(
+        self,
+        d_model: int,
+        d_ff: int,
+        heads: int,
+        dropout: float,
+        attention_dropout: float,
+        activation_dropout: float,
+        normalize_before: bool,
+        key_dim: int = 0,
+    ) -> None:
         super().__init__()
         self.self_attn = SelfAttention(d_model, heads, attention_dropout, key_dim)
         self.ffn = FeedForward(d_model, d_ff, activation_dropout)
@@ -90,8 +99,17 @@ class EncoderLayer(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, d_model: int, d_ff: int, heads: int, dropout: float, attention_dropout: float,
-                 activation_dropout: float, normalize_before: bool, key_dim: int = 0) -> None:
+    def __init__(
+        self,
+        d_model: int,
+        d_ff: int,
+        heads: int,
+        dropout: float,
+        attention_dropout: float,
+        activation_dropout: float,
+        normalize_before: bool,
+        key_dim: int = 0,
+    ) -> None:
         super().__init__()
         self.self_attn = SelfAttention(d_model, heads, attention_dropout, key_dim)
         self.cross_attn = CrossAttention(d_model, heads, attention_dropout, key_dim)
@@ -100,16 +118,24 @@ class DecoderLayer(nn.Module):
         self.res_cross = Residual(d_model, dropout, normalize_before)
         self.res_ffn = Residual(d_model, dropout, normalize_before)
 
-    def forward(self, x: Tensor, cross_k: Tensor, cross_v: Tensor, cross_mask: Tensor | None,
-                self_record: list[Tensor] | None = None, cross_record: list[Tensor] | None = None) -> Tensor:
+    def forward(
+        self,
+        x: Tensor,
+        cross_k: Tensor,
+        cross_v: Tensor,
+        cross_mask: Tensor | None,
+        self_record: list[Tensor] | None = None,
+        cross_record: list[Tensor] | None = None,
+    ) -> Tensor:
         """Teacher-forced pass. x: [B, T, D]; cross_k/v: [B, H, S, Dk/Dh]; cross_mask: [B, 1, 1, S].
         self_record, cross_record: get the weights [B, H, T, T] and [B, H, T, S] (see attention.py)."""
         x = self.res_self(x, lambda h: self.self_attn(h, causal=True, record=self_record))
         x = self.res_cross(x, lambda h: self.cross_attn(h, cross_k, cross_v, cross_mask, record=cross_record))
         return self.res_ffn(x, self.ffn)
 
-    def step(self, x: Tensor, past_k: Tensor, past_v: Tensor, cross_k: Tensor, cross_v: Tensor,
-             cross_mask: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
+    def step(
+        self, x: Tensor, past_k: Tensor, past_v: Tensor, cross_k: Tensor, cross_v: Tensor, cross_mask: Tensor | None
+    ) -> tuple[Tensor, Tensor, Tensor]:
         """One incremental step. x: [N, 1, D] with N = B*K -> (x [N, 1, D], k, v [N, H, t+1, Dh])."""
         new_kv: list[Tensor] = []
 

@@ -33,8 +33,14 @@ ROWS = 512
 def on_cpu_path(a: Tensor, b: Tensor) -> bool:
     """Whether `a @ b.T` takes this module's CPU route: oneDNN, with padded row counts (float32 and
     bfloat16, outside autocast; PyTorch's bfloat16 matmul is oneDNN already)."""
-    return (_ONEDNN and a.device.type == "cpu" and a.dtype == b.dtype and a.dtype in _DTYPES
-            and a.numel() > 0 and not torch.is_autocast_enabled("cpu"))
+    return (
+        _ONEDNN
+        and a.device.type == "cpu"
+        and a.dtype == b.dtype
+        and a.dtype in _DTYPES
+        and a.numel() > 0
+        and not torch.is_autocast_enabled("cpu")
+    )
 
 
 def padded_rows(m: int) -> int:
@@ -48,8 +54,8 @@ def pad_rows(t: Tensor) -> Tensor:
     if not extra:
         return t
     out = t.new_empty(t.shape[0] + extra, t.shape[1])
-    out[:t.shape[0]] = t
-    out[t.shape[0]:] = 0
+    out[: t.shape[0]] = t
+    out[t.shape[0] :] = 0
     return out
 
 
@@ -67,7 +73,7 @@ class _Linear(torch.autograd.Function):
         x2 = pad_rows(flat)
         ctx.save_for_backward(x2, weight)
         ctx.in_shape, ctx.has_bias = x.shape, bias is not None
-        return matmul_nt(x2, weight, bias)[:flat.shape[0]].view(*x.shape[:-1], weight.shape[0])
+        return matmul_nt(x2, weight, bias)[: flat.shape[0]].view(*x.shape[:-1], weight.shape[0])
 
     @staticmethod
     def backward(ctx: Any, grad_y: Tensor) -> tuple[Tensor | None, Tensor | None, Tensor | None]:

@@ -44,8 +44,10 @@ def quantize_for_cpu_inference(model: nn.Module) -> nn.Module:
         ConfigError: this PyTorch build has no fbgemm (it is x86-only).
     """
     if ENGINE not in torch.backends.quantized.supported_engines:
-        raise ConfigError(f"--quantize int8 needs PyTorch's {ENGINE} int8 kernels (x86 CPUs); this build has "
-                          f"{', '.join(torch.backends.quantized.supported_engines)}")
+        raise ConfigError(
+            f"--quantize int8 needs PyTorch's {ENGINE} int8 kernels (x86 CPUs); this build has "
+            f"{', '.join(torch.backends.quantized.supported_engines)}"
+        )
     torch.backends.quantized.engine = ENGINE
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):

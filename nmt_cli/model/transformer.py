@@ -55,15 +55,30 @@ class Embedding(nn.Module):
 
     def forward(self, tokens: Tensor, start: int = 0) -> Tensor:
         """tokens: [N, T] -> [N, T, D], positions start..start+T-1."""
-        pos = self.positions[start:start + tokens.shape[1]]
+        pos = self.positions[start : start + tokens.shape[1]]
         return self.dropout(self.tokens(tokens) * self.scale + pos)
 
 
 class Transformer(nn.Module):
-    def __init__(self, *, vocab_size: int, encoder_layers: int, decoder_layers: int, d_model: int, d_ff: int,
-                 heads: int, dropout: float, attention_dropout: float, activation_dropout: float,
-                 normalize_before: bool, learned_pos: bool, share_embeddings: bool, share_output_embed: bool,
-                 max_positions: int, key_dim: int = 0) -> None:
+    def __init__(
+        self,
+        *,
+        vocab_size: int,
+        encoder_layers: int,
+        decoder_layers: int,
+        d_model: int,
+        d_ff: int,
+        heads: int,
+        dropout: float,
+        attention_dropout: float,
+        activation_dropout: float,
+        normalize_before: bool,
+        learned_pos: bool,
+        share_embeddings: bool,
+        share_output_embed: bool,
+        max_positions: int,
+        key_dim: int = 0,
+    ) -> None:
         super().__init__()
         self.max_positions = max_positions
         src_tokens = nn.Embedding(vocab_size, d_model, padding_idx=PAD)
@@ -74,8 +89,13 @@ class Transformer(nn.Module):
         self.src_embed = Embedding(src_tokens, max_positions, learned_pos, dropout)
         self.tgt_embed = Embedding(tgt_tokens, max_positions, learned_pos, dropout)
         layer_args = (d_model, d_ff, heads, dropout, attention_dropout, activation_dropout, normalize_before, key_dim)
-        self.encoder = nn.ModuleList(EncoderLayer(*layer_args) for _ in range(encoder_layers))
-        self.decoder = nn.ModuleList(DecoderLayer(*layer_args) for _ in range(decoder_layers))
+        # ModuleLists, typed for mypy as the lists of layers they are
+        self.encoder: list[EncoderLayer] = nn.ModuleList(  # type: ignore[assignment]
+            EncoderLayer(*layer_args) for _ in range(encoder_layers)
+        )
+        self.decoder: list[DecoderLayer] = nn.ModuleList(  # type: ignore[assignment]
+            DecoderLayer(*layer_args) for _ in range(decoder_layers)
+        )
         # Pre-norm stacks end with a LayerNorm; post-norm layers already end normalised.
         self.encoder_norm = nn.LayerNorm(d_model) if normalize_before else nn.Identity()
         self.decoder_norm = nn.LayerNorm(d_model) if normalize_before else nn.Identity()
@@ -88,8 +108,9 @@ class Transformer(nn.Module):
         if share_output_embed:
             self.output.weight = tgt_tokens.weight  # the pre-softmax projection (paper §3.4)
 
-    def encode(self, src_tokens: Tensor, src_pad_mask: Tensor | None,
-               weights: AttentionWeights | None = None) -> EncoderOut:
+    def encode(
+        self, src_tokens: Tensor, src_pad_mask: Tensor | None, weights: AttentionWeights | None = None
+    ) -> EncoderOut:
         """src_tokens: [B, S] -> memory [B, S, D]. weights: records each layer's self-attention."""
         mask = attention_mask(src_pad_mask)
         x = self.src_embed(src_tokens)
@@ -110,8 +131,9 @@ class Transformer(nn.Module):
     def logits(self, hidden: Tensor) -> Tensor:
         return self.output(hidden)  # [..., V]
 
-    def forward(self, src_tokens: Tensor, src_pad_mask: Tensor | None, tgt_in: Tensor,
-                weights: AttentionWeights | None = None) -> Tensor:
+    def forward(
+        self, src_tokens: Tensor, src_pad_mask: Tensor | None, tgt_in: Tensor, weights: AttentionWeights | None = None
+    ) -> Tensor:
         """Teacher-forced pass -> logits [B, T, V]. (Training feeds `decode`'s hidden states at the real
         target positions straight into the fused loss instead, see train/loss.py.)
 
@@ -128,8 +150,9 @@ class Transformer(nn.Module):
         empty_k = enc.memory.new_zeros(b * beam, attn.heads, 0, attn.qk_size // attn.heads)
         empty_v = enc.memory.new_zeros(b * beam, attn.heads, 0, d // attn.heads)
         n = len(self.decoder)
-        return DecoderCache([empty_k] * n, [empty_v] * n, [k for k, _ in cross], [v for _, v in cross],
-                            attention_mask(enc.src_pad_mask))
+        return DecoderCache(
+            [empty_k] * n, [empty_v] * n, [k for k, _ in cross], [v for _, v in cross], attention_mask(enc.src_pad_mask)
+        )
 
     def decode_step(self, prev_tokens: Tensor, cache: DecoderCache) -> tuple[Tensor, DecoderCache]:
         """Advance every row one token. prev_tokens: [N] -> (log-probs [N, V] in float32, new cache).
@@ -140,8 +163,9 @@ class Transformer(nn.Module):
         x = self.tgt_embed(prev_tokens[:, None], start=step)  # [N, 1, D]
         new_k, new_v = [], []
         for i, layer in enumerate(self.decoder):
-            x, k, v = layer.step(x, cache.self_k[i], cache.self_v[i], cache.cross_k[i], cache.cross_v[i],
-                                 cache.cross_mask)
+            x, k, v = layer.step(
+                x, cache.self_k[i], cache.self_v[i], cache.cross_k[i], cache.cross_v[i], cache.cross_mask
+            )
             new_k.append(k)
             new_v.append(v)
         logits = self.logits(self.decoder_norm(x[:, 0]))
@@ -151,16 +175,25 @@ class Transformer(nn.Module):
 
 def build_model(cfg: ModelConfig) -> Transformer:
     """The only place a ModelConfig becomes constructor arguments."""
-    return Transformer(vocab_size=cfg.vocab_size, encoder_layers=cfg.encoder_layers,
-                       decoder_layers=cfg.decoder_layers, d_model=cfg.d_model, d_ff=cfg.d_ff, heads=cfg.heads,
-                       dropout=cfg.dropout, attention_dropout=cfg.attention_dropout,
-                       activation_dropout=cfg.activation_dropout, normalize_before=cfg.normalize_before,
-                       learned_pos=cfg.learned_pos, share_embeddings=cfg.share_embeddings,
-                       share_output_embed=cfg.share_output_embed, max_positions=cfg.max_positions,
-                       key_dim=cfg.attention_key_dim)
+    return Transformer(
+        vocab_size=cfg.vocab_size,
+        encoder_layers=cfg.encoder_layers,
+        decoder_layers=cfg.decoder_layers,
+        d_model=cfg.d_model,
+        d_ff=cfg.d_ff,
+        heads=cfg.heads,
+        dropout=cfg.dropout,
+        attention_dropout=cfg.attention_dropout,
+        activation_dropout=cfg.activation_dropout,
+        normalize_before=cfg.normalize_before,
+        learned_pos=cfg.learned_pos,
+        share_embeddings=cfg.share_embeddings,
+        share_output_embed=cfg.share_output_embed,
+        max_positions=cfg.max_positions,
+        key_dim=cfg.attention_key_dim,
+    )
 
 
 def count_parameters(model: nn.Module) -> int:
     """Distinct parameters (tied weights counted once)."""
     return sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
-

@@ -73,13 +73,16 @@ class TreeConstraint:
         """[N, V] True where a token keeps the row completable; max_len [N] tokens allowed before EOS."""
         d, left = state.depth, state.leaves_left
         room = max_len - (step + 1)  # tokens that may follow the one chosen now
-        by_class = torch.stack([
-            torch.zeros_like(state.started),
-            (left >= 1) & ((d >= 1) | ~state.started) & (left + d + 1 <= room),
-            (d >= 1) & ~state.last_open & ((d >= 2) | (left == 0)),
-            (d >= 1) & (left >= 1) & (left - 1 + d <= room),
-            state.started & (d == 0),
-        ], dim=1)  # [N, 5]
+        by_class = torch.stack(
+            [
+                torch.zeros_like(state.started),
+                (left >= 1) & ((d >= 1) | ~state.started) & (left + d + 1 <= room),
+                (d >= 1) & ~state.last_open & ((d >= 2) | (left == 0)),
+                (d >= 1) & (left >= 1) & (left - 1 + d <= room),
+                state.started & (d == 0),
+            ],
+            dim=1,
+        )  # [N, 5]
         return by_class[:, self.token_class.to(d.device)]  # [N, V]
 
     def mask(self, log_probs: Tensor, state: TreeState, step: int, max_len: Tensor) -> Tensor:
@@ -90,5 +93,9 @@ class TreeConstraint:
         """The state after each row emitted tokens [N] (EOS and padding leave it unchanged)."""
         cls = self.token_class.to(tokens.device)[tokens]
         opened, closed = cls == OPEN, cls == CLOSE_CLASS
-        return TreeState(state.depth + opened.long() - closed.long(), state.leaves_left - (cls == LEAF).long(),
-                         state.started | opened, opened)
+        return TreeState(
+            state.depth + opened.long() - closed.long(),
+            state.leaves_left - (cls == LEAF).long(),
+            state.started | opened,
+            opened,
+        )

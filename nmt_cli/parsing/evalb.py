@@ -135,9 +135,11 @@ class SentenceResult:
         recall = 100.0 * self.match / self.gold if self.gold else 0.0
         precision = 100.0 * self.match / self.test if self.test else 0.0
         tag_acc = 100.0 * self.correct_tags / self.words if self.words and self.status == OK else 0.0
-        row = (f"{self.line:4d}  {self.length:3d}    {self.status}  {recall:6.2f} {precision:6.2f}   {self.match:3d}"
-               f"    {self.gold:3d}  {self.test:3d}    {self.crossing:3d}   {self.words:4d}  "
-               f"{self.correct_tags:4d}   {tag_acc:6.2f}")
+        row = (
+            f"{self.line:4d}  {self.length:3d}    {self.status}  {recall:6.2f} {precision:6.2f}   {self.match:3d}"
+            f"    {self.gold:3d}  {self.test:3d}    {self.crossing:3d}   {self.words:4d}  "
+            f"{self.correct_tags:4d}   {tag_acc:6.2f}"
+        )
         return row + (f"    {self.message}" if self.message else "")
 
 
@@ -223,13 +225,20 @@ class Totals:
 
     def summary(self) -> dict[str, float]:
         v = self.valid
-        return {"sentences": self.sentences, "error_sentences": self.errors, "skip_sentences": self.skipped,
-                "valid_sentences": v, "recall": self.recall, "precision": self.precision, "f1": self.f1,
-                "complete_match": 100.0 * self.complete / v if v else 0.0,
-                "average_crossing": self.crossing / v if v else 0.0,
-                "no_crossing": 100.0 * self.no_crossing / v if v else 0.0,
-                "two_or_less_crossing": 100.0 * self.two_or_less / v if v else 0.0,
-                "tagging_accuracy": 100.0 * self.correct_tags / self.words if self.words else 0.0}
+        return {
+            "sentences": self.sentences,
+            "error_sentences": self.errors,
+            "skip_sentences": self.skipped,
+            "valid_sentences": v,
+            "recall": self.recall,
+            "precision": self.precision,
+            "f1": self.f1,
+            "complete_match": 100.0 * self.complete / v if v else 0.0,
+            "average_crossing": self.crossing / v if v else 0.0,
+            "no_crossing": 100.0 * self.no_crossing / v if v else 0.0,
+            "two_or_less_crossing": 100.0 * self.two_or_less / v if v else 0.0,
+            "tagging_accuracy": 100.0 * self.correct_tags / self.words if self.words else 0.0,
+        }
 
 
 @dataclass
@@ -249,21 +258,33 @@ def evalb(gold_lines: Sequence[str], test_lines: Sequence[str], params: EvalbPar
     return result
 
 
-_SUMMARY_NAMES = [("sentences", "Number of sentence"), ("error_sentences", "Number of Error sentence"),
-                  ("skip_sentences", "Number of Skip  sentence"), ("valid_sentences", "Number of Valid sentence"),
-                  ("recall", "Bracketing Recall"), ("precision", "Bracketing Precision"),
-                  ("f1", "Bracketing FMeasure"), ("complete_match", "Complete match"),
-                  ("average_crossing", "Average crossing"), ("no_crossing", "No crossing"),
-                  ("two_or_less_crossing", "2 or less crossing"), ("tagging_accuracy", "Tagging accuracy")]
+_SUMMARY_NAMES = [
+    ("sentences", "Number of sentence"),
+    ("error_sentences", "Number of Error sentence"),
+    ("skip_sentences", "Number of Skip  sentence"),
+    ("valid_sentences", "Number of Valid sentence"),
+    ("recall", "Bracketing Recall"),
+    ("precision", "Bracketing Precision"),
+    ("f1", "Bracketing FMeasure"),
+    ("complete_match", "Complete match"),
+    ("average_crossing", "Average crossing"),
+    ("no_crossing", "No crossing"),
+    ("two_or_less_crossing", "2 or less crossing"),
+    ("tagging_accuracy", "Tagging accuracy"),
+]
 
 
 def format_report(result: EvalbResult, params: EvalbParams, verbose: bool) -> str:
     """EVALB's output: the per-sentence table when verbose, then the summary for all and for short sentences."""
     lines = []
     if verbose:
-        lines += ["  Sent.                        Matched  Bracket   Cross        Correct Tag",
-                  " ID  Len.  Stat. Recal  Prec.  Bracket gold test Bracket Words  Tags Accracy",
-                  "=" * 76, *(r.row() for r in result.sentences), "=" * 76]
+        lines += [
+            "  Sent.                        Matched  Bracket   Cross        Correct Tag",
+            " ID  Len.  Stat. Recal  Prec.  Bracket gold test Bracket Words  Tags Accracy",
+            "=" * 76,
+            *(r.row() for r in result.sentences),
+            "=" * 76,
+        ]
     lines.append("=== Summary ===")
     for title, totals in (("All", result.all), (f"len<={params.cutoff_len}", result.short)):
         lines += ["", f"-- {title} --"]
@@ -279,17 +300,25 @@ def score_tree_files(sys_path: Path, ref_path: Path, params: EvalbParams = COLLI
 
     test, gold = read_text(sys_path), read_text(ref_path)
     if len(test) != len(gold):
-        raise DataError(f"{sys_path} has {len(test)} lines but {ref_path} has {len(gold)}; "
-                        "bracket-f1 needs one tree per line in both")
+        raise DataError(
+            f"{sys_path} has {len(test)} lines but {ref_path} has {len(gold)}; "
+            "bracket-f1 needs one tree per line in both"
+        )
     for path, lines in ((ref_path, gold), (sys_path, test)):
         for n, line in enumerate(lines, start=1):
             if line.strip() and not line.lstrip().startswith("("):
-                raise DataError(f"{path}:{n}: not a bracketed tree ({line[:40]!r}); --metric bracket-f1 "
-                                "scores parser output (`nmt generate` with a parsing checkpoint) against "
-                                "gold trees; use sacrebleu for translations")
+                raise DataError(
+                    f"{path}:{n}: not a bracketed tree ({line[:40]!r}); --metric bracket-f1 "
+                    "scores parser output (`nmt generate` with a parsing checkpoint) against "
+                    "gold trees; use sacrebleu for translations"
+                )
     result = evalb(gold, test, params)
     errors = [r for r in result.sentences if r.status == ERROR]
     if errors:  # EVALB prints these on stderr too; they are left out of every number but the error count
-        logger.warning("%d error sentence(s) left out of the scores, e.g. line %d: %s (--verbose lists them)",
-                       len(errors), errors[0].line, errors[0].message)
+        logger.warning(
+            "%d error sentence(s) left out of the scores, e.g. line %d: %s (--verbose lists them)",
+            len(errors),
+            errors[0].line,
+            errors[0].message,
+        )
     return result

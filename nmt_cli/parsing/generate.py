@@ -44,8 +44,9 @@ def flat_tree(words: Sequence[str]) -> Tree:
     return Tree(TOP, [Tree("S", [Tree(SLOT, word=w) for w in words])])
 
 
-def search_trees(tr: Translator, constraint: TreeConstraint, sources: Sequence[np.ndarray], n_words: list[int],
-                 cfg: SearchConfig) -> list[list[int]]:
+def search_trees(
+    tr: Translator, constraint: TreeConstraint, sources: Sequence[np.ndarray], n_words: list[int], cfg: SearchConfig
+) -> list[list[int]]:
     """The best tree-token ids for one batch of encoded sentences."""
     src = pad_sources([np.asarray(s, dtype=np.int64) for s in sources]).to(tr.device)
     src_lens = torch.tensor([len(s) for s in sources], device=tr.device)
@@ -53,16 +54,24 @@ def search_trees(tr: Translator, constraint: TreeConstraint, sources: Sequence[n
     with torch.inference_mode(), autocast(tr.device, tr.amp_dtype):
         enc = tr.model.encode(src, src.eq(PAD))
         if cfg.sampling or cfg.beam == 1:
-            hyps = greedy_search(tr.model, enc, src_lens, cfg, None, tr.vocab.n_pieces, constraint=constraint,
-                                 n_leaves=n_leaves)
+            hyps = greedy_search(
+                tr.model, enc, src_lens, cfg, None, tr.vocab.n_pieces, constraint=constraint, n_leaves=n_leaves
+            )
         else:
-            hyps = beam_search(tr.model, enc, src_lens, cfg, tr.vocab.n_pieces, constraint=constraint,
-                               n_leaves=n_leaves)
+            hyps = beam_search(
+                tr.model, enc, src_lens, cfg, tr.vocab.n_pieces, constraint=constraint, n_leaves=n_leaves
+            )
     return [h[0].tokens for h in hyps]
 
 
-def parse_sentences(tr: Translator, constraint: TreeConstraint, words: list[list[str]], cfg: SearchConfig,
-                    max_tokens: int, batch_size: int) -> tuple[list[Tree | None], int]:
+def parse_sentences(
+    tr: Translator,
+    constraint: TreeConstraint,
+    words: list[list[str]],
+    cfg: SearchConfig,
+    max_tokens: int,
+    batch_size: int,
+) -> tuple[list[Tree | None], int]:
     """Trees for tokenised sentences, in input order (None for an empty one); also the fallback count."""
     limit = tr.model.max_positions - 1
     sources = [np.asarray(ids[:limit], dtype=np.int64) for ids in tr.vocab.encode([" ".join(w) for w in words])]
@@ -84,8 +93,9 @@ def parse_sentences(tr: Translator, constraint: TreeConstraint, words: list[list
     return trees, n_fallback
 
 
-def generate_trees(tr: Translator, chunks: Iterable[list[str]], cfg: SearchConfig, max_tokens: int,
-                   batch_size: int, out: TextIO) -> Summary:
+def generate_trees(
+    tr: Translator, chunks: Iterable[list[str]], cfg: SearchConfig, max_tokens: int, batch_size: int, out: TextIO
+) -> Summary:
     """Parse raw sentences one buffer (chunk of lines) at a time; one tree (or an empty line) per input line."""
     constraint = tree_constraint(tr.vocab, tr.vocab.padded_size)
     summary, n_fallback, n_empty = Summary(), 0, 0
@@ -104,16 +114,23 @@ def generate_trees(tr: Translator, chunks: Iterable[list[str]], cfg: SearchConfi
     if n_empty:
         logger.warning("%d empty input line(s) gave empty output lines", n_empty)
     if n_fallback:
-        logger.warning("%d sentence(s) had no tree within the maximum length (--max-len-a/--max-len-b or the "
-                       "model's positions); they got a flat (S ...) tree", n_fallback)
+        logger.warning(
+            "%d sentence(s) had no tree within the maximum length (--max-len-a/--max-len-b or the "
+            "model's positions); they got a flat (S ...) tree",
+            n_fallback,
+        )
     return summary
 
 
 def check_parse_request(cfg: GenerateConfig) -> None:
     """A parser reads sentences (--input) and writes trees (plain output), so refuse anything else."""
     if cfg.input is None:
-        raise ConfigError(f"{cfg.path} is a parsing model: give the sentences with --input FILE|- "
-                          "(one tokenised sentence per line), not a DATA_DIR")
+        raise ConfigError(
+            f"{cfg.path} is a parsing model: give the sentences with --input FILE|- "
+            "(one tokenised sentence per line), not a DATA_DIR"
+        )
     if cfg.output_format not in (None, "plain"):
-        raise ConfigError(f"{cfg.path} is a parsing model; it writes one tree per line "
-                          f"(--output-format plain), not {cfg.output_format}")
+        raise ConfigError(
+            f"{cfg.path} is a parsing model; it writes one tree per line "
+            f"(--output-format plain), not {cfg.output_format}"
+        )

@@ -24,8 +24,20 @@ TOP = "TOP"
 LEAF_MODES = ("pos", "slot")
 KEPT_TAGS = frozenset({",", ":", "``", "''", ".", "-LRB-", "-RRB-", "#", "$"})
 # Punctuation words whose Penn Treebank tag is fixed by the word itself ("'" is left out: POS or '').
-PUNCTUATION_TAGS = {",": ",", ".": ".", "?": ".", "!": ".", ":": ":", ";": ":", "--": ":", "...": ":",
-                    "-": ":", "``": "``", "`": "``", "''": "''"}
+PUNCTUATION_TAGS = {
+    ",": ",",
+    ".": ".",
+    "?": ".",
+    "!": ".",
+    ":": ":",
+    ";": ":",
+    "--": ":",
+    "...": ":",
+    "-": ":",
+    "``": "``",
+    "`": "``",
+    "''": "''",
+}
 
 
 def is_open(token: str) -> bool:

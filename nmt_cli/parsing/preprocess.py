@@ -38,8 +38,10 @@ def read_examples(tree_path: Path, words_path: Path | None, leaves: str) -> list
         words_lines = words_path.read_text(encoding="utf-8").splitlines()
     tree_lines = tree_path.read_text(encoding="utf-8").splitlines()
     if words_lines is not None and len(words_lines) != len(tree_lines):
-        raise DataError(f"{words_path} has {len(words_lines)} lines but {tree_path} has {len(tree_lines)}; "
-                        "each sentence needs its tree on the same line")
+        raise DataError(
+            f"{words_path} has {len(words_lines)} lines but {tree_path} has {len(tree_lines)}; "
+            "each sentence needs its tree on the same line"
+        )
     if not tree_lines:
         raise DataError(f"{tree_path} is empty")
     examples = []
@@ -52,8 +54,10 @@ def read_examples(tree_path: Path, words_path: Path | None, leaves: str) -> list
             raise DataError(f"{tree_path}:{n}: the tree has no words (only -NONE- elements)")
         words = tree.words()
         if words_lines is not None and words_lines[n - 1].split() != words:
-            raise DataError(f"{words_path}:{n}: the words do not match the tree's in {tree_path}:{n} "
-                            f"({len(words_lines[n - 1].split())} words vs {len(words)} leaves)")
+            raise DataError(
+                f"{words_path}:{n}: the words do not match the tree's in {tree_path}:{n} "
+                f"({len(words_lines[n - 1].split())} words vs {len(words)} leaves)"
+            )
         examples.append((words, linearize(tree, leaves)))
     return examples
 
@@ -65,22 +69,36 @@ def tree_vocab(cfg: PreprocessConfig, examples: dict[str, list[Example]], out_di
         vocab = Vocab.load(Path(cfg.spm_model))
         missing = [s for s in symbols if vocab.sp.piece_to_id(s) == UNK]
         if missing:
-            raise DataError(f"--spm-model {cfg.spm_model} lacks the tree tokens {missing[:5]}; "
-                            "let preprocess train one")
+            raise DataError(
+                f"--spm-model {cfg.spm_model} lacks the tree tokens {missing[:5]}; let preprocess train one"
+            )
         (out_dir / SPM_FILE).write_bytes(vocab.model_bytes)
         return vocab
     text = out_dir / "spm-train.txt"
     text.write_text("".join(" ".join(w) + "\n" for w, _ in examples["train"]), encoding="utf-8")
-    logger.info("training a %s sentencepiece model of %d pieces on the training words (%d tree tokens "
-                "as control symbols)", cfg.model_type, cfg.vocab_size, len(symbols))
-    train_spm([text], out_dir / "spm", cfg.vocab_size, cfg.model_type, cfg.character_coverage,
-              cfg.spm_train_sentences, cfg.workers, control_symbols=symbols)
+    logger.info(
+        "training a %s sentencepiece model of %d pieces on the training words (%d tree tokens as control symbols)",
+        cfg.model_type,
+        cfg.vocab_size,
+        len(symbols),
+    )
+    train_spm(
+        [text],
+        out_dir / "spm",
+        cfg.vocab_size,
+        cfg.model_type,
+        cfg.character_coverage,
+        cfg.spm_train_sentences,
+        cfg.workers,
+        control_symbols=symbols,
+    )
     text.unlink()
     return Vocab.load(out_dir / SPM_FILE)
 
 
-def binarize_trees(cfg: PreprocessConfig, vocab: Vocab, split: str, examples: list[Example],
-                   out_dir: Path) -> dict[str, Any]:
+def binarize_trees(
+    cfg: PreprocessConfig, vocab: Vocab, split: str, examples: list[Example], out_dir: Path
+) -> dict[str, Any]:
     """Source: sentencepiece ids of the words; target: one id per tree token. Train drops over-long pairs."""
     dtype = token_dtype(vocab.padded_size)
     writers = [TokenWriter(out_dir / f"{split}.{lang}", dtype) for lang in (cfg.source_lang, cfg.target_lang)]
@@ -91,10 +109,19 @@ def binarize_trees(cfg: PreprocessConfig, vocab: Vocab, split: str, examples: li
     writers[1].add([t for t, k in zip(tgt_ids, keep) if k])
     n_tokens = [w.finish() for w in writers]
     dropped = len(examples) - sum(keep)
-    logger.info("%s: %d sentences with trees%s", split, sum(keep),
-                f" (dropped {dropped} longer than {cfg.max_len})" if dropped else "")
-    return {"lines": len(examples), "pairs": sum(keep), f"{cfg.source_lang}_tokens": n_tokens[0],
-            f"{cfg.target_lang}_tokens": n_tokens[1], "dropped": {"empty": 0, "too_long": dropped, "ratio": 0}}
+    logger.info(
+        "%s: %d sentences with trees%s",
+        split,
+        sum(keep),
+        f" (dropped {dropped} longer than {cfg.max_len})" if dropped else "",
+    )
+    return {
+        "lines": len(examples),
+        "pairs": sum(keep),
+        f"{cfg.source_lang}_tokens": n_tokens[0],
+        f"{cfg.target_lang}_tokens": n_tokens[1],
+        "dropped": {"empty": 0, "too_long": dropped, "ratio": 0},
+    }
 
 
 def preprocess_trees(cfg: PreprocessConfig) -> dict[str, Any]:
@@ -102,18 +129,24 @@ def preprocess_trees(cfg: PreprocessConfig) -> dict[str, Any]:
     examples = {}
     for split, prefix in split_prefixes(cfg).items():  # read and checked before anything is written
         words_path = Path(f"{prefix}.{cfg.source_lang}")
-        examples[split] = read_examples(Path(f"{prefix}.{cfg.target_lang}"),
-                                        words_path if words_path.exists() else None, cfg.tree_leaves)
+        examples[split] = read_examples(
+            Path(f"{prefix}.{cfg.target_lang}"), words_path if words_path.exists() else None, cfg.tree_leaves
+        )
     return preprocess(cfg, partial(tree_contents, examples=examples))
 
 
-def tree_contents(cfg: PreprocessConfig, tmp: Path,
-                  examples: dict[str, list[Example]]) -> tuple[Vocab, dict[str, Any], dict[str, Any]]:
+def tree_contents(
+    cfg: PreprocessConfig, tmp: Path, examples: dict[str, list[Example]]
+) -> tuple[Vocab, dict[str, Any], dict[str, Any]]:
     """The tree-token vocabulary and every split's (sentence, tree tokens) pairs, written into `tmp`."""
     vocab = tree_vocab(cfg, examples, tmp)
     stats = {split: binarize_trees(cfg, vocab, split, ex, tmp) for split, ex in examples.items()}
-    leaf_tokens = sorted({t for ex in examples.values() for _, toks in ex for t in toks
-                          if not t.startswith("(") and t != ")"})
-    logger.info("%d pieces, %d of them tree tokens", vocab.n_pieces,
-                sum(1 for i in range(vocab.n_pieces) if vocab.sp.is_control(i)) - 3)
+    leaf_tokens = sorted(
+        {t for ex in examples.values() for _, toks in ex for t in toks if not t.startswith("(") and t != ")"}
+    )
+    logger.info(
+        "%d pieces, %d of them tree tokens",
+        vocab.n_pieces,
+        sum(1 for i in range(vocab.n_pieces) if vocab.sp.is_control(i)) - 3,
+    )
     return vocab, stats, {"target_format": "ptb-tree", "tree_leaves": cfg.tree_leaves, "leaf_tokens": leaf_tokens}

@@ -64,7 +64,7 @@ def parse_tree(text: str) -> Tree:
         if root is not None and tok == ")":
             raise TreeSyntaxError("unbalanced brackets: too many ')'")
         if root is not None:
-            raise TreeSyntaxError(f"text after the end of the tree: {' '.join(tokens[i:i + 3])!r}")
+            raise TreeSyntaxError(f"text after the end of the tree: {' '.join(tokens[i : i + 3])!r}")
         if tok == "(":
             label = tokens[i + 1] if i + 1 < len(tokens) and tokens[i + 1] not in "()" else ""
             i += 2 if label else 1
@@ -108,6 +108,7 @@ def strip_function_tag(label: str) -> str:
 def clean(tree: Tree) -> Tree | None:
     """Drop -NONE- elements and the constituents left empty, strip function tags, drop the unlabelled
     outer bracket (TOP when it holds several trees). None if nothing is left."""
+
     def walk(node: Tree) -> Tree | None:
         if node.is_preterminal:
             return None if node.label == EMPTY_TAG else Tree(node.label, word=node.word)

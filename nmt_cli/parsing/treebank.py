@@ -21,8 +21,9 @@ def section_files(root: Path, first: int, last: int) -> list[Path]:
     for section in range(first, last + 1):
         found = sorted((root / f"{section:02d}").glob("wsj_*.mrg"))
         if not found:
-            raise DataError(f"no wsj_*.mrg files in {root / f'{section:02d}'}; give the treebank's "
-                            "parsed/mrg/wsj directory")
+            raise DataError(
+                f"no wsj_*.mrg files in {root / f'{section:02d}'}; give the treebank's parsed/mrg/wsj directory"
+            )
         files += found
     return files
 
@@ -30,7 +31,10 @@ def section_files(root: Path, first: int, last: int) -> list[Path]:
 def convert(root: Path, first: int, last: int, out_prefix: Path) -> int:
     """Write OUT_PREFIX.tree and .words; returns the number of trees."""
     n = 0
-    with open(f"{out_prefix}.tree", "w", encoding="utf-8") as ft, open(f"{out_prefix}.words", "w", encoding="utf-8") as fw:
+    with (
+        open(f"{out_prefix}.tree", "w", encoding="utf-8") as ft,
+        open(f"{out_prefix}.words", "w", encoding="utf-8") as fw,
+    ):
         for path in section_files(root, first, last):
             for text in split_mrg(path.read_text(encoding="utf-8")):
                 tree = parse_tree(text)

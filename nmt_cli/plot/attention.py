@@ -26,8 +26,11 @@ from nmt_cli.search.greedy import greedy_search
 logger = logging.getLogger(__name__)
 
 KINDS = ("encoder", "decoder", "cross")
-TITLES = {"encoder": "encoder self-attention", "decoder": "decoder self-attention",
-          "cross": "encoder-decoder attention"}
+TITLES = {
+    "encoder": "encoder self-attention",
+    "decoder": "decoder self-attention",
+    "cross": "encoder-decoder attention",
+}
 
 
 @dataclass
@@ -63,13 +66,15 @@ def sentence_attention(checkpoint_path: Path, sentence: str) -> SentenceAttentio
     weights = AttentionWeights()
     model(src, src_pad, torch.tensor([[BOS] + hyp.tokens]), weights)
     logger.info("translation (greedy): %s", vocab.decode(hyp.tokens))
-    return SentenceAttention(vocab.pieces(src_ids) + ["</s>"], ["<s>"] + vocab.pieces(hyp.tokens),
-                             vocab.pieces(hyp.tokens) + ["</s>"],
-                             {kind: [w[0].float() for w in getattr(weights, kind)] for kind in KINDS})
+    return SentenceAttention(
+        vocab.pieces(src_ids) + ["</s>"],
+        ["<s>"] + vocab.pieces(hyp.tokens),
+        vocab.pieces(hyp.tokens) + ["</s>"],
+        {kind: [w[0].float() for w in getattr(weights, kind)] for kind in KINDS},
+    )
 
 
-def attention_figure(checkpoint_path: Path, sentence: str, layer: int | None, head: int | None,
-                     output: Path) -> Any:
+def attention_figure(checkpoint_path: Path, sentence: str, layer: int | None, head: int | None, output: Path) -> Any:
     """`nmt plot attention`: record one sentence's attention and draw it to `output` (.png, .svg, .pdf)."""
     check_output(output)
     pyplot()  # fail on a missing matplotlib before loading the model
@@ -82,8 +87,10 @@ def select_heads(att: SentenceAttention, layer: int | None, head: int | None) ->
     n_dec = len(att.weights["decoder"])
     layer = layer or min(n_layers, n_dec)
     if not 1 <= layer <= min(n_layers, n_dec):
-        raise ConfigError(f"--layer {layer} is out of range: the model has {n_layers} encoder and {n_dec} "
-                          "decoder layers (counted from 1)")
+        raise ConfigError(
+            f"--layer {layer} is out of range: the model has {n_layers} encoder and {n_dec} "
+            "decoder layers (counted from 1)"
+        )
     if head is not None and not 1 <= head <= n_heads:
         raise ConfigError(f"--head {head} is out of range: the model has {n_heads} heads (counted from 1)")
     return layer - 1, list(range(n_heads)) if head is None else [head - 1]
@@ -105,12 +112,18 @@ def plot_attention(att: SentenceAttention, layer: int | None, head: int | None, 
     plt = pyplot()
     layer_index, heads = select_heads(att, layer, head)
     size = 1.2 + 0.22 * max(len(att.src_pieces), len(att.tgt_out_pieces))
-    fig, axes = plt.subplots(len(KINDS), len(heads), figsize=(size * len(heads), size * len(KINDS)),
-                             squeeze=False, constrained_layout=True)
+    fig, axes = plt.subplots(
+        len(KINDS), len(heads), figsize=(size * len(heads), size * len(KINDS)), squeeze=False, constrained_layout=True
+    )
     for row, kind in enumerate(KINDS):
         keys, queries = att.keys_and_queries(kind)
         for col, h in enumerate(heads):
-            draw_map(axes[row][col], att.weights[kind][layer_index][h], keys, queries,
-                     f"{TITLES[kind]}, layer {layer_index + 1}, head {h + 1}")
+            draw_map(
+                axes[row][col],
+                att.weights[kind][layer_index][h],
+                keys,
+                queries,
+                f"{TITLES[kind]}, layer {layer_index + 1}, head {h + 1}",
+            )
     save_figure(fig, output)
     return fig

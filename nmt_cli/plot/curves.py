@@ -65,12 +65,14 @@ def plot_curves(runs: list[RunLog], output: Path) -> dict[tuple[str, str, str, s
     """
     check_output(output)
     plt = pyplot()
-    panels = [t for t, fields in PANELS.items() if any(run.series(e, f, "update")[0] for run in runs
-                                                       for e, f in fields)]
+    panels = [
+        t for t, fields in PANELS.items() if any(run.series(e, f, "update")[0] for run in runs for e, f in fields)
+    ]
     if not panels:
         raise DataError("the --log-file records hold no loss, BLEU, lr or tokens/s to plot")
-    fig, axes = plt.subplots(len(X_AXES), len(panels), figsize=(4.2 * len(panels), 6.4), squeeze=False,
-                             constrained_layout=True)
+    fig, axes = plt.subplots(
+        len(X_AXES), len(panels), figsize=(4.2 * len(panels), 6.4), squeeze=False, constrained_layout=True
+    )
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     drawn = {}
     for row, (x, x_label) in enumerate(X_AXES.items()):
@@ -82,8 +84,15 @@ def plot_curves(runs: list[RunLog], output: Path) -> dict[tuple[str, str, str, s
                     if xs:
                         style = "--" if event == "valid" and len(PANELS[title]) > 1 else "-"
                         marker = "o" if event == "valid" else None
-                        ax.plot(xs, ys, style, marker=marker, markersize=3, color=colors[i % len(colors)],
-                                label=f"{run.label} {event}" if len(PANELS[title]) > 1 else run.label)
+                        ax.plot(
+                            xs,
+                            ys,
+                            style,
+                            marker=marker,
+                            markersize=3,
+                            color=colors[i % len(colors)],
+                            label=f"{run.label} {event}" if len(PANELS[title]) > 1 else run.label,
+                        )
                         drawn[(run.label, event, field, x)] = (xs, ys)
             ax.set_title(title, fontsize=9)
             ax.set_xlabel(x_label, fontsize=8)

@@ -62,8 +62,14 @@ def max_lengths(src_lens: Tensor, cfg: SearchConfig, max_positions: int) -> Tens
     return (src_lens.double() * cfg.max_len_a + cfg.max_len_b).long().clamp(min=1, max=max_positions - 1)
 
 
-def constrain(log_probs: Tensor, step: int, max_len: Tensor, cfg: SearchConfig, n_pieces: int | None = None,
-              may_reach_max: bool = True) -> Tensor:
+def constrain(
+    log_probs: Tensor,
+    step: int,
+    max_len: Tensor,
+    cfg: SearchConfig,
+    n_pieces: int | None = None,
+    may_reach_max: bool = True,
+) -> Tensor:
     """Never PAD or BOS, nor the embedding table's padding rows (ids >= n_pieces, no sentencepiece piece);
     no EOS before min_len; only EOS at max_len; unk penalty. log_probs: [N, V], max_len: [N].
 
@@ -99,8 +105,16 @@ def top_candidates(state: BeamState, log_probs: Tensor) -> tuple[Tensor, Tensor,
     return scores, flat // n, row_tokens.view(b, k * n).gather(1, flat)
 
 
-def finish(state: BeamState, fin: Finished, scores: Tensor, beams: Tensor, tokens: Tensor, log_probs: Tensor,
-           step: int, cfg: SearchConfig) -> None:
+def finish(
+    state: BeamState,
+    fin: Finished,
+    scores: Tensor,
+    beams: Tensor,
+    tokens: Tensor,
+    log_probs: Tensor,
+    step: int,
+    cfg: SearchConfig,
+) -> None:
     """Move EOS candidates ranked within the top K into the finished slots, best first, while slots remain.
 
     All K top candidates are written, those that do not finish into the spare slot K: no host sync.
@@ -121,17 +135,21 @@ def finish(state: BeamState, fin: Finished, scores: Tensor, beams: Tensor, token
     fin.count.index_add_(0, state.sent_ids, write.long().sum(1))
 
 
-def survive(state: BeamState, scores: Tensor, beams: Tensor, tokens: Tensor, log_probs: Tensor) -> tuple[BeamState, Tensor]:
+def survive(
+    state: BeamState, scores: Tensor, beams: Tensor, tokens: Tensor, log_probs: Tensor
+) -> tuple[BeamState, Tensor]:
     """Keep the best K candidates that do not end in EOS. Returns the new state and the source rows [B*K]."""
     b, k = state.scores.shape
     alive_scores, pick = scores.masked_fill(tokens == EOS, NEG_INF).topk(k, dim=1)  # [B, K]
     src_beam, new_token = beams.gather(1, pick), tokens.gather(1, pick)
     rows = (torch.arange(b, device=beams.device)[:, None] * k + src_beam).view(-1)  # [B*K]
     token_scores = log_probs[rows, new_token.view(-1)].view(b, k)
-    new = BeamState(torch.cat([state.tokens.view(b * k, -1)[rows].view(b, k, -1), new_token[:, :, None]], dim=2),
-                    alive_scores,
-                    torch.cat([state.step_scores.view(b * k, -1)[rows].view(b, k, -1), token_scores[:, :, None]], 2),
-                    state.sent_ids)
+    new = BeamState(
+        torch.cat([state.tokens.view(b * k, -1)[rows].view(b, k, -1), new_token[:, :, None]], dim=2),
+        alive_scores,
+        torch.cat([state.step_scores.view(b * k, -1)[rows].view(b, k, -1), token_scores[:, :, None]], 2),
+        state.sent_ids,
+    )
     return new, rows
 
 
@@ -149,8 +167,7 @@ def collect(fin: Finished, nbest: int) -> list[list[Hypothesis]]:
         hyps = []
         for j in order[s].tolist():
             n = int(lengths[s, j])
-            hyps.append(Hypothesis(tokens[s, j, :n - 1].tolist(), float(scores[s, j]),
-                                   step_scores[s, j, :n].tolist()))
+            hyps.append(Hypothesis(tokens[s, j, : n - 1].tolist(), float(scores[s, j]), step_scores[s, j, :n].tolist()))
         results.append(hyps)
     return results
 
@@ -159,19 +176,33 @@ def start(b0: int, k: int, n_steps: int, device: torch.device) -> tuple[BeamStat
     """Empty hypotheses; only beam 0 of each sentence is live at first (the others score -inf)."""
     scores = torch.full((b0, k), NEG_INF, device=device)
     scores[:, 0] = 0.0
-    state = BeamState(torch.zeros(b0, k, 0, dtype=torch.long, device=device), scores,
-                      torch.zeros(b0, k, 0, device=device), torch.arange(b0, device=device))
-    fin = Finished(torch.full((b0, k + 1, n_steps), PAD, dtype=torch.long, device=device),
-                   torch.zeros(b0, k + 1, n_steps, device=device),
-                   torch.ones(b0, k + 1, dtype=torch.long, device=device),
-                   torch.full((b0, k + 1), NEG_INF, device=device), torch.zeros(b0, dtype=torch.long, device=device))
+    state = BeamState(
+        torch.zeros(b0, k, 0, dtype=torch.long, device=device),
+        scores,
+        torch.zeros(b0, k, 0, device=device),
+        torch.arange(b0, device=device),
+    )
+    fin = Finished(
+        torch.full((b0, k + 1, n_steps), PAD, dtype=torch.long, device=device),
+        torch.zeros(b0, k + 1, n_steps, device=device),
+        torch.ones(b0, k + 1, dtype=torch.long, device=device),
+        torch.full((b0, k + 1), NEG_INF, device=device),
+        torch.zeros(b0, dtype=torch.long, device=device),
+    )
     return state, fin
 
 
 @torch.inference_mode()
-def beam_search(model: Transformer, enc: EncoderOut, src_lens: Tensor, cfg: SearchConfig,
-                n_pieces: int | None = None, *, constraint: Any = None,
-                n_leaves: Tensor | None = None) -> list[list[Hypothesis]]:
+def beam_search(
+    model: Transformer,
+    enc: EncoderOut,
+    src_lens: Tensor,
+    cfg: SearchConfig,
+    n_pieces: int | None = None,
+    *,
+    constraint: Any = None,
+    n_leaves: Tensor | None = None,
+) -> list[list[Hypothesis]]:
     """Translate a batch of encoded sentences.
 
     Args:
@@ -193,7 +224,10 @@ def beam_search(model: Transformer, enc: EncoderOut, src_lens: Tensor, cfg: Sear
     row_max_len = max_len.repeat_interleave(k)  # [B*K]
     cache = model.init_cache(enc, 1)  # all beams start equal: step 0 runs once per sentence
     prev = torch.full((b0,), BOS, dtype=torch.long, device=device)
-    tree = constraint.start(n_leaves.to(device).repeat_interleave(k)) if constraint is not None else None
+    tree: Any = None
+    if constraint is not None:
+        assert n_leaves is not None, "a constraint needs n_leaves"
+        tree = constraint.start(n_leaves.to(device).repeat_interleave(k))
     for step in range(n_steps):
         log_probs, cache = model.decode_step(prev, cache)  # [B*K, V]
         if step == 0:
@@ -210,7 +244,7 @@ def beam_search(model: Transformer, enc: EncoderOut, src_lens: Tensor, cfg: Sear
         if n_done == b:
             break
         if n_done:  # finished sentences leave the batch; keep: the others, in order
-            keep = torch.argsort(done.to(torch.uint8), stable=True)[:b - n_done]
+            keep = torch.argsort(done.to(torch.uint8), stable=True)[: b - n_done]
             rows = rows.view(-1, k)[keep].view(-1)
             state = keep_sentences(state, keep)
             cache = cache.select_sentences(keep, rows)

@@ -10,7 +10,7 @@ import sys
 import time
 from collections.abc import Iterable, Iterator
 from contextlib import ExitStack
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -23,8 +23,8 @@ from nmt_cli.data.dataset import SPM_FILE, load_vocab
 from nmt_cli.data.vocab import Vocab
 from nmt_cli.errors import ConfigError, DataError
 from nmt_cli.files import atomic_text_output, require_file
-from nmt_cli.runtime import AMP_DTYPES, choose_device, resolve_precision, set_threads
 from nmt_cli.parsing.generate import check_parse_request, generate_trees
+from nmt_cli.runtime import AMP_DTYPES, choose_device, resolve_precision, set_threads
 from nmt_cli.search.hypothesis import Hypothesis
 from nmt_cli.search.translate import Summary, Translator, translate, translator_from
 
@@ -69,20 +69,35 @@ def generate(cfg: GenerateConfig, search_overrides: dict[str, Any] | None = None
     with ExitStack() as stack:
         out = open_output(cfg, stack, num_shards, shard_id)
         if cfg.data_dir is not None:
-            summary = generate_split(translator, Path(cfg.data_dir), cfg.gen_subset, search, cfg.max_tokens,
-                                     cfg.batch_size, fmt, out, (num_shards, shard_id))
+            summary = generate_split(
+                translator,
+                Path(cfg.data_dir),
+                cfg.gen_subset,
+                search,
+                cfg.max_tokens,
+                cfg.batch_size,
+                fmt,
+                out,
+                (num_shards, shard_id),
+            )
         else:
             raw_lines, first_line = open_input(cfg.input, stack, num_shards, shard_id)
-            lines = read_lines(raw_lines, cfg.buffer_size, "stdin" if cfg.input == "-" else str(cfg.input),
-                               first_line)
+            lines = read_lines(raw_lines, cfg.buffer_size, "stdin" if cfg.input == "-" else str(cfg.input), first_line)
             if is_parser:  # one bracketed tree per input line (nmt_cli/parsing)
                 summary = generate_trees(translator, lines, search, cfg.max_tokens, cfg.batch_size, out)
             else:
                 summary = generate_text(translator, lines, search, cfg.max_tokens, cfg.batch_size, fmt, out)
-    logger.info("translated %d sentences (%d tokens) in %.1f s: %.1f sentences/s, %.0f tokens/s "
-                "(beam %d, lenpen %g %s)", summary.n_sentences, summary.n_tokens, summary.seconds,
-                summary.n_sentences / max(summary.seconds, 1e-9), summary.n_tokens / max(summary.seconds, 1e-9),
-                search.beam, search.lenpen, search.lenpen_style)
+    logger.info(
+        "translated %d sentences (%d tokens) in %.1f s: %.1f sentences/s, %.0f tokens/s (beam %d, lenpen %g %s)",
+        summary.n_sentences,
+        summary.n_tokens,
+        summary.seconds,
+        summary.n_sentences / max(summary.seconds, 1e-9),
+        summary.n_tokens / max(summary.seconds, 1e-9),
+        search.beam,
+        search.lenpen,
+        search.lenpen_style,
+    )
     return summary
 
 
@@ -109,8 +124,7 @@ def open_output(cfg: GenerateConfig, stack: ExitStack, num_shards: int, shard_id
     return stack.enter_context(atomic_text_output(results_path / name, "--results-path file"))
 
 
-def open_input(path: str | None, stack: ExitStack, num_shards: int,
-               shard_id: int) -> tuple[Iterable[bytes], int]:
+def open_input(path: str | None, stack: ExitStack, num_shards: int, shard_id: int) -> tuple[Iterable[bytes], int]:
     """The input's raw lines (decoded strictly by read_lines) and the line number of the first one.
 
     stdin streams; a sharded file is read whole to find this shard's lines.
@@ -118,7 +132,7 @@ def open_input(path: str | None, stack: ExitStack, num_shards: int,
     if path == "-":
         return (sys.stdin.buffer if hasattr(sys.stdin, "buffer") else (s.encode() for s in sys.stdin)), 1
     assert path is not None
-    stream = stack.enter_context(Path(path).open("rb"))
+    stream = stack.enter_context(Path(path).open("rb"))  # noqa: SIM115 (the caller's ExitStack closes it)
     if num_shards == 1:
         return stream, 1
     lines = stream.readlines()
@@ -140,8 +154,9 @@ def read_lines(stream: Iterable[bytes], buffer_size: int, name: str, first_line:
         try:
             chunk.append(raw.decode("utf-8").rstrip("\r\n"))
         except UnicodeDecodeError as e:
-            raise DataError(f"{name}:{number}: invalid UTF-8 (byte {e.start} of the line); fix or re-encode "
-                            "the input") from None
+            raise DataError(
+                f"{name}:{number}: invalid UTF-8 (byte {e.start} of the line); fix or re-encode the input"
+            ) from None
         if len(chunk) == buffer_size:
             yield chunk
             chunk = []
@@ -155,15 +170,29 @@ def shard_range(n: int, num_shards: int, shard_id: int) -> range:
     return range(n * shard_id // num_shards, n * (shard_id + 1) // num_shards)
 
 
-def format_record(i: int, hyps: list[Hypothesis], vocab: Vocab, fmt: str, source: str | None = None,
-                  reference: str | None = None) -> str:
+def format_record(
+    i: int, hyps: list[Hypothesis], vocab: Vocab, fmt: str, source: str | None = None, reference: str | None = None
+) -> str:
     """Output lines for one input. fairseq: S/T/H/D/P lines; scores are natural-log (nats)."""
     if fmt == "plain":
         return "\n".join(vocab.decode(h.tokens) for h in hyps)
     if fmt == "jsonl":
-        return json.dumps({"id": i, "source": source, "hypotheses": [
-            {"text": vocab.decode(h.tokens), "score": round(h.score, 4), "tokens": vocab.pieces(h.tokens),
-             "positional_scores": [round(s, 4) for s in h.positional_scores]} for h in hyps]}, ensure_ascii=False)
+        return json.dumps(
+            {
+                "id": i,
+                "source": source,
+                "hypotheses": [
+                    {
+                        "text": vocab.decode(h.tokens),
+                        "score": round(h.score, 4),
+                        "tokens": vocab.pieces(h.tokens),
+                        "positional_scores": [round(s, 4) for s in h.positional_scores],
+                    }
+                    for h in hyps
+                ],
+            },
+            ensure_ascii=False,
+        )
     lines = []
     if source is not None:
         lines.append(f"S-{i}\t{source}")
@@ -176,8 +205,17 @@ def format_record(i: int, hyps: list[Hypothesis], vocab: Vocab, fmt: str, source
     return "\n".join(lines)
 
 
-def generate_split(tr: Translator, data_dir: Path, subset: str, cfg: SearchConfig, max_tokens: int,
-                   batch_size: int, fmt: str, out: TextIO, shard: tuple[int, int]) -> Summary:
+def generate_split(
+    tr: Translator,
+    data_dir: Path,
+    subset: str,
+    cfg: SearchConfig,
+    max_tokens: int,
+    batch_size: int,
+    fmt: str,
+    out: TextIO,
+    shard: tuple[int, int],
+) -> Summary:
     """Translate a binarized split (or one contiguous shard of it); write records in input order."""
     from nmt_cli.data.dataset import ParallelDataset
 
@@ -188,13 +226,21 @@ def generate_split(tr: Translator, data_dir: Path, subset: str, cfg: SearchConfi
     results = translate(tr, [data.src[i] for i in ids], cfg, max_tokens, batch_size)
     summary.add(results, time.perf_counter() - start)
     for i, hyps in zip(ids, results):
-        print(format_record(i, hyps, tr.vocab, fmt, tr.vocab.decode(data.src[i]), tr.vocab.decode(data.tgt[i])),
-              file=out)
+        print(
+            format_record(i, hyps, tr.vocab, fmt, tr.vocab.decode(data.src[i]), tr.vocab.decode(data.tgt[i])), file=out
+        )
     return summary
 
 
-def generate_text(tr: Translator, chunks: Iterable[list[str]], cfg: SearchConfig, max_tokens: int,
-                  batch_size: int, fmt: str, out: TextIO) -> Summary:
+def generate_text(
+    tr: Translator,
+    chunks: Iterable[list[str]],
+    cfg: SearchConfig,
+    max_tokens: int,
+    batch_size: int,
+    fmt: str,
+    out: TextIO,
+) -> Summary:
     """Translate raw text with the checkpoint's own sentencepiece model, one buffer (chunk) at a time."""
     summary = Summary()
     first_id = 0

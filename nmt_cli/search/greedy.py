@@ -35,9 +35,17 @@ def sample_from(log_probs: Tensor, cfg: SearchConfig, generator: torch.Generator
 
 
 @torch.inference_mode()
-def greedy_search(model: Transformer, enc: EncoderOut, src_lens: Tensor, cfg: SearchConfig,
-                  generator: torch.Generator | None = None, n_pieces: int | None = None,
-                  *, constraint: Any = None, n_leaves: Tensor | None = None) -> list[list[Hypothesis]]:
+def greedy_search(
+    model: Transformer,
+    enc: EncoderOut,
+    src_lens: Tensor,
+    cfg: SearchConfig,
+    generator: torch.Generator | None = None,
+    n_pieces: int | None = None,
+    *,
+    constraint: Any = None,
+    n_leaves: Tensor | None = None,
+) -> list[list[Hypothesis]]:
     """Pick the most likely token each step (or sample one with cfg.sampling) until EOS or max length.
 
     Ids from `n_pieces` on (the embedding table's padding rows) are never chosen. An optional `constraint`
@@ -50,7 +58,10 @@ def greedy_search(model: Transformer, enc: EncoderOut, src_lens: Tensor, cfg: Se
     prev = torch.full((b,), BOS, dtype=torch.long, device=device)
     tokens, scores = [], []
     done = torch.zeros(b, dtype=torch.bool, device=device)
-    tree = constraint.start(n_leaves.to(device)) if constraint is not None else None
+    tree: Any = None
+    if constraint is not None:
+        assert n_leaves is not None, "a constraint needs n_leaves"
+        tree = constraint.start(n_leaves.to(device))
     for step in range(max(limits) + 1):
         log_probs, cache = model.decode_step(prev, cache)
         log_probs = allowed_tokens(log_probs, step, max_len, cfg, n_pieces)
@@ -68,8 +79,9 @@ def greedy_search(model: Transformer, enc: EncoderOut, src_lens: Tensor, cfg: Se
     return to_hypotheses(torch.stack(tokens, 1), torch.stack(scores, 1), cfg)
 
 
-def allowed_tokens(log_probs: Tensor, step: int, max_len: Tensor, cfg: SearchConfig,
-                   n_pieces: int | None = None) -> Tensor:
+def allowed_tokens(
+    log_probs: Tensor, step: int, max_len: Tensor, cfg: SearchConfig, n_pieces: int | None = None
+) -> Tensor:
     """Mask what may not come next: PAD, BOS and the embedding's padding rows (ids >= n_pieces) never,
     EOS before min_len, anything but EOS at max_len."""
     mask = torch.zeros_like(log_probs, dtype=torch.bool)
@@ -93,5 +105,5 @@ def to_hypotheses(tokens: Tensor, scores: Tensor, cfg: SearchConfig) -> list[lis
         n = row_tokens.index(EOS) + 1
         total = sum(row_scores[:n])
         penalty = ((5 + n) / 6) ** cfg.lenpen if cfg.lenpen_style == "gnmt" else n**cfg.lenpen  # |Y| counts EOS
-        results.append([Hypothesis(row_tokens[:n - 1], total / penalty, row_scores[:n])])
+        results.append([Hypothesis(row_tokens[: n - 1], total / penalty, row_scores[:n])])
     return results

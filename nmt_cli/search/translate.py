@@ -21,8 +21,8 @@ from nmt_cli.model.quantize import quantize_for_cpu_inference
 from nmt_cli.model.transformer import Transformer, build_model
 from nmt_cli.runtime import autocast
 from nmt_cli.search.beam import beam_search
-from nmt_cli.search.hypothesis import Hypothesis
 from nmt_cli.search.greedy import greedy_search
+from nmt_cli.search.hypothesis import Hypothesis
 
 logger = logging.getLogger(__name__)
 
@@ -37,15 +37,17 @@ class Translator:
     amp_dtype: torch.dtype | None = None
 
 
-def load_translator(path: Path, device: torch.device, amp_dtype: torch.dtype | None,
-                    quantize: str | None = None) -> tuple[Translator, dict]:
+def load_translator(
+    path: Path, device: torch.device, amp_dtype: torch.dtype | None, quantize: str | None = None
+) -> tuple[Translator, dict]:
     """Build the model a checkpoint file describes and load its weights; returns it with the raw checkpoint."""
     state = load_checkpoint(path)
     return translator_from(state, path, device, amp_dtype, quantize), state
 
 
-def translator_from(state: dict, path: Path, device: torch.device, amp_dtype: torch.dtype | None,
-                    quantize: str | None = None) -> Translator:
+def translator_from(
+    state: dict, path: Path, device: torch.device, amp_dtype: torch.dtype | None, quantize: str | None = None
+) -> Translator:
     """The Translator of a loaded checkpoint (`path` names it in errors).
 
     On CPU in float32 the linear layers are packed for oneDNN; quantize="int8" (CPU, float32 only) makes
@@ -63,8 +65,9 @@ def translator_from(state: dict, path: Path, device: torch.device, amp_dtype: to
     return Translator(model, vocab_of(state, path), device, amp_dtype)
 
 
-def search_batch(tr: Translator, sources: Sequence[np.ndarray], cfg: SearchConfig,
-                 generator: torch.Generator | None) -> list[list[Hypothesis]]:
+def search_batch(
+    tr: Translator, sources: Sequence[np.ndarray], cfg: SearchConfig, generator: torch.Generator | None
+) -> list[list[Hypothesis]]:
     """Encode one padded batch and run beam, greedy or sampling search."""
     n, n_pieces = len(sources), tr.vocab.n_pieces
     src = pad_sources([np.asarray(s, dtype=np.int64) for s in sources]).to(tr.device)
@@ -80,13 +83,14 @@ def search_batch(tr: Translator, sources: Sequence[np.ndarray], cfg: SearchConfi
                 mask = None if enc.src_pad_mask is None else enc.src_pad_mask[rep]
                 enc = type(enc)(enc.memory[rep], mask)
                 hyps = greedy_search(tr.model, enc, src_lens[rep], cfg, generator, n_pieces)
-                return [[h[0] for h in hyps[i * cfg.nbest:(i + 1) * cfg.nbest]] for i in range(n)]
+                return [[h[0] for h in hyps[i * cfg.nbest : (i + 1) * cfg.nbest]] for i in range(n)]
             return greedy_search(tr.model, enc, src_lens, cfg, generator, n_pieces)
         return beam_search(tr.model, enc, src_lens, cfg, n_pieces)
 
 
-def translate(tr: Translator, sources: Sequence[np.ndarray], cfg: SearchConfig, max_tokens: int,
-              batch_size: int = 0) -> list[list[Hypothesis]]:
+def translate(
+    tr: Translator, sources: Sequence[np.ndarray], cfg: SearchConfig, max_tokens: int, batch_size: int = 0
+) -> list[list[Hypothesis]]:
     """Translate token-id sequences (no EOS); results come back in input order.
 
     Empty sources get an empty hypothesis without running the model; sources longer than the

@@ -15,8 +15,8 @@ import torch
 
 from nmt_cli.checkpoint import LAST, check_same_vocabulary, has_training_state, load_checkpoint, model_config_of
 from nmt_cli.config import PARSE_SEARCH, ModelConfig, SearchConfig, TrainConfig, config_to_dict
-from nmt_cli.data.dataset import SPM_FILE, load_meta, load_vocab
 from nmt_cli.data.batching import count_too_long
+from nmt_cli.data.dataset import SPM_FILE, load_meta, load_vocab
 from nmt_cli.errors import CheckpointError, DataError, NmtError
 from nmt_cli.files import LOCK_FILE, atomic_write_text, make_parent, remove_stale_temporaries, run_lock
 from nmt_cli.log import print_table
@@ -39,12 +39,13 @@ def train(cfg: TrainConfig, model_cfg: ModelConfig, search_cfg: SearchConfig) ->
             trainer = prepare(cfg, model_cfg, search_cfg)
             reason = trainer.stop_reason()
             if reason:
-                logger.info("training already finished at update %d (%s); nothing to do", trainer.state.update,
-                            reason)
+                logger.info("training already finished at update %d (%s); nothing to do", trainer.state.update, reason)
             else:
                 if trainer.info.is_main:
-                    print_table(f"nmt train ({count_parameters(trainer.model):,} parameters)",
-                                {**asdict(trainer.model_cfg), **asdict(trainer.cfg)})
+                    print_table(
+                        f"nmt train ({count_parameters(trainer.model):,} parameters)",
+                        {**asdict(trainer.model_cfg), **asdict(trainer.cfg)},
+                    )
                 train_loop(trainer)
         shutdown_distributed()
     except (torch.distributed.DistError, RuntimeError) as e:
@@ -52,8 +53,7 @@ def train(cfg: TrainConfig, model_cfg: ModelConfig, search_cfg: SearchConfig) ->
         if reason is None:
             raise
         rank = os.environ.get("RANK", "0")
-        raise NmtError(f"rank {rank}: a collective operation failed ({reason}); "
-                       "see the other ranks' logs") from None
+        raise NmtError(f"rank {rank}: a collective operation failed ({reason}); see the other ranks' logs") from None
     return trainer
 
 
@@ -99,12 +99,26 @@ def prepare(cfg: TrainConfig, model_cfg: ModelConfig, search_cfg: SearchConfig) 
     report_long_pairs(trainer)
     if ckpt is not None:
         trainer.restore(ckpt, last)
-        logger.info("resuming from %s at update %d (epoch %d, batch %d)", last, trainer.state.update,
-                    trainer.state.epoch, trainer.state.batch_in_epoch)
+        logger.info(
+            "resuming from %s at update %d (epoch %d, batch %d)",
+            last,
+            trainer.state.update,
+            trainer.state.epoch,
+            trainer.state.batch_in_epoch,
+        )
     if info.is_main:
-        atomic_write_text(save_dir / "config.json", json.dumps(
-            {"model": config_to_dict(model_cfg), "train": config_to_dict(cfg),
-             "search": config_to_dict(search_cfg)}, indent=2) + "\n")
+        atomic_write_text(
+            save_dir / "config.json",
+            json.dumps(
+                {
+                    "model": config_to_dict(model_cfg),
+                    "train": config_to_dict(cfg),
+                    "search": config_to_dict(search_cfg),
+                },
+                indent=2,
+            )
+            + "\n",
+        )
     return trainer
 
 
@@ -114,29 +128,47 @@ def report_long_pairs(trainer: Trainer) -> None:
     data = trainer.train_data
     n_long = count_too_long(data.src_lens, data.tgt_lens, limit)
     if n_long == len(data):
-        raise DataError(f"every training pair of {trainer.cfg.data_dir} needs more than --max-positions {limit} "
-                        "positions; raise --max-positions")
+        raise DataError(
+            f"every training pair of {trainer.cfg.data_dir} needs more than --max-positions {limit} "
+            "positions; raise --max-positions"
+        )
     if n_long:
-        logger.warning("%d of %d training pairs need more than --max-positions %d positions (length + 1); "
-                       "training skips them", n_long, len(data), limit)
+        logger.warning(
+            "%d of %d training pairs need more than --max-positions %d positions (length + 1); training skips them",
+            n_long,
+            len(data),
+            limit,
+        )
     valid = trainer.valid_data
     n_long = count_too_long(valid.src_lens, valid.tgt_lens, limit) if valid is not None else 0
     if valid is not None and n_long:
-        logger.warning("%d of %d valid pairs are longer than --max-positions %d allows; validation scores them "
-                       "on their first %d pieces", n_long, len(valid), limit, limit - 1)
+        logger.warning(
+            "%d of %d valid pairs are longer than --max-positions %d allows; validation scores them "
+            "on their first %d pieces",
+            n_long,
+            len(valid),
+            limit,
+            limit - 1,
+        )
 
 
 def check_resumable(ckpt: dict[str, Any], model_cfg: ModelConfig, cfg: TrainConfig, path: Path) -> None:
     """Refuse a checkpoint_last.pt that training cannot continue; log the options that changed."""
     if not has_training_state(ckpt):
-        raise CheckpointError(f"{path} has no training state (an averaged checkpoint?); it cannot be resumed; "
-                              "use another --save-dir")
+        raise CheckpointError(
+            f"{path} has no training state (an averaged checkpoint?); it cannot be resumed; use another --save-dir"
+        )
     saved_model = model_config_of(ckpt, path)
     if saved_model != model_cfg:
-        diff = [f"{f.name}={getattr(saved_model, f.name)!r} (options say {getattr(model_cfg, f.name)!r})"
-                for f in fields(ModelConfig) if getattr(saved_model, f.name) != getattr(model_cfg, f.name)]
-        raise CheckpointError(f"{path} holds a model of another shape: {', '.join(diff)}; "
-                              "use another --save-dir or the same model options")
+        diff = [
+            f"{f.name}={getattr(saved_model, f.name)!r} (options say {getattr(model_cfg, f.name)!r})"
+            for f in fields(ModelConfig)
+            if getattr(saved_model, f.name) != getattr(model_cfg, f.name)
+        ]
+        raise CheckpointError(
+            f"{path} holds a model of another shape: {', '.join(diff)}; "
+            "use another --save-dir or the same model options"
+        )
     saved_train = ckpt.get("train_config", {})
     for name, value in config_to_dict(cfg).items():
         if name in saved_train and saved_train[name] != value:

@@ -28,10 +28,15 @@ def wrap_ddp(module: nn.Module, info: DistInfo, device: torch.device) -> nn.Modu
 
     # No buffer broadcast inside forward: the only collectives are the ones train_step plans for.
     # (torch 2.13 renamed broadcast_buffers to forward_sync_buffers.)
-    no_sync = "forward_sync_buffers" if "forward_sync_buffers" in inspect.signature(DDP).parameters else \
-        "broadcast_buffers"
-    return DDP(module, device_ids=[device.index] if device.type == "cuda" else None, gradient_as_bucket_view=True,
-               **{no_sync: False})  # type: ignore[arg-type]
+    no_sync = (
+        "forward_sync_buffers" if "forward_sync_buffers" in inspect.signature(DDP).parameters else "broadcast_buffers"
+    )
+    return DDP(
+        module,
+        device_ids=[device.index] if device.type == "cuda" else None,
+        gradient_as_bucket_view=True,
+        **{no_sync: False},  # type: ignore[arg-type]
+    )
 
 
 def collective_failure(exc: BaseException) -> str | None:

@@ -46,9 +46,13 @@ class Meter:
     def summary(self) -> dict[str, float]:
         n = max(self.n_tokens, 1)
         nll = self.nll / n
-        return {"loss": self.loss / n, "nll_loss": nll, "ppl": math.exp(min(nll, 100.0)),
-                "tgt_tok_per_s": self.n_tokens / max(self.seconds, 1e-9),
-                "grad_norm": self.grad_norm / max(self.n_updates, 1)}
+        return {
+            "loss": self.loss / n,
+            "nll_loss": nll,
+            "ppl": math.exp(min(nll, 100.0)),
+            "tgt_tok_per_s": self.n_tokens / max(self.seconds, 1e-9),
+            "grad_norm": self.grad_norm / max(self.n_updates, 1),
+        }
 
 
 class Session:
@@ -74,8 +78,9 @@ class Session:
             return
         s = self.trainer.state
         record = {"event": event, "update": s.update, "epoch": s.epoch, "elapsed_s": round(s.elapsed, 1), **values}
-        text = " | ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in record.items()
-                          if k != "event")
+        text = " | ".join(
+            f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in record.items() if k != "event"
+        )
         logger.info("%s | %s", event, text)
         if self.log_path:
             try:
@@ -114,10 +119,15 @@ def save(trainer: Trainer, numbered: bool, best: bool) -> None:
         save_checkpoint(state, save_dir / BEST, kept)
     save_checkpoint(state, save_dir / LAST, kept)
     if numbered and trainer.cfg.keep_last:
-        for old in numbered_checkpoints(save_dir)[:-trainer.cfg.keep_last]:
+        for old in numbered_checkpoints(save_dir)[: -trainer.cfg.keep_last]:
             old.unlink()
-    logger.info("saved %s at update %d%s%s", LAST, update, f" and checkpoint_{update}.pt" if numbered else "",
-                f" and {BEST}" if best else "")
+    logger.info(
+        "saved %s at update %d%s%s",
+        LAST,
+        update,
+        f" and checkpoint_{update}.pt" if numbered else "",
+        f" and {BEST}" if best else "",
+    )
 
 
 def validate_and_save(session: Session, numbered: bool) -> None:
@@ -143,11 +153,13 @@ def after_update(session: Session, stats: StepStats | None) -> None:
     if stats is not None and s.update % c.log_interval == 0:
         session.last_train = session.meter.summary()
         overflows = {"fp16_overflows": s.n_overflows} if t.scaler else {}
-        session.emit("train", {**session.last_train, "lr": t.lr(s.update), "skipped": s.n_skipped_updates,
-                               **overflows})
+        session.emit("train", {**session.last_train, "lr": t.lr(s.update), "skipped": s.n_skipped_updates, **overflows})
         session.meter.reset()
-    timed = broadcast_flag(bool(c.save_interval_minutes) and
-                           s.elapsed - s.last_timed_save >= c.save_interval_minutes * 60, t.info, t.device)
+    timed = broadcast_flag(
+        bool(c.save_interval_minutes) and s.elapsed - s.last_timed_save >= c.save_interval_minutes * 60,
+        t.info,
+        t.device,
+    )
     if timed:
         s.last_timed_save = s.elapsed
     by_updates = bool(stats) and bool(c.save_interval_updates) and s.update % c.save_interval_updates == 0
@@ -164,8 +176,12 @@ def progress_fields(session: Session) -> dict[str, Any]:
         info += f" | loss {session.last_train['loss']:.3f} | {session.last_train['tgt_tok_per_s']:,.0f} tok/s"
     if c.max_update or not c.max_time_minutes:
         return {"description": "updates", "completed": s.update, "total": c.max_update or None, "info": info}
-    return {"description": "minutes", "completed": round(s.elapsed / 60, 1), "total": c.max_time_minutes,
-            "info": f"update {s.update} | {info}"}
+    return {
+        "description": "minutes",
+        "completed": round(s.elapsed / 60, 1),
+        "total": c.max_time_minutes,
+        "info": f"update {s.update} | {info}",
+    }
 
 
 def train_loop(trainer: Trainer) -> None:
@@ -182,7 +198,7 @@ def train_loop(trainer: Trainer) -> None:
                 s.epoch, s.batch_in_epoch = s.epoch + 1, 0
                 validate_and_save(r, numbered=False)
             else:
-                group = batches[s.batch_in_epoch:s.batch_in_epoch + c.update_freq]
+                group = batches[s.batch_in_epoch : s.batch_in_epoch + c.update_freq]
                 stats = trainer.train_step(group)
                 s.batch_in_epoch += len(group)
                 after_update(r, stats)

@@ -20,8 +20,8 @@ import torch
 from torch import Tensor, nn
 
 from nmt_cli.data.vocab import PAD
-from nmt_cli.model.transformer import Transformer
 from nmt_cli.model.linear import ROWS, matmul_nt, on_cpu_path, pad_rows
+from nmt_cli.model.transformer import Transformer
 
 CHUNK_ELEMENTS = 1 << 21  # CPU: logits per chunk, rows * V (8 MB of float32)
 CUDA_CHUNK_ELEMENTS = 1 << 28  # elsewhere (CUDA): 1 GiB of float32 logits per chunk
@@ -57,11 +57,11 @@ class _LinearLabelSmoothedCE(torch.autograd.Function):
             if padded:  # whole multiples of ROWS: oneDNN then sees a handful of shapes (model/linear.py)
                 chunk = max(ROWS, chunk // ROWS * ROWS)
             for start in range(0, hidden.shape[0], chunk):
-                h = hidden[start:start + chunk].to(dtype)
+                h = hidden[start : start + chunk].to(dtype)
                 n = h.shape[0]
                 if padded:
                     h = pad_rows(h)
-                t = target[start:start + chunk, None]
+                t = target[start : start + chunk, None]
                 z_all = matmul_nt(h, w).float()  # [c, V], rows past n are padding
                 z = z_all[:n]
                 z_target, z_mean = z.gather(1, t).squeeze(1), z.mean(dim=-1)
@@ -77,7 +77,7 @@ class _LinearLabelSmoothedCE(torch.autograd.Function):
                     z.scatter_add_(1, t, z.new_full(t.shape, -(1.0 - epsilon)))
                     z_all[n:] = 0
                     g = z_all.to(dtype)
-                    grad_hidden[start:start + n] = matmul_nt(g, w.t())[:n]
+                    grad_hidden[start : start + n] = matmul_nt(g, w.t())[:n]
                     grad_weight += matmul_nt(g.t(), h.t()).float()
         ctx.save_for_backward(grad_hidden, grad_weight)
         ctx.dtypes = (hidden.dtype, weight.dtype)
@@ -87,8 +87,7 @@ class _LinearLabelSmoothedCE(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad_loss: Tensor, grad_nll: Tensor) -> tuple[Tensor, Tensor, None, None]:
         grad_hidden, grad_weight = ctx.saved_tensors
-        return ((grad_hidden * grad_loss).to(ctx.dtypes[0]), (grad_weight * grad_loss).to(ctx.dtypes[1]),
-                None, None)
+        return ((grad_hidden * grad_loss).to(ctx.dtypes[0]), (grad_weight * grad_loss).to(ctx.dtypes[1]), None, None)
 
 
 def label_smoothed_nll(hidden: Tensor, weight: Tensor, target: Tensor, epsilon: float) -> tuple[Tensor, Tensor]:
@@ -119,8 +118,14 @@ class TranslationLoss(nn.Module):
         super().__init__()
         self.model, self.epsilon = model, epsilon
 
-    def forward(self, src_tokens: Tensor, src_pad_mask: Tensor | None, tgt_in: Tensor, tgt_out: Tensor,
-                tgt_index: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    def forward(
+        self,
+        src_tokens: Tensor,
+        src_pad_mask: Tensor | None,
+        tgt_in: Tensor,
+        tgt_out: Tensor,
+        tgt_index: Tensor | None = None,
+    ) -> tuple[Tensor, Tensor]:
         hidden = self.model.decode(tgt_in, self.model.encode(src_tokens, src_pad_mask))
         if tgt_index is not None:
             hidden = hidden.flatten(0, 1).index_select(0, tgt_index)

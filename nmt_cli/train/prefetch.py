@@ -42,13 +42,24 @@ def pin(batch: Batch) -> Batch:
     def pinned_optional(t: torch.Tensor | None) -> torch.Tensor | None:
         return None if t is None else t.pin_memory()
 
-    return replace(batch, src_tokens=batch.src_tokens.pin_memory(), src_pad_mask=pinned_optional(batch.src_pad_mask),
-                   tgt_in=batch.tgt_in.pin_memory(), tgt_out=batch.tgt_out.pin_memory(),
-                   tgt_index=pinned_optional(batch.tgt_index))
+    return replace(
+        batch,
+        src_tokens=batch.src_tokens.pin_memory(),
+        src_pad_mask=pinned_optional(batch.src_pad_mask),
+        tgt_in=batch.tgt_in.pin_memory(),
+        tgt_out=batch.tgt_out.pin_memory(),
+        tgt_index=pinned_optional(batch.tgt_index),
+    )
 
 
-def _work(dataset: ParallelDataset, device: torch.device, order: list[np.ndarray], start: int,
-          out: queue.Queue, stop: threading.Event) -> None:
+def _work(
+    dataset: ParallelDataset,
+    device: torch.device,
+    order: list[np.ndarray],
+    start: int,
+    out: queue.Queue,
+    stop: threading.Event,
+) -> None:
     """Prepare order[start:] into `out` until the end of the order or until told to stop."""
     for ids in order[start:]:
         try:
@@ -84,8 +95,12 @@ class BatchLoader:
         self._stop = stop = threading.Event()
         weakref.finalize(self, stop.set)
         self._order, self._next, self._queue = order, start, queue.Queue(maxsize=self.depth)
-        threading.Thread(target=_work, args=(self.dataset, self.device, order, start, self._queue, stop),
-                         daemon=True, name="nmt-batches").start()
+        threading.Thread(
+            target=_work,
+            args=(self.dataset, self.device, order, start, self._queue, stop),
+            daemon=True,
+            name="nmt-batches",
+        ).start()
 
     def get(self, ids: np.ndarray) -> Batch:
         """The prepared batch of `ids`: from the thread when it is the planned next one, else made now."""

@@ -66,8 +66,16 @@ class StepStats:
 
 
 class Trainer:
-    def __init__(self, cfg: TrainConfig, model_cfg: ModelConfig, search_cfg: SearchConfig, vocab: Vocab,
-                 meta: dict[str, Any], info: DistInfo, device: torch.device) -> None:
+    def __init__(
+        self,
+        cfg: TrainConfig,
+        model_cfg: ModelConfig,
+        search_cfg: SearchConfig,
+        vocab: Vocab,
+        meta: dict[str, Any],
+        info: DistInfo,
+        device: torch.device,
+    ) -> None:
         self.cfg, self.model_cfg, self.search_cfg = cfg, model_cfg, search_cfg
         self.vocab, self.meta, self.info, self.device = vocab, meta, info, device
         data_dir = Path(cfg.data_dir)
@@ -81,8 +89,9 @@ class Trainer:
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         # CUDA: the fused AdamW kernel (one launch for all parameters); CPU keeps PyTorch's default.
         fused = {"fused": True} if device.type == "cuda" else {}
-        self.optimizer = torch.optim.AdamW(self.params, lr=0.0, betas=cfg.adam_betas, eps=cfg.adam_eps,
-                                           weight_decay=cfg.weight_decay, **fused)
+        self.optimizer = torch.optim.AdamW(
+            self.params, lr=0.0, betas=cfg.adam_betas, eps=cfg.adam_eps, weight_decay=cfg.weight_decay, **fused
+        )
         self.amp_dtype = AMP_DTYPES[cfg.precision or "fp32"]
         # fp16: fairseq's initial loss scale, 2^7 (the loss is a sum over tokens; PyTorch's 2^16 overflows at first)
         self.scaler = torch.amp.GradScaler(device.type, init_scale=2.0**7) if self.amp_dtype == torch.float16 else None
@@ -95,9 +104,16 @@ class Trainer:
     def epoch_batches(self) -> list[np.ndarray]:
         epoch = self.state.epoch
         if self._epoch_cache is None or self._epoch_cache[0] != epoch:
-            batches = epoch_batches(self.train_data.src_lens, self.train_data.tgt_lens, self.cfg.max_tokens,
-                                    self.cfg.seed, epoch, self.info.rank, self.info.world_size,
-                                    self.model_cfg.max_positions)
+            batches = epoch_batches(
+                self.train_data.src_lens,
+                self.train_data.tgt_lens,
+                self.cfg.max_tokens,
+                self.cfg.seed,
+                epoch,
+                self.info.rank,
+                self.info.world_size,
+                self.model_cfg.max_positions,
+            )
             if not batches:
                 raise DataError(f"no training pair of {self.cfg.data_dir} fits --max-tokens {self.cfg.max_tokens}")
             self._epoch_cache = (epoch, batches)
@@ -107,8 +123,9 @@ class Trainer:
     def batch_loss(self, batch: Batch, module: torch.nn.Module | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Summed label-smoothed loss and NLL over the batch's real target tokens."""
         with autocast(self.device, self.amp_dtype):
-            return (module or self.objective)(batch.src_tokens, batch.src_pad_mask, batch.tgt_in, batch.tgt_out,
-                                              batch.tgt_index)
+            return (module or self.objective)(
+                batch.src_tokens, batch.src_pad_mask, batch.tgt_in, batch.tgt_out, batch.tgt_index
+            )
 
     def train_step(self, group: list[np.ndarray]) -> StepStats | None:
         """Forward/backward over this rank's batches, one host synchronisation, then step. None if skipped.
@@ -161,8 +178,11 @@ class Trainer:
                     if not syncing:
                         self.backward(loss)
             except torch.cuda.OutOfMemoryError:
-                logger.warning("rank %d ran out of memory on a batch of %d sentences; skipping this update "
-                               "on every rank", self.info.rank, len(ids))
+                logger.warning(
+                    "rank %d ran out of memory on a batch of %d sentences; skipping this update on every rank",
+                    self.info.rank,
+                    len(ids),
+                )
                 totals[3] += 1
                 torch.cuda.empty_cache()
                 self.join_gradient_sync()
@@ -173,9 +193,11 @@ class Trainer:
                 try:
                     self.backward(loss)
                 except torch.cuda.OutOfMemoryError:
-                    raise NmtError(f"rank {self.info.rank} ran out of memory in the backward pass that "
-                                   "synchronises the ranks' gradients, which cannot be skipped; lower "
-                                   "--max-tokens") from None
+                    raise NmtError(
+                        f"rank {self.info.rank} ran out of memory in the backward pass that "
+                        "synchronises the ranks' gradients, which cannot be skipped; lower "
+                        "--max-tokens"
+                    ) from None
         return totals
 
     def join_gradient_sync(self) -> None:
@@ -186,8 +208,10 @@ class Trainer:
         """
         if self.distributed:
             one = torch.tensor([[EOS]], device=self.device)
-            loss, _ = self.batch_loss(Batch(np.zeros(1, dtype=np.int64), one, one.eq(PAD), torch.full_like(one, BOS),
-                                            one, 1), self.synced_objective)
+            loss, _ = self.batch_loss(
+                Batch(np.zeros(1, dtype=np.int64), one, one.eq(PAD), torch.full_like(one, BOS), one, 1),
+                self.synced_objective,
+            )
             (loss * 0.0).backward()
 
     def backward(self, loss: torch.Tensor) -> None:
@@ -197,8 +221,9 @@ class Trainer:
         """Accumulate this batch's gradients locally; the update's last batch syncs them all."""
         return self.synced_objective.no_sync() if self.distributed else nullcontext()  # type: ignore[operator]
 
-    def apply_update(self, loss_sum: float, nll_sum: float, n_tokens: int, grad_norm: float,
-                     seconds: float) -> StepStats:
+    def apply_update(
+        self, loss_sum: float, nll_sum: float, n_tokens: int, grad_norm: float, seconds: float
+    ) -> StepStats:
         """Step with gradients already normalised, clipped and known to be finite."""
         self.state.n_nonfinite_in_a_row = 0
         lr = self.lr(self.state.update + 1)
@@ -218,26 +243,44 @@ class Trainer:
             scale = self.scaler.get_scale() / 2
             self.scaler.update(scale)
             self.state.n_overflows += 1
-            logger.warning("fp16 overflow at update %d, update skipped (%d so far); loss scale now %g",
-                           self.state.update + 1, self.state.n_overflows, scale)
+            logger.warning(
+                "fp16 overflow at update %d, update skipped (%d so far); loss scale now %g",
+                self.state.update + 1,
+                self.state.n_overflows,
+                scale,
+            )
             if scale < self.cfg.min_loss_scale:
-                raise NmtError(f"minimum loss scale reached: fp16 overflowed at every scale down to {scale:g} "
-                               f"(--min-loss-scale {self.cfg.min_loss_scale:g}); the loss is probably "
-                               "diverging: lower the learning rate, set --clip-norm, or use --precision bf16")
+                raise NmtError(
+                    f"minimum loss scale reached: fp16 overflowed at every scale down to {scale:g} "
+                    f"(--min-loss-scale {self.cfg.min_loss_scale:g}); the loss is probably "
+                    "diverging: lower the learning rate, set --clip-norm, or use --precision bf16"
+                )
             return None
         self.state.n_nonfinite_in_a_row += 1
-        logger.warning("non-finite loss (%s) or gradient norm (%s) at update %d; update skipped",
-                       loss_sum, grad_norm, self.state.update + 1)
+        logger.warning(
+            "non-finite loss (%s) or gradient norm (%s) at update %d; update skipped",
+            loss_sum,
+            grad_norm,
+            self.state.update + 1,
+        )
         if self.state.n_nonfinite_in_a_row >= self.cfg.max_nonfinite:
-            raise NmtError(f"{self.state.n_nonfinite_in_a_row} updates in a row had a non-finite loss; "
-                           "stopping (lower --lr-scale/--lr, set --clip-norm, or check the data)")
+            raise NmtError(
+                f"{self.state.n_nonfinite_in_a_row} updates in a row had a non-finite loss; "
+                "stopping (lower --lr-scale/--lr, set --clip-norm, or check the data)"
+            )
         return None
 
     def lr(self, update: int) -> float:
         """The learning rate of `update`, counted from where the schedule (re)started."""
         c = self.cfg
-        return learning_rate(update - self.state.lr_start, c.lr_scheduler, self.model_cfg.d_model, c.warmup_updates, c.lr_scale,
-                             c.peak_lr)
+        return learning_rate(
+            update - self.state.lr_start,
+            c.lr_scheduler,
+            self.model_cfg.d_model,
+            c.warmup_updates,
+            c.lr_scale,
+            c.peak_lr,
+        )
 
     # ---- validation -------------------------------------------------------------------------------
     @torch.inference_mode()
@@ -246,22 +289,35 @@ class Trainer:
         assert self.valid_data is not None
         self.model.eval()
         data = self.valid_data
-        batches, _ = batch_by_tokens(data.src_lens.clip(max=self.model_cfg.max_positions - 1),
-                                     data.tgt_lens.clip(max=self.model_cfg.max_positions - 1),
-                                     max(self.cfg.max_tokens, self.model_cfg.max_positions), None)
+        batches, _ = batch_by_tokens(
+            data.src_lens.clip(max=self.model_cfg.max_positions - 1),
+            data.tgt_lens.clip(max=self.model_cfg.max_positions - 1),
+            max(self.cfg.max_tokens, self.model_cfg.max_positions),
+            None,
+        )
         totals = torch.zeros(3, dtype=torch.float64, device=self.device)
-        for ids in batches[self.info.rank::self.info.world_size]:
+        for ids in batches[self.info.rank :: self.info.world_size]:
             batch = collate(data, ids, self.model_cfg.max_positions).to(self.device)
             loss, nll = self.batch_loss(batch)
             totals[:2] += torch.stack([loss, nll]).double()
             totals[2] += batch.n_tgt_tokens
         loss_sum, nll_sum, n_tokens = all_reduce_sum(totals, self.info).tolist()
-        result = {"valid_loss": loss_sum / n_tokens, "valid_nll": nll_sum / n_tokens,
-                  "valid_ppl": math.exp(min(nll_sum / n_tokens, 100.0))}
+        result = {
+            "valid_loss": loss_sum / n_tokens,
+            "valid_nll": nll_sum / n_tokens,
+            "valid_ppl": math.exp(min(nll_sum / n_tokens, 100.0)),
+        }
         if self.cfg.eval_bleu:
-            result["valid_bleu"] = evaluate_bleu(self.model, data, self.vocab, self.search_cfg,
-                                                 self.cfg.eval_bleu_max_tokens, self.device, self.amp_dtype,
-                                                 self.info)
+            result["valid_bleu"] = evaluate_bleu(
+                self.model,
+                data,
+                self.vocab,
+                self.search_cfg,
+                self.cfg.eval_bleu_max_tokens,
+                self.device,
+                self.amp_dtype,
+                self.info,
+            )
         self.model.train()
         return result
 
@@ -287,15 +343,27 @@ class Trainer:
 
         rng: every rank's random streams (`rng_states`); this process's alone when not given.
         """
-        training = {"optimizer": self.optimizer.state_dict(),
-                    "scheduler": {"name": self.cfg.lr_scheduler, "update": self.state.update - self.state.lr_start},
-                    "grad_scaler": self.scaler.state_dict() if self.scaler else {},
-                    "train_state": asdict(self.state), "world_size": self.info.world_size,
-                    "rng": rng if rng is not None else [rng_state()]}
-        return make_checkpoint(self.model_cfg, self.cfg, self.search_cfg, self.vocab,
-                               (self.meta["source_lang"], self.meta["target_lang"]), self.model.state_dict(),
-                               self.state.update, self.state.epoch, training,
-                               self.meta.get("target_format", "text"), self.meta.get("tree_leaves"))
+        training = {
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": {"name": self.cfg.lr_scheduler, "update": self.state.update - self.state.lr_start},
+            "grad_scaler": self.scaler.state_dict() if self.scaler else {},
+            "train_state": asdict(self.state),
+            "world_size": self.info.world_size,
+            "rng": rng if rng is not None else [rng_state()],
+        }
+        return make_checkpoint(
+            self.model_cfg,
+            self.cfg,
+            self.search_cfg,
+            self.vocab,
+            (self.meta["source_lang"], self.meta["target_lang"]),
+            self.model.state_dict(),
+            self.state.update,
+            self.state.epoch,
+            training,
+            self.meta.get("target_format", "text"),
+            self.meta.get("tree_leaves"),
+        )
 
     def restore(self, ckpt: dict[str, Any], path: Path) -> None:
         c = self.cfg
@@ -307,19 +375,28 @@ class Trainer:
             if self.scaler and ckpt.get("grad_scaler"):
                 self.scaler.load_state_dict(ckpt["grad_scaler"])
         if c.reset_lr_scheduler:
-            logger.info("--reset-lr-scheduler: the lr schedule restarts; the update count goes on from %d",
-                        self.state.update)
+            logger.info(
+                "--reset-lr-scheduler: the lr schedule restarts; the update count goes on from %d", self.state.update
+            )
             self.state.lr_start = self.state.update
         if c.reset_dataloader or ckpt.get("world_size", 1) != self.info.world_size:
             if not c.reset_dataloader:
-                logger.warning("checkpoint was written with %d ranks, this run has %d; the data iterator "
-                               "restarts at the beginning of epoch %d", ckpt.get("world_size", 1),
-                               self.info.world_size, self.state.epoch)
+                logger.warning(
+                    "checkpoint was written with %d ranks, this run has %d; the data iterator "
+                    "restarts at the beginning of epoch %d",
+                    ckpt.get("world_size", 1),
+                    self.info.world_size,
+                    self.state.epoch,
+                )
             self.state.batch_in_epoch = 0
         rngs = ckpt["rng"]  # by rank
         if len(rngs) != self.info.world_size:
-            logger.warning("checkpoint holds the random streams of %d rank(s), this run has %d; every rank "
-                           "continues from rank 0's", len(rngs), self.info.world_size)
+            logger.warning(
+                "checkpoint holds the random streams of %d rank(s), this run has %d; every rank "
+                "continues from rank 0's",
+                len(rngs),
+                self.info.world_size,
+            )
         set_rng_state(rngs[self.info.rank] if len(rngs) == self.info.world_size else rngs[0])
 
     def stop_reason(self) -> str | None:
@@ -338,8 +415,11 @@ class Trainer:
 def rng_state() -> dict[str, Any]:
     """This process's random streams: Python's, NumPy's, torch's CPU and CUDA generators."""
     name, key, pos, has_gauss, gauss = np.random.get_state(legacy=True)
-    rng = {"python": random.getstate(), "numpy": [name, key.tolist(), pos, has_gauss, gauss],  # type: ignore[union-attr]
-           "torch": torch.get_rng_state()}
+    rng = {
+        "python": random.getstate(),
+        "numpy": [name, key.tolist(), pos, has_gauss, gauss],  # type: ignore[union-attr]
+        "torch": torch.get_rng_state(),
+    }
     if torch.cuda.is_available():
         rng["cuda"] = torch.cuda.get_rng_state_all()
     return rng

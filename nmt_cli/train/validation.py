@@ -13,8 +13,16 @@ from nmt_cli.runtime import DistInfo
 from nmt_cli.search.translate import Translator, translate
 
 
-def evaluate_bleu(model: Transformer, data: ParallelDataset, vocab: Vocab, cfg: SearchConfig, max_tokens: int,
-                  device: torch.device, amp_dtype: torch.dtype | None, info: DistInfo) -> float:
+def evaluate_bleu(
+    model: Transformer,
+    data: ParallelDataset,
+    vocab: Vocab,
+    cfg: SearchConfig,
+    max_tokens: int,
+    device: torch.device,
+    amp_dtype: torch.dtype | None,
+    info: DistInfo,
+) -> float:
     """sacreBLEU of the valid split's translations against its detokenized references (rank 0 computes it)."""
     score = torch.zeros(1, dtype=torch.float64, device=device)
     if info.is_main:

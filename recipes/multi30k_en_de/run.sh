@@ -67,6 +67,7 @@ fi
 # 7. A few test sentences: source, reference, ours.
 if [ "${DRY_RUN:-0}" != 1 ] && [ "$SHOW" -gt 0 ]; then
     echo
-    paste "$RAW_DIR/test_2016_flickr.en" "$RAW_DIR/test_2016_flickr.de" "$WORK_DIR/test.hyp.de" | head -n "$SHOW" |
-        awk -F'\t' '{ printf "source:      %s\nreference:   %s\ntranslation: %s\n\n", $1, $2, $3 }'
+    # awk reads to the end (no early exit), so paste never dies of SIGPIPE under pipefail
+    paste "$RAW_DIR/test_2016_flickr.en" "$RAW_DIR/test_2016_flickr.de" "$WORK_DIR/test.hyp.de" |
+        awk -F'\t' -v n="$SHOW" 'NR <= n { printf "source:      %s\nreference:   %s\ntranslation: %s\n\n", $1, $2, $3 }'
 fi

@@ -63,8 +63,10 @@ def test_collate_layout(toy_data_bin):
     batch = collate(data, ids)
     for row, i in enumerate(ids):
         s, t = data.src[i].tolist(), data.tgt[i].tolist()
-        assert batch.src_tokens[row, :len(s) + 1].tolist() == s + [EOS]
-        assert batch.tgt_in[row, :len(t) + 1].tolist() == [BOS] + t
-        assert batch.tgt_out[row, :len(t) + 1].tolist() == t + [EOS]
-        assert batch.src_pad_mask[row].tolist() == [False] * (len(s) + 1) + [True] * (batch.src_tokens.shape[1] - len(s) - 1)
+        assert batch.src_tokens[row, : len(s) + 1].tolist() == s + [EOS]
+        assert batch.tgt_in[row, : len(t) + 1].tolist() == [BOS] + t
+        assert batch.tgt_out[row, : len(t) + 1].tolist() == t + [EOS]
+        assert batch.src_pad_mask[row].tolist() == [False] * (len(s) + 1) + [True] * (
+            batch.src_tokens.shape[1] - len(s) - 1
+        )
     assert batch.n_tgt_tokens == int(batch.tgt_out.ne(PAD).sum())

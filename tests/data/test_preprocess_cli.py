@@ -30,8 +30,20 @@ def run(*args):
 
 def test_happy_path(raw):
     dest = raw / "bin"
-    result = run("--trainpref", raw / "train", "--validpref", raw / "valid", "--testpref", raw / "valid",
-                 "--destdir", dest, "--vocab-size", 500, "--max-len-ratio", 3)
+    result = run(
+        "--trainpref",
+        raw / "train",
+        "--validpref",
+        raw / "valid",
+        "--testpref",
+        raw / "valid",
+        "--destdir",
+        dest,
+        "--vocab-size",
+        500,
+        "--max-len-ratio",
+        3,
+    )
     assert result.exit_code == 0, result.output
     meta = json.loads((dest / "meta.json").read_text())
     assert meta["vocab_size"] % 8 == 0 and meta["n_pieces"] == 500
@@ -78,8 +90,18 @@ def test_empty_lines_dropped_from_train_kept_in_valid(raw):
         lines = (raw / f"{split}.de").read_text().splitlines()
         lines[3] = ""
         (raw / f"{split}.de").write_text("\n".join(lines) + "\n")
-    result = run("--trainpref", raw / "train", "--validpref", raw / "valid", "--destdir", raw / "bin",
-                 "--vocab-size", 500, "--max-len-ratio", 100)
+    result = run(
+        "--trainpref",
+        raw / "train",
+        "--validpref",
+        raw / "valid",
+        "--destdir",
+        raw / "bin",
+        "--vocab-size",
+        500,
+        "--max-len-ratio",
+        100,
+    )
     assert result.exit_code == 0, result.output
     meta = json.loads((raw / "bin" / "meta.json").read_text())
     assert meta["splits"]["train"]["dropped"]["empty"] == 1
@@ -124,8 +146,9 @@ def test_vocab_size_too_large(raw):
 
 
 def test_same_languages(raw):
-    result = CliRunner().invoke(cli, ["preprocess", "-s", "en", "-t", "en", "--trainpref", raw / "train",
-                                      "--destdir", raw / "bin"])
+    result = CliRunner().invoke(
+        cli, ["preprocess", "-s", "en", "-t", "en", "--trainpref", raw / "train", "--destdir", raw / "bin"]
+    )
     assert result.exit_code == 1 and "--source-lang and --target-lang are both 'en'" in result.output
 
 

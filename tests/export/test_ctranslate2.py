@@ -17,7 +17,6 @@ Findings the tests pin down (CTranslate2 4.8):
 
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -26,8 +25,10 @@ import torch
 
 ctranslate2 = pytest.importorskip("ctranslate2", reason="ctranslate2 is not installed (pip install nmt[export])")
 
-from nmt_cli.config import SearchConfig  # noqa: E402
-from nmt_cli.config import ExportConfig
+from nmt_cli.config import (
+    ExportConfig,
+    SearchConfig,  # noqa: E402
+)
 from nmt_cli.export.run import export_checkpoint  # noqa: E402
 from nmt_cli.search.translate import load_translator, translate  # noqa: E402
 
@@ -57,8 +58,7 @@ def nmt_results(checkpoint: Path, vocab_lines: list[str], cfg: SearchConfig):
 def ct2_results(model_dir: Path, vocab, lines: list[str], **options):
     translator = ctranslate2.Translator(str(model_dir), device="cpu", intra_threads=1)
     tokens = [vocab.pieces(ids) for ids in vocab.encode(lines)]
-    results = translator.translate_batch(tokens, beam_size=BEAM, return_scores=True, max_decoding_length=200,
-                                         **options)
+    results = translator.translate_batch(tokens, beam_size=BEAM, return_scores=True, max_decoding_length=200, **options)
     hyps = [[t for t in r.hypotheses[0] if t != "</s>"] for r in results]
     return hyps, [r.scores[0] for r in results]
 
@@ -67,7 +67,8 @@ def test_export_writes_model_vocabulary_and_sentencepiece(exported):
     import json
 
     assert {"model.bin", "config.json", "shared_vocabulary.json", "sentencepiece.model"} <= {
-        p.name for p in exported.iterdir()}
+        p.name for p in exported.iterdir()
+    }
     config = json.loads((exported / "config.json").read_text())
     assert config["decoder_start_token"] == "<s>" and config["add_source_eos"] is True
     vocab = json.loads((exported / "shared_vocabulary.json").read_text())
@@ -102,19 +103,20 @@ def test_beam_parity_with_default_min_length(trained_copy_checkpoint, exported, 
 
 @pytest.mark.parametrize("return_end_token", [False, True])
 @pytest.mark.parametrize("alpha", [0.6, 1.0])
-def test_beam_parity_with_fairseq_length_penalty(trained_copy_checkpoint, exported, sentences, alpha,
-                                                 return_end_token):
+def test_beam_parity_with_fairseq_length_penalty(trained_copy_checkpoint, exported, sentences, alpha, return_end_token):
     cfg = SearchConfig(beam=BEAM, lenpen=alpha, lenpen_style="fairseq", min_len=0)
     ours, our_scores, vocab = nmt_results(trained_copy_checkpoint, sentences, cfg)
-    theirs, their_scores = ct2_results(exported, vocab, sentences, length_penalty=alpha, min_decoding_length=0,
-                                       return_end_token=return_end_token)
+    theirs, their_scores = ct2_results(
+        exported, vocab, sentences, length_penalty=alpha, min_decoding_length=0, return_end_token=return_end_token
+    )
     assert ours == theirs
     np.testing.assert_allclose(their_scores, our_scores, atol=SCORE_TOL, rtol=0)
 
 
 def test_int8_export_translates_like_float32(trained_copy_checkpoint, exported, sentences, tmp_path):
-    out = export_checkpoint(ExportConfig(path=str(trained_copy_checkpoint), output=str(tmp_path / "int8"),
-                                         quantization="int8"))
+    out = export_checkpoint(
+        ExportConfig(path=str(trained_copy_checkpoint), output=str(tmp_path / "int8"), quantization="int8")
+    )
     vocab = load_translator(trained_copy_checkpoint, torch.device("cpu"), None)[0].vocab
     fp32, _ = ct2_results(exported, vocab, sentences, length_penalty=NO_PENALTY)
     int8, _ = ct2_results(out, vocab, sentences, length_penalty=NO_PENALTY)

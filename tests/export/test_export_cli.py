@@ -50,13 +50,23 @@ def test_parameter_without_a_place_is_one_line_error(tiny_checkpoint, tmp_path, 
 def test_export_cli_writes_a_loadable_model(toy_data_bin, tmp_path, normalize_before):
     ctranslate2 = pytest.importorskip("ctranslate2", reason="ctranslate2 is not installed (pip install nmt[export])")
     from conftest import tiny_train_config
+
     from nmt_cli.config import SearchConfig, model_config
     from nmt_cli.train.command import train
 
-    train(tiny_train_config(toy_data_bin, tmp_path / "ck", max_update=1),
-          model_config("transformer_tiny", normalize_before=normalize_before), SearchConfig())
-    result = run("--path", str(tmp_path / "ck" / "checkpoint_last.pt"), "--output", str(tmp_path / "ct2"),
-                 "--quantization", "int8")
+    train(
+        tiny_train_config(toy_data_bin, tmp_path / "ck", max_update=1),
+        model_config("transformer_tiny", normalize_before=normalize_before),
+        SearchConfig(),
+    )
+    result = run(
+        "--path",
+        str(tmp_path / "ck" / "checkpoint_last.pt"),
+        "--output",
+        str(tmp_path / "ct2"),
+        "--quantization",
+        "int8",
+    )
     assert result.exit_code == 0, result.output
     translator = ctranslate2.Translator(str(tmp_path / "ct2"), device="cpu")
     assert translator.translate_batch([["▁1", "▁2"]], beam_size=2, max_decoding_length=5)[0].hypotheses

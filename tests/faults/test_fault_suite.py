@@ -22,17 +22,29 @@ import numpy as np
 import pytest
 import torch
 from click.testing import CliRunner
+from conftest import write_copy_corpus
 
 from nmt_cli.cli import cli
 from nmt_cli.config import PreprocessConfig
 from nmt_cli.data.preprocess import preprocess
-from nmt_cli.files import LOCK_FILE, run_lock
-from conftest import write_copy_corpus
+from nmt_cli.files import run_lock
 
 ROOT = Path(__file__).resolve().parents[2]
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
-TINY = ["--arch", "transformer_tiny", "--max-tokens", "256", "--warmup-updates", "4", "--device", "cpu",
-        "--threads", "1", "--log-interval", "1"]
+TINY = [
+    "--arch",
+    "transformer_tiny",
+    "--max-tokens",
+    "256",
+    "--warmup-updates",
+    "4",
+    "--device",
+    "cpu",
+    "--threads",
+    "1",
+    "--log-interval",
+    "1",
+]
 LEFTOVER = re.compile(r"(\.tmp$|\.tmp-|\.lock$|\.raw$)")
 
 
@@ -43,8 +55,11 @@ def error_lines(text):
 
 def snapshot(root, pattern="*"):
     """sha256 of every file under root (to prove earlier files are byte-identical afterwards)."""
-    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(root.rglob(pattern)) if p.is_file()}
+    return {
+        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob(pattern))
+        if p.is_file()
+    }
 
 
 def leftovers(root):
@@ -74,8 +89,9 @@ def nmt_subprocess(*args, stdin=subprocess.DEVNULL, input=None, shell_suffix="")
     cmd = [sys.executable, "-m", "nmt_cli", "--no-progress", *[str(a) for a in args]]
     if shell_suffix:
         cmd = ["bash", "-c", " ".join(f"'{c}'" for c in cmd) + shell_suffix]
-    return subprocess.run(cmd, input=input, stdin=None if input is not None else stdin, capture_output=True,
-                          env=env, timeout=120)
+    return subprocess.run(
+        cmd, input=input, stdin=None if input is not None else stdin, capture_output=True, env=env, timeout=120
+    )
 
 
 # ---- fixtures ----------------------------------------------------------------------------------------------
@@ -90,8 +106,17 @@ def other_data_bin(tmp_path_factory):
     shutil.copy(root / "train.src", root / "test.src")
     shutil.copy(root / "train.tgt", root / "test.tgt")
     dest = root / "bin"
-    preprocess(PreprocessConfig(source_lang="src", target_lang="tgt", trainpref=str(root / "train"),
-                                testpref=str(root / "test"), destdir=str(dest), vocab_size=24, max_len_ratio=1.5))
+    preprocess(
+        PreprocessConfig(
+            source_lang="src",
+            target_lang="tgt",
+            trainpref=str(root / "train"),
+            testpref=str(root / "test"),
+            destdir=str(dest),
+            vocab_size=24,
+            max_len_ratio=1.5,
+        )
+    )
     return dest
 
 
@@ -143,73 +168,172 @@ def newer_checkpoint(work):
 
 # (id, setup(work) or None, args (strings with {w} for the work dir, {other} for other_data_bin), expected)
 IN_PROCESS = [
-    ("generate-data-of-another-vocabulary", None,
-     "generate {other} --path {w}/run/checkpoint_last.pt --gen-subset test", "is not the sentencepiece model of"),
-    ("resume-on-data-of-another-vocabulary", None,
-     "train {other} --save-dir {w}/run " + " ".join(TINY) + " --max-update 9", "is not the sentencepiece model of"),
-    ("average-output-is-an-input", None,
-     "average-checkpoints --inputs {w}/run/checkpoint_2.pt {w}/run/checkpoint_4.pt --output {w}/run/checkpoint_4.pt",
-     "is one of the checkpoints being averaged"),
-    ("average-output-is-a-symlink-to-an-input", lambda w: (w / "link.pt").symlink_to(w / "run" / "checkpoint_4.pt"),
-     "average-checkpoints --inputs {w}/run/checkpoint_4.pt {w}/run/checkpoint_6.pt --output {w}/link.pt",
-     "is one of the checkpoints being averaged"),
-    ("average-output-is-checkpoint-last", None,
-     "average-checkpoints --inputs {w}/run/checkpoint_4.pt {w}/run/checkpoint_6.pt --output {w}/run/checkpoint_last.pt",
-     "is a name training writes"),
-    ("average-output-is-checkpoint-best", None,
-     "average-checkpoints --inputs {w}/run/checkpoint_4.pt {w}/run/checkpoint_6.pt --output {w}/x/checkpoint_best.pt",
-     "is a name training writes"),
-    ("average-input-not-a-checkpoint", lambda w: (w / "junk.pt").write_bytes(b"junk"),
-     "average-checkpoints --inputs {w}/junk.pt {w}/run/checkpoint_6.pt --output {w}/avg.pt",
-     "not a readable nmt checkpoint"),
-    ("resume-from-an-averaged-checkpoint", lambda w: shutil.copy(w / "avg0.pt", w / "run" / "checkpoint_last.pt"),
-     "train {w}/data --save-dir {w}/run " + " ".join(TINY) + " --max-update 9", "has no training state"),
-    ("checkpoint-from-a-newer-nmt", newer_checkpoint,
-     "generate --path {w}/new.pt --input {w}/run/config.json", "has format version 99"),
+    (
+        "generate-data-of-another-vocabulary",
+        None,
+        "generate {other} --path {w}/run/checkpoint_last.pt --gen-subset test",
+        "is not the sentencepiece model of",
+    ),
+    (
+        "resume-on-data-of-another-vocabulary",
+        None,
+        "train {other} --save-dir {w}/run " + " ".join(TINY) + " --max-update 9",
+        "is not the sentencepiece model of",
+    ),
+    (
+        "average-output-is-an-input",
+        None,
+        "average-checkpoints --inputs {w}/run/checkpoint_2.pt {w}/run/checkpoint_4.pt --output {w}/run/checkpoint_4.pt",
+        "is one of the checkpoints being averaged",
+    ),
+    (
+        "average-output-is-a-symlink-to-an-input",
+        lambda w: (w / "link.pt").symlink_to(w / "run" / "checkpoint_4.pt"),
+        "average-checkpoints --inputs {w}/run/checkpoint_4.pt {w}/run/checkpoint_6.pt --output {w}/link.pt",
+        "is one of the checkpoints being averaged",
+    ),
+    (
+        "average-output-is-checkpoint-last",
+        None,
+        "average-checkpoints --inputs {w}/run/checkpoint_4.pt {w}/run/checkpoint_6.pt --output {w}/run/checkpoint_last.pt",
+        "is a name training writes",
+    ),
+    (
+        "average-output-is-checkpoint-best",
+        None,
+        "average-checkpoints --inputs {w}/run/checkpoint_4.pt {w}/run/checkpoint_6.pt --output {w}/x/checkpoint_best.pt",
+        "is a name training writes",
+    ),
+    (
+        "average-input-not-a-checkpoint",
+        lambda w: (w / "junk.pt").write_bytes(b"junk"),
+        "average-checkpoints --inputs {w}/junk.pt {w}/run/checkpoint_6.pt --output {w}/avg.pt",
+        "not a readable nmt checkpoint",
+    ),
+    (
+        "resume-from-an-averaged-checkpoint",
+        lambda w: shutil.copy(w / "avg0.pt", w / "run" / "checkpoint_last.pt"),
+        "train {w}/data --save-dir {w}/run " + " ".join(TINY) + " --max-update 9",
+        "has no training state",
+    ),
+    (
+        "checkpoint-from-a-newer-nmt",
+        newer_checkpoint,
+        "generate --path {w}/new.pt --input {w}/run/config.json",
+        "has format version 99",
+    ),
     ("generate-path-is-a-directory", None, "generate --path {w}/run --input {w}/run/config.json", "is a directory"),
-    ("generate-input-is-a-directory", None, "generate --path {w}/run/checkpoint_last.pt --input {w}/run",
-     "is a directory"),
-    ("generate-input-invalid-utf8", lambda w: (w / "bad.txt").write_bytes(b"1 2\n3 4\n5 \xff 6\n7\n"),
-     "generate --path {w}/run/checkpoint_last.pt --input {w}/bad.txt", "bad.txt:3: invalid UTF-8"),
-    ("generate-results-path-is-a-file", lambda w: (w / "file").write_text("x"),
-     "generate {w}/data --path {w}/run/checkpoint_last.pt --gen-subset test --results-path {w}/file", "is a file"),
-    ("generate-negative-max-len-b", None, "generate --path {w}/run/checkpoint_last.pt --input - --max-len-b -1",
-     "--max-len-b"),
+    (
+        "generate-input-is-a-directory",
+        None,
+        "generate --path {w}/run/checkpoint_last.pt --input {w}/run",
+        "is a directory",
+    ),
+    (
+        "generate-input-invalid-utf8",
+        lambda w: (w / "bad.txt").write_bytes(b"1 2\n3 4\n5 \xff 6\n7\n"),
+        "generate --path {w}/run/checkpoint_last.pt --input {w}/bad.txt",
+        "bad.txt:3: invalid UTF-8",
+    ),
+    (
+        "generate-results-path-is-a-file",
+        lambda w: (w / "file").write_text("x"),
+        "generate {w}/data --path {w}/run/checkpoint_last.pt --gen-subset test --results-path {w}/file",
+        "is a file",
+    ),
+    (
+        "generate-negative-max-len-b",
+        None,
+        "generate --path {w}/run/checkpoint_last.pt --input - --max-len-b -1",
+        "--max-len-b",
+    ),
     ("generate-nan-lenpen", None, "generate --path {w}/run/checkpoint_last.pt --input - --lenpen nan", "--lenpen"),
     ("generate-inf-lenpen", None, "generate --path {w}/run/checkpoint_last.pt --input - --lenpen inf", "--lenpen"),
     ("generate-zero-beam", None, "generate --path {w}/run/checkpoint_last.pt --input - --beam 0", "--beam"),
-    ("train-negative-max-tokens", None, "train {w}/data --save-dir {w}/new " + " ".join(TINY) +
-     " --max-update 2 --max-tokens -5", "--max-tokens"),
-    ("train-nan-lr", None, "train {w}/data --save-dir {w}/new " + " ".join(TINY) + " --max-update 2 --lr-scale nan",
-     "--lr-scale"),
-    ("train-max-positions-below-every-pair", None, "train {w}/data --save-dir {w}/new " + " ".join(TINY) +
-     " --max-update 2 --max-positions 2", "needs more than --max-positions 2"),
-    ("truncated-bin", lambda w: truncate_bin(w / "data"),
-     "train {w}/data --save-dir {w}/new " + " ".join(TINY) + " --max-update 2", "train.src.bin.npy is truncated"),
-    ("corrupted-idx-merges-sentences", lambda w: merge_two_sentences(w / "data"),
-     "train {w}/data --save-dir {w}/new " + " ".join(TINY) + " --max-update 2", "does not match the checksum"),
-    ("corrupted-idx-without-checksums", lambda w: break_offsets_without_checksums(w / "data"),
-     "generate {w}/data --path {w}/run/checkpoint_last.pt --gen-subset train", "train.src.idx.npy ends at token"),
-    ("meta-from-a-newer-nmt", lambda w: edit_meta(w / "data", format_version=7, nmt_version="9.0"),
-     "train {w}/data --save-dir {w}/run " + " ".join(TINY) + " --max-update 9", "format version 7"),
-    ("meta-not-ours", lambda w: (w / "data" / "meta.json").write_text("[1, 2]"),
-     "generate {w}/data --path {w}/run/checkpoint_last.pt --gen-subset test", "is not an nmt data description"),
-    ("spm-model-replaced", lambda w: shutil.copy(w / "other" / "spm.model", w / "data" / "spm.model"),
-     "generate {w}/data --path {w}/run/checkpoint_last.pt --gen-subset test", "is not the model"),
-    ("score-empty-sys-and-ref", lambda w: [(w / n).write_text("") for n in ("hyp", "ref")],
-     "score --sys {w}/hyp --ref {w}/ref", "is empty"),
-    ("score-sys-is-a-directory", lambda w: (w / "ref").write_text("a\n"), "score --sys {w}/run --ref {w}/ref",
-     "is a directory"),
-    ("preprocess-destdir-is-an-empty-file", lambda w: (w / "dest").write_text(""),
-     "preprocess --source-lang src --target-lang tgt --trainpref {corpus}/train --destdir {w}/dest "
-     "--vocab-size 24", "is a file, not a directory"),
-    ("preprocess-destdir-not-empty", None,
-     "preprocess --source-lang src --target-lang tgt --trainpref {corpus}/train --destdir {w}/run --vocab-size 24",
-     "is not empty"),
-    ("preprocess-input-is-a-directory", lambda w: [(w / "c" / f"train.{lang}").mkdir(parents=True)
-                                                   for lang in ("src", "tgt")],
-     "preprocess --source-lang src --target-lang tgt --trainpref {w}/c/train --destdir {w}/dest --vocab-size 24",
-     "is a directory"),
+    (
+        "train-negative-max-tokens",
+        None,
+        "train {w}/data --save-dir {w}/new " + " ".join(TINY) + " --max-update 2 --max-tokens -5",
+        "--max-tokens",
+    ),
+    (
+        "train-nan-lr",
+        None,
+        "train {w}/data --save-dir {w}/new " + " ".join(TINY) + " --max-update 2 --lr-scale nan",
+        "--lr-scale",
+    ),
+    (
+        "train-max-positions-below-every-pair",
+        None,
+        "train {w}/data --save-dir {w}/new " + " ".join(TINY) + " --max-update 2 --max-positions 2",
+        "needs more than --max-positions 2",
+    ),
+    (
+        "truncated-bin",
+        lambda w: truncate_bin(w / "data"),
+        "train {w}/data --save-dir {w}/new " + " ".join(TINY) + " --max-update 2",
+        "train.src.bin.npy is truncated",
+    ),
+    (
+        "corrupted-idx-merges-sentences",
+        lambda w: merge_two_sentences(w / "data"),
+        "train {w}/data --save-dir {w}/new " + " ".join(TINY) + " --max-update 2",
+        "does not match the checksum",
+    ),
+    (
+        "corrupted-idx-without-checksums",
+        lambda w: break_offsets_without_checksums(w / "data"),
+        "generate {w}/data --path {w}/run/checkpoint_last.pt --gen-subset train",
+        "train.src.idx.npy ends at token",
+    ),
+    (
+        "meta-from-a-newer-nmt",
+        lambda w: edit_meta(w / "data", format_version=7, nmt_version="9.0"),
+        "train {w}/data --save-dir {w}/run " + " ".join(TINY) + " --max-update 9",
+        "format version 7",
+    ),
+    (
+        "meta-not-ours",
+        lambda w: (w / "data" / "meta.json").write_text("[1, 2]"),
+        "generate {w}/data --path {w}/run/checkpoint_last.pt --gen-subset test",
+        "is not an nmt data description",
+    ),
+    (
+        "spm-model-replaced",
+        lambda w: shutil.copy(w / "other" / "spm.model", w / "data" / "spm.model"),
+        "generate {w}/data --path {w}/run/checkpoint_last.pt --gen-subset test",
+        "is not the model",
+    ),
+    (
+        "score-empty-sys-and-ref",
+        lambda w: [(w / n).write_text("") for n in ("hyp", "ref")],
+        "score --sys {w}/hyp --ref {w}/ref",
+        "is empty",
+    ),
+    (
+        "score-sys-is-a-directory",
+        lambda w: (w / "ref").write_text("a\n"),
+        "score --sys {w}/run --ref {w}/ref",
+        "is a directory",
+    ),
+    (
+        "preprocess-destdir-is-an-empty-file",
+        lambda w: (w / "dest").write_text(""),
+        "preprocess --source-lang src --target-lang tgt --trainpref {corpus}/train --destdir {w}/dest --vocab-size 24",
+        "is a file, not a directory",
+    ),
+    (
+        "preprocess-destdir-not-empty",
+        None,
+        "preprocess --source-lang src --target-lang tgt --trainpref {corpus}/train --destdir {w}/run --vocab-size 24",
+        "is not empty",
+    ),
+    (
+        "preprocess-input-is-a-directory",
+        lambda w: [(w / "c" / f"train.{lang}").mkdir(parents=True) for lang in ("src", "tgt")],
+        "preprocess --source-lang src --target-lang tgt --trainpref {w}/c/train --destdir {w}/dest --vocab-size 24",
+        "is a directory",
+    ),
 ]
 
 
@@ -217,8 +341,17 @@ IN_PROCESS = [
 def test_fault_in_process(case_id, setup, args, expected, work, other_data_bin, toy_corpus):
     shutil.copytree(other_data_bin, work / "other")
     if "avg0" in case_id or case_id == "resume-from-an-averaged-checkpoint":
-        assert nmt("average-checkpoints", "--inputs", work / "run" / "checkpoint_4.pt", work / "run" /
-                   "checkpoint_6.pt", "--output", work / "avg0.pt").exit_code == 0
+        assert (
+            nmt(
+                "average-checkpoints",
+                "--inputs",
+                work / "run" / "checkpoint_4.pt",
+                work / "run" / "checkpoint_6.pt",
+                "--output",
+                work / "avg0.pt",
+            ).exit_code
+            == 0
+        )
     if setup is not None:
         setup(work)
     before = snapshot(work)
@@ -255,10 +388,17 @@ def test_full_disk_while_training_saves(work, monkeypatch):
 
 def test_full_disk_while_averaging(work, monkeypatch):
     monkeypatch.setattr(torch, "save", full_disk_after(100))
-    r = nmt("average-checkpoints", "--inputs", work / "run" / "checkpoint_4.pt", work / "run" / "checkpoint_6.pt",
-            "--output", work / "avg.pt")
-    assert_clean_failure(r.exit_code, r.output, f"no space left on device writing {work / 'avg.pt'}", work,
-                         exception=r.exception)
+    r = nmt(
+        "average-checkpoints",
+        "--inputs",
+        work / "run" / "checkpoint_4.pt",
+        work / "run" / "checkpoint_6.pt",
+        "--output",
+        work / "avg.pt",
+    )
+    assert_clean_failure(
+        r.exit_code, r.output, f"no space left on device writing {work / 'avg.pt'}", work, exception=r.exception
+    )
     assert not (work / "avg.pt").exists()
 
 
@@ -267,17 +407,37 @@ def test_full_disk_while_preprocessing(work, toy_corpus, monkeypatch):
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(np, "save", full)
-    r = nmt("preprocess", "--source-lang", "src", "--target-lang", "tgt", "--trainpref", toy_corpus / "train",
-            "--destdir", work / "dest", "--vocab-size", 24)
-    assert_clean_failure(r.exit_code, r.output, "no space left on device writing --destdir", work,
-                         exception=r.exception)
+    r = nmt(
+        "preprocess",
+        "--source-lang",
+        "src",
+        "--target-lang",
+        "tgt",
+        "--trainpref",
+        toy_corpus / "train",
+        "--destdir",
+        work / "dest",
+        "--vocab-size",
+        24,
+    )
+    assert_clean_failure(
+        r.exit_code, r.output, "no space left on device writing --destdir", work, exception=r.exception
+    )
     assert not (work / "dest").exists()
 
 
 # ---- stdin, locks and signals: real processes ---------------------------------------------------------------
 def test_invalid_utf8_on_stdin(tiny_checkpoint, tmp_path):
-    r = nmt_subprocess("generate", "--path", tiny_checkpoint, "--input", "-", "--buffer-size", 2,
-                       input=b"1 2\n3 4\n5 6\n7 \xc3\x28 8\n9\n")
+    r = nmt_subprocess(
+        "generate",
+        "--path",
+        tiny_checkpoint,
+        "--input",
+        "-",
+        "--buffer-size",
+        2,
+        input=b"1 2\n3 4\n5 6\n7 \xc3\x28 8\n9\n",
+    )
     assert_clean_failure(r.returncode, r.stderr.decode(), "stdin:4: invalid UTF-8", tmp_path)
     assert len(r.stdout.decode().splitlines()) == 2, "the first buffer is translated, nothing of the bad one"
 
@@ -290,10 +450,25 @@ def test_closed_stdin(tiny_checkpoint, tmp_path):
 def test_preprocess_refuses_a_destdir_in_use(toy_corpus, tmp_path):
     dest = tmp_path / "dest"
     with run_lock(tmp_path / ".dest.lock", "preprocess", dest):  # what a running preprocess holds
-        r = nmt_subprocess("preprocess", "--source-lang", "src", "--target-lang", "tgt", "--trainpref",
-                           toy_corpus / "train", "--destdir", dest, "--vocab-size", 24)
-        assert_clean_failure(r.returncode, r.stderr.decode(), f"another nmt preprocess is using {dest} (pid "
-                             f"{os.getpid()})", tmp_path / "none")
+        r = nmt_subprocess(
+            "preprocess",
+            "--source-lang",
+            "src",
+            "--target-lang",
+            "tgt",
+            "--trainpref",
+            toy_corpus / "train",
+            "--destdir",
+            dest,
+            "--vocab-size",
+            24,
+        )
+        assert_clean_failure(
+            r.returncode,
+            r.stderr.decode(),
+            f"another nmt preprocess is using {dest} (pid {os.getpid()})",
+            tmp_path / "none",
+        )
     assert not dest.exists()
 
 
@@ -302,8 +477,19 @@ def test_preprocess_removes_what_a_killed_run_left(toy_corpus, tmp_path):
     stale.mkdir()
     (stale / "train.src.raw").write_bytes(b"\0" * 100)
     (tmp_path / ".dest.lock").write_text("12345\n")  # and its lock file, which no longer locks anything
-    r = nmt("preprocess", "--source-lang", "src", "--target-lang", "tgt", "--trainpref", toy_corpus / "train",
-            "--destdir", tmp_path / "dest", "--vocab-size", 24)
+    r = nmt(
+        "preprocess",
+        "--source-lang",
+        "src",
+        "--target-lang",
+        "tgt",
+        "--trainpref",
+        toy_corpus / "train",
+        "--destdir",
+        tmp_path / "dest",
+        "--vocab-size",
+        24,
+    )
     assert r.exit_code == 0, r.output
     assert sorted(p.name for p in tmp_path.iterdir()) == ["dest"]
 
@@ -311,10 +497,30 @@ def test_preprocess_removes_what_a_killed_run_left(toy_corpus, tmp_path):
 def test_preprocess_sigterm_leaves_nothing(tmp_path):
     write_copy_corpus(tmp_path / "big" / "train", 200_000, seed=5)
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen([sys.executable, "-m", "nmt_cli", "--no-progress", "preprocess", "--source-lang", "src",
-                             "--target-lang", "tgt", "--trainpref", str(tmp_path / "big" / "train"), "--destdir",
-                             str(tmp_path / "dest"), "--vocab-size", "24", "--workers", "1"],
-                            stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, env=env)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "nmt_cli",
+            "--no-progress",
+            "preprocess",
+            "--source-lang",
+            "src",
+            "--target-lang",
+            "tgt",
+            "--trainpref",
+            str(tmp_path / "big" / "train"),
+            "--destdir",
+            str(tmp_path / "dest"),
+            "--vocab-size",
+            "24",
+            "--workers",
+            "1",
+        ],
+        stderr=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        env=env,
+    )
     deadline = time.monotonic() + 60
     while not list(tmp_path.glob(".dest.tmp-*")) and time.monotonic() < deadline and proc.poll() is None:
         time.sleep(0.01)
@@ -326,9 +532,24 @@ def test_preprocess_sigterm_leaves_nothing(tmp_path):
 
 def train_process(data, save, *extra):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.Popen([sys.executable, "-m", "nmt_cli", "--no-progress", "train", str(data), "--save-dir",
-                             str(save), *TINY, *map(str, extra)], stderr=subprocess.PIPE, stdout=subprocess.DEVNULL,
-                            text=True, env=env)
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "nmt_cli",
+            "--no-progress",
+            "train",
+            str(data),
+            "--save-dir",
+            str(save),
+            *TINY,
+            *map(str, extra),
+        ],
+        stderr=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        text=True,
+        env=env,
+    )
 
 
 def test_two_trains_on_one_save_dir_then_a_killed_one(toy_data_bin, tmp_path):
@@ -340,18 +561,23 @@ def test_two_trains_on_one_save_dir_then_a_killed_one(toy_data_bin, tmp_path):
     second = nmt_subprocess("train", toy_data_bin, "--save-dir", save, *TINY, "--max-update", 3)
     err = ANSI.sub("", second.stderr.decode())
     assert second.returncode == 1 and "Traceback" not in err
-    assert error_lines(err) == [f"error: another nmt train is using {save} (pid {first.pid}); wait for it to "
-                                "finish or stop it"]
+    assert error_lines(err) == [
+        f"error: another nmt train is using {save} (pid {first.pid}); wait for it to finish or stop it"
+    ]
     first.send_signal(signal.SIGKILL)  # its lock file stays behind, but the lock died with it
     first.wait(timeout=30)
     (save / "checkpoint_last.pt.tmp").write_bytes(b"half a checkpoint")  # as a kill during a save leaves
     update = torch.load(save / "checkpoint_last.pt", weights_only=True)["update"]
     # The numbered checkpoints checkpoint_last.pt has passed are final; one written after it (a kill between the
     # two writes of a save) is of an update the resumed run repeats and rewrites.
-    numbered = {p.name: p.read_bytes() for p in save.glob("checkpoint_*.pt")
-                if p.stem.split("_")[1].isdigit() and int(p.stem.split("_")[1]) <= update}
-    third = nmt_subprocess("train", toy_data_bin, "--save-dir", save, *TINY, "--max-update", update + 1,
-                           "--save-interval-updates", 1)
+    numbered = {
+        p.name: p.read_bytes()
+        for p in save.glob("checkpoint_*.pt")
+        if p.stem.split("_")[1].isdigit() and int(p.stem.split("_")[1]) <= update
+    }
+    third = nmt_subprocess(
+        "train", toy_data_bin, "--save-dir", save, *TINY, "--max-update", update + 1, "--save-interval-updates", 1
+    )
     assert third.returncode == 0, third.stderr.decode()
     assert "left by an interrupted run" in third.stderr.decode() and "checkpoint_last.pt.tmp" in third.stderr.decode()
     assert not leftovers(save)

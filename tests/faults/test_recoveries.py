@@ -4,7 +4,6 @@ checkpoints keep their numbering and their tied weights."""
 
 import json
 import os
-
 import subprocess
 import sys
 from pathlib import Path
@@ -24,8 +23,20 @@ from nmt_cli.search.beam import constrain
 from nmt_cli.search.translate import Translator, translate
 
 ROOT = Path(__file__).resolve().parents[2]
-TINY = ["--arch", "transformer_tiny", "--max-tokens", "256", "--warmup-updates", "4", "--device", "cpu",
-        "--threads", "1", "--log-interval", "1"]
+TINY = [
+    "--arch",
+    "transformer_tiny",
+    "--max-tokens",
+    "256",
+    "--warmup-updates",
+    "4",
+    "--device",
+    "cpu",
+    "--threads",
+    "1",
+    "--log-interval",
+    "1",
+]
 
 
 def nmt(*args, input=None):
@@ -34,16 +45,35 @@ def nmt(*args, input=None):
 
 def test_output_files_in_missing_directories_are_created(tiny_checkpoint, tmp_path):
     out = tmp_path / "a" / "b" / "avg.pt"
-    r = nmt("average-checkpoints", "--inputs", tiny_checkpoint.parent / "checkpoint_4.pt",
-            tiny_checkpoint.parent / "checkpoint_6.pt", "--output", out)
+    r = nmt(
+        "average-checkpoints",
+        "--inputs",
+        tiny_checkpoint.parent / "checkpoint_4.pt",
+        tiny_checkpoint.parent / "checkpoint_6.pt",
+        "--output",
+        out,
+    )
     assert r.exit_code == 0, r.output
     assert load_checkpoint(out)["averaged_from"]
 
 
 def test_log_file_in_a_missing_directory_and_over_long_pairs(toy_data_bin, tmp_path):
     log = tmp_path / "logs" / "train.jsonl"
-    r = nmt("train", toy_data_bin, "--save-dir", tmp_path / "run", *TINY, "--max-update", 2, "--max-positions", 8,
-            "--log-file", log, "--validate-interval-updates", 2)
+    r = nmt(
+        "train",
+        toy_data_bin,
+        "--save-dir",
+        tmp_path / "run",
+        *TINY,
+        "--max-update",
+        2,
+        "--max-positions",
+        8,
+        "--log-file",
+        log,
+        "--validate-interval-updates",
+        2,
+    )
     assert r.exit_code == 0, r.output
     assert [json.loads(line)["update"] for line in log.read_text().splitlines()][:2] == [1, 2]
     assert "training pairs need more than --max-positions 8 positions" in r.output and "skips them" in r.output
@@ -60,7 +90,7 @@ def test_search_never_emits_vocabulary_padding_ids(toy_data_bin):
     torch.manual_seed(0)
     model = build_model_with_rows(vocab.n_pieces + 8).eval()
     with torch.no_grad():
-        model.output.weight[vocab.n_pieces:] = 0.0
+        model.output.weight[vocab.n_pieces :] = 0.0
         model.output.weight[vocab.n_pieces + 3] = 50.0 * model.output.weight.abs().max()  # the likeliest row
     tr = Translator(model, vocab, torch.device("cpu"))
     sources = [np.array(vocab.encode(["1 2 3"])[0])]
@@ -70,8 +100,9 @@ def test_search_never_emits_vocabulary_padding_ids(toy_data_bin):
 
 
 def build_model_with_rows(n_rows):
-    from nmt_cli.config import ARCHITECTURES
     from dataclasses import replace
+
+    from nmt_cli.config import ARCHITECTURES
 
     return build_model(replace(ARCHITECTURES["transformer_tiny"], vocab_size=n_rows, dropout=0.0))
 
@@ -90,8 +121,17 @@ def test_reset_lr_scheduler_keeps_numbering_and_keep_last(toy_data_bin, tmp_path
 def test_averaged_tied_weights_are_stored_once(tiny_checkpoint, tmp_path):
     out = tmp_path / "avg.pt"
     ckpt_dir = tiny_checkpoint.parent
-    assert nmt("average-checkpoints", "--inputs", ckpt_dir / "checkpoint_4.pt", ckpt_dir / "checkpoint_6.pt",
-               "--output", out).exit_code == 0
+    assert (
+        nmt(
+            "average-checkpoints",
+            "--inputs",
+            ckpt_dir / "checkpoint_4.pt",
+            ckpt_dir / "checkpoint_6.pt",
+            "--output",
+            out,
+        ).exit_code
+        == 0
+    )
     avg = torch.load(out, weights_only=True)["model"]
     tied = [n for n in avg if n.endswith("weight") and ("embed" in n and "tokens" in n or n == "output.weight")]
     ptrs = {avg[n].untyped_storage().data_ptr() for n in tied}
@@ -114,11 +154,14 @@ def test_lock_is_exclusive_and_released(tmp_path):
     lock = tmp_path / ".nmt.lock"
     with run_lock(lock, "train", tmp_path):
         assert lock.read_text().strip() == str(os.getpid())
-        code = ("from pathlib import Path; from nmt_cli.files import run_lock, BusyError\n"
-                f"try:\n    run_lock(Path({str(lock)!r}), 'train', Path('.')).__enter__()\n"
-                "except BusyError as e:\n    print(e)")
-        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                             env={**os.environ, "PYTHONPATH": str(ROOT)}).stdout
+        code = (
+            "from pathlib import Path; from nmt_cli.files import run_lock, BusyError\n"
+            f"try:\n    run_lock(Path({str(lock)!r}), 'train', Path('.')).__enter__()\n"
+            "except BusyError as e:\n    print(e)"
+        )
+        out = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)}
+        ).stdout
         assert f"(pid {os.getpid()})" in out
     assert not lock.exists()
     with run_lock(lock, "train", tmp_path):  # and can be taken again

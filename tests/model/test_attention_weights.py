@@ -5,10 +5,10 @@ from dataclasses import replace
 import pytest
 import torch
 import torch.nn.functional as F
+from test_transformer import batch
 
 from nmt_cli.model.linear import pack_for_cpu_inference
 from nmt_cli.model.transformer import AttentionWeights, build_model
-from test_transformer import batch
 
 
 @pytest.mark.parametrize("key_dim", [0, 3])

@@ -8,30 +8,65 @@ from nmt_cli.parsing.evalb import COLLINS, ERROR, OK, SKIP, EvalbParams, evalb, 
 
 DATA = Path(__file__).parent / "data"
 # EVALB/sample/sample.prm
-SAMPLE_PRM = EvalbParams(delete_labels=frozenset({"TOP", "-NONE-", ",", ":", "``", "''"}),
-                         eq_labels=(("T", "TT"),), eq_words=(("This", "this"),))
+SAMPLE_PRM = EvalbParams(
+    delete_labels=frozenset({"TOP", "-NONE-", ",", ":", "``", "''"}),
+    eq_labels=(("T", "TT"),),
+    eq_words=(("This", "this"),),
+)
 # EVALB/sample/sample.rsl: (line, length, status, recall, precision, matched, gold, test, crossing, words, tags)
 SAMPLE_RSL = [
-    (1, 4, 0, 100.00, 100.00, 4, 4, 4, 0, 4, 4), (2, 4, 0, 75.00, 75.00, 3, 4, 4, 0, 4, 4),
-    (3, 4, 0, 100.00, 100.00, 4, 4, 4, 0, 4, 3), (4, 4, 0, 75.00, 75.00, 3, 4, 4, 0, 4, 3),
-    (5, 4, 0, 75.00, 75.00, 3, 4, 4, 0, 4, 4), (6, 4, 0, 50.00, 66.67, 2, 4, 3, 1, 4, 4),
-    (7, 4, 0, 25.00, 100.00, 1, 4, 1, 0, 4, 4), (8, 4, 0, 0.00, 0.00, 0, 4, 0, 0, 4, 4),
-    (9, 4, 0, 100.00, 80.00, 4, 4, 5, 0, 4, 4), (10, 4, 0, 100.00, 50.00, 4, 4, 8, 0, 4, 4),
-    (11, 4, 2, 0, 0, 0, 0, 0, 0, 4, 0), (12, 4, 1, 0, 0, 0, 0, 0, 0, 4, 0), (13, 4, 1, 0, 0, 0, 0, 0, 0, 4, 0),
-    (14, 4, 2, 0, 0, 0, 0, 0, 0, 4, 0), (15, 4, 0, 100.00, 100.00, 4, 4, 4, 0, 4, 4),
-    (16, 4, 1, 0, 0, 0, 0, 0, 0, 4, 0), (17, 4, 1, 0, 0, 0, 0, 0, 0, 4, 0),
-    (18, 4, 0, 100.00, 100.00, 4, 4, 4, 0, 4, 4), (19, 4, 0, 100.00, 100.00, 4, 4, 4, 0, 4, 4),
-    (20, 4, 1, 0, 0, 0, 0, 0, 0, 4, 0), (21, 4, 0, 100.00, 100.00, 4, 4, 4, 0, 4, 4),
-    (22, 44, 0, 100.00, 100.00, 34, 34, 34, 0, 44, 44), (23, 4, 0, 100.00, 100.00, 4, 4, 4, 0, 4, 4),
+    (1, 4, 0, 100.00, 100.00, 4, 4, 4, 0, 4, 4),
+    (2, 4, 0, 75.00, 75.00, 3, 4, 4, 0, 4, 4),
+    (3, 4, 0, 100.00, 100.00, 4, 4, 4, 0, 4, 3),
+    (4, 4, 0, 75.00, 75.00, 3, 4, 4, 0, 4, 3),
+    (5, 4, 0, 75.00, 75.00, 3, 4, 4, 0, 4, 4),
+    (6, 4, 0, 50.00, 66.67, 2, 4, 3, 1, 4, 4),
+    (7, 4, 0, 25.00, 100.00, 1, 4, 1, 0, 4, 4),
+    (8, 4, 0, 0.00, 0.00, 0, 4, 0, 0, 4, 4),
+    (9, 4, 0, 100.00, 80.00, 4, 4, 5, 0, 4, 4),
+    (10, 4, 0, 100.00, 50.00, 4, 4, 8, 0, 4, 4),
+    (11, 4, 2, 0, 0, 0, 0, 0, 0, 4, 0),
+    (12, 4, 1, 0, 0, 0, 0, 0, 0, 4, 0),
+    (13, 4, 1, 0, 0, 0, 0, 0, 0, 4, 0),
+    (14, 4, 2, 0, 0, 0, 0, 0, 0, 4, 0),
+    (15, 4, 0, 100.00, 100.00, 4, 4, 4, 0, 4, 4),
+    (16, 4, 1, 0, 0, 0, 0, 0, 0, 4, 0),
+    (17, 4, 1, 0, 0, 0, 0, 0, 0, 4, 0),
+    (18, 4, 0, 100.00, 100.00, 4, 4, 4, 0, 4, 4),
+    (19, 4, 0, 100.00, 100.00, 4, 4, 4, 0, 4, 4),
+    (20, 4, 1, 0, 0, 0, 0, 0, 0, 4, 0),
+    (21, 4, 0, 100.00, 100.00, 4, 4, 4, 0, 4, 4),
+    (22, 44, 0, 100.00, 100.00, 34, 34, 34, 0, 44, 44),
+    (23, 4, 0, 100.00, 100.00, 4, 4, 4, 0, 4, 4),
     (24, 5, 0, 100.00, 100.00, 4, 4, 4, 0, 4, 4),
 ]
 SAMPLE_SUMMARY = {  # sample.rsl "-- All --" and "-- len<=40 --"
-    "all": dict(sentences=24, error_sentences=5, skip_sentences=2, valid_sentences=17, recall=87.76,
-                precision=90.53, complete_match=52.94, average_crossing=0.06, no_crossing=94.12,
-                two_or_less_crossing=100.00, tagging_accuracy=98.15),
-    "short": dict(sentences=23, error_sentences=5, skip_sentences=2, valid_sentences=16, recall=81.25,
-                  precision=85.25, complete_match=50.00, average_crossing=0.06, no_crossing=93.75,
-                  two_or_less_crossing=100.00, tagging_accuracy=96.88),
+    "all": dict(
+        sentences=24,
+        error_sentences=5,
+        skip_sentences=2,
+        valid_sentences=17,
+        recall=87.76,
+        precision=90.53,
+        complete_match=52.94,
+        average_crossing=0.06,
+        no_crossing=94.12,
+        two_or_less_crossing=100.00,
+        tagging_accuracy=98.15,
+    ),
+    "short": dict(
+        sentences=23,
+        error_sentences=5,
+        skip_sentences=2,
+        valid_sentences=16,
+        recall=81.25,
+        precision=85.25,
+        complete_match=50.00,
+        average_crossing=0.06,
+        no_crossing=93.75,
+        two_or_less_crossing=100.00,
+        tagging_accuracy=96.88,
+    ),
 }
 
 
@@ -45,8 +80,16 @@ def sample():
 def test_every_sentence_matches_sample_rsl(sample):
     for r, expected in zip(sample.sentences, SAMPLE_RSL):
         line, length, status, recall, precision, match, gold, test, crossing, words, tags = expected
-        assert (r.line, r.length, r.status, r.match, r.gold, r.test, r.crossing, r.words) == \
-            (line, length, status, match, gold, test, crossing, words), r
+        assert (r.line, r.length, r.status, r.match, r.gold, r.test, r.crossing, r.words) == (
+            line,
+            length,
+            status,
+            match,
+            gold,
+            test,
+            crossing,
+            words,
+        ), r
         if status == OK:
             assert r.correct_tags == tags
             assert round(100 * r.match / r.gold, 2) == recall and round(100 * r.match / max(r.test, 1), 2) == precision

@@ -7,10 +7,12 @@ from click.testing import CliRunner
 
 from nmt_cli.cli import cli
 
-TREES = ["((S (NP-SBJ (DT The) (NN cat)) (VP (VBZ sits) (PP-LOC (IN on) (NP (DT the) (NN mat)))) (. .)))",
-         "((S (NP-SBJ (PRP It)) (VP (VBD ran) (ADVP (RB away))) (. .)))",
-         "((S (NP-SBJ-1 (-NONE- *)) (NP (NNS Dogs)) (VP (VBP bark)) (. .)))",
-         "((FRAG (NP (DT A) (JJ big) (NN dog)) (. .)))"]
+TREES = [
+    "((S (NP-SBJ (DT The) (NN cat)) (VP (VBZ sits) (PP-LOC (IN on) (NP (DT the) (NN mat)))) (. .)))",
+    "((S (NP-SBJ (PRP It)) (VP (VBD ran) (ADVP (RB away))) (. .)))",
+    "((S (NP-SBJ-1 (-NONE- *)) (NP (NNS Dogs)) (VP (VBP bark)) (. .)))",
+    "((FRAG (NP (DT A) (JJ big) (NN dog)) (. .)))",
+]
 
 
 def write_split(prefix: Path, n: int, words: bool = True) -> None:
@@ -23,9 +25,25 @@ def write_split(prefix: Path, n: int, words: bool = True) -> None:
 
 
 def preprocess(tmp_path, *extra):
-    return CliRunner().invoke(cli, ["preprocess", "-s", "words", "-t", "tree", "--target-format", "ptb-tree",
-                                    "--trainpref", str(tmp_path / "train"), "--destdir", str(tmp_path / "bin"),
-                                    "--vocab-size", "60", *extra])
+    return CliRunner().invoke(
+        cli,
+        [
+            "preprocess",
+            "-s",
+            "words",
+            "-t",
+            "tree",
+            "--target-format",
+            "ptb-tree",
+            "--trainpref",
+            str(tmp_path / "train"),
+            "--destdir",
+            str(tmp_path / "bin"),
+            "--vocab-size",
+            "60",
+            *extra,
+        ],
+    )
 
 
 @pytest.fixture(scope="module")
@@ -35,9 +53,27 @@ def parser_checkpoint(tmp_path_factory):
     write_split(root / "valid", 4)
     result = preprocess(root, "--validpref", str(root / "valid"))
     assert result.exit_code == 0, result.output
-    result = CliRunner().invoke(cli, ["train", str(root / "bin"), "--save-dir", str(root / "ck"), "--arch",
-                                      "transformer_tiny", "--max-tokens", "400", "--max-update", "3",
-                                      "--warmup-updates", "2", "--threads", "1", "--device", "cpu"])
+    result = CliRunner().invoke(
+        cli,
+        [
+            "train",
+            str(root / "bin"),
+            "--save-dir",
+            str(root / "ck"),
+            "--arch",
+            "transformer_tiny",
+            "--max-tokens",
+            "400",
+            "--max-update",
+            "3",
+            "--warmup-updates",
+            "2",
+            "--threads",
+            "1",
+            "--device",
+            "cpu",
+        ],
+    )
     assert result.exit_code == 0, result.output
     return root, root / "ck" / "checkpoint_last.pt"
 
@@ -45,8 +81,9 @@ def parser_checkpoint(tmp_path_factory):
 def test_generate_writes_trees_with_the_input_words_and_score_reads_them(parser_checkpoint):
     root, ckpt = parser_checkpoint
     (root / "in.words").write_text("The cat sits on the mat .\nDogs bark\n\nx\n")
-    result = CliRunner().invoke(cli, ["generate", "--path", str(ckpt), "--input", str(root / "in.words"),
-                                      "--beam", "3", "--max-len-b", "12"])
+    result = CliRunner().invoke(
+        cli, ["generate", "--path", str(ckpt), "--input", str(root / "in.words"), "--beam", "3", "--max-len-b", "12"]
+    )
     assert result.exit_code == 0, result.output
     from nmt_cli.parsing.tree import parse_tree
 
@@ -63,8 +100,19 @@ def test_generate_writes_trees_with_the_input_words_and_score_reads_them(parser_
     assert state["search_config"]["lenpen"] == 0.3 and state["search_config"]["max_len_b"] == 300
     (root / "hyp.tree").write_text("\n".join(lines[:2]) + "\n")
     (root / "gold.tree").write_text(TREES[0] + "\n" + TREES[2] + "\n")
-    result = CliRunner().invoke(cli, ["score", "--metric", "bracket-f1", "--sys", str(root / "hyp.tree"),
-                                      "--ref", str(root / "gold.tree"), "--verbose"])
+    result = CliRunner().invoke(
+        cli,
+        [
+            "score",
+            "--metric",
+            "bracket-f1",
+            "--sys",
+            str(root / "hyp.tree"),
+            "--ref",
+            str(root / "gold.tree"),
+            "--verbose",
+        ],
+    )
     assert result.exit_code == 0, result.output
     assert "Bracketing FMeasure" in result.output and "Number of sentence        =      2" in result.output
     result = CliRunner().invoke(cli, ["score", "--sys", str(root / "hyp.tree"), "--ref", str(root / "gold.tree")])
@@ -77,13 +125,16 @@ def test_a_parser_needs_raw_sentences(parser_checkpoint):
     assert result.exit_code == 1 and "parsing model" in result.output
 
 
-@pytest.mark.parametrize("tree, words, message", [
-    ("(S (NN a)\n", "a\n", "train.tree:1: unbalanced brackets"),
-    ("not a tree\n", "not a tree\n", "train.tree:1: not a tree"),
-    ("((S (NN a)))\n((S (NN b)))\n", "a\nc\n", "train.words:2: the words do not match"),
-    ("((S (NN a)))\n\n", "a\n\n", "train.tree:2: empty line"),
-    ("((S (-NONE- *)))\n", "\n", "train.tree:1: the tree has no words"),
-])
+@pytest.mark.parametrize(
+    "tree, words, message",
+    [
+        ("(S (NN a)\n", "a\n", "train.tree:1: unbalanced brackets"),
+        ("not a tree\n", "not a tree\n", "train.tree:1: not a tree"),
+        ("((S (NN a)))\n((S (NN b)))\n", "a\nc\n", "train.words:2: the words do not match"),
+        ("((S (NN a)))\n\n", "a\n\n", "train.tree:2: empty line"),
+        ("((S (-NONE- *)))\n", "\n", "train.tree:1: the tree has no words"),
+    ],
+)
 def test_bad_tree_input_is_one_error_line(tmp_path, tree, words, message):
     (tmp_path / "train.tree").write_text(tree)
     (tmp_path / "train.words").write_text(words)
@@ -96,7 +147,9 @@ def test_bad_tree_input_is_one_error_line(tmp_path, tree, words, message):
 def test_bracket_scoring_refuses_translations(tmp_path):
     (tmp_path / "hyp.txt").write_text("Das ist ein Test .\n")
     (tmp_path / "gold.tree").write_text("(S (NN a))\n")
-    result = CliRunner().invoke(cli, ["score", "--metric", "bracket-f1", "--sys", str(tmp_path / "hyp.txt"),
-                                      "--ref", str(tmp_path / "gold.tree")])
+    result = CliRunner().invoke(
+        cli,
+        ["score", "--metric", "bracket-f1", "--sys", str(tmp_path / "hyp.txt"), "--ref", str(tmp_path / "gold.tree")],
+    )
     assert result.exit_code == 1 and "hyp.txt:1: not a bracketed tree" in result.output
     assert "Traceback" not in result.output

@@ -7,28 +7,32 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import SHARED_DATA
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def recipe_env(**kw):
-    return {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
-            "PYTHONPATH": f"{ROOT}:{os.environ.get('PYTHONPATH', '')}", **kw}
+    return {
+        **os.environ,
+        "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+        "PYTHONPATH": f"{ROOT}:{os.environ.get('PYTHONPATH', '')}",
+        **kw,
+    }
 
 
 @pytest.mark.skipif(not (SHARED_DATA / "ptb-sample" / "train.tree").exists(), reason="ptb-sample is absent")
 def test_ptb_parsing_quick(tmp_path):
     env = recipe_env(QUICK="1", WORK_DIR=str(tmp_path / "w"), THREADS="1", DATA=str(SHARED_DATA / "ptb-sample"))
     assert shutil.which("nmt", path=env["PATH"]), "the nmt command is not installed beside this python"
-    run = subprocess.run(["bash", str(ROOT / "recipes" / "ptb_parsing" / "run.sh")], env=env, capture_output=True,
-                         text=True, timeout=120)
+    run = subprocess.run(
+        ["bash", str(ROOT / "recipes" / "ptb_parsing" / "run.sh")], env=env, capture_output=True, text=True, timeout=120
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     from nmt_cli.parsing.tree import parse_tree
 
     hyps = (tmp_path / "w" / "valid.hyp.tree").read_text().splitlines()
-    words = (SHARED_DATA / "ptb-sample" / "valid.words").read_text().splitlines()[:len(hyps)]
+    words = (SHARED_DATA / "ptb-sample" / "valid.words").read_text().splitlines()[: len(hyps)]
     assert len(hyps) == 40
     for hyp, sentence in zip(hyps, words):
         assert parse_tree(hyp).words() == sentence.split()
@@ -38,8 +42,9 @@ def test_ptb_parsing_quick(tmp_path):
 
 def test_wsj_parsing_dry_run(tmp_path):
     env = recipe_env(DRY_RUN="1", WORK_DIR=str(tmp_path / "w"), TREEBANK="/nonexistent/wsj")
-    run = subprocess.run(["bash", str(ROOT / "recipes" / "wsj_parsing" / "run.sh")], env=env, capture_output=True,
-                         text=True, timeout=60)
+    run = subprocess.run(
+        ["bash", str(ROOT / "recipes" / "wsj_parsing" / "run.sh")], env=env, capture_output=True, text=True, timeout=60
+    )
     assert run.returncode == 0, run.stderr
     lines = run.stderr.splitlines()
     assert any("nmt_cli.parsing.treebank /nonexistent/wsj 02 21" in line for line in lines)
@@ -53,6 +58,7 @@ def test_wsj_parsing_dry_run(tmp_path):
 
 def test_wsj_parsing_needs_the_treebank(tmp_path):
     env = recipe_env(WORK_DIR=str(tmp_path / "w"), TREEBANK=str(tmp_path / "missing"))
-    run = subprocess.run(["bash", str(ROOT / "recipes" / "wsj_parsing" / "run.sh")], env=env, capture_output=True,
-                         text=True, timeout=60)
+    run = subprocess.run(
+        ["bash", str(ROOT / "recipes" / "wsj_parsing" / "run.sh")], env=env, capture_output=True, text=True, timeout=60
+    )
     assert run.returncode == 1 and "set TREEBANK" in run.stderr

@@ -3,8 +3,8 @@
 import re
 
 import pytest
-
 from conftest import SHARED_DATA
+
 from nmt_cli.errors import DataError
 from nmt_cli.parsing.linearize import SLOT, delinearize, linearize, tag_punctuation, with_top
 from nmt_cli.parsing.tree import TreeSyntaxError, clean, parse_tree, read_trees, split_mrg, strip_function_tag
@@ -20,11 +20,18 @@ def test_parse_print_round_trip():
     assert parse_tree("(S (NP (NN a) (NN b)))").words() == ["a", "b"]
 
 
-@pytest.mark.parametrize("text, message", [
-    ("", "empty line"), ("hello world", "not a tree"), ("(S (NN a)", "never closed"),
-    ("(S (NN a)))", "too many ')'"), ("(S (NP) (NN a))", "empty constituent"),
-    ("(S (NN a) b)", "outside"), ("(S (NN a)) (S (NN b))", "after the end"),
-])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("", "empty line"),
+        ("hello world", "not a tree"),
+        ("(S (NN a)", "never closed"),
+        ("(S (NN a)))", "too many ')'"),
+        ("(S (NP) (NN a))", "empty constituent"),
+        ("(S (NN a) b)", "outside"),
+        ("(S (NN a)) (S (NN b))", "after the end"),
+    ],
+)
 def test_malformed_trees(text, message):
     with pytest.raises(TreeSyntaxError, match=re.escape(message)):
         parse_tree(text)
@@ -53,10 +60,17 @@ def test_linearize_modes():
     assert str(with_top(back)) == "(TOP (S (NP (DT The) (NN cat)) (VP (VBZ sits)) (. .)))"
 
 
-@pytest.mark.parametrize("tokens, words", [
-    ("(S XX", ["a"]), ("(S XX ) )", ["a"]), ("(S )", []), ("(S XX XX )", ["a"]), ("XX", ["a"]),
-    ("(S XX ) (S XX )", ["a", "b"]),
-])
+@pytest.mark.parametrize(
+    "tokens, words",
+    [
+        ("(S XX", ["a"]),
+        ("(S XX ) )", ["a"]),
+        ("(S )", []),
+        ("(S XX XX )", ["a"]),
+        ("XX", ["a"]),
+        ("(S XX ) (S XX )", ["a", "b"]),
+    ],
+)
 def test_delinearize_rejects_malformed(tokens, words):
     with pytest.raises(ValueError):
         delinearize(tokens.split(), words)
@@ -83,5 +97,8 @@ def test_split_mrg():
 
 
 def test_punctuation_words_get_their_fixed_tag():
-    tree = delinearize("(S (NP NN NN NN ) VB NN NN , , )".split(), ["``", "a", ",", "b", "'", ".", "Calif.", "$"])
+    tree = delinearize(
+        ["(S", "(NP", "NN", "NN", "NN", ")", "VB", "NN", "NN", ",", ",", ")"],
+        ["``", "a", ",", "b", "'", ".", "Calif.", "$"],
+    )
     assert tag_punctuation(tree).tags() == ["``", "NN", ",", "VB", "NN", ".", SLOT, SLOT]

@@ -14,8 +14,20 @@ def nmt(*args, input=None):
 
 
 def test_generate_split_fairseq_format(tiny_checkpoint, toy_data_bin, toy_corpus):
-    r = nmt("generate", toy_data_bin, "--path", tiny_checkpoint, "--gen-subset", "test", "--beam", 3, "--nbest", 2,
-            "--max-len-b", 5)
+    r = nmt(
+        "generate",
+        toy_data_bin,
+        "--path",
+        tiny_checkpoint,
+        "--gen-subset",
+        "test",
+        "--beam",
+        3,
+        "--nbest",
+        2,
+        "--max-len-b",
+        5,
+    )
     assert r.exit_code == 0, r.output
     lines = r.stdout.splitlines()
     n = len((toy_corpus / "test.src").read_text().splitlines())
@@ -31,7 +43,18 @@ def test_generate_split_fairseq_format(tiny_checkpoint, toy_data_bin, toy_corpus
 
 def test_generate_raw_text_in_order_with_empty_and_long_lines(tiny_checkpoint, tmp_path):
     src = ["1 2 3", "", "4 5 6 7 8 9", " ".join(["7"] * 300), "0"]
-    r = nmt("generate", "--path", tiny_checkpoint, "--input", "-", "--beam", 2, "--buffer-size", 2, input="\n".join(src) + "\n")
+    r = nmt(
+        "generate",
+        "--path",
+        tiny_checkpoint,
+        "--input",
+        "-",
+        "--beam",
+        2,
+        "--buffer-size",
+        2,
+        input="\n".join(src) + "\n",
+    )
     assert r.exit_code == 0, r.output
     out = r.stdout.split("\n")[:-1]
     assert len(out) == len(src) and out[1] == ""
@@ -49,8 +72,10 @@ def test_shards_merge_back_in_order(tiny_checkpoint, tmp_path):
     f = tmp_path / "in.txt"
     f.write_text("\n".join(f"{i} {i + 1}" for i in range(7)) + "\n")
     whole = nmt("generate", "--path", tiny_checkpoint, "--input", f).stdout
-    parts = [nmt("generate", "--path", tiny_checkpoint, "--input", f, "--num-shards", 3, "--shard-id", i).stdout
-             for i in range(3)]
+    parts = [
+        nmt("generate", "--path", tiny_checkpoint, "--input", f, "--num-shards", 3, "--shard-id", i).stdout
+        for i in range(3)
+    ]
     assert "".join(parts) == whole
 
 

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import tiny_train_config
 
 from nmt_cli.config import ARCHITECTURES, SearchConfig
 from nmt_cli.data.batching import collate
@@ -17,8 +18,6 @@ from nmt_cli.train import trainer as trainer_module
 from nmt_cli.train.command import train
 from nmt_cli.train.loss import CHUNK_ELEMENTS, TranslationLoss, chunk_rows
 from nmt_cli.train.prefetch import BatchLoader, prepare
-
-from conftest import tiny_train_config
 
 
 def test_loss_chunks_are_sized_for_the_device():
@@ -69,19 +68,24 @@ def test_no_mask_equals_a_mask_without_padding(tiny_model):
 
 def background_loader(monkeypatch):
     """Make every Trainer prepare its batches in the background thread, as on CUDA."""
-    monkeypatch.setattr(trainer_module, "BatchLoader",
-                        lambda data, device, background: BatchLoader(data, device, background=True, depth=2))
+    monkeypatch.setattr(
+        trainer_module,
+        "BatchLoader",
+        lambda data, device, background: BatchLoader(data, device, background=True, depth=2),
+    )
 
 
 def test_background_batches_change_nothing_even_across_epochs_and_a_resume(toy_data_bin, tmp_path, monkeypatch):
     model = ARCHITECTURES["transformer_tiny"]
-    inline = train(tiny_train_config(toy_data_bin, tmp_path / "inline", max_update=14, max_tokens=4096), model,
-                   SearchConfig())
+    inline = train(
+        tiny_train_config(toy_data_bin, tmp_path / "inline", max_update=14, max_tokens=4096), model, SearchConfig()
+    )
     assert inline.state.epoch > 1  # the run crossed an epoch boundary
     background_loader(monkeypatch)
     train(tiny_train_config(toy_data_bin, tmp_path / "bg", max_update=5, max_tokens=4096), model, SearchConfig())
-    resumed = train(tiny_train_config(toy_data_bin, tmp_path / "bg", max_update=14, max_tokens=4096), model,
-                    SearchConfig())
+    resumed = train(
+        tiny_train_config(toy_data_bin, tmp_path / "bg", max_update=14, max_tokens=4096), model, SearchConfig()
+    )
     assert resumed.loader.background
     for (name, a), b in zip(inline.model.state_dict().items(), resumed.model.state_dict().values()):
         torch.testing.assert_close(a, b, rtol=0, atol=0, msg=name)
@@ -92,8 +96,11 @@ def test_one_host_synchronisation_per_update(toy_data_bin, tmp_path, monkeypatch
     step (the CPU AdamW reads its step count with .item(); CUDA's fused AdamW does not)."""
     from nmt_cli.train.command import prepare as prepare_trainer
 
-    trainer = prepare_trainer(tiny_train_config(toy_data_bin, tmp_path, max_update=3, update_freq=3),
-                              ARCHITECTURES["transformer_tiny"], SearchConfig())
+    trainer = prepare_trainer(
+        tiny_train_config(toy_data_bin, tmp_path, max_update=3, update_freq=3),
+        ARCHITECTURES["transformer_tiny"],
+        SearchConfig(),
+    )
     group = trainer.epoch_batches()[:3]
     counts, in_step = [], []
     step = trainer.optimizer.step

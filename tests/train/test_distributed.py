@@ -8,13 +8,30 @@ import torch
 
 from nmt_cli.checkpoint import load_checkpoint
 
-COMMON = ["--arch", "transformer_tiny", "--max-tokens", "256", "--warmup-updates", "4", "--device", "cpu",
-          "--threads", "1", "--dropout", "0", "--log-interval", "1"]
+COMMON = [
+    "--arch",
+    "transformer_tiny",
+    "--max-tokens",
+    "256",
+    "--warmup-updates",
+    "4",
+    "--device",
+    "cpu",
+    "--threads",
+    "1",
+    "--dropout",
+    "0",
+    "--log-interval",
+    "1",
+]
 
 
 def nmt(data_bin, save_dir, *extra, ranks=1):
-    launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(ranks),
-                "--standalone"] if ranks > 1 else [sys.executable]
+    launcher = (
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(ranks), "--standalone"]
+        if ranks > 1
+        else [sys.executable]
+    )
     cmd = [*launcher, "-m", "nmt_cli", "train", str(data_bin), "--save-dir", str(save_dir), *COMMON, *extra]
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -41,17 +58,36 @@ def test_two_ranks_resume_and_finish(toy_data_bin, tmp_path):
     nmt(toy_data_bin, tmp_path / "parts", "--max-update", "3", ranks=2)
     resumed = nmt(toy_data_bin, tmp_path / "parts", "--max-update", "6", ranks=2)
     assert "resuming from" in resumed.stderr
-    assert_same_parameters(load_checkpoint(tmp_path / "whole" / "checkpoint_last.pt"),
-                           load_checkpoint(tmp_path / "parts" / "checkpoint_last.pt"), atol=0)
+    assert_same_parameters(
+        load_checkpoint(tmp_path / "whole" / "checkpoint_last.pt"),
+        load_checkpoint(tmp_path / "parts" / "checkpoint_last.pt"),
+        atol=0,
+    )
 
 
 def test_two_ranks_killed_after_a_checkpoint_resume_and_finish(toy_data_bin, tmp_path):
     import signal
     import time
 
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m", "nmt_cli",
-           "train", str(toy_data_bin), "--save-dir", str(tmp_path), *COMMON, "--max-update", "300",
-           "--save-interval-updates", "3"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        "2",
+        "-m",
+        "nmt_cli",
+        "train",
+        str(toy_data_bin),
+        "--save-dir",
+        str(tmp_path),
+        *COMMON,
+        "--max-update",
+        "300",
+        "--save-interval-updates",
+        "3",
+    ]
     proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
     for line in proc.stderr:
         if "saved checkpoint_last.pt at update 3" in line:
@@ -83,13 +119,27 @@ def faulty_run(data_bin, save_dir, fault, *extra, timeout_minutes="30"):
     import os
 
     env = {**os.environ, "NMT_TEST_FAULT": fault, "NMT_DIST_TIMEOUT_MINUTES": timeout_minutes}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", FAULTS,
-           "train", str(data_bin), "--save-dir", str(save_dir), *COMMON, *extra]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        "2",
+        FAULTS,
+        "train",
+        str(data_bin),
+        "--save-dir",
+        str(save_dir),
+        *COMMON,
+        *extra,
+    ]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
 
 
-@pytest.mark.parametrize("fault, message", [("oom:1:3", "rank 1 ran out of memory on a batch"),
-                                            ("nan:1:3", "non-finite loss")])
+@pytest.mark.parametrize(
+    "fault, message", [("oom:1:3", "rank 1 ran out of memory on a batch"), ("nan:1:3", "non-finite loss")]
+)
 def test_a_failing_rank_makes_every_rank_skip_the_update(toy_data_bin, tmp_path, fault, message):
     result = faulty_run(toy_data_bin, tmp_path, fault, "--max-update", "5", "--update-freq", "2")
     assert result.returncode == 0, result.stderr[-3000:]
@@ -116,8 +166,10 @@ def test_a_collective_timeout_names_the_rank(toy_data_bin, tmp_path):
 def test_collective_failure_recognises_gloo_and_nccl_errors_only():
     from nmt_cli.train.distributed import collective_failure
 
-    gloo = RuntimeError("[/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:537] Read error [127.0.0.1]:43175: "
-                        "Connection reset by peer.\nmore")
+    gloo = RuntimeError(
+        "[/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:537] Read error [127.0.0.1]:43175: "
+        "Connection reset by peer.\nmore"
+    )
     assert collective_failure(gloo) == "Read error [127.0.0.1]:43175: Connection reset by peer."
     assert collective_failure(torch.distributed.DistError("NCCL watchdog timeout")) == "NCCL watchdog timeout"
     assert collective_failure(RuntimeError("shape mismatch in our own code")) is None
@@ -152,9 +204,24 @@ def test_every_rank_resumes_its_own_random_streams(toy_data_bin, tmp_path):
 
     extra = ["--dropout", "0.3", "--max-update", "12"]
     nmt(toy_data_bin, tmp_path / "whole", *extra, ranks=2)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m", "nmt_cli",
-           "train", str(toy_data_bin), "--save-dir", str(tmp_path / "parts"), *COMMON, *extra,
-           "--save-interval-updates", "3"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        "2",
+        "-m",
+        "nmt_cli",
+        "train",
+        str(toy_data_bin),
+        "--save-dir",
+        str(tmp_path / "parts"),
+        *COMMON,
+        *extra,
+        "--save-interval-updates",
+        "3",
+    ]
     proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
     for line in proc.stderr:
         if "saved checkpoint_last.pt at update 3" in line:
@@ -170,5 +237,8 @@ def test_every_rank_resumes_its_own_random_streams(toy_data_bin, tmp_path):
     assert killed_at["update"] < 12 and len(killed_at["rng"]) == 2
     resumed = nmt(toy_data_bin, tmp_path / "parts", *extra, "--save-interval-updates", "3", ranks=2)
     assert f"at update {killed_at['update']}" in resumed.stderr
-    assert_same_parameters(load_checkpoint(tmp_path / "whole" / "checkpoint_last.pt"),
-                           load_checkpoint(tmp_path / "parts" / "checkpoint_last.pt"), atol=0)
+    assert_same_parameters(
+        load_checkpoint(tmp_path / "whole" / "checkpoint_last.pt"),
+        load_checkpoint(tmp_path / "parts" / "checkpoint_last.pt"),
+        atol=0,
+    )

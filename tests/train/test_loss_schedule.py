@@ -1,4 +1,3 @@
-
 import pytest
 import torch
 import torch.nn.functional as F
@@ -24,9 +23,15 @@ def test_matches_torch_cross_entropy_and_nll_at_zero():
     logits, target = torch.randn(20, 11, generator=g), torch.randint(0, 11, (20,), generator=g)
     eye = torch.eye(11)
     loss, nll = label_smoothed_nll(logits, eye, target, 0.1)
-    assert loss.item() == pytest.approx(F.cross_entropy(logits, target, label_smoothing=0.1, reduction="sum").item(), rel=1e-6)
+    assert loss.item() == pytest.approx(
+        F.cross_entropy(logits, target, label_smoothing=0.1, reduction="sum").item(), rel=1e-6
+    )
     loss0, nll0 = label_smoothed_nll(logits, eye, target, 0.0)
-    assert loss0.item() == pytest.approx(nll0.item()) == pytest.approx(F.nll_loss(logits.log_softmax(-1), target, reduction="sum").item(), rel=1e-6)
+    assert (
+        loss0.item()
+        == pytest.approx(nll0.item())
+        == pytest.approx(F.nll_loss(logits.log_softmax(-1), target, reduction="sum").item(), rel=1e-6)
+    )
 
 
 @pytest.mark.parametrize("step", [1, 10, 1000, 4000, 4001, 10000, 100000])

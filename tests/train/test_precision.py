@@ -8,6 +8,7 @@ import logging
 
 import pytest
 import torch
+from conftest import tiny_train_config
 
 from nmt_cli.checkpoint import load_checkpoint
 from nmt_cli.config import ARCHITECTURES, SearchConfig
@@ -17,17 +18,22 @@ from nmt_cli.search.command import generation_precision
 from nmt_cli.train import command as train_command
 from nmt_cli.train.command import train
 from nmt_cli.train.trainer import Trainer
-from conftest import tiny_train_config
 
 
 def test_precision_is_resolved_once_logged_and_stored(toy_data_bin, tmp_path, caplog):
     with caplog.at_level(logging.INFO, logger="nmt_cli"):
-        train(tiny_train_config(toy_data_bin, tmp_path / "a", max_update=2), ARCHITECTURES["transformer_tiny"],
-              SearchConfig())
+        train(
+            tiny_train_config(toy_data_bin, tmp_path / "a", max_update=2),
+            ARCHITECTURES["transformer_tiny"],
+            SearchConfig(),
+        )
     assert "training on cpu in fp32" in caplog.text
     assert load_checkpoint(tmp_path / "a" / "checkpoint_last.pt")["train_config"]["precision"] == "fp32"
-    train(tiny_train_config(toy_data_bin, tmp_path / "b", max_update=2, precision="bf16"),
-          ARCHITECTURES["transformer_tiny"], SearchConfig())
+    train(
+        tiny_train_config(toy_data_bin, tmp_path / "b", max_update=2, precision="bf16"),
+        ARCHITECTURES["transformer_tiny"],
+        SearchConfig(),
+    )
     assert load_checkpoint(tmp_path / "b" / "checkpoint_last.pt")["train_config"]["precision"] == "bf16"
 
 
@@ -78,12 +84,16 @@ def overflow_on(monkeypatch, attempts):
     monkeypatch.setattr(Trainer, "backward", overflowing)
 
 
-def test_fp16_overflows_are_skipped_counted_and_halve_the_scale(toy_data_bin, tmp_path, fp16_on_cpu, monkeypatch,
-                                                                caplog):
+def test_fp16_overflows_are_skipped_counted_and_halve_the_scale(
+    toy_data_bin, tmp_path, fp16_on_cpu, monkeypatch, caplog
+):
     overflow_on(monkeypatch, {2, 3, 6})
     with caplog.at_level(logging.INFO, logger="nmt_cli"):
-        trainer = train(tiny_train_config(toy_data_bin, tmp_path, max_update=5, precision="fp16", log_interval=1),
-                        ARCHITECTURES["transformer_tiny"], SearchConfig())
+        trainer = train(
+            tiny_train_config(toy_data_bin, tmp_path, max_update=5, precision="fp16", log_interval=1),
+            ARCHITECTURES["transformer_tiny"],
+            SearchConfig(),
+        )
     ckpt = load_checkpoint(tmp_path / "checkpoint_last.pt")
     n = ckpt["train_state"]["n_overflows"]
     assert ckpt["update"] == 5 and n >= 3  # the 3 injected, and any real CPU float16 overflow

@@ -12,8 +12,20 @@ from click.testing import CliRunner
 from nmt_cli.checkpoint import load_checkpoint
 from nmt_cli.cli import cli
 
-TINY = ["--arch", "transformer_tiny", "--max-tokens", "256", "--warmup-updates", "4", "--device", "cpu",
-        "--threads", "1", "--log-interval", "1"]
+TINY = [
+    "--arch",
+    "transformer_tiny",
+    "--max-tokens",
+    "256",
+    "--warmup-updates",
+    "4",
+    "--device",
+    "cpu",
+    "--threads",
+    "1",
+    "--log-interval",
+    "1",
+]
 
 
 def nmt(*args):
@@ -22,8 +34,23 @@ def nmt(*args):
 
 def test_train_writes_checkpoints_logs_and_config(toy_data_bin, tmp_path):
     save = tmp_path / "ck"
-    result = nmt("train", toy_data_bin, "--save-dir", save, *TINY, "--max-update", 6, "--save-interval-updates", 2,
-                 "--keep-last", 2, "--log-file", tmp_path / "log.jsonl", "--validate-interval-updates", 3)
+    result = nmt(
+        "train",
+        toy_data_bin,
+        "--save-dir",
+        save,
+        *TINY,
+        "--max-update",
+        6,
+        "--save-interval-updates",
+        2,
+        "--keep-last",
+        2,
+        "--log-file",
+        tmp_path / "log.jsonl",
+        "--validate-interval-updates",
+        3,
+    )
     assert result.exit_code == 0, result.output
     names = sorted(p.name for p in save.iterdir())
     assert names == ["checkpoint_4.pt", "checkpoint_6.pt", "checkpoint_best.pt", "checkpoint_last.pt", "config.json"]
@@ -54,10 +81,35 @@ def test_max_epoch_and_patience(toy_data_bin, tmp_path):
 
 
 def train_subprocess(data_bin, save_dir, *extra):
-    cmd = [sys.executable, "-m", "nmt_cli", "--no-progress", "train", str(data_bin), "--save-dir", str(save_dir),
-           "--arch", "transformer_small", "--max-tokens", "1024", "--warmup-updates", "4", "--device", "cpu",
-           "--threads", "1", "--log-interval", "1", "--dropout", "0.1", "--max-update", "8",
-           "--save-interval-updates", "4", *extra]
+    cmd = [
+        sys.executable,
+        "-m",
+        "nmt_cli",
+        "--no-progress",
+        "train",
+        str(data_bin),
+        "--save-dir",
+        str(save_dir),
+        "--arch",
+        "transformer_small",
+        "--max-tokens",
+        "1024",
+        "--warmup-updates",
+        "4",
+        "--device",
+        "cpu",
+        "--threads",
+        "1",
+        "--log-interval",
+        "1",
+        "--dropout",
+        "0.1",
+        "--max-update",
+        "8",
+        "--save-interval-updates",
+        "4",
+        *extra,
+    ]
     return subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
 
 
@@ -108,20 +160,26 @@ def test_average_of_copies_is_the_checkpoint(tiny_checkpoint, tmp_path):
 
 def test_average_last_n_of_a_directory(tiny_checkpoint, tmp_path):
     out = tmp_path / "avg.pt"
-    result = nmt("average-checkpoints", "--inputs", tiny_checkpoint.parent, "--num-update-checkpoints", 2, "--output", out)
+    result = nmt(
+        "average-checkpoints", "--inputs", tiny_checkpoint.parent, "--num-update-checkpoints", 2, "--output", out
+    )
     assert result.exit_code == 0, result.output
     assert [Path(p).name for p in load_checkpoint(out)["averaged_from"]] == ["checkpoint_4.pt", "checkpoint_6.pt"]
     a, b = (load_checkpoint(tiny_checkpoint.parent / f"checkpoint_{u}.pt")["model"] for u in (4, 6))
     name = "encoder.0.ffn.fc1.weight"
     torch.testing.assert_close(load_checkpoint(out)["model"][name], (a[name] + b[name]) / 2)
-    too_many = nmt("average-checkpoints", "--inputs", tiny_checkpoint.parent, "--num-update-checkpoints", 9, "--output", out)
+    too_many = nmt(
+        "average-checkpoints", "--inputs", tiny_checkpoint.parent, "--num-update-checkpoints", 9, "--output", out
+    )
     assert too_many.exit_code == 1 and "fewer than --num-update-checkpoints 9" in too_many.output
 
 
 def test_average_rejects_different_models(tiny_checkpoint, toy_data_bin, tmp_path):
     other = tmp_path / "other"
     assert nmt("train", toy_data_bin, "--save-dir", other, *TINY, "--d-model", 8, "--max-update", 1).exit_code == 0
-    result = nmt("average-checkpoints", "--inputs", tiny_checkpoint, other / "checkpoint_last.pt", "--output", tmp_path / "a.pt")
+    result = nmt(
+        "average-checkpoints", "--inputs", tiny_checkpoint, other / "checkpoint_last.pt", "--output", tmp_path / "a.pt"
+    )
     assert result.exit_code == 1 and "another model config" in result.output
 
 
@@ -150,8 +208,24 @@ def test_bad_inputs(toy_data_bin, tiny_checkpoint, tmp_path):
 
 
 def test_eval_bleu_picks_the_best_checkpoint_by_bleu(toy_data_bin, tmp_path):
-    result = nmt("train", toy_data_bin, "--save-dir", tmp_path, *TINY, "--max-update", 2, "--validate-interval-updates", 1,
-                 "--eval-bleu", "--eval-bleu-beam", 2, "--best-checkpoint-metric", "bleu", "--log-file", tmp_path / "log")
+    result = nmt(
+        "train",
+        toy_data_bin,
+        "--save-dir",
+        tmp_path,
+        *TINY,
+        "--max-update",
+        2,
+        "--validate-interval-updates",
+        1,
+        "--eval-bleu",
+        "--eval-bleu-beam",
+        2,
+        "--best-checkpoint-metric",
+        "bleu",
+        "--log-file",
+        tmp_path / "log",
+    )
     assert result.exit_code == 0, result.output
     valid = [json.loads(line) for line in (tmp_path / "log").read_text().splitlines() if '"valid"' in line]
     assert valid and all(0.0 <= r["valid_bleu"] <= 100.0 for r in valid)
