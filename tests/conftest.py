@@ -12,6 +12,22 @@ from nmt_cli.config import ARCHITECTURES, ModelConfig, PreprocessConfig, SearchC
 from nmt_cli.data.preprocess import preprocess
 from nmt_cli.model.transformer import build_model
 
+# `nmt train` options of a transformer_tiny run that takes seconds, shared by the CLI and fault tests.
+TINY = [
+    "--arch",
+    "transformer_tiny",
+    "--max-tokens",
+    "256",
+    "--warmup-updates",
+    "4",
+    "--device",
+    "cpu",
+    "--threads",
+    "1",
+    "--log-interval",
+    "1",
+]
+
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 
 

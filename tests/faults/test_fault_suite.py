@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 import torch
 from click.testing import CliRunner
-from conftest import write_copy_corpus
+from conftest import TINY, write_copy_corpus
 
 from nmt_cli.cli import cli
 from nmt_cli.config import PreprocessConfig
@@ -31,20 +31,6 @@ from nmt_cli.files import run_lock
 
 ROOT = Path(__file__).resolve().parents[2]
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
-TINY = [
-    "--arch",
-    "transformer_tiny",
-    "--max-tokens",
-    "256",
-    "--warmup-updates",
-    "4",
-    "--device",
-    "cpu",
-    "--threads",
-    "1",
-    "--log-interval",
-    "1",
-]
 LEFTOVER = re.compile(r"(\.tmp$|\.tmp-|\.lock$|\.raw$)")
 
 

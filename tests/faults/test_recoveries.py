@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 from click.testing import CliRunner
+from conftest import TINY
 
 from nmt_cli.checkpoint import load_checkpoint
 from nmt_cli.cli import cli
@@ -23,20 +24,6 @@ from nmt_cli.search.beam import constrain
 from nmt_cli.search.translate import Translator, translate
 
 ROOT = Path(__file__).resolve().parents[2]
-TINY = [
-    "--arch",
-    "transformer_tiny",
-    "--max-tokens",
-    "256",
-    "--warmup-updates",
-    "4",
-    "--device",
-    "cpu",
-    "--threads",
-    "1",
-    "--log-interval",
-    "1",
-]
 
 
 def nmt(*args, input=None):

@@ -8,24 +8,10 @@ from pathlib import Path
 
 import torch
 from click.testing import CliRunner
+from conftest import TINY
 
 from nmt_cli.checkpoint import load_checkpoint
 from nmt_cli.cli import cli
-
-TINY = [
-    "--arch",
-    "transformer_tiny",
-    "--max-tokens",
-    "256",
-    "--warmup-updates",
-    "4",
-    "--device",
-    "cpu",
-    "--threads",
-    "1",
-    "--log-interval",
-    "1",
-]
 
 
 def nmt(*args):
