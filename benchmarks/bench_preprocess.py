@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import shutil
 
-from common import MULTI30K, NMT, WORK, report, run
+from common import MULTI30K, NMT, WORK, preprocess_args, report, run
 
 
 def main() -> None:
@@ -19,29 +19,7 @@ def main() -> None:
         dest = WORK / "bench-preprocess"
         shutil.rmtree(dest, ignore_errors=True)
         extra = ["--spm-model", str(spm)] if spm else []
-        _, seconds, rss = run(
-            NMT
-            + [
-                "preprocess",
-                "-s",
-                "en",
-                "-t",
-                "de",
-                "--trainpref",
-                str(MULTI30K / "train"),
-                "--validpref",
-                str(MULTI30K / "valid"),
-                "--testpref",
-                str(MULTI30K / "test_2016_flickr"),
-                "--destdir",
-                str(dest),
-                "--vocab-size",
-                "8000",
-                "--workers",
-                "2",
-                *extra,
-            ]
-        )
+        _, seconds, rss = run(NMT + preprocess_args(dest, *extra))
         rows.append(
             {
                 "run": label,

@@ -36,36 +36,37 @@ def run(args: list[str], stdout=subprocess.DEVNULL) -> tuple[str, float, float]:
     return stderr, seconds, usage.ru_maxrss / 1024 / 1024
 
 
+def preprocess_args(dest: Path, *extra: str) -> list[str]:
+    """`nmt preprocess` of Multi30k EN-DE (train, valid, test_2016_flickr) into `dest`, 8k pieces, 2 workers."""
+    return [
+        "preprocess",
+        "-s",
+        "en",
+        "-t",
+        "de",
+        "--trainpref",
+        str(MULTI30K / "train"),
+        "--validpref",
+        str(MULTI30K / "valid"),
+        "--testpref",
+        str(MULTI30K / "test_2016_flickr"),
+        "--destdir",
+        str(dest),
+        "--vocab-size",
+        "8000",
+        "--workers",
+        "2",
+        *extra,
+    ]
+
+
 def data_bin() -> Path:
     """Multi30k EN-DE with a joint 8k vocabulary, built once."""
     dest = WORK / "multi30k-bin"
     if not (dest / "meta.json").exists():
         if not (MULTI30K / "train.en").exists():
             raise SystemExit(f"benchmarks need {MULTI30K} (set NMT_SHARED_DATA)")
-        run(
-            NMT
-            + [
-                "preprocess",
-                "-s",
-                "en",
-                "-t",
-                "de",
-                "--trainpref",
-                str(MULTI30K / "train"),
-                "--validpref",
-                str(MULTI30K / "valid"),
-                "--testpref",
-                str(MULTI30K / "test_2016_flickr"),
-                "--destdir",
-                str(dest),
-                "--vocab-size",
-                "8000",
-                "--max-len-ratio",
-                "3",
-                "--workers",
-                "2",
-            ]
-        )
+        run(NMT + preprocess_args(dest, "--max-len-ratio", "3"))
     return dest
 
 

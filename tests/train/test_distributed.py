@@ -5,25 +5,11 @@ import sys
 
 import pytest
 import torch
+from conftest import TINY
 
 from nmt_cli.checkpoint import load_checkpoint
 
-COMMON = [
-    "--arch",
-    "transformer_tiny",
-    "--max-tokens",
-    "256",
-    "--warmup-updates",
-    "4",
-    "--device",
-    "cpu",
-    "--threads",
-    "1",
-    "--dropout",
-    "0",
-    "--log-interval",
-    "1",
-]
+COMMON = [*TINY, "--dropout", "0"]  # dropout off: ranks and processes give equal numbers
 
 
 def nmt(data_bin, save_dir, *extra, ranks=1):
