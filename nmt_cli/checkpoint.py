@@ -20,6 +20,7 @@ from nmt_cli.config import ModelConfig, SearchConfig, TrainConfig, config_from_d
 from nmt_cli.data.vocab import Vocab
 from nmt_cli.errors import CheckpointError, ConfigError
 from nmt_cli.files import atomic_write, make_parent
+from nmt_cli.model.transformer import Transformer, build_model
 
 logger = logging.getLogger(__name__)
 
@@ -182,8 +183,14 @@ def vocab_of(state: dict[str, Any], path: Path) -> Vocab:
     return Vocab(state["spm_model"], f"sentencepiece model inside {path}")
 
 
-def load_model_weights(model: torch.nn.Module, weights: dict[str, torch.Tensor], path: Path) -> None:
-    """Load a state dict, turning shape or name mismatches into one-line CheckpointErrors."""
+def load_model_weights(
+    model: torch.nn.Module, weights: dict[str, torch.Tensor], path: Path, assign: bool = False
+) -> None:
+    """Load a state dict, turning shape or name mismatches into one-line CheckpointErrors.
+
+    assign: the model takes the checkpoint's tensors themselves instead of copying them (for a model built
+    on the meta device, see `model_around_weights`); floating tensors are cast to the model's dtype.
+    """
     expected = model.state_dict()
     missing = sorted(set(expected) - set(weights))
     unexpected = sorted(set(weights) - set(expected))
@@ -195,7 +202,22 @@ def load_model_weights(model: torch.nn.Module, weights: dict[str, torch.Tensor],
                 f"{path} does not fit this model: {name} has shape {tuple(tensor.shape)}, "
                 f"the model needs {tuple(expected[name].shape)}"
             )
-    model.load_state_dict(weights)
+    if assign:
+        weights = {name: t.to(expected[name].dtype) if t.is_floating_point() else t for name, t in weights.items()}
+    model.load_state_dict(weights, assign=assign)
+
+
+def model_around_weights(cfg: ModelConfig, weights: dict[str, torch.Tensor], path: Path) -> Transformer:
+    """The model of `cfg` holding the checkpoint's own tensors, for inference.
+
+    Built on the meta device, so nothing is allocated or randomly initialised for weights that are
+    replaced at once, and with a memory-mapped checkpoint the weights are read from the file as used.
+    Tied weights come back as separate parameters that share their storage.
+    """
+    with torch.device("meta"):
+        model = build_model(cfg)
+    load_model_weights(model, weights, path, assign=True)
+    return model
 
 
 def numbered_checkpoints(directory: Path) -> list[Path]:

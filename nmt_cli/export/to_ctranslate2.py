@@ -23,11 +23,11 @@ import numpy as np
 import torch
 from ctranslate2.specs import attention_spec, common_spec, transformer_spec
 
-from nmt_cli.checkpoint import load_checkpoint, load_model_weights, model_config_of, vocab_of
+from nmt_cli.checkpoint import load_checkpoint, model_around_weights, model_config_of, vocab_of
 from nmt_cli.config import ModelConfig
 from nmt_cli.data.vocab import BOS, EOS, UNK, Vocab
 from nmt_cli.errors import ExportError
-from nmt_cli.model.transformer import Transformer, build_model
+from nmt_cli.model.transformer import Transformer
 
 SPM_FILE = "sentencepiece.model"
 LAYER_NORM_EPS = 1e-5  # torch.nn.LayerNorm's default, which nmt uses everywhere
@@ -153,8 +153,7 @@ class NmtConverter(ctranslate2.converters.Converter):
         state = load_checkpoint(self.checkpoint_path)
         cfg = model_config_of(state, self.checkpoint_path)
         check_exportable(cfg)
-        model = build_model(cfg)
-        load_model_weights(model, state["model"], self.checkpoint_path)
+        model = model_around_weights(cfg, state["model"], self.checkpoint_path)
         vocab = vocab_of(state, self.checkpoint_path)
         self.spm_model = vocab.model_bytes
         tokens = vocabulary(vocab, cfg.vocab_size)

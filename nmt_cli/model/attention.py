@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from nmt_cli.model.cache import append_step
 from nmt_cli.model.linear import Linear
 
 
@@ -103,12 +104,14 @@ class SelfAttention(nn.Module):
             record.append(weights)
         return self.out(merge_heads(y))
 
-    def step(self, x: Tensor, past_k: Tensor, past_v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """One decoding step. x: [N, 1, D]; past_k: [N, H, t, Dk], past_v: [N, H, t, Dh] -> (y [N, 1, D],
-        k [N, H, t+1, Dk], v [N, H, t+1, Dh])."""
+    def step(
+        self, x: Tensor, past_k: Tensor, past_v: Tensor, rows: Tensor | None = None
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """One decoding step. x: [N, 1, D]; past_k: [N', H, t, Dk], past_v: [N', H, t, Dh]; rows: [N] the past
+        row each row continues (None: the same one) -> (y [N, 1, D], k [N, H, t+1, Dk], v [N, H, t+1, Dh])."""
         q, k, v = self.project_qkv(x)
-        k = torch.cat([past_k, k], dim=2)
-        v = torch.cat([past_v, v], dim=2)
+        k = append_step(past_k, k, rows)
+        v = append_step(past_v, v, rows)
         y = attend_few_queries(q, k, v) if q.device.type == "cpu" else attend(q, k, v)
         return self.out(merge_heads(y)), k, v
 

@@ -20,9 +20,10 @@ from nmt_cli.model.linear import Linear
 
 def sinusoidal_positions(n_positions: int, d_model: int) -> Tensor:
     """PE(pos, 2i) = sin(pos / 10000^(2i/D)), PE(pos, 2i+1) = cos(...) (paper §3.5). -> [P, D]"""
-    pos = torch.arange(n_positions, dtype=torch.float64)[:, None]
-    inv_freq = torch.exp(-math.log(10000.0) * torch.arange(0, d_model, 2, dtype=torch.float64) / d_model)
-    pe = torch.zeros(n_positions, d_model, dtype=torch.float64)
+    cpu = torch.device("cpu")  # also when the model is built on the meta device: the table is not a weight
+    pos = torch.arange(n_positions, dtype=torch.float64, device=cpu)[:, None]
+    inv_freq = torch.exp(-math.log(10000.0) * torch.arange(0, d_model, 2, dtype=torch.float64, device=cpu) / d_model)
+    pe = torch.zeros(n_positions, d_model, dtype=torch.float64, device=cpu)
     pe[:, 0::2] = torch.sin(pos * inv_freq)
     pe[:, 1::2] = torch.cos(pos * inv_freq[: d_model // 2])
     return pe.float()
@@ -134,13 +135,21 @@ class DecoderLayer(nn.Module):
         return self.res_ffn(x, self.ffn)
 
     def step(
-        self, x: Tensor, past_k: Tensor, past_v: Tensor, cross_k: Tensor, cross_v: Tensor, cross_mask: Tensor | None
+        self,
+        x: Tensor,
+        past_k: Tensor,
+        past_v: Tensor,
+        rows: Tensor | None,
+        cross_k: Tensor,
+        cross_v: Tensor,
+        cross_mask: Tensor | None,
     ) -> tuple[Tensor, Tensor, Tensor]:
-        """One incremental step. x: [N, 1, D] with N = B*K -> (x [N, 1, D], k, v [N, H, t+1, Dh])."""
+        """One incremental step. x: [N, 1, D] with N = B*K; rows: pending beam reorder of past_k/v (cache.py)
+        -> (x [N, 1, D], k, v [N, H, t+1, Dh])."""
         new_kv: list[Tensor] = []
 
         def self_attend(h: Tensor) -> Tensor:
-            y, k, v = self.self_attn.step(h, past_k, past_v)
+            y, k, v = self.self_attn.step(h, past_k, past_v, rows)
             new_kv.extend((k, v))
             return y
 

@@ -25,6 +25,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from nmt_cli.runtime import release_pages
+
 _ONEDNN = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
 _DTYPES = (torch.float32, torch.bfloat16)
 ROWS = 512
@@ -126,4 +128,5 @@ def pack_for_cpu_inference(model: nn.Module) -> nn.Module:
         for name, child in list(parent.named_children()):
             if isinstance(child, nn.Linear):
                 setattr(parent, name, PackedLinear(child))
+                release_pages(child.weight)  # the packed copy replaces it (see runtime.release_pages)
     return model

@@ -5,15 +5,19 @@ VNNI); activations are quantized per call, per tensor, from their own min/max, a
 back in float32 with the bias added. Everything else (embeddings, LayerNorm, attention's own
 products, softmax) stays float32. Measured on 2 cores of this project's AMD EPYC (benchmarks/README.md):
 every projection of the model pays, the output projection (D x V) most, so all of them are swapped.
-The float32 weights are not kept: int8 translation holds a quarter of the linear weights' memory.
+The float32 weights are not kept: int8 translation holds a quarter of the linear weights' memory, and
+a memory-mapped checkpoint's float32 pages are given back layer by layer as they are quantized.
 """
 
 from __future__ import annotations
+
+import warnings
 
 import torch
 from torch import Tensor, nn
 
 from nmt_cli.errors import ConfigError
+from nmt_cli.runtime import release_pages
 
 ENGINE = "fbgemm"
 
@@ -26,7 +30,9 @@ class Int8Linear(nn.Module):
         weight = linear.weight.detach().float()  # [out, in]
         scales = (weight.abs().amax(dim=1) / 127.0).clamp(min=1e-12).double()
         zero_points = torch.zeros(weight.shape[0], dtype=torch.long)
-        q_weight = torch.quantize_per_channel(weight, scales, zero_points, 0, torch.qint8)
+        with warnings.catch_warnings():  # torch 2.13 deprecates quantized tensors in favour of torchao
+            warnings.simplefilter("ignore", UserWarning)
+            q_weight = torch.quantize_per_channel(weight, scales, zero_points, 0, torch.qint8)
         bias = None if linear.bias is None else linear.bias.detach().float()
         self.packed = torch.ops.quantized.linear_prepack(q_weight, bias)
         self.out_features = weight.shape[0]
@@ -53,4 +59,5 @@ def quantize_for_cpu_inference(model: nn.Module) -> nn.Module:
         for name, child in list(parent.named_children()):
             if isinstance(child, nn.Linear):
                 setattr(parent, name, Int8Linear(child))
+                release_pages(child.weight)  # quantized one layer at a time: float32 pages are not all resident
     return model

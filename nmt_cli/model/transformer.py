@@ -155,22 +155,19 @@ class Transformer(nn.Module):
         )
 
     def decode_step(self, prev_tokens: Tensor, cache: DecoderCache) -> tuple[Tensor, DecoderCache]:
-        """Advance every row one token. prev_tokens: [N] -> (log-probs [N, V] in float32, new cache).
+        """Advance every row one token. prev_tokens: [N] -> (log-probs [N, V] in float32, the cache).
 
-        The step index is the cache length; rows are ordered sentence-major (row = b * K + beam).
+        The cache is advanced in place (each layer's old state is freed as its new one is made) and
+        returned. The step index is the cache length; rows are ordered sentence-major (row = b * K + beam).
         """
-        step = cache.self_k[0].shape[2]
-        x = self.tgt_embed(prev_tokens[:, None], start=step)  # [N, 1, D]
-        new_k, new_v = [], []
+        x = self.tgt_embed(prev_tokens[:, None], start=cache.length)  # [N, 1, D]
         for i, layer in enumerate(self.decoder):
-            x, k, v = layer.step(
-                x, cache.self_k[i], cache.self_v[i], cache.cross_k[i], cache.cross_v[i], cache.cross_mask
+            x, cache.self_k[i], cache.self_v[i] = layer.step(
+                x, cache.self_k[i], cache.self_v[i], cache.rows, cache.cross_k[i], cache.cross_v[i], cache.cross_mask
             )
-            new_k.append(k)
-            new_v.append(v)
+        cache.rows = None
         logits = self.logits(self.decoder_norm(x[:, 0]))
-        new_cache = DecoderCache(new_k, new_v, cache.cross_k, cache.cross_v, cache.cross_mask)
-        return F.log_softmax(logits.float(), dim=-1), new_cache
+        return F.log_softmax(logits.float(), dim=-1), cache
 
 
 def build_model(cfg: ModelConfig) -> Transformer:

@@ -16,10 +16,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from nmt_cli.checkpoint import load_checkpoint, load_model_weights, model_config_of, search_config_of, vocab_of
+from nmt_cli.checkpoint import load_checkpoint, model_around_weights, model_config_of, search_config_of, vocab_of
 from nmt_cli.data.vocab import BOS, EOS
 from nmt_cli.errors import ConfigError, DataError
-from nmt_cli.model.transformer import AttentionWeights, build_model
+from nmt_cli.model.transformer import AttentionWeights
 from nmt_cli.plot import check_output, pyplot, save_figure
 from nmt_cli.search.greedy import greedy_search
 
@@ -52,8 +52,7 @@ class SentenceAttention:
 def sentence_attention(checkpoint_path: Path, sentence: str) -> SentenceAttention:
     """Translate `sentence` greedily with the checkpoint, then record attention on that translation."""
     state = load_checkpoint(checkpoint_path)
-    model = build_model(model_config_of(state, checkpoint_path))
-    load_model_weights(model, state["model"], checkpoint_path)
+    model = model_around_weights(model_config_of(state, checkpoint_path), state["model"], checkpoint_path)
     model.eval()
     vocab = vocab_of(state, checkpoint_path)
     src_ids = vocab.encode([sentence.strip()])[0]

@@ -11,14 +11,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from nmt_cli.checkpoint import load_checkpoint, load_model_weights, model_config_of, vocab_of
+from nmt_cli.checkpoint import load_checkpoint, model_around_weights, model_config_of, vocab_of
 from nmt_cli.config import SearchConfig
 from nmt_cli.data.batching import batch_by_tokens, pad_sources
 from nmt_cli.data.vocab import PAD, Vocab
 from nmt_cli.errors import ConfigError
 from nmt_cli.model.linear import pack_for_cpu_inference
 from nmt_cli.model.quantize import quantize_for_cpu_inference
-from nmt_cli.model.transformer import Transformer, build_model
+from nmt_cli.model.transformer import Transformer
 from nmt_cli.runtime import autocast
 from nmt_cli.search.beam import beam_search
 from nmt_cli.search.greedy import greedy_search
@@ -55,8 +55,7 @@ def translator_from(
     """
     if quantize is not None and (device.type != "cpu" or amp_dtype is not None):
         raise ConfigError(f"--quantize {quantize} runs on the CPU in fp32; use --device cpu and --precision fp32")
-    model = build_model(model_config_of(state, path))
-    load_model_weights(model, state["model"], path)
+    model = model_around_weights(model_config_of(state, path), state["model"], path)
     model.to(device).eval()
     if quantize == "int8":
         quantize_for_cpu_inference(model)

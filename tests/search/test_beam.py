@@ -8,7 +8,7 @@ import torch
 
 from nmt_cli.config import SearchConfig
 from nmt_cli.data.vocab import EOS
-from nmt_cli.model.cache import DecoderCache
+from nmt_cli.model.cache import DecoderCache, append_step
 from nmt_cli.model.transformer import EncoderOut
 from nmt_cli.search.beam import BeamState, beam_search, length_penalty, top_candidates
 from nmt_cli.search.greedy import greedy_search
@@ -44,11 +44,11 @@ class FakeModel:
         return DecoderCache([empty], [empty], [sent], [sent], torch.ones(n, 1, 1, 1, dtype=torch.bool))
 
     def decode_step(self, prev, cache):
-        step = cache.self_k[0].shape[2]
+        step = cache.length
         sent = cache.cross_k[0][:, 0, 0, 0].long()
         k = prev.shape[0] // len(sent)
         lp = torch.stack([TABLES[s][step] for s in sent.tolist()]).repeat_interleave(k, 0)
-        grown = torch.cat([cache.self_k[0], torch.zeros(prev.shape[0], 1, 1, 1)], dim=2)
+        grown = append_step(cache.self_k[0], torch.zeros(prev.shape[0], 1, 1, 1), cache.rows)
         return lp.clone(), DecoderCache([grown], [grown], cache.cross_k, cache.cross_v, cache.cross_mask)
 
 
