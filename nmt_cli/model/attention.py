@@ -18,7 +18,7 @@ from torch import Tensor, nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from nmt_cli.model.cache import append_step
-from nmt_cli.model.linear import Linear
+from nmt_cli.model.linear import Linear, padded_rows, pads_rows
 
 
 def attend(
@@ -73,6 +73,19 @@ def merge_heads(x: Tensor) -> Tensor:
     return x.transpose(1, 2).reshape(b, t, h * dh)  # [B, T, D]
 
 
+def project_out(out: nn.Module, y: Tensor) -> Tensor:
+    """out(merge_heads(y)) -> [N, T, D]. On the CPU training route (model/linear.py) the heads are merged
+    straight into padded rows: one copy of the attention output instead of two."""
+    if not pads_rows(out, y):
+        return out(merge_heads(y))
+    b, h, t, dh = y.shape
+    rows = b * t
+    merged = y.new_empty(padded_rows(rows), h * dh)
+    merged[:rows].view(b, t, h, dh).copy_(y.transpose(1, 2))
+    merged[rows:] = 0
+    return out(merged)[:rows].view(b, t, -1)
+
+
 class SelfAttention(nn.Module):
     """Self-attention with one fused QKV projection; the decoder's incremental step extends a K/V cache.
 
@@ -102,7 +115,7 @@ class SelfAttention(nn.Module):
         else:
             y, weights = attend_recorded(q, k, v, mask, causal, dropout)
             record.append(weights)
-        return self.out(merge_heads(y))
+        return project_out(self.out, y)
 
     def step(
         self, x: Tensor, past_k: Tensor, past_v: Tensor, rows: Tensor | None = None
@@ -152,4 +165,4 @@ class CrossAttention(nn.Module):
             y = attend_few_queries(q, k, v, mask)
         else:
             y = attend(q, k, v, mask, dropout=self.dropout if self.training else 0.0)
-        return self.out(merge_heads(y))
+        return project_out(self.out, y)

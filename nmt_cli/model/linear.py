@@ -103,6 +103,16 @@ class Linear(nn.Linear):
             return F.linear(x, weight, bias)
 
 
+def pads_rows(linear: nn.Module, x: Tensor) -> bool:
+    """Whether `linear(x)` takes the padded-rows route above (a training-time Linear on CPU with oneDNN).
+
+    Callers that chain linears (the feed-forward network, attention's output projection) then pad the
+    rows once themselves: an input that already has padded_rows(M) rows is used as it is, so its padded
+    copy is neither made nor saved for backward a second time.
+    """
+    return isinstance(linear, Linear) and _ONEDNN and x.device.type == "cpu"
+
+
 class PackedLinear(nn.Module):
     """A frozen Linear whose weights oneDNN has packed once, for CPU float32 inference."""
 

@@ -18,3 +18,30 @@ def test_dropout_rate_scale_and_eval():
     d(x).sum().backward()
     grads = x.grad.unique()
     assert len(grads) == 2 and grads[0] == 0 and abs(grads[1].item() - 1 / 0.7) < 1e-6
+
+
+def reference_ffn_and_attention_out(ffn, attn_out, x, y):
+    """The same products through F.linear (no padded rows)."""
+    import torch.nn.functional as F
+
+    h = torch.relu(F.linear(x, ffn.fc1.weight, ffn.fc1.bias))
+    merged = y.transpose(1, 2).reshape(y.shape[0], y.shape[2], -1)
+    return F.linear(h, ffn.fc2.weight, ffn.fc2.bias), F.linear(merged, attn_out.weight, attn_out.bias)
+
+
+def test_rows_padded_once_per_sublayer_give_the_same_values_and_gradients():
+    from nmt_cli.model.attention import project_out
+    from nmt_cli.model.layers import FeedForward
+    from nmt_cli.model.linear import Linear
+
+    torch.manual_seed(0)
+    ffn, attn_out = FeedForward(32, 64, 0.0), Linear(32, 32)
+    x = torch.randn(3, 7, 32, requires_grad=True)  # 21 rows: padded to 32 inside
+    y = torch.randn(3, 4, 7, 8, requires_grad=True)  # [B, H, T, Dh]
+    got = (ffn(x), project_out(attn_out, y))
+    want = reference_ffn_and_attention_out(ffn, attn_out, x, y)
+    params = [x, y, *ffn.parameters(), *attn_out.parameters()]
+    got_grads = torch.autograd.grad(sum((g * torch.arange(g.numel()).view_as(g)).sum() for g in got), params)
+    want_grads = torch.autograd.grad(sum((w * torch.arange(w.numel()).view_as(w)).sum() for w in want), params)
+    for a, b in zip((*got, *got_grads), (*want, *want_grads)):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-4)
