@@ -43,6 +43,8 @@ MODEL_KEYS = (
     "epoch",
     "model",
 )
+# Train options about how a run computes, not what it trains: not saved, so a resumed run may change them.
+RUNTIME_OPTIONS = ("compile",)
 TRAINING_KEYS = ("optimizer", "scheduler", "grad_scaler", "train_state", "world_size", "rng")
 
 
@@ -67,7 +69,7 @@ def make_checkpoint(
         "format_version": FORMAT_VERSION,
         "nmt_version": __version__,
         "model_config": config_to_dict(model_cfg),
-        "train_config": config_to_dict(train_cfg),
+        "train_config": {k: v for k, v in config_to_dict(train_cfg).items() if k not in RUNTIME_OPTIONS},
         "search_config": config_to_dict(search_cfg),
         "spm_model": vocab.model_bytes,
         "source_lang": langs[0],

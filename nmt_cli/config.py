@@ -250,6 +250,9 @@ class TrainConfig:
     reset_optimizer: bool = flag(False, "Do not restore the optimizer state.")
     reset_lr_scheduler: bool = flag(False, "Restart the lr schedule (the update count goes on).")
     reset_dataloader: bool = flag(False, "Restart the epoch's data order.")
+    compile: bool = flag(
+        False, "Compile the training forward with torch.compile (the first updates are slow; not saved)."
+    )
 
     def __post_init__(self) -> None:
         check_fields(self)

@@ -92,7 +92,9 @@ class Linear(nn.Linear):
     """nn.Linear (same parameters and state dict) that takes the CPU route above, under autocast too."""
 
     def forward(self, x: Tensor) -> Tensor:
-        if x.device.type != "cpu" or not _ONEDNN:
+        # Under torch.compile (`nmt train --compile`) inductor chooses the matmul kernels itself;
+        # it has no lowering of the oneDNN op for dynamic shapes.
+        if x.device.type != "cpu" or not _ONEDNN or torch.compiler.is_compiling():
             return F.linear(x, self.weight, self.bias)
         dtype = torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else x.dtype
         with torch.autocast("cpu", enabled=False):  # cast here, as autocast would, then leave it

@@ -85,6 +85,8 @@ class Trainer:
         self.objective = TranslationLoss(self.model, cfg.label_smoothing)
         # What training's forward runs through: DDP over the objective with several ranks, else the objective.
         self.synced_objective = wrap_ddp(self.objective, info, device)
+        if cfg.compile:
+            self.synced_objective = compile_objective(self.synced_objective)
         self.distributed = info.world_size > 1
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         # CUDA: the fused AdamW kernel (one launch for all parameters); CPU keeps PyTorch's default.
@@ -123,7 +125,7 @@ class Trainer:
     def batch_loss(self, batch: Batch, module: torch.nn.Module | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Summed label-smoothed loss and NLL over the batch's real target tokens."""
         with autocast(self.device, self.amp_dtype):
-            return (module or self.objective)(
+            return (self.objective if module is None else module)(
                 batch.src_tokens, batch.src_pad_mask, batch.tgt_in, batch.tgt_out, batch.tgt_index
             )
 
@@ -410,6 +412,18 @@ class Trainer:
         if c.patience and s.bad_validations >= c.patience:
             return f"no improvement in {c.patience} validations (--patience)"
         return None
+
+
+def compile_objective(objective: torch.nn.Module) -> torch.nn.Module:
+    """torch.compile over the (DDP-wrapped) objective: the encoder and decoder become one graph.
+
+    Compiled after the DDP wrapping, as PyTorch's DDP notes advise, so the graph is split at DDP's
+    gradient buckets. dynamic=True: one graph serves every batch shape instead of one per length.
+    The module's state dict is untouched (checkpoints save `Trainer.model`), and validation and
+    search run eagerly.
+    """
+    logger.info("compiling the model (first updates are slow)")
+    return torch.compile(objective, dynamic=True)  # type: ignore[return-value]
 
 
 def rng_state() -> dict[str, Any]:
