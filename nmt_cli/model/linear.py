@@ -112,7 +112,7 @@ def pads_rows(linear: nn.Module, x: Tensor) -> bool:
     rows once themselves: an input that already has padded_rows(M) rows is used as it is, so its padded
     copy is neither made nor saved for backward a second time.
     """
-    return isinstance(linear, Linear) and _ONEDNN and x.device.type == "cpu"
+    return isinstance(linear, Linear) and _ONEDNN and x.device.type == "cpu" and not torch.compiler.is_compiling()
 
 
 class PackedLinear(nn.Module):
