@@ -45,8 +45,8 @@ class DecoderCache:
         return DecoderCache(
             self.self_k,
             self.self_v,
-            [k.index_select(0, sentences) for k in self.cross_k],
-            [v.index_select(0, sentences) for v in self.cross_v],
+            [k[sentences] for k in self.cross_k],  # indexing keeps their memory layout (init_cache)
+            [v[sentences] for v in self.cross_v],
             None if self.cross_mask is None else self.cross_mask.index_select(0, sentences),
             rows if self.rows is None else self.rows.index_select(0, rows),
         )

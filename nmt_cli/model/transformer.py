@@ -143,8 +143,16 @@ class Transformer(nn.Module):
         return self.logits(self.decode(tgt_in, self.encode(src_tokens, src_pad_mask, weights), weights))
 
     def init_cache(self, enc: EncoderOut, beam: int) -> DecoderCache:
-        """Project the encoder output to every layer's cross-attention K/V once; empty self-attention state."""
-        cross = [layer.cross_attn.memory_kv(enc.memory) for layer in self.decoder]
+        """Project the encoder output to every layer's cross-attention K/V once; empty self-attention state.
+
+        K and V are laid out here once for the per-step products, so that no step copies them again:
+        V contiguous, and K on CPU (where the step computes q @ K^T itself) stored as a contiguous K^T.
+        """
+        cpu = enc.memory.device.type == "cpu"
+        cross = [
+            (k.transpose(-1, -2).contiguous().transpose(-1, -2) if cpu else k.contiguous(), v.contiguous())
+            for k, v in (layer.cross_attn.memory_kv(enc.memory) for layer in self.decoder)
+        ]
         b, _, d = enc.memory.shape
         attn = self.decoder[0].self_attn
         empty_k = enc.memory.new_zeros(b * beam, attn.heads, 0, attn.qk_size // attn.heads)
