@@ -48,7 +48,8 @@ class Embedding(nn.Module):
         d_model = tokens.embedding_dim
         self.scale = math.sqrt(d_model)
         if learned_pos:
-            self.positions = nn.Parameter(torch.randn(max_positions, d_model) * d_model**-0.5)
+            table = torch.empty(max_positions, d_model)  # on the meta device: nothing to draw (see Transformer)
+            self.positions = nn.Parameter(table if table.is_meta else torch.randn_like(table) * d_model**-0.5)
         else:
             self.register_buffer("positions", sinusoidal_positions(max_positions, d_model), persistent=False)
         self.dropout = Dropout(dropout)
@@ -81,9 +82,17 @@ class Transformer(nn.Module):
     ) -> None:
         super().__init__()
         self.max_positions = max_positions
-        src_tokens = nn.Embedding(vocab_size, d_model, padding_idx=PAD)
-        tgt_tokens = src_tokens if share_embeddings else nn.Embedding(vocab_size, d_model, padding_idx=PAD)
-        for emb in {src_tokens, tgt_tokens}:
+        # Built on the meta device (checkpoint.model_around_weights) there is nothing to initialise, and
+        # a normal_() there would import torch's reference ops: a second of translation start-up.
+        on_meta = torch.empty(0).is_meta
+
+        def embedding() -> nn.Embedding:
+            weight = torch.empty(vocab_size, d_model) if on_meta else None
+            return nn.Embedding(vocab_size, d_model, padding_idx=PAD, _weight=weight)
+
+        src_tokens = embedding()
+        tgt_tokens = src_tokens if share_embeddings else embedding()
+        for emb in {src_tokens, tgt_tokens} if not on_meta else ():
             nn.init.normal_(emb.weight, mean=0.0, std=d_model**-0.5)
             nn.init.zeros_(emb.weight[PAD])
         self.src_embed = Embedding(src_tokens, max_positions, learned_pos, dropout)

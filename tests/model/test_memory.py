@@ -48,3 +48,17 @@ def test_release_pages_gives_back_memory_mapped_weights(tmp_path):
     release_pages(w)
     assert resident_mb() < touched - 48
     assert float(w.sum()) == total  # read again from the file
+
+
+def test_building_around_weights_draws_nothing(monkeypatch):
+    """No random draws on the meta device: there they import torch's reference ops (a second of start-up)."""
+    from nmt_cli.config import model_config
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a random draw while building on the meta device")
+
+    monkeypatch.setattr(torch.Tensor, "normal_", refuse)
+    monkeypatch.setattr(torch, "randn_like", refuse)
+    with torch.device("meta"):
+        model = build_model(model_config("transformer_tiny", vocab_size=24, learned_pos=True))
+    assert all(p.is_meta for p in model.parameters())
