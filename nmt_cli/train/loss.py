@@ -20,7 +20,7 @@ import torch
 from torch import Tensor, nn
 
 from nmt_cli.data.vocab import PAD
-from nmt_cli.model.linear import ROWS, matmul_nt, on_cpu_path, pad_rows
+from nmt_cli.model.linear import ROWS, matmul_nt, on_cpu_path, pad_rows, weight_grad
 from nmt_cli.model.transformer import Transformer
 
 CHUNK_ELEMENTS = 1 << 21  # CPU: logits per chunk, rows * V (8 MB of float32)
@@ -78,7 +78,7 @@ class _LinearLabelSmoothedCE(torch.autograd.Function):
                     z_all[n:] = 0
                     g = z_all.to(dtype)
                     grad_hidden[start : start + n] = matmul_nt(g, w.t())[:n]
-                    grad_weight += matmul_nt(g.t(), h.t()).float()
+                    grad_weight += weight_grad(g, h).float()
         ctx.save_for_backward(grad_hidden, grad_weight)
         ctx.dtypes = (hidden.dtype, weight.dtype)
         ctx.mark_non_differentiable(nll_sum)

@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from nmt_cli.model.linear import ROWS, Linear, matmul_nt, padded_rows
+from nmt_cli.model.linear import ROWS, Linear, matmul_nt, padded_rows, weight_grad
 
 
 def test_padded_rows_are_few_shapes():
@@ -51,3 +51,12 @@ def test_matmul_nt_is_a_times_b_transposed():
     torch.testing.assert_close(matmul_nt(a, b), a @ b.t(), atol=1e-5, rtol=1e-5)
     c = torch.randn(9, 37)
     torch.testing.assert_close(matmul_nt(c.t(), b.t().contiguous().t()), c.t() @ b.t(), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("n_out, n_in", [(48, 16), (16, 48), (32, 32)])
+def test_weight_grad_is_g_transposed_times_x_whichever_transpose_is_copied(n_out, n_in):
+    torch.manual_seed(0)
+    g, x = torch.randn(37, n_out), torch.randn(37, n_in)
+    got = weight_grad(g, x)
+    assert got.shape == (n_out, n_in) and got.is_contiguous()
+    torch.testing.assert_close(got, g.t() @ x, rtol=1e-5, atol=1e-4)
