@@ -21,7 +21,7 @@ from nmt_cli.train.prefetch import BatchLoader, prepare
 
 
 def test_loss_chunks_are_sized_for_the_device():
-    assert chunk_rows("cpu", 37000) == CHUNK_ELEMENTS // 37000  # cache-sized, as before
+    assert chunk_rows("cpu", 37000) == CHUNK_ELEMENTS // 37000  # a few hundred rows
     assert chunk_rows("cuda", 37000) >= 7000  # a 3k-token (even 7k) micro-batch is one chunk
 
 
