@@ -19,6 +19,7 @@ whose weights oneDNN reorders once.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -150,6 +151,18 @@ class PackedLinear(nn.Module):
         return y.view(*x.shape[:-1], self.out_features)
 
 
+def replace_linears(model: nn.Module, frozen: Callable[[nn.Linear], nn.Module]) -> nn.Module:
+    """Swap every Linear of the model, the output projection included, for `frozen(linear)`, one layer
+    at a time, giving each float32 weight's pages back once its replacement exists (a memory-mapped
+    checkpoint then never has all of them resident, see runtime.release_pages)."""
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if isinstance(child, nn.Linear):
+                setattr(parent, name, frozen(child))
+                release_pages(child.weight)
+    return model
+
+
 def pack_for_cpu_inference(model: nn.Module) -> nn.Module:
     """Swap every Linear of the model, the output projection included, for a PackedLinear.
 
@@ -158,9 +171,4 @@ def pack_for_cpu_inference(model: nn.Module) -> nn.Module:
     default path, and the output projection twice as fast. The projection gets its own packed copy
     of the tied weight.
     """
-    for parent in list(model.modules()):
-        for name, child in list(parent.named_children()):
-            if isinstance(child, nn.Linear):
-                setattr(parent, name, PackedLinear(child))
-                release_pages(child.weight)  # the packed copy replaces it (see runtime.release_pages)
-    return model
+    return replace_linears(model, PackedLinear)

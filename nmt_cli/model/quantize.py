@@ -17,7 +17,7 @@ import torch
 from torch import Tensor, nn
 
 from nmt_cli.errors import ConfigError
-from nmt_cli.runtime import release_pages
+from nmt_cli.model.linear import replace_linears
 
 ENGINE = "fbgemm"
 
@@ -55,9 +55,4 @@ def quantize_for_cpu_inference(model: nn.Module) -> nn.Module:
             f"{', '.join(torch.backends.quantized.supported_engines)}"
         )
     torch.backends.quantized.engine = ENGINE
-    for parent in list(model.modules()):
-        for name, child in list(parent.named_children()):
-            if isinstance(child, nn.Linear):
-                setattr(parent, name, Int8Linear(child))
-                release_pages(child.weight)  # quantized one layer at a time: float32 pages are not all resident
-    return model
+    return replace_linears(model, Int8Linear)
