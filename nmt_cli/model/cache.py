@@ -37,8 +37,9 @@ class DecoderCache:
 
     def select_rows(self, rows: Tensor) -> DecoderCache:
         """Follow the surviving beams. rows: [N] indices into the current N rows (applied by the next step)."""
-        pending = rows if self.rows is None else self.rows.index_select(0, rows)
-        return DecoderCache(self.self_k, self.self_v, self.cross_k, self.cross_v, self.cross_mask, pending)
+        return DecoderCache(
+            self.self_k, self.self_v, self.cross_k, self.cross_v, self.cross_mask, self._continued(rows)
+        )
 
     def select_sentences(self, sentences: Tensor, rows: Tensor) -> DecoderCache:
         """Keep only some sentences (those still searching). sentences: [B'], rows: [B'*K] into the N rows."""
@@ -48,8 +49,12 @@ class DecoderCache:
             [k[sentences] for k in self.cross_k],  # indexing keeps their memory layout (init_cache)
             [v[sentences] for v in self.cross_v],
             None if self.cross_mask is None else self.cross_mask.index_select(0, sentences),
-            rows if self.rows is None else self.rows.index_select(0, rows),
+            self._continued(rows),
         )
+
+    def _continued(self, rows: Tensor) -> Tensor:
+        """The stored rows that `rows` (indices into the current rows) continue, through any pending reorder."""
+        return rows if self.rows is None else self.rows.index_select(0, rows)
 
 
 def append_step(past: Tensor, new: Tensor, rows: Tensor | None) -> Tensor:
