@@ -1,13 +1,10 @@
-"""Seeding, device and thread choice, precision, the distributed process group, and giving memory back."""
+"""Seeding, device and thread choice, precision, and the distributed process group."""
 
 from __future__ import annotations
 
-import ctypes
 import logging
-import mmap
 import os
 import random
-import sys
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 
@@ -105,29 +102,3 @@ def shutdown_distributed() -> None:
     if dist.is_available() and dist.is_initialized():
         dist.barrier()  # no rank leaves while another still talks to it
         dist.destroy_process_group()
-
-
-_MADV_PAGEOUT = 21  # Linux 5.4 and later
-
-
-def release_pages(t: torch.Tensor) -> None:
-    """Ask the kernel to reclaim the memory pages that hold `t`'s data (Linux; elsewhere this does nothing).
-
-    For weights memory-mapped from a checkpoint (`load_checkpoint`) once they have been copied into packed
-    or int8 form: their pages would otherwise stay resident, and count in the process's memory, until the
-    checkpoint's last tensor is gone. MADV_PAGEOUT loses no data: a clean file page is read again if it is
-    touched, an anonymous page is swapped out or simply kept.
-    """
-    if t.device.type != "cpu" or not sys.platform.startswith("linux") or t.numel() == 0:
-        return
-    start = t.untyped_storage().data_ptr()
-    end = start + t.untyped_storage().nbytes()
-    first, last = -(-start // mmap.PAGESIZE) * mmap.PAGESIZE, end // mmap.PAGESIZE * mmap.PAGESIZE
-    if last > first:
-        _libc().madvise(first, last - first, _MADV_PAGEOUT)  # an older kernel answers EINVAL: nothing happens
-
-
-def _libc() -> ctypes.CDLL:
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    return libc

@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from nmt_cli.runtime import release_pages
+from nmt_cli.allocator import release_pages
 
 _ONEDNN = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
 _DTYPES = (torch.float32, torch.bfloat16)
@@ -154,7 +154,7 @@ class PackedLinear(nn.Module):
 def replace_linears(model: nn.Module, frozen: Callable[[nn.Linear], nn.Module]) -> nn.Module:
     """Swap every Linear of the model, the output projection included, for `frozen(linear)`, one layer
     at a time, giving each float32 weight's pages back once its replacement exists (a memory-mapped
-    checkpoint then never has all of them resident, see runtime.release_pages)."""
+    checkpoint then never has all of them resident, see allocator.release_pages)."""
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
             if isinstance(child, nn.Linear):

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from nmt_cli.allocator import release_pages
 from nmt_cli.checkpoint import model_around_weights
 from nmt_cli.model.transformer import build_model
-from nmt_cli.runtime import release_pages
 
 
 def resident_mb() -> float:
