@@ -1,4 +1,4 @@
-"""Seeding, device and thread choice, precision, and the distributed process group."""
+"""Seeding and random-stream state, device and thread choice, precision, and the distributed process group."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import os
 import random
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -20,6 +21,28 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
+
+
+def rng_state() -> dict[str, Any]:
+    """This process's random streams: Python's, NumPy's, torch's CPU and CUDA generators."""
+    name, key, pos, has_gauss, gauss = np.random.get_state(legacy=True)
+    rng = {
+        "python": random.getstate(),
+        "numpy": [name, key.tolist(), pos, has_gauss, gauss],  # type: ignore[union-attr]
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        rng["cuda"] = torch.cuda.get_rng_state_all()
+    return rng
+
+
+def set_rng_state(rng: dict[str, Any]) -> None:
+    random.setstate(rng["python"])
+    name, key, pos, has_gauss, gauss = rng["numpy"]
+    np.random.set_state((name, np.array(key, dtype=np.uint32), pos, has_gauss, gauss))
+    torch.set_rng_state(rng["torch"])
+    if "cuda" in rng and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(rng["cuda"])
 
 
 def choose_device(name: str, local_rank: int = 0) -> torch.device:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 import math
-import random
 import time
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import asdict, dataclass, fields
@@ -29,7 +28,7 @@ from nmt_cli.data.dataset import ParallelDataset
 from nmt_cli.data.vocab import BOS, EOS, PAD, Vocab
 from nmt_cli.errors import DataError, NmtError
 from nmt_cli.model.transformer import build_model
-from nmt_cli.runtime import AMP_DTYPES, DistInfo, autocast
+from nmt_cli.runtime import AMP_DTYPES, DistInfo, autocast, rng_state, set_rng_state
 from nmt_cli.train.distributed import all_reduce_sum, gather_objects, wrap_ddp
 from nmt_cli.train.loss import TranslationLoss
 from nmt_cli.train.prefetch import BatchLoader
@@ -424,25 +423,3 @@ def compile_objective(objective: torch.nn.Module) -> torch.nn.Module:
     """
     logger.info("compiling the model (first updates are slow)")
     return torch.compile(objective, dynamic=True)  # type: ignore[return-value]
-
-
-def rng_state() -> dict[str, Any]:
-    """This process's random streams: Python's, NumPy's, torch's CPU and CUDA generators."""
-    name, key, pos, has_gauss, gauss = np.random.get_state(legacy=True)
-    rng = {
-        "python": random.getstate(),
-        "numpy": [name, key.tolist(), pos, has_gauss, gauss],  # type: ignore[union-attr]
-        "torch": torch.get_rng_state(),
-    }
-    if torch.cuda.is_available():
-        rng["cuda"] = torch.cuda.get_rng_state_all()
-    return rng
-
-
-def set_rng_state(rng: dict[str, Any]) -> None:
-    random.setstate(rng["python"])
-    name, key, pos, has_gauss, gauss = rng["numpy"]
-    np.random.set_state((name, np.array(key, dtype=np.uint32), pos, has_gauss, gauss))
-    torch.set_rng_state(rng["torch"])
-    if "cuda" in rng and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(rng["cuda"])
