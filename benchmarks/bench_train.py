@@ -13,7 +13,7 @@ import argparse
 import json
 import shutil
 
-from common import NMT, SHAPES, WORK, data_bin, report, run
+from common import NMT, WORK, report, run, train_args
 
 
 def train_run(shape: str, precision: str, stop: list[str], log_interval: int) -> tuple[list[dict], float]:
@@ -24,25 +24,17 @@ def train_run(shape: str, precision: str, stop: list[str], log_interval: int) ->
     log = save / "log.jsonl"
     _, _, rss = run(
         NMT
-        + [
-            "train",
-            str(data_bin()),
-            "--save-dir",
-            str(save),
-            *SHAPES[shape],
-            "--max-tokens",
-            "4096",
-            "--threads",
-            "2",
-            "--device",
-            "cpu",
+        + train_args(
+            save,
+            shape,
+            4096,
             "--log-interval",
             str(log_interval),
             "--log-file",
             str(log),
             *stop,
             *(["--bf16"] if precision == "bf16" else []),
-        ]
+        )
     )
     return [json.loads(line) for line in log.read_text().splitlines()], rss
 

@@ -73,28 +73,29 @@ def data_bin() -> Path:
 SHAPES = {"small": ["--arch", "transformer_small"], "base": ["--arch", "transformer_base"]}
 
 
+def train_args(save: Path, shape: str, max_tokens: int, *extra: str) -> list[str]:
+    """`nmt train` on the Multi30k data in `save`, one shape, 2 threads on the CPU."""
+    return [
+        "train",
+        str(data_bin()),
+        "--save-dir",
+        str(save),
+        *SHAPES[shape],
+        "--max-tokens",
+        str(max_tokens),
+        "--threads",
+        "2",
+        "--device",
+        "cpu",
+        *extra,
+    ]
+
+
 def checkpoint(shape: str) -> Path:
     """A checkpoint of the given shape after one update (speed does not depend on training)."""
     save = WORK / f"ckpt-{shape}"
     if not (save / "checkpoint_last.pt").exists():
-        run(
-            NMT
-            + [
-                "train",
-                str(data_bin()),
-                "--save-dir",
-                str(save),
-                *SHAPES[shape],
-                "--max-update",
-                "1",
-                "--max-tokens",
-                "1024",
-                "--threads",
-                "2",
-                "--device",
-                "cpu",
-            ]
-        )
+        run(NMT + train_args(save, shape, 1024, "--max-update", "1"))
     return save / "checkpoint_last.pt"
 
 
