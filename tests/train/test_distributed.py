@@ -12,14 +12,20 @@ from nmt_cli.checkpoint import load_checkpoint
 COMMON = [*TINY, "--dropout", "0"]  # dropout off: ranks and processes give equal numbers
 
 
-def nmt(data_bin, save_dir, *extra, ranks=1):
+def train_cmd(data_bin, save_dir, *extra, ranks=1):
+    """`nmt train` of the tiny model, under torchrun when ranks > 1."""
     launcher = (
         [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(ranks), "--standalone"]
         if ranks > 1
         else [sys.executable]
     )
-    cmd = [*launcher, "-m", "nmt_cli", "train", str(data_bin), "--save-dir", str(save_dir), *COMMON, *extra]
-    result = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    return [*launcher, "-m", "nmt_cli", "train", str(data_bin), "--save-dir", str(save_dir), *COMMON, *extra]
+
+
+def nmt(data_bin, save_dir, *extra, ranks=1):
+    result = subprocess.run(
+        train_cmd(data_bin, save_dir, *extra, ranks=ranks), capture_output=True, text=True, timeout=120
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     return result
 
@@ -55,25 +61,7 @@ def test_two_ranks_killed_after_a_checkpoint_resume_and_finish(toy_data_bin, tmp
     import signal
     import time
 
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc_per_node",
-        "2",
-        "-m",
-        "nmt_cli",
-        "train",
-        str(toy_data_bin),
-        "--save-dir",
-        str(tmp_path),
-        *COMMON,
-        "--max-update",
-        "300",
-        "--save-interval-updates",
-        "3",
-    ]
+    cmd = train_cmd(toy_data_bin, tmp_path, "--max-update", "300", "--save-interval-updates", "3", ranks=2)
     proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
     for line in proc.stderr:
         if "saved checkpoint_last.pt at update 3" in line:
@@ -190,24 +178,7 @@ def test_every_rank_resumes_its_own_random_streams(toy_data_bin, tmp_path):
 
     extra = ["--dropout", "0.3", "--max-update", "12"]
     nmt(toy_data_bin, tmp_path / "whole", *extra, ranks=2)
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc_per_node",
-        "2",
-        "-m",
-        "nmt_cli",
-        "train",
-        str(toy_data_bin),
-        "--save-dir",
-        str(tmp_path / "parts"),
-        *COMMON,
-        *extra,
-        "--save-interval-updates",
-        "3",
-    ]
+    cmd = train_cmd(toy_data_bin, tmp_path / "parts", *extra, "--save-interval-updates", "3", ranks=2)
     proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
     for line in proc.stderr:
         if "saved checkpoint_last.pt at update 3" in line:
