@@ -2,15 +2,23 @@
 
 Run as `torchrun ... tests/train/faults.py train ...` with NMT_TEST_FAULT=KIND:RANK:UPDATE, where
 KIND is oom (out of memory in a forward), nan (a non-finite loss), oom-backward (out of memory in
-the backward that synchronises the ranks) or hang (the rank stops answering).
+the backward that synchronises the ranks), hang (the rank stops answering) or none.
+
+Every run also checks that no DistributedDataParallel wrapper is alive when the process group is
+destroyed (see runtime.shutdown_distributed: a DDP reducer that outlives the group can deadlock its
+rank at exit), and prints "ddp wrappers alive at shutdown: N".
 """
 
+import gc
 import os
 import signal
+import sys
 import time
 
 import torch
+from torch.nn.parallel import DistributedDataParallel
 
+import nmt_cli.train.command as command
 from nmt_cli.cli import main
 from nmt_cli.train.trainer import Trainer
 
@@ -49,7 +57,18 @@ def faulty_backward(self, loss):
     backward(self, loss)
 
 
+shutdown_distributed = command.shutdown_distributed
+
+
+def checked_shutdown_distributed():
+    gc.collect()
+    alive = sum(isinstance(o, DistributedDataParallel) for o in gc.get_objects())
+    print(f"ddp wrappers alive at shutdown: {alive}", file=sys.stderr)
+    shutdown_distributed()
+
+
 Trainer.batch_loss, Trainer.backward = faulty_batch_loss, faulty_backward
+command.shutdown_distributed = checked_shutdown_distributed
 
 if __name__ == "__main__":
     main()
