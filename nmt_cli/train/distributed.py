@@ -68,10 +68,14 @@ def gather_objects(obj: Any, info: DistInfo) -> list[Any]:
     return gathered
 
 
-def broadcast_flag(flag: bool, info: DistInfo, device: torch.device) -> bool:
-    """Rank 0's decision, shared with every rank (used for wall-clock decisions)."""
+def broadcast_flags(flags: list[bool], info: DistInfo, device: torch.device) -> list[bool]:
+    """Rank 0's flags, shared with every rank in one all-reduce (the other ranks' flags are ignored).
+
+    For decisions every rank must take together but only one clock or signal handler can make. A single
+    process gets its flags back without touching the device.
+    """
     if info.world_size == 1:
-        return flag
-    t = torch.tensor([1.0 if flag and info.is_main else 0.0], dtype=torch.float64, device=device)
-    dist.all_reduce(t)
-    return bool(t.item() > 0)
+        return list(flags)
+    t = torch.tensor([1.0 if flag and info.is_main else 0.0 for flag in flags], dtype=torch.float64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return [value > 0 for value in t.tolist()]

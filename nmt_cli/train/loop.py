@@ -19,7 +19,7 @@ from typing import Any
 from nmt_cli.checkpoint import BEST, LAST, numbered_checkpoints, save_checkpoint
 from nmt_cli.errors import NmtError
 from nmt_cli.log import progress
-from nmt_cli.train.distributed import broadcast_flag
+from nmt_cli.train.distributed import broadcast_flags
 from nmt_cli.train.trainer import StepStats, Trainer
 
 logger = logging.getLogger(__name__)
@@ -69,6 +69,13 @@ class Session:
         log_file = trainer.cfg.log_file
         self.log_path = Path(log_file) if log_file and trainer.info.is_main else None
         self.last_train: dict[str, float] = {}  # the latest train log line, for the progress bar
+
+    def shared_flags(self, timed_save_due: bool) -> tuple[bool, bool]:
+        """(save on the clock, stop for a signal) as rank 0 sees them, on every rank: one collective."""
+        timed, signalled = broadcast_flags(
+            [timed_save_due, self.signal is not None], self.trainer.info, self.trainer.device
+        )
+        return timed, signalled
 
     def tick(self) -> None:
         self.trainer.state.elapsed = self.elapsed_start + time.monotonic() - self.clock_start
@@ -145,7 +152,12 @@ def validate_and_save(session: Session, numbered: bool) -> None:
         session.numbered_at = t.state.update
 
 
-def after_update(session: Session, stats: StepStats | None) -> None:
+def after_update(session: Session, stats: StepStats | None) -> bool:
+    """Log, then validate and save as due. Returns whether a signal stops every rank.
+
+    The ranks agree on the clock and on signals in the update's one collective (`Session.shared_flags`);
+    a signal that arrives after it, during validation or saving, is seen after the next update.
+    """
     t, c, s = session.trainer, session.trainer.cfg, session.trainer.state
     session.tick()
     if stats is not None:
@@ -155,10 +167,8 @@ def after_update(session: Session, stats: StepStats | None) -> None:
         overflows = {"fp16_overflows": s.n_overflows} if t.scaler else {}
         session.emit("train", {**session.last_train, "lr": t.lr(s.update), "skipped": s.n_skipped_updates, **overflows})
         session.meter.reset()
-    timed = broadcast_flag(
-        bool(c.save_interval_minutes) and s.elapsed - s.last_timed_save >= c.save_interval_minutes * 60,
-        t.info,
-        t.device,
+    timed, signalled = session.shared_flags(
+        bool(c.save_interval_minutes) and s.elapsed - s.last_timed_save >= c.save_interval_minutes * 60
     )
     if timed:
         s.last_timed_save = s.elapsed
@@ -166,6 +176,7 @@ def after_update(session: Session, stats: StepStats | None) -> None:
     validate = bool(stats) and bool(c.validate_interval_updates) and s.update % c.validate_interval_updates == 0
     if timed or by_updates or validate:
         validate_and_save(session, numbered=timed or by_updates)
+    return signalled
 
 
 def progress_fields(session: Session) -> dict[str, Any]:
@@ -197,14 +208,15 @@ def train_loop(trainer: Trainer) -> None:
                 logger.info("end of epoch %d", s.epoch)
                 s.epoch, s.batch_in_epoch = s.epoch + 1, 0
                 validate_and_save(r, numbered=False)
+                _, signalled = r.shared_flags(False)
             else:
                 group = batches[s.batch_in_epoch : s.batch_in_epoch + c.update_freq]
                 stats = trainer.train_step(group)
                 s.batch_in_epoch += len(group)
-                after_update(r, stats)
+                signalled = after_update(r, stats)
                 bar.update(task, **progress_fields(r))
             reason = trainer.stop_reason()
-            if broadcast_flag(r.signal is not None, trainer.info, trainer.device):
+            if signalled:
                 reason = "stopped by a signal"
     r.tick()
     if reason == "stopped by a signal":

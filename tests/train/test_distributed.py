@@ -207,3 +207,44 @@ def test_every_rank_resumes_its_own_random_streams(toy_data_bin, tmp_path):
         load_checkpoint(tmp_path / "parts" / "checkpoint_last.pt"),
         atol=0,
     )
+
+
+def test_broadcast_flags_in_one_process_returns_them_without_a_collective(monkeypatch):
+    from nmt_cli.runtime import DistInfo
+    from nmt_cli.train import distributed
+
+    def no_collective(*args, **kwargs):
+        raise AssertionError("a single process must not call a collective")
+
+    monkeypatch.setattr(distributed.dist, "all_reduce", no_collective)
+    # a device this CPU build cannot allocate on: any tensor made there would fail
+    for flags in ([], [True], [False, True], [True, False, True]):
+        assert distributed.broadcast_flags(flags, DistInfo(), torch.device("cuda", 7)) == flags
+
+
+def share_flags_on_rank(rank, store_path, results):
+    import torch.distributed as dist
+
+    from nmt_cli.runtime import DistInfo
+    from nmt_cli.train.distributed import broadcast_flags
+
+    dist.init_process_group("gloo", init_method=f"file://{store_path}", rank=rank, world_size=2)
+    calls = []
+    all_reduce = dist.all_reduce
+    dist.all_reduce = lambda *args, **kwargs: calls.append(1) or all_reduce(*args, **kwargs)
+    try:
+        # rank 0's values win: rank 1's True in the second flag is not seen, rank 0's True in the first is
+        flags = broadcast_flags([rank == 0, rank == 1, True, False], DistInfo(rank, 2), torch.device("cpu"))
+    finally:
+        dist.all_reduce = all_reduce
+        dist.destroy_process_group()
+    results[rank] = (flags, len(calls))
+
+
+def test_broadcast_flags_shares_rank_0s_flags_in_one_all_reduce(tmp_path):
+    import torch.multiprocessing as mp
+
+    with mp.Manager() as manager:
+        results = manager.dict()
+        mp.spawn(share_flags_on_rank, args=(str(tmp_path / "store"), results), nprocs=2)
+        assert dict(results) == {0: ([True, False, True, False], 1), 1: ([True, False, True, False], 1)}
