@@ -6,8 +6,8 @@ size per head. Masks passed to SDPA are True where attention is *allowed*; paddi
 elsewhere in nmt are True at padding and are converted once, in `attention_mask()`.
 
 Attention weights on request: pass a list as `record` to `SelfAttention.forward` or `CrossAttention.forward`
-and that call computes softmax(QK^T/sqrt(Dk)) explicitly (`attend_recorded`), uses those weights for its
-output and appends them ([N, H, Tq, Tk]) to the list. Without `record` the fused kernels run as before.
+and that call computes softmax(QK^T/sqrt(Dk)) explicitly (`attend_explicit`), uses those weights for its
+output and appends them ([N, H, Tq, Tk]) to the list. Without `record` attention runs as `attend` chooses.
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from nmt_cli.model.cache import append_step
 from nmt_cli.model.linear import Linear, padded_rows, pads_rows
@@ -24,11 +23,12 @@ from nmt_cli.model.linear import Linear, padded_rows, pads_rows
 def attend(
     q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, causal: bool = False, dropout: float = 0.0
 ) -> Tensor:
-    """F.scaled_dot_product_attention; on CPU in bfloat16 through its math backend, which measured
-    4x faster than the CPU flash kernel for NMT's short sequences (float32 keeps the default)."""
-    if q.device.type == "cpu" and q.dtype == torch.bfloat16:
-        with sdpa_kernel(SDPBackend.MATH):
-            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=causal)
+    """Scaled dot-product attention -> [N, H, Tq, Dh]. On CPU written out (`attend_explicit`): for NMT's
+    short sequences that measured about 2x faster than SDPA's CPU kernels, forward and backward, in
+    float32 (against its flash kernel) and bfloat16 (against its math backend), and 1.5-2.5x for
+    beam search's one query per step. Elsewhere (CUDA) SDPA, free to choose its fastest kernel."""
+    if q.device.type == "cpu":
+        return attend_explicit(q, k, v, mask, causal, dropout)[0]
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=causal)
 
 
@@ -37,28 +37,20 @@ def attention_mask(src_pad_mask: Tensor | None) -> Tensor | None:
     return None if src_pad_mask is None else ~src_pad_mask[:, None, None, :]
 
 
-def attend_few_queries(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None) -> Tensor:
-    """softmax(q k^T / sqrt(Dh)) v written out, for incremental decoding on CPU (1 query per beam):
-    measured 1.5x (self) to 2.5x (cross) faster there than SDPA's CPU kernels. Inference only."""
-    scores = (q @ k.transpose(-1, -2)) * q.shape[-1] ** -0.5
-    if mask is not None:
-        scores = scores.masked_fill(~mask, float("-inf"))
-    return scores.softmax(dim=-1) @ v
-
-
-def attend_recorded(
+def attend_explicit(
     q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, causal: bool = False, dropout: float = 0.0
 ) -> tuple[Tensor, Tensor]:
-    """The same attention with its weights written out: -> (output [N, H, Tq, Dh], weights [N, H, Tq, Tk]).
+    """softmax(q k^T / sqrt(Dk)) v written out -> (output [N, H, Tq, Dh], weights [N, H, Tq, Tk]).
 
-    For inspection (`nmt plot attention`); masked positions get weight exactly 0."""
+    Masked positions get weight exactly 0; dropout applies to the weights used, not to those returned.
+    Backward saves the weights ([N, H, Tq, Tk]), as fairseq's attention does."""
     scores = (q @ k.transpose(-1, -2)) * q.shape[-1] ** -0.5
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
     if causal:
         future = torch.ones(q.shape[2], k.shape[2], dtype=torch.bool, device=q.device).triu(1)
         scores = scores.masked_fill(future, float("-inf"))
-    weights = scores.float().softmax(dim=-1).to(q.dtype)
+    weights = scores.softmax(dim=-1)  # on CPU, bfloat16 softmax accumulates in float32
     used = F.dropout(weights, dropout) if dropout else weights
     return used @ v, weights
 
@@ -113,7 +105,7 @@ class SelfAttention(nn.Module):
         if record is None:
             y = attend(q, k, v, mask, causal, dropout)
         else:
-            y, weights = attend_recorded(q, k, v, mask, causal, dropout)
+            y, weights = attend_explicit(q, k, v, mask, causal, dropout)
             record.append(weights)
         return project_out(self.out, y)
 
@@ -125,7 +117,7 @@ class SelfAttention(nn.Module):
         q, k, v = self.project_qkv(x)
         k = append_step(past_k, k, rows)
         v = append_step(past_v, v, rows)
-        y = attend_few_queries(q, k, v) if q.device.type == "cpu" else attend(q, k, v)
+        y = attend(q, k, v)
         return self.out(merge_heads(y)), k, v
 
 
@@ -159,10 +151,8 @@ class CrossAttention(nn.Module):
         """
         q = split_heads(self.q(x), self.heads)
         if record is not None:
-            y, weights = attend_recorded(q, k, v, mask, dropout=self.dropout if self.training else 0.0)
+            y, weights = attend_explicit(q, k, v, mask, dropout=self.dropout if self.training else 0.0)
             record.append(weights)
-        elif not self.training and q.device.type == "cpu" and q.shape[2] <= 16:
-            y = attend_few_queries(q, k, v, mask)
         else:
             y = attend(q, k, v, mask, dropout=self.dropout if self.training else 0.0)
         return project_out(self.out, y)

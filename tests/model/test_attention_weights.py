@@ -56,3 +56,23 @@ def test_key_dim_decode_step_matches_full_decode(tiny_model_config, pack):
         for t in range(tgt.shape[1]):
             step_lp, cache = model.decode_step(tgt[:, t], cache)
             assert (step_lp - full[:, t]).abs().max().item() <= 1e-4
+
+
+@pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
+@pytest.mark.parametrize("causal", [False, True])
+def test_cpu_attention_matches_sdpa_values_and_gradients(dtype, tol, causal):
+    """On CPU `attend` writes attention out (faster there); it must be SDPA's attention, backward included."""
+    from nmt_cli.model.attention import attend
+
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(3, 2, 5, 8, dtype=dtype, requires_grad=True) for _ in range(3))
+    mask = None if causal else torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0], [1, 0, 0, 0, 0]], dtype=torch.bool)
+    mask = None if mask is None else mask[:, None, None, :]
+    grad_out = torch.randn(3, 2, 5, 8, dtype=dtype)
+    ours = attend(q, k, v, mask, causal)
+    grads = torch.autograd.grad(ours, (q, k, v), grad_out)
+    reference = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=mask, is_causal=causal)
+    reference_grads = torch.autograd.grad(reference, (q, k, v), grad_out.float())
+    torch.testing.assert_close(ours.float(), reference, atol=tol, rtol=tol)
+    for ours_g, reference_g in zip(grads, reference_grads, strict=True):
+        torch.testing.assert_close(ours_g.float(), reference_g.float(), atol=tol, rtol=tol)
