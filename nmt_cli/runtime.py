@@ -17,19 +17,32 @@ from nmt_cli.errors import ConfigError
 logger = logging.getLogger(__name__)
 
 
+# CPU dropout's random bits (model/layers.py). torch's CPU generator draws one number at a time on one
+# thread (about 2.4 ms for a 4096 x 256 mask on this project's AMD EPYC); NumPy's PCG64 gives 64 bits a
+# call, four 16-bit numbers, in 0.6 ms for the same mask. Seeded and saved with the other streams.
+DROPOUT_STREAM = np.random.PCG64(0)
+
+
+def random_int16(n: int) -> np.ndarray:
+    """n independent uniform int16 values from the dropout stream."""
+    return DROPOUT_STREAM.random_raw((n + 3) // 4).view(np.int16)[:n]
+
+
 def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
+    DROPOUT_STREAM.state = np.random.PCG64(seed).state
 
 
 def rng_state() -> dict[str, Any]:
-    """This process's random streams: Python's, NumPy's, torch's CPU and CUDA generators."""
+    """This process's random streams: Python's, NumPy's, torch's CPU and CUDA generators, CPU dropout's."""
     name, key, pos, has_gauss, gauss = np.random.get_state(legacy=True)
     rng = {
         "python": random.getstate(),
         "numpy": [name, key.tolist(), pos, has_gauss, gauss],  # type: ignore[union-attr]
         "torch": torch.get_rng_state(),
+        "dropout": DROPOUT_STREAM.state,
     }
     if torch.cuda.is_available():
         rng["cuda"] = torch.cuda.get_rng_state_all()
@@ -41,6 +54,8 @@ def set_rng_state(rng: dict[str, Any]) -> None:
     name, key, pos, has_gauss, gauss = rng["numpy"]
     np.random.set_state((name, np.array(key, dtype=np.uint32), pos, has_gauss, gauss))
     torch.set_rng_state(rng["torch"])
+    if "dropout" in rng:  # absent from checkpoints written before dropout had its own stream
+        DROPOUT_STREAM.state = rng["dropout"]
     if "cuda" in rng and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(rng["cuda"])
 

@@ -16,6 +16,7 @@ from torch import Tensor, nn
 
 from nmt_cli.model.attention import CrossAttention, SelfAttention
 from nmt_cli.model.linear import Linear, pad_rows, pads_rows
+from nmt_cli.runtime import random_int16
 
 
 def sinusoidal_positions(n_positions: int, d_model: int) -> Tensor:
@@ -30,9 +31,13 @@ def sinusoidal_positions(n_positions: int, d_model: int) -> Tensor:
 
 
 class Dropout(nn.Module):
-    """Inverted dropout. On CPU it draws its mask with torch.rand_like: the same as nn.Dropout in
-    distribution, and about twice as fast there, where dropout's random numbers were a tenth of an
-    update. Elsewhere (CUDA) PyTorch's own fused dropout kernel."""
+    """Inverted dropout.
+
+    On CPU the mask comes from 16-bit random numbers of the dropout stream (runtime.random_int16), which
+    made dropout's random numbers 4x cheaper than torch.rand_like there (they were 4% of a
+    transformer_small update). A unit is dropped with probability p rounded to a multiple of 2^-16
+    (0.1 -> 0.100006) and kept units are scaled by the exact inverse of the keep probability, so the
+    expected output is x. Elsewhere (CUDA, and inside torch.compile) PyTorch's own dropout."""
 
     def __init__(self, p: float) -> None:
         super().__init__()
@@ -41,10 +46,12 @@ class Dropout(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         if not self.training or self.p == 0.0:
             return x
-        if x.device.type != "cpu":
+        if x.device.type != "cpu" or torch.compiler.is_compiling():
             return F.dropout(x, self.p, training=True)
-        drop = torch.rand_like(x, dtype=torch.float32) < self.p
-        return x.masked_fill(drop, 0.0) * (1.0 / (1.0 - self.p))
+        dropped = min(round(self.p * 65536), 65535)  # of 65536 equally likely int16 values
+        keep = torch.from_numpy(random_int16(x.numel())).view(x.shape) >= dropped - 32768
+        # A product with the boolean mask: half the time of masked_fill on CPU, forward and backward.
+        return (x * keep).mul_(65536 / (65536 - dropped))
 
 
 class FeedForward(nn.Module):
