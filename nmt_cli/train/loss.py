@@ -27,6 +27,7 @@ from nmt_cli.model.transformer import Transformer
 
 CHUNK_ELEMENTS = 1 << 23  # CPU: logits per chunk, rows * V (32 MB of float32)
 CUDA_CHUNK_ELEMENTS = 1 << 28  # elsewhere (CUDA): 1 GiB of float32 logits per chunk
+BLOCK_ELEMENTS = 1 << 18  # the softmax's element-wise passes, a block of logits at a time
 
 
 def chunk_rows(device_type: str, vocab: int) -> int:
@@ -38,6 +39,36 @@ def _compute_dtype(device_type: str) -> torch.dtype:
     if torch.is_autocast_enabled(device_type):
         return torch.get_autocast_dtype(device_type)
     return torch.float32
+
+
+def _softmax_blocks(z: Tensor, t: Tensor, epsilon: float, need_grad: bool) -> tuple[Tensor, Tensor]:
+    """Loss and NLL sums of logits z [n, V] against targets t [n, 1]; with need_grad, z is overwritten
+    with the logits' gradient softmax(z) - (1 - eps) * one_hot(t) - eps / V.
+
+    On CPU the element-wise work (about ten passes) runs over blocks of BLOCK_ELEMENTS in float32,
+    small enough to stay in cache between passes, instead of over the whole chunk in memory; on CUDA
+    over the whole chunk at once (each block costs kernel launches there).
+    """
+    vocab = z.shape[1]
+    rows = max(1, BLOCK_ELEMENTS // vocab) if z.device.type == "cpu" else z.shape[0]
+    z_max = torch.empty(z.shape[0], 1, dtype=torch.float32, device=z.device)
+    total, z_mean = torch.empty_like(z_max), torch.empty_like(z_max)
+    z_target = z.gather(1, t).float()
+    for r in range(0, z.shape[0], rows):
+        block = z[r : r + rows]
+        zb = block.float()  # float32 logits: zb is the block itself, written in place
+        torch.mean(zb, dim=-1, keepdim=True, out=z_mean[r : r + rows])
+        torch.amax(zb, dim=-1, keepdim=True, out=z_max[r : r + rows])
+        zb.sub_(z_max[r : r + rows]).exp_()
+        torch.sum(zb, dim=-1, keepdim=True, out=total[r : r + rows])
+        if need_grad:
+            zb.div_(total[r : r + rows]).sub_(epsilon / vocab)  # softmax - eps / V
+            zb.scatter_add_(1, t[r : r + rows], zb.new_full((zb.shape[0], 1), -(1.0 - epsilon)))
+            if zb is not block:
+                block.copy_(zb)
+    lse = z_max + total.log()
+    nll = lse - z_target
+    return ((1.0 - epsilon) * nll + epsilon * (lse - z_mean)).sum(), nll.sum()
 
 
 class _LinearLabelSmoothedCE(torch.autograd.Function):
@@ -64,23 +95,14 @@ class _LinearLabelSmoothedCE(torch.autograd.Function):
                 if padded:
                     h = pad_rows(h)
                 t = target[start : start + chunk, None]
-                z_all = matmul_nt(h, w).float()  # [c, V], rows past n are padding
-                z = z_all[:n]
-                z_target, z_mean = z.gather(1, t).squeeze(1), z.mean(dim=-1)
-                z_max = z.amax(dim=-1, keepdim=True)
-                z.sub_(z_max).exp_()
-                total = z.sum(dim=-1, keepdim=True)
-                lse = (z_max + total.log()).squeeze(1)
-                nll = lse - z_target
-                loss += ((1.0 - epsilon) * nll + epsilon * (lse - z_mean)).sum()
-                nll_sum += nll.sum()
-                if need_grad:
-                    z.div_(total).sub_(epsilon / vocab)  # softmax - eps / V
-                    z.scatter_add_(1, t, z.new_full(t.shape, -(1.0 - epsilon)))
+                z_all = matmul_nt(h, w)  # [c, V] in the compute dtype, rows past n are padding
+                chunk_loss, chunk_nll = _softmax_blocks(z_all[:n], t, epsilon, need_grad)
+                loss += chunk_loss
+                nll_sum += chunk_nll
+                if need_grad:  # z_all now holds the logits' gradient
                     z_all[n:] = 0
-                    g = z_all.to(dtype)
-                    grad_hidden[start : start + n] = matmul_nt(g, w.t())[:n]
-                    grad_weight += weight_grad(g, h).float()
+                    grad_hidden[start : start + n] = matmul_nt(z_all, w.t())[:n]
+                    grad_weight += weight_grad(z_all, h).float()
         ctx.save_for_backward(grad_hidden, grad_weight)
         ctx.dtypes = (hidden.dtype, weight.dtype)
         ctx.mark_non_differentiable(nll_sum)
