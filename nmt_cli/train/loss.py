@@ -86,7 +86,7 @@ class _LinearLabelSmoothedCE(torch.autograd.Function):
         nll_sum = hidden.new_zeros((), dtype=torch.float32)
         with torch.autocast(device_type, enabled=False):
             w = weight.to(dtype)
-            padded = on_cpu_path(hidden, w)
+            padded = on_cpu_path(w, w)  # hidden is cast to w's dtype chunk by chunk
             if padded:  # whole multiples of ROWS: oneDNN then sees a handful of shapes (model/linear.py)
                 chunk = max(ROWS, chunk // ROWS * ROWS)
             for start in range(0, hidden.shape[0], chunk):
