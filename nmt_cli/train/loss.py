@@ -8,10 +8,10 @@ and of the weight right away. The full [M, V] logits never exist, which on CPU m
 time the loss takes and saves the memory on GPU.
 
 Chunks are sized for the device. On CPU: 32 MB of float32 logits (2^23 elements); with 2^21, bf16
-training of transformer_small ran 10-14% slower on 2 Zen 5 cores (per-chunk products and casts
-dominating), float32 the same. On CUDA: as large as memory comfortably allows (a 3k-token
-micro-batch at a 37k vocabulary is one chunk), since every chunk re-reads and re-writes the float32
-[V, D] weight gradient.
+training of transformer_small ran 10-14% slower on 2 Zen 5 cores, float32 the same (measured before
+the element-wise work moved to cache-sized blocks, `_softmax_blocks`). On CUDA: as large as memory
+comfortably allows (a 3k-token micro-batch at a 37k vocabulary is one chunk), since every chunk
+re-reads and re-writes the float32 [V, D] weight gradient.
 """
 
 from __future__ import annotations
