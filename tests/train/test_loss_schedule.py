@@ -75,3 +75,25 @@ def test_fused_gradient_matches_autograd(eps, chunk_elements, rows, dtype, monke
     torch.testing.assert_close(hidden.grad, ref_h.grad, atol=1e-5, rtol=1e-5)
     # The weight's gradient sums over all rows in float32.
     torch.testing.assert_close(weight.grad, ref_w.grad, atol=1e-5 * max(1, rows / 100), rtol=1e-5)
+
+
+@pytest.mark.parametrize("rows", [13, 1100])
+def test_fused_gradient_under_bf16_autocast_matches_float32(rows, monkeypatch):
+    """bf16 logits, float32 sums: the weight gradient (summed as [D, V] products on CPU) is contiguous
+    and close to the float32 one."""
+    from nmt_cli.train import loss as loss_module
+
+    monkeypatch.setattr(loss_module, "CHUNK_ELEMENTS", 5 * 40)
+    g = torch.Generator().manual_seed(2)
+    hidden = torch.randn(rows, 8, generator=g).requires_grad_()
+    weight = torch.randn(40, 8, generator=g).requires_grad_()
+    target = torch.randint(0, 40, (rows,), generator=g)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss, _ = label_smoothed_nll(hidden, weight, target, 0.1)
+    loss.backward()
+    ref_h, ref_w = hidden.detach().clone().requires_grad_(), weight.detach().clone().requires_grad_()
+    F.cross_entropy(ref_h @ ref_w.t(), target, label_smoothing=0.1, reduction="sum").backward()
+    assert weight.grad.is_contiguous() and weight.grad.dtype == torch.float32
+    scale = ref_w.grad.abs().max().item()
+    torch.testing.assert_close(weight.grad, ref_w.grad, atol=0.02 * scale, rtol=0.02)
+    torch.testing.assert_close(hidden.grad, ref_h.grad, atol=0.02 * ref_h.grad.abs().max().item(), rtol=0.02)
