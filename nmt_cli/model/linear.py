@@ -62,11 +62,18 @@ def pad_rows(t: Tensor) -> Tensor:
     return out
 
 
-def matmul_nt(a: Tensor, b: Tensor, bias: Tensor | None = None) -> Tensor:
-    """a [M, K] @ b[N, K].T (+ bias [N]) -> [M, N]; not differentiable through oneDNN (see Linear)."""
-    if a.dtype == torch.float32 and on_cpu_path(a, b):
-        return torch.ops.mkldnn._linear_pointwise(a, b, bias, "none", [], "")
-    return F.linear(a, b, bias)
+def matmul_nt(a: Tensor, b: Tensor, bias: Tensor | None = None, relu: bool = False) -> Tensor:
+    """a [M, K] @ b[N, K].T (+ bias [N], then ReLU if asked) -> [M, N]; not differentiable through oneDNN
+    (see Linear).
+
+    bfloat16 products take oneDNN's linear only with a bias or a ReLU, which it applies inside the product:
+    PyTorch's own bf16 addmm (oneDNN too) first copies the bias into every output row, 10-15% of the
+    product's time at transformer_base's shapes, while without them it matched or beat the linear op.
+    """
+    if on_cpu_path(a, b) and (a.dtype == torch.float32 or bias is not None or relu):
+        return torch.ops.mkldnn._linear_pointwise(a, b, bias, "relu" if relu else "none", [], "")
+    y = F.linear(a, b, bias)
+    return torch.relu_(y) if relu else y
 
 
 def weight_grad(g: Tensor, x: Tensor) -> Tensor:
@@ -84,40 +91,55 @@ def weight_grad(g: Tensor, x: Tensor) -> Tensor:
 
 
 class _Linear(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx: Any, x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
-        flat = x.reshape(-1, x.shape[-1])
-        x2 = pad_rows(flat)
-        ctx.save_for_backward(x2, weight)
-        ctx.in_shape, ctx.has_bias = x.shape, bias is not None
-        return matmul_nt(x2, weight, bias)[: flat.shape[0]].view(*x.shape[:-1], weight.shape[0])
+    """x @ weight.T + bias, then ReLU when `relu` (the ReLU's backward is folded into this one's)."""
 
     @staticmethod
-    def backward(ctx: Any, grad_y: Tensor) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
-        x2, weight = ctx.saved_tensors
+    def forward(ctx: Any, x: Tensor, weight: Tensor, bias: Tensor | None, relu: bool) -> Tensor:
+        flat = x.reshape(-1, x.shape[-1])
+        x2 = pad_rows(flat)
+        y = matmul_nt(x2, weight, bias, relu)
+        ctx.save_for_backward(x2, weight, y if relu else None)
+        ctx.in_shape, ctx.has_bias = x.shape, bias is not None
+        return y[: flat.shape[0]].view(*x.shape[:-1], weight.shape[0])
+
+    @staticmethod
+    def backward(ctx: Any, grad_y: Tensor) -> tuple[Tensor | None, Tensor | None, Tensor | None, None]:
+        x2, weight, y = ctx.saved_tensors
         g = grad_y.reshape(-1, grad_y.shape[-1])
+        if y is not None:  # ReLU: no gradient where the output is 0
+            g = torch.ops.aten.threshold_backward(g, y[: g.shape[0]], 0)
         grad_b = g.sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None
         rows, g = g.shape[0], pad_rows(g)
         grad_x = matmul_nt(g, weight.t())[:rows].view(ctx.in_shape) if ctx.needs_input_grad[0] else None
         grad_w = weight_grad(g, x2) if ctx.needs_input_grad[1] else None
-        return grad_x, grad_w, grad_b
+        return grad_x, grad_w, grad_b, None
 
 
 class Linear(nn.Linear):
     """nn.Linear (same parameters and state dict) that takes the CPU route above, under autocast too."""
 
     def forward(self, x: Tensor) -> Tensor:
+        return self._apply_linear(x, relu=False)
+
+    def forward_relu(self, x: Tensor) -> Tensor:
+        """relu(self(x)); on the CPU route oneDNN applies the ReLU inside the product, which spares a pass
+        over the [M, N] output and its allocation (the feed-forward network's fc1)."""
+        return self._apply_linear(x, relu=True)
+
+    def _apply_linear(self, x: Tensor, relu: bool) -> Tensor:
         # Under torch.compile (`nmt train --compile`) inductor chooses the matmul kernels itself;
         # it has no lowering of the oneDNN op for dynamic shapes.
         if x.device.type != "cpu" or not _ONEDNN or torch.compiler.is_compiling():
-            return F.linear(x, self.weight, self.bias)
+            y = F.linear(x, self.weight, self.bias)
+            return torch.relu(y) if relu else y
         dtype = torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else x.dtype
         with torch.autocast("cpu", enabled=False):  # cast here, as autocast would, then leave it
             x, weight = x.to(dtype), self.weight.to(dtype)
             bias = None if self.bias is None else self.bias.to(dtype)
             if on_cpu_path(x, weight):
-                return _Linear.apply(x, weight, bias)
-            return F.linear(x, weight, bias)
+                return _Linear.apply(x, weight, bias, relu)
+            y = F.linear(x, weight, bias)
+            return torch.relu(y) if relu else y
 
 
 def pads_rows(linear: nn.Module, x: Tensor) -> bool:

@@ -60,3 +60,25 @@ def test_weight_grad_is_g_transposed_times_x_whichever_transpose_is_copied(n_out
     got = weight_grad(g, x)
     assert got.shape == (n_out, n_in) and got.is_contiguous()
     torch.testing.assert_close(got, g.t() @ x, rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("rows", [5, ROWS + 3])
+@pytest.mark.parametrize("autocast", [False, True])
+def test_forward_relu_is_relu_of_forward_values_and_gradients(rows, autocast):
+    torch.manual_seed(0)
+    layer = Linear(16, 40)
+    x = torch.randn(rows, 16, requires_grad=True)
+    ref_x = x.detach().clone().requires_grad_()
+    ref_w = layer.weight.detach().clone().requires_grad_()
+    ref_b = layer.bias.detach().clone().requires_grad_()
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        y = layer.forward_relu(x)
+        ref = torch.relu(F.linear(ref_x, ref_w, ref_b))
+    assert y.dtype == ref.dtype and (y == 0).any()
+    tol = 2e-2 if autocast else 1e-5
+    torch.testing.assert_close(y.float(), ref.float(), atol=tol, rtol=tol)
+    upstream = torch.randn(rows, 40)
+    (y.float() * upstream).sum().backward()
+    (ref.float() * upstream).sum().backward()
+    for got, want in ((x.grad, ref_x.grad), (layer.weight.grad, ref_w.grad), (layer.bias.grad, ref_b.grad)):
+        torch.testing.assert_close(got, want, atol=tol * max(1.0, want.abs().max().item()), rtol=tol)
