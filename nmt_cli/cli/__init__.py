@@ -65,10 +65,11 @@ for command in (preprocess, train, average_checkpoints, generate, score, export,
 
 
 def main() -> None:
-    # oneDNN caches a kernel per matmul shape, about 0.7 MB each. Training's linears pad row counts to
-    # a few dozen shapes (model/linear.py), but bf16 attention's batched products take every batch's own
-    # shape: with 512 entries bf16 transformer_small training grew to 2.05 GB in 70 updates, with 64
-    # it peaks at 1.57 GB at the same speed (float32 and base, training and beam search, unchanged).
-    os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "64")
+    # oneDNN caches a kernel per matmul shape, about 0.7 MB each, and its entries fragment the heap. Training's
+    # linears pad row counts to a few dozen shapes (model/linear.py), but bf16 attention's batched products
+    # take every batch's own shape. Peak memory of bf16 transformer_small training over 70 updates (2 Zen 5
+    # cores): 2.05 GB with 512 entries, 1.63 GB with 64, 1.52 GB with 32 (1.44 GB with 16, 5% slower);
+    # 32 was as fast as 64 (bf16 small and base, float32 small; generation in the peer benchmark).
+    os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "32")
     tune_allocator()
     cli(prog_name="nmt")

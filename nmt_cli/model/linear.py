@@ -9,7 +9,7 @@ oneDNN builds (JIT-compiles) a kernel for each new shape, and building one for e
 count fragments the heap until the process holds gigabytes it does not use (transformer_small:
 2.2 GB after 40 updates and growing, against 1.1 GB through MKL). So row counts are padded with zero
 rows to a multiple of ROWS (to a power of two below it): a few dozen shapes, built once and kept in
-oneDNN's cache (cli.py sets its capacity). Training small then peaks at about 1.5 GB, flat.
+oneDNN's cache (cli/__init__.py sets its capacity).
 
 `matmul_nt(a, b)` is `a @ b.T` by that route; `Linear` is `nn.Linear` whose forward and backward use
 it. Anywhere else (CUDA, autocast, other dtypes, a torch without oneDNN) both are plain PyTorch.
