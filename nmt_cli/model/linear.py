@@ -85,9 +85,16 @@ def weight_grad(g: Tensor, x: Tensor) -> Tensor:
     d_model 256 -> d_ff 1024 10.8 -> 6.7 ms, the output projection (512 rows, 256 -> 8000) 9.8 -> 6.7 ms,
     no loss where N <= K.
     """
-    if g.shape[1] > x.shape[1] and on_cpu_path(g, x):
+    if transposes_weight_grad(g, x):
         return matmul_nt(x.t(), g.t()).t().contiguous()
     return matmul_nt(g.t(), x.t())
+
+
+def transposes_weight_grad(g: Tensor, x: Tensor) -> bool:
+    """Whether weight_grad(g, x) computes the transposed product x.T @ g [K, N] and copies it back (it looks
+    at the column counts N, K and the route only); a caller summing many such gradients (the loss's chunks)
+    can sum the [K, N] products and transpose once."""
+    return g.shape[1] > x.shape[1] and on_cpu_path(g, x)
 
 
 class _Linear(torch.autograd.Function):
@@ -127,19 +134,19 @@ class Linear(nn.Linear):
         return self._apply_linear(x, relu=True)
 
     def _apply_linear(self, x: Tensor, relu: bool) -> Tensor:
+        weight: Tensor = self.weight
+        bias: Tensor | None = self.bias
         # Under torch.compile (`nmt train --compile`) inductor chooses the matmul kernels itself;
         # it has no lowering of the oneDNN op for dynamic shapes.
-        if x.device.type != "cpu" or not _ONEDNN or torch.compiler.is_compiling():
-            y = F.linear(x, self.weight, self.bias)
-            return torch.relu(y) if relu else y
-        dtype = torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else x.dtype
-        with torch.autocast("cpu", enabled=False):  # cast here, as autocast would, then leave it
-            x, weight = x.to(dtype), self.weight.to(dtype)
-            bias = None if self.bias is None else self.bias.to(dtype)
-            if on_cpu_path(x, weight):
-                return _Linear.apply(x, weight, bias, relu)
-            y = F.linear(x, weight, bias)
-            return torch.relu(y) if relu else y
+        if x.device.type == "cpu" and _ONEDNN and not torch.compiler.is_compiling():
+            dtype = torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else x.dtype
+            with torch.autocast("cpu", enabled=False):  # cast here, as autocast would, then leave it
+                x, weight = x.to(dtype), weight.to(dtype)
+                bias = None if bias is None else bias.to(dtype)
+                if on_cpu_path(x, weight):
+                    return _Linear.apply(x, weight, bias, relu)
+        y = F.linear(x, weight, bias)
+        return torch.relu(y) if relu else y
 
 
 def pads_rows(linear: nn.Module, x: Tensor) -> bool:

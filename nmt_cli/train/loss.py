@@ -22,7 +22,7 @@ import torch
 from torch import Tensor, nn
 
 from nmt_cli.data.vocab import PAD
-from nmt_cli.model.linear import ROWS, matmul_nt, on_cpu_path, pad_rows, weight_grad
+from nmt_cli.model.linear import ROWS, matmul_nt, on_cpu_path, pad_rows, transposes_weight_grad, weight_grad
 from nmt_cli.model.transformer import Transformer
 
 CHUNK_ELEMENTS = 1 << 22  # CPU: logits per chunk, rows * V (16 MB of float32)
@@ -88,16 +88,13 @@ class _LinearLabelSmoothedCE(torch.autograd.Function):
             padded = on_cpu_path(w, w)  # hidden is cast to w's dtype chunk by chunk
             if padded:  # whole multiples of ROWS: oneDNN then sees a handful of shapes (model/linear.py)
                 chunk = max(ROWS, chunk // ROWS * ROWS)
-            # The weight gradient is summed over chunks in float32. On the CPU route weight_grad would compute
-            # the transposed product h.T @ z [D, V] (V > D) and copy it back for each chunk; instead the [D, V]
-            # products are summed (cast to float32 by the addition) and transposed once at the end.
-            transposed = need_grad and padded and vocab > weight.shape[1]
+            # The weight gradient is summed over chunks in float32. Where weight_grad would compute each chunk's
+            # as the transposed product h.T @ z [D, V] and copy it back, the [D, V] products are summed (cast to
+            # float32 by the addition) and transposed once at the end.
+            transposed = need_grad and transposes_weight_grad(w.t(), w)  # the columns of z [c, V] and h [c, D]
+            grad_shape = weight.shape[::-1] if transposed else weight.shape
             grad_weight = (
-                torch.zeros(
-                    weight.shape[::-1] if transposed else weight.shape, dtype=torch.float32, device=weight.device
-                )
-                if need_grad
-                else weight.new_empty(0)
+                torch.zeros(grad_shape, dtype=torch.float32, device=weight.device) if need_grad else weight.new_empty(0)
             )
             for start in range(0, hidden.shape[0], chunk):
                 h = hidden[start : start + chunk].to(dtype)
