@@ -29,13 +29,15 @@ from torch import Tensor, nn
 from nmt_cli.allocator import release_pages
 
 _ONEDNN = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
-_DTYPES = (torch.float32, torch.bfloat16)
+# bfloat16 through oneDNN only where the CPU has bf16 instructions (AVX512-BF16, AMX): on an AVX2-only CPU
+# (AMD Zen 3) oneDNN has no bf16 inner product and PyTorch's own bf16 matmul is the one that runs.
+_DTYPES = (torch.float32, torch.bfloat16) if torch.ops.mkldnn._is_mkldnn_bf16_supported() else (torch.float32,)
 ROWS = 512
 
 
 def on_cpu_path(a: Tensor, b: Tensor) -> bool:
     """Whether `a @ b.T` takes this module's CPU route: oneDNN, with padded row counts (float32 and
-    bfloat16, outside autocast; PyTorch's bfloat16 matmul is oneDNN already)."""
+    bfloat16 where the CPU supports it, outside autocast; PyTorch's bfloat16 matmul is oneDNN already)."""
     return (
         _ONEDNN
         and a.device.type == "cpu"
