@@ -47,7 +47,7 @@ def train(cfg: TrainConfig, model_cfg: ModelConfig, search_cfg: SearchConfig) ->
                         {**asdict(trainer.model_cfg), **asdict(trainer.cfg)},
                     )
                 train_loop(trainer)
-            trainer.synced_objective = trainer.objective  # drop DDP before the group (see shutdown_distributed)
+            trainer.close()  # drop DDP before the process group goes
         shutdown_distributed()
     except (torch.distributed.DistError, RuntimeError) as e:
         reason = collective_failure(e)  # a timeout or a peer that died: name this rank, not a traceback

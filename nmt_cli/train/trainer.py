@@ -14,45 +14,29 @@ import logging
 import math
 import time
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from nmt_cli.checkpoint import load_model_weights, make_checkpoint
+from nmt_cli.checkpoint import make_checkpoint
 from nmt_cli.config import ModelConfig, SearchConfig, TrainConfig
 from nmt_cli.data.batching import Batch, batch_by_tokens, collate, epoch_batches
 from nmt_cli.data.dataset import ParallelDataset
 from nmt_cli.data.vocab import BOS, EOS, PAD, Vocab
 from nmt_cli.errors import DataError, NmtError
 from nmt_cli.model.transformer import build_model
-from nmt_cli.runtime import AMP_DTYPES, DistInfo, autocast, rng_state, set_rng_state
+from nmt_cli.runtime import AMP_DTYPES, DistInfo, autocast, rng_state
 from nmt_cli.train.distributed import all_reduce_sum, gather_objects, wrap_ddp
 from nmt_cli.train.loss import TranslationLoss
 from nmt_cli.train.prefetch import BatchLoader
 from nmt_cli.train.schedule import learning_rate
+from nmt_cli.train.state import TrainState, restore_training
 from nmt_cli.train.validation import evaluate_bleu
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class TrainState:
-    """Counters that, with the module, optimizer and RNG states, make resume exact."""
-
-    update: int = 0
-    epoch: int = 1
-    batch_in_epoch: int = 0  # batches of this epoch this rank has consumed
-    elapsed: float = 0.0  # seconds of training wall clock, across restarts
-    last_timed_save: float = 0.0
-    best: float | None = None
-    bad_validations: int = 0
-    n_skipped_updates: int = 0
-    n_nonfinite_in_a_row: int = 0
-    n_overflows: int = 0  # fp16 updates skipped for an overflow (also counted in n_skipped_updates)
-    lr_start: int = 0  # update at which the lr schedule (re)started: --reset-lr-scheduler
 
 
 @dataclass
@@ -367,38 +351,12 @@ class Trainer:
         )
 
     def restore(self, ckpt: dict[str, Any], path: Path) -> None:
-        c = self.cfg
-        load_model_weights(self.model, ckpt["model"], path)
-        saved = ckpt["train_state"]
-        self.state = TrainState(**{f.name: saved[f.name] for f in fields(TrainState) if f.name in saved})
-        if not c.reset_optimizer:
-            self.optimizer.load_state_dict(ckpt["optimizer"])
-            if self.scaler and ckpt.get("grad_scaler"):
-                self.scaler.load_state_dict(ckpt["grad_scaler"])
-        if c.reset_lr_scheduler:
-            logger.info(
-                "--reset-lr-scheduler: the lr schedule restarts; the update count goes on from %d", self.state.update
-            )
-            self.state.lr_start = self.state.update
-        if c.reset_dataloader or ckpt.get("world_size", 1) != self.info.world_size:
-            if not c.reset_dataloader:
-                logger.warning(
-                    "checkpoint was written with %d ranks, this run has %d; the data iterator "
-                    "restarts at the beginning of epoch %d",
-                    ckpt.get("world_size", 1),
-                    self.info.world_size,
-                    self.state.epoch,
-                )
-            self.state.batch_in_epoch = 0
-        rngs = ckpt["rng"]  # by rank
-        if len(rngs) != self.info.world_size:
-            logger.warning(
-                "checkpoint holds the random streams of %d rank(s), this run has %d; every rank "
-                "continues from rank 0's",
-                len(rngs),
-                self.info.world_size,
-            )
-        set_rng_state(rngs[self.info.rank] if len(rngs) == self.info.world_size else rngs[0])
+        """Continue from a training checkpoint (train/state.py says what is restored)."""
+        self.state = restore_training(ckpt, path, self.model, self.optimizer, self.scaler, self.cfg, self.info)
+
+    def close(self) -> None:
+        """Drop the DDP wrapper: its reducer must not outlive the process group (runtime.shutdown_distributed)."""
+        self.synced_objective = self.objective
 
     def stop_reason(self) -> str | None:
         c, s = self.cfg, self.state

@@ -1,0 +1,84 @@
+"""What resume restores: the training counters, and a checkpoint's state put back into a run's parts.
+
+Exact resume needs the module weights, the optimizer and loss-scaler states, these counters, and every
+rank's random streams; `restore_training` puts them back, honouring the --reset-* options.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from nmt_cli.checkpoint import load_model_weights
+from nmt_cli.config import TrainConfig
+from nmt_cli.runtime import DistInfo, set_rng_state
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class TrainState:
+    """Counters that, with the module, optimizer and RNG states, make resume exact."""
+
+    update: int = 0
+    epoch: int = 1
+    batch_in_epoch: int = 0  # batches of this epoch this rank has consumed
+    elapsed: float = 0.0  # seconds of training wall clock, across restarts
+    last_timed_save: float = 0.0
+    best: float | None = None
+    bad_validations: int = 0
+    n_skipped_updates: int = 0
+    n_nonfinite_in_a_row: int = 0
+    n_overflows: int = 0  # fp16 updates skipped for an overflow (also counted in n_skipped_updates)
+    lr_start: int = 0  # update at which the lr schedule (re)started: --reset-lr-scheduler
+
+
+def restore_training(
+    ckpt: dict[str, Any],
+    path: Path,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scaler: torch.amp.GradScaler | None,
+    cfg: TrainConfig,
+    info: DistInfo,
+) -> TrainState:
+    """Load a training checkpoint into the model, optimizer, scaler and this rank's random streams.
+
+    Returns the counters to continue from. --reset-optimizer keeps the fresh optimizer and scaler,
+    --reset-lr-scheduler restarts the schedule at the saved update, and --reset-dataloader (or a
+    different number of ranks, whose batches differ) restarts the data at the start of the saved epoch.
+    """
+    load_model_weights(model, ckpt["model"], path)
+    saved = ckpt["train_state"]
+    state = TrainState(**{f.name: saved[f.name] for f in fields(TrainState) if f.name in saved})
+    if not cfg.reset_optimizer:
+        optimizer.load_state_dict(ckpt["optimizer"])
+        if scaler and ckpt.get("grad_scaler"):
+            scaler.load_state_dict(ckpt["grad_scaler"])
+    if cfg.reset_lr_scheduler:
+        logger.info("--reset-lr-scheduler: the lr schedule restarts; the update count goes on from %d", state.update)
+        state.lr_start = state.update
+    saved_world = ckpt.get("world_size", 1)
+    if cfg.reset_dataloader or saved_world != info.world_size:
+        if not cfg.reset_dataloader:
+            logger.warning(
+                "checkpoint was written with %d ranks, this run has %d; the data iterator "
+                "restarts at the beginning of epoch %d",
+                saved_world,
+                info.world_size,
+                state.epoch,
+            )
+        state.batch_in_epoch = 0
+    rngs = ckpt["rng"]  # by rank
+    if len(rngs) != info.world_size:
+        logger.warning(
+            "checkpoint holds the random streams of %d rank(s), this run has %d; every rank continues from rank 0's",
+            len(rngs),
+            info.world_size,
+        )
+    set_rng_state(rngs[info.rank] if len(rngs) == info.world_size else rngs[0])
+    return state
