@@ -147,3 +147,15 @@ def trained_copy_checkpoint(toy_data_bin, tmp_path_factory) -> Path:
         SearchConfig(),
     )
     return save_dir / "checkpoint_last.pt"
+
+
+@pytest.fixture(params=["onednn", "default"])
+def cpu_matmul_route(request, monkeypatch) -> str:
+    """Both CPU matmul routes of model/linear.py, whichever this machine's CPU would choose (oneDNN on AVX-512,
+    PyTorch's default on AVX2-only CPUs), so each is tested on every machine."""
+    from nmt_cli.model import linear
+
+    if request.param == "onednn" and not torch.backends.mkldnn.is_available():
+        pytest.skip("this torch has no oneDNN")
+    monkeypatch.setattr(linear, "_ONEDNN", request.param == "onednn" and hasattr(torch.ops.mkldnn, "_linear_pointwise"))
+    return request.param

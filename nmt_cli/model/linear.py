@@ -3,7 +3,8 @@
 PyTorch's CPU float32 matmul goes to MKL, and MKL picks its kernels by CPU vendor: on this project's
 AMD EPYC (Zen 5, AVX-512) it runs AVX2 code at ~200 GFLOP/s on 2 cores. oneDNN picks kernels by
 instruction set and reaches 300-490 GFLOP/s on the same training shapes, forward, input gradient and
-weight gradient alike (`benchmarks/bench_matmul.py`), with float32 arithmetic throughout.
+weight gradient alike (`benchmarks/bench_matmul.py`), with float32 arithmetic throughout. On a CPU without
+AVX-512 (AMD Zen 3) both libraries run AVX2 code, MKL's was the faster, and this route is off (`_ONEDNN`).
 
 oneDNN builds (JIT-compiles) a kernel for each new shape, and building one for every batch's row
 count fragments the heap until the process holds gigabytes it does not use (transformer_small:
@@ -27,11 +28,19 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from nmt_cli.allocator import release_pages
+from nmt_cli.runtime import cpu_has_bf16
 
-_ONEDNN = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+# oneDNN's float32 products beat MKL's only on CPUs with AVX-512, where MKL (choosing kernels by vendor)
+# runs AVX2 code on AMD's; on an AVX2-only CPU (AMD Zen 3) MKL was 10-45% faster on the same products
+# (bench_matmul.py), and training's products keep PyTorch's default route there.
+_ONEDNN = (
+    torch.backends.mkldnn.is_available()
+    and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+    and torch.backends.cpu.get_cpu_capability().startswith("AVX512")
+)
 # bfloat16 through oneDNN only where the CPU has bf16 instructions (AVX512-BF16, AMX): on an AVX2-only CPU
 # (AMD Zen 3) oneDNN has no bf16 inner product and PyTorch's own bf16 matmul is the one that runs.
-_DTYPES = (torch.float32, torch.bfloat16) if torch.ops.mkldnn._is_mkldnn_bf16_supported() else (torch.float32,)
+_DTYPES = (torch.float32, torch.bfloat16) if cpu_has_bf16() else (torch.float32,)
 ROWS = 512
 
 

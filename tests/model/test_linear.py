@@ -6,6 +6,8 @@ import torch.nn.functional as F
 
 from nmt_cli.model.linear import ROWS, Linear, matmul_nt, padded_rows, weight_grad
 
+pytestmark = pytest.mark.usefixtures("cpu_matmul_route")  # every test on both routes
+
 
 def test_padded_rows_are_few_shapes():
     assert [padded_rows(m) for m in (1, 3, 200, ROWS, ROWS + 1, 5 * ROWS - 7)] == [1, 4, 256, ROWS, 2 * ROWS, 5 * ROWS]

@@ -57,7 +57,7 @@ def test_inverse_sqrt():
 @pytest.mark.parametrize("chunk_elements", [17, 5 * 17, 1 << 21])
 @pytest.mark.parametrize("rows", [13, 1100])  # 1100: chunks of ROWS rows and a padded last one on CPU
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])  # float64: the unpadded chunking
-def test_fused_gradient_matches_autograd(eps, chunk_elements, rows, dtype, monkeypatch):
+def test_fused_gradient_matches_autograd(eps, chunk_elements, rows, dtype, monkeypatch, cpu_matmul_route):
     from nmt_cli.train import loss as loss_module
 
     monkeypatch.setattr(loss_module, "CHUNK_ELEMENTS", chunk_elements)
@@ -78,7 +78,7 @@ def test_fused_gradient_matches_autograd(eps, chunk_elements, rows, dtype, monke
 
 
 @pytest.mark.parametrize("rows", [13, 1100])
-def test_fused_gradient_under_bf16_autocast_matches_float32(rows, monkeypatch):
+def test_fused_gradient_under_bf16_autocast_matches_float32(rows, monkeypatch, cpu_matmul_route):
     """bf16 logits, float32 sums: the weight gradient (summed as [D, V] products on CPU) is contiguous
     and close to the float32 one."""
     from nmt_cli.train import loss as loss_module

@@ -56,6 +56,17 @@ def test_precision_defaults(monkeypatch, keep_tf32):
         resolve_precision(cpu, "fp16")
 
 
+@pytest.mark.parametrize("has_bf16", [True, False])
+def test_bf16_on_a_cpu_without_bf16_instructions_warns_that_fp32_is_faster(has_bf16, monkeypatch, caplog):
+    from nmt_cli import runtime
+
+    monkeypatch.setattr(runtime, "cpu_has_bf16", lambda: has_bf16)
+    with caplog.at_level(logging.WARNING, logger="nmt_cli.runtime"):
+        assert resolve_precision(torch.device("cpu"), "bf16") == "bf16"
+        assert resolve_precision(torch.device("cpu"), "fp32") == "fp32"
+    assert ("no bfloat16 instructions" in caplog.text) is not has_bf16
+
+
 @pytest.mark.parametrize("saved", ["fp32", "bf16", "fp16"])
 def test_generate_follows_the_checkpoints_precision_on_cuda_unless_told(saved, keep_tf32):
     state = {"train_config": {"precision": saved}}
