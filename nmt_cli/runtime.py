@@ -80,7 +80,8 @@ AMP_DTYPES: dict[str, torch.dtype | None] = {"fp32": None, "bf16": torch.bfloat1
 
 
 def cpu_has_bf16() -> bool:
-    """Whether this CPU has bfloat16 instructions (AVX512-BF16 or AMX) that oneDNN's bf16 products use."""
+    """Whether oneDNN runs bfloat16 products on this CPU: AVX-512 and newer (natively with AVX512-BF16 or AMX);
+    on AVX2-only CPUs it has none and PyTorch emulates them."""
     return bool(torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 

@@ -30,14 +30,12 @@ from torch import Tensor, nn
 from nmt_cli.allocator import release_pages
 from nmt_cli.runtime import cpu_has_bf16
 
+# Whether this torch has oneDNN's linear op (translation's packed linears need no more).
+ONEDNN_AVAILABLE = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
 # oneDNN's float32 products beat MKL's only on CPUs with AVX-512, where MKL (choosing kernels by vendor)
 # runs AVX2 code on AMD's; on an AVX2-only CPU (AMD Zen 3) MKL was 10-45% faster on the same products
 # (bench_matmul.py), and training's products keep PyTorch's default route there.
-_ONEDNN = (
-    torch.backends.mkldnn.is_available()
-    and hasattr(torch.ops.mkldnn, "_linear_pointwise")
-    and torch.backends.cpu.get_cpu_capability().startswith("AVX512")
-)
+_ONEDNN = ONEDNN_AVAILABLE and torch.backends.cpu.get_cpu_capability().startswith("AVX512")
 # bfloat16 through oneDNN only where the CPU has bf16 instructions (AVX512-BF16, AMX): on an AVX2-only CPU
 # (AMD Zen 3) oneDNN has no bf16 inner product and PyTorch's own bf16 matmul is the one that runs.
 _DTYPES = (torch.float32, torch.bfloat16) if cpu_has_bf16() else (torch.float32,)

@@ -16,7 +16,7 @@ from nmt_cli.config import SearchConfig
 from nmt_cli.data.batching import batch_by_tokens, pad_sources
 from nmt_cli.data.vocab import PAD, Vocab
 from nmt_cli.errors import ConfigError
-from nmt_cli.model.linear import pack_for_cpu_inference
+from nmt_cli.model.linear import ONEDNN_AVAILABLE, pack_for_cpu_inference
 from nmt_cli.model.quantize import quantize_for_cpu_inference
 from nmt_cli.model.transformer import Transformer
 from nmt_cli.runtime import autocast
@@ -59,7 +59,7 @@ def translator_from(
     model.to(device).eval()
     if quantize == "int8":
         quantize_for_cpu_inference(model)
-    elif device.type == "cpu" and amp_dtype is None and torch.backends.mkldnn.is_available():
+    elif device.type == "cpu" and amp_dtype is None and ONEDNN_AVAILABLE:
         pack_for_cpu_inference(model)
     return Translator(model, vocab_of(state, path), device, amp_dtype)
 
