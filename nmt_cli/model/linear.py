@@ -184,8 +184,15 @@ class PackedLinear(nn.Module):
         self.out_features = linear.weight.shape[0]
 
     def forward(self, x: Tensor) -> Tensor:
+        return self._product(x, "none")
+
+    def forward_relu(self, x: Tensor) -> Tensor:
+        """relu(self(x)), the ReLU applied inside oneDNN's product (the feed-forward network's fc1)."""
+        return self._product(x, "relu")
+
+    def _product(self, x: Tensor, post_op: str) -> Tensor:
         flat = x.reshape(-1, x.shape[-1]).contiguous()
-        y = torch.ops.mkldnn._linear_pointwise(flat, self.packed_weight, self.bias, "none", [], "")
+        y = torch.ops.mkldnn._linear_pointwise(flat, self.packed_weight, self.bias, post_op, [], "")
         return y.view(*x.shape[:-1], self.out_features)
 
 

@@ -56,6 +56,10 @@ class Int8Linear(nn.Module):
         y = torch.ops.quantized.linear_dynamic(flat, self.packed, self.reduce_range)
         return y.view(*x.shape[:-1], self.out_features)
 
+    def forward_relu(self, x: Tensor) -> Tensor:
+        """relu(self(x)) (the feed-forward network's fc1)."""
+        return torch.relu_(self(x))
+
 
 def quantize_for_cpu_inference(model: nn.Module) -> nn.Module:
     """Swap every Linear of the model, the output projection included, for an Int8Linear.

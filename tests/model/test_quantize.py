@@ -26,6 +26,7 @@ def test_int8_linear_is_close_to_float32():
     got = Int8Linear(linear)(x)
     assert got.shape == expected.shape
     assert (got - expected).abs().max() < 0.02 * expected.abs().max()
+    torch.testing.assert_close(Int8Linear(linear).forward_relu(x), torch.relu(got))
 
 
 def test_quantize_swaps_every_linear_and_keeps_no_float_weights(tiny_model):

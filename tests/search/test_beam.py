@@ -10,7 +10,7 @@ from nmt_cli.config import SearchConfig
 from nmt_cli.data.vocab import EOS
 from nmt_cli.model.cache import DecoderCache, append_step
 from nmt_cli.model.transformer import EncoderOut
-from nmt_cli.search.beam import BeamState, beam_search, length_penalty, top_candidates
+from nmt_cli.search.beam import BeamState, beam_search, length_penalty, row_topk, top_candidates
 from nmt_cli.search.greedy import greedy_search
 from nmt_cli.search.translate import Translator, translate
 
@@ -182,3 +182,15 @@ def test_packed_cpu_model_translates_the_same(tiny_model, toy_data_bin):
     for x, y in zip(a, b):
         assert [h.tokens for h in x] == [h.tokens for h in y]
         assert [h.score for h in x] == pytest.approx([h.score for h in y], abs=1e-4)
+
+
+@pytest.mark.parametrize("v", [8, 640, 1000, 8003])
+def test_row_topk_finds_the_rows_top_k(v):
+    g = torch.Generator().manual_seed(v)
+    x = torch.randn(12, v, generator=g)
+    x[:, : v // 3] = float("-inf")  # masked columns, as constrain() leaves them
+    x[3, -1] = 50.0  # a row's best entry in the ragged last columns
+    values, cols = row_topk(x, 8)
+    expected = x.topk(8, dim=1)
+    assert torch.equal(values, expected.values)
+    assert torch.equal(x.gather(1, cols), values) and cols[3, 0] == v - 1
