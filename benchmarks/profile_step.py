@@ -4,8 +4,8 @@ For each shape and precision: the time of every update from the first (oneDNN JI
 each new matmul shape, so early updates are slow), then a profile of steady updates, with the operators'
 own time grouped into matmul, attention, layer norm, softmax, dropout, copies, element-wise, optimizer
 and other, and the rest of the wall clock (Python and the framework between operators). The FLOPs of a
-step are counted from the shapes (formula in `step_flops`) so the speed reads as a fraction of the
-machine's matmul peak (`bench_matmul.py`).
+step are counted from the shapes (formula in `step_flops`), and the same products timed in isolation
+(`matmul_peak`) give the machine's matmul limit for that work, so the speed reads as a fraction of it.
 
     python benchmarks/profile_step.py --shapes small,base --precisions fp32,bf16 --warmup 40 --steps 10
 """
@@ -27,6 +27,8 @@ from common import data_bin, report
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from nmt_cli.config import SearchConfig, TrainConfig, model_config  # noqa: E402
 from nmt_cli.data.batching import collate  # noqa: E402
+from nmt_cli.model.linear import Linear  # noqa: E402
+from nmt_cli.runtime import AMP_DTYPES, autocast  # noqa: E402
 from nmt_cli.train.command import prepare  # noqa: E402
 from nmt_cli.train.trainer import Trainer  # noqa: E402
 
@@ -110,6 +112,32 @@ def step_flops(trainer: Trainer, group: list[np.ndarray]) -> float:
     return total
 
 
+def matmul_peak(trainer: Trainer, rows: int, precision: str, repeat: int = 5) -> float:
+    """GFLOP/s of the shape's own linear products in isolation: forward and both gradients of an nmt
+    `Linear` (the route training takes on this CPU) for each of the step's weight shapes on `rows` tokens,
+    weighted as `step_flops` counts them. The machine's limit for this step's matmul work."""
+    cfg = trainer.model_cfg
+    d, f, v = cfg.d_model, cfg.d_ff, cfg.vocab_size
+    per_token = collections.Counter(
+        {(d, 3 * d): cfg.encoder_layers + cfg.decoder_layers, (d, 2 * d): cfg.decoder_layers, (d, v): 1}
+    )
+    per_token[(d, d)] += cfg.encoder_layers + 3 * cfg.decoder_layers
+    per_token[(d, f)] += cfg.encoder_layers + cfg.decoder_layers
+    per_token[(f, d)] += cfg.encoder_layers + cfg.decoder_layers
+    flops, seconds = 0.0, 0.0
+    with autocast(torch.device("cpu"), AMP_DTYPES[precision]):
+        for (k, n), count in per_token.items():
+            layer = Linear(k, n)
+            x = torch.randn(rows, k, requires_grad=True)
+            for i in range(repeat + 2):
+                start = time.perf_counter()
+                layer(x).float().sum().backward()
+                if i >= 2:
+                    seconds += count * (time.perf_counter() - start)
+            flops += count * repeat * 6.0 * rows * k * n
+    return flops / seconds / 1e9
+
+
 def build(shape: str, precision: str, work: Path) -> Trainer:
     cfg = TrainConfig(
         data_dir=str(data_bin()),
@@ -136,7 +164,7 @@ def profile(shape: str, precision: str, warmup: int, steps: int, work: Path) -> 
     steady = float(np.median(times[-10:]))
     settled = next(i for i, t in enumerate(times) if t <= 1.15 * steady)
     groups: dict[str, float] = collections.defaultdict(float)
-    flops, wall = 0.0, 0.0
+    flops, wall, tokens = 0.0, 0.0, 0
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
         for i in range(warmup, warmup + steps):
             group = [batches[i % len(batches)]]
@@ -144,6 +172,7 @@ def profile(shape: str, precision: str, warmup: int, steps: int, work: Path) -> 
             trainer.train_step(group)
             wall += time.perf_counter() - start
             flops += step_flops(trainer, group)
+            tokens += collate(trainer.train_data, group[0]).n_tgt_tokens
     for event in prof.key_averages():
         groups[group_of(event.key)] += event.self_cpu_time_total / 1e6
     in_ops = sum(groups.values())
@@ -155,6 +184,9 @@ def profile(shape: str, precision: str, warmup: int, steps: int, work: Path) -> 
         "updates to steady": settled,
         "GFLOP/s": round(flops / wall / 1e9, 1),
     }
+    peak = matmul_peak(trainer, tokens // steps, precision)
+    row["matmul peak GFLOP/s"] = round(peak, 1)
+    row["of peak"] = f"{100 * flops / wall / 1e9 / peak:.0f}%"
     for name, _ in GROUPS:
         row[name] = f"{100 * groups[name] / wall:.0f}%"
     row["other ops"] = f"{100 * groups['other'] / wall:.0f}%"
