@@ -130,6 +130,7 @@ def matmul_peak(trainer: Trainer, rows: int, precision: str, repeat: int = 5) ->
             layer = Linear(k, n)
             x = torch.randn(rows, k, requires_grad=True)
             for i in range(repeat + 2):
+                x.grad, layer.weight.grad, layer.bias.grad = None, None, None  # as each update starts
                 start = time.perf_counter()
                 layer(x).float().sum().backward()
                 if i >= 2:

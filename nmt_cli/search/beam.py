@@ -103,7 +103,7 @@ def row_topk(x: Tensor, k: int, block: int = 64) -> tuple[Tensor, Tensor]:
     if x.device.type != "cpu" or n_blocks <= k:
         return x.topk(k, dim=1)
     main = n_blocks * block
-    best = x[:, :main].view(n, n_blocks, block).amax(-1).topk(k, dim=1).indices  # [N, k]
+    best = x[:, :main].reshape(n, n_blocks, block).amax(-1).topk(k, dim=1).indices  # [N, k]
     cols = (best[:, :, None] * block + torch.arange(block, device=x.device)).view(n, k * block)
     if main < v:
         cols = torch.cat([cols, torch.arange(main, v, device=x.device).expand(n, -1)], dim=1)
