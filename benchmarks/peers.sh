@@ -24,6 +24,11 @@ if "$repo/.venv/bin/python" -c "import sys; from nmt_cli.runtime import cpu_has_
 else
     echo "peers.sh: this CPU has no bf16 instructions; nmt:bf16 left out (set RUNNERS to force it)" >&2
 fi
+# ROUNDS=N runs the runner list N times over, alternating the toolkits, for machines whose speed drifts
+# between stages (the summary then gives each figure's range over the rounds).
+runners=${RUNNERS:-$runners}
+all=()
+for _ in $(seq "${ROUNDS:-1}"); do all+=($runners); done
 export SMALL_WARM=${SMALL_WARM:-30} SMALL_MEAS=${SMALL_MEAS:-40} BASE_WARM=${BASE_WARM:-8} BASE_MEAS=${BASE_MEAS:-10}
 exec "$PEER_BENCH/bench.sh" -s "${STAGES:-train:small train:base gen:small:fixed gen:base:fixed}" \
-    ${RUNNERS:-$runners}
+    "${all[@]}"
