@@ -21,7 +21,7 @@ export NMT_CMD=${NMT_CMD:-$repo/.venv/bin/nmt}
 runners="fairseq ct2:float32 ct2:int8 nmt"
 if "$repo/.venv/bin/python" -c "import sys; from nmt_cli.runtime import cpu_has_bf16; sys.exit(not cpu_has_bf16())"; then
     runners="$runners nmt:bf16"
-else
+elif [ -z "${RUNNERS:-}" ]; then
     echo "peers.sh: this CPU has no bf16 instructions; nmt:bf16 left out (set RUNNERS to force it)" >&2
 fi
 # ROUNDS=N runs the runner list N times over, alternating the toolkits, for machines whose speed drifts
