@@ -40,7 +40,8 @@ demo: install
 bench: install
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python benchmarks/run_all.py
 
-# nmt next to fairseq and CTranslate2 in one run on this machine (../shared/peer-bench; about 30 minutes).
+# nmt next to fairseq and CTranslate2 in one run on this machine (../shared/peer-bench; about 30 minutes;
+# ROUNDS=2 runs every toolkit twice, alternating, where the machine drifts).
 bench-peers: install
 	bash benchmarks/peers.sh
 
