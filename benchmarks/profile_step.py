@@ -4,7 +4,7 @@ For each shape and precision: the time of every update from the first (oneDNN JI
 each new matmul shape, so early updates are slow), then a profile of steady updates, with the operators'
 own time grouped into matmul, attention, layer norm, softmax, dropout, copies, element-wise, optimizer
 and other, and the rest of the wall clock (Python and the framework between operators). The FLOPs of a
-step are counted from the shapes (formula in `step_flops`), and the same products timed in isolation
+step are counted from the shapes (formula in `step_work`), and the same products timed in isolation
 (`matmul_peak`) give the machine's matmul limit for that work, so the speed reads as a fraction of it.
 
     python benchmarks/profile_step.py --shapes small,base --precisions fp32,bf16 --warmup 40 --steps 10
@@ -25,7 +25,7 @@ import torch
 from common import data_bin, report
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from nmt_cli.config import SearchConfig, TrainConfig, model_config  # noqa: E402
+from nmt_cli.config import ModelConfig, SearchConfig, TrainConfig, model_config  # noqa: E402
 from nmt_cli.data.batching import collate  # noqa: E402
 from nmt_cli.model.linear import Linear  # noqa: E402
 from nmt_cli.runtime import AMP_DTYPES, autocast  # noqa: E402
@@ -94,39 +94,46 @@ def group_of(name: str) -> str:
     return next((g for g, keys in GROUPS if any(k in name for k in keys)), "other")
 
 
-def step_flops(trainer: Trainer, group: list[np.ndarray]) -> float:
-    """Matmul FLOPs of one update: 6 per multiply-add-weight per token (forward 2, backward 4), over the
-    encoder's linears for source tokens, the decoder's and the output projection's for target tokens,
-    plus attention's QK^T and AV products (4 * S * S' * D per layer and sentence, times 3 for backward)."""
+def linear_shapes(cfg: ModelConfig) -> tuple[collections.Counter, collections.Counter]:
+    """(in, out) of every weight a token passes through, with counts: the encoder's (per source token) and
+    the decoder's with the output projection (per target token). Shared by the FLOP count and the limit."""
+    d, f = cfg.d_model, cfg.d_ff
+    layer = collections.Counter({(d, 3 * d): 1, (d, d): 1, (d, f): 1, (f, d): 1})  # QKV, out, FFN
+    cross = collections.Counter({(d, d): 2, (d, 2 * d): 1})  # query, out; keys and values
+    encoder = collections.Counter({shape: n * cfg.encoder_layers for shape, n in layer.items()})
+    decoder = collections.Counter({shape: n * cfg.decoder_layers for shape, n in (layer + cross).items()})
+    decoder[(d, cfg.vocab_size)] += 1
+    return encoder, decoder
+
+
+def step_work(trainer: Trainer, group: list[np.ndarray]) -> tuple[float, int]:
+    """Matmul FLOPs of one update and its target tokens. FLOPs: 6 per multiply-add-weight per token (forward
+    2, backward 4), over the encoder's linears for source tokens, the decoder's and the output projection's
+    for target tokens, plus attention's QK^T and AV products (4 * S * S' * D per layer and sentence, times 3
+    for backward)."""
     cfg = trainer.model_cfg
-    d, f, v = cfg.d_model, cfg.d_ff, cfg.vocab_size
-    enc_w = cfg.encoder_layers * (4 * d * d + 2 * d * f)
-    dec_w = cfg.decoder_layers * (8 * d * d + 2 * d * f) + v * d
-    total = 0.0
+    encoder, decoder = linear_shapes(cfg)
+    enc_w = sum(n * k * m for (k, m), n in encoder.items())
+    dec_w = sum(n * k * m for (k, m), n in decoder.items())
+    total, tokens = 0.0, 0
     for ids in group:
         batch = collate(trainer.train_data, ids)
         s, t = batch.src_tokens.shape[1], batch.tgt_in.shape[1]
         n_src, n_tgt = int((~batch.src_pad_mask).sum()), batch.n_tgt_tokens
-        attn = len(ids) * 4 * d * (cfg.encoder_layers * s * s + cfg.decoder_layers * (t * t + t * s))
+        attn = len(ids) * 4 * cfg.d_model * (cfg.encoder_layers * s * s + cfg.decoder_layers * (t * t + t * s))
         total += 6 * (enc_w * n_src + dec_w * n_tgt) + 3 * attn
-    return total
+        tokens += n_tgt
+    return total, tokens
 
 
 def matmul_peak(trainer: Trainer, rows: int, precision: str, repeat: int = 5) -> float:
     """GFLOP/s of the shape's own linear products in isolation: forward and both gradients of an nmt
     `Linear` (the route training takes on this CPU) for each of the step's weight shapes on `rows` tokens,
-    weighted as `step_flops` counts them. The machine's limit for this step's matmul work."""
-    cfg = trainer.model_cfg
-    d, f, v = cfg.d_model, cfg.d_ff, cfg.vocab_size
-    per_token = collections.Counter(
-        {(d, 3 * d): cfg.encoder_layers + cfg.decoder_layers, (d, 2 * d): cfg.decoder_layers, (d, v): 1}
-    )
-    per_token[(d, d)] += cfg.encoder_layers + 3 * cfg.decoder_layers
-    per_token[(d, f)] += cfg.encoder_layers + cfg.decoder_layers
-    per_token[(f, d)] += cfg.encoder_layers + cfg.decoder_layers
+    weighted as `step_work` counts them. The machine's limit for this step's matmul work."""
+    encoder, decoder = linear_shapes(trainer.model_cfg)
     flops, seconds = 0.0, 0.0
     with autocast(torch.device("cpu"), AMP_DTYPES[precision]):
-        for (k, n), count in per_token.items():
+        for (k, n), count in (encoder + decoder).items():
             layer = Linear(k, n)
             x = torch.randn(rows, k, requires_grad=True)
             for i in range(repeat + 2):
@@ -172,8 +179,8 @@ def profile(shape: str, precision: str, warmup: int, steps: int, work: Path) -> 
             start = time.perf_counter()
             trainer.train_step(group)
             wall += time.perf_counter() - start
-            flops += step_flops(trainer, group)
-            tokens += collate(trainer.train_data, group[0]).n_tgt_tokens
+            step_flops, step_tokens = step_work(trainer, group)
+            flops, tokens = flops + step_flops, tokens + step_tokens
     for event in prof.key_averages():
         groups[group_of(event.key)] += event.self_cpu_time_total / 1e6
     in_ops = sum(groups.values())
