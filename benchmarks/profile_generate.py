@@ -1,0 +1,230 @@
+"""Where a CPU beam-search step's time goes: the generation counterpart of profile_step.py.
+
+Beam search as `nmt generate` runs it on the CPU in float32 (the linears packed as `load_translator` packs
+them, 2 threads, batches of 64 Multi30k test sentences, beam 4, every hypothesis forced to 24 tokens as in
+bench_generate.py and the peer harness), on a checkpoint of each shape:
+
+- step ms: wall time of the searches over their decoding steps; encoder: the share of the whole spent
+  encoding (the rest is the search, cross-attention keys and values included).
+- linears ms/step: the decoding step's linear products inside the search (operator time from the
+  profiler); alone: the same modules (same weights, same route) timed by themselves on as many rows, the
+  machine's limit for that work; GFLOP/s inside.
+- the search's operator time by group (the cache reorder is index_select, the attention products bmm; "cross
+  K/V": the cross-attention keys and values, projected once per sentence) and "outside ops": Python and the
+  framework between operators.
+- floor ms/step: the same search (layers, heads, beam, rows and steps) on a model 4 wide per head with a
+  64-piece vocabulary, where there is next to no arithmetic: what each step costs in interpreter,
+  dispatch and kernel-call overhead, which a compiled decoder does not pay.
+
+    python benchmarks/profile_generate.py --shapes small,base --sentences 256
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from common import checkpoint, data_bin, report
+from profile_step import GROUPS
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import nmt_cli.search.translate as translate_module  # noqa: E402
+from nmt_cli.allocator import tune_allocator  # noqa: E402
+from nmt_cli.checkpoint import model_config_of  # noqa: E402
+from nmt_cli.config import ModelConfig, SearchConfig  # noqa: E402
+from nmt_cli.data.dataset import ParallelDataset  # noqa: E402
+from nmt_cli.model.linear import ONEDNN_AVAILABLE, pack_for_cpu_inference  # noqa: E402
+from nmt_cli.model.transformer import Transformer, build_model  # noqa: E402
+from nmt_cli.search.translate import Translator, load_translator, translate  # noqa: E402
+
+FORCED = SearchConfig(beam=4, lenpen=0.6, lenpen_style="fairseq", min_len=24, max_len_a=0, max_len_b=24)
+BATCH = 64
+CROSS = "cross K/V"  # the search's cross-attention keys and values, projected once per sentence (init_cache)
+GEN_GROUPS = (  # the first group whose key is in the operator's name takes it; then profile_step's groups
+    ("attention products", ("bmm",)),
+    ("cache reorder", ("index_select",)),
+    ("top-k", ("topk",)),
+)
+
+
+def group_of(name: str) -> str:
+    name = name.lower()
+    for group, keys in GEN_GROUPS + GROUPS:
+        if any(k in name for k in keys):
+            return group
+    return "other"
+
+
+class Counters:
+    """What the wrapped search reports: seconds in the encoder and in the searches, steps and rows."""
+
+    def __init__(self) -> None:
+        self.encode_s = self.search_s = 0.0
+        self.steps = self.rows = self.source_rows = 0
+
+
+def instrument(tr: Translator, counters: Counters, label: bool) -> Callable[[], None]:
+    """Time the encoder and the searches of `translate` and count decoding steps and rows; label: name the
+    searches for the profiler. Returns the function that undoes it."""
+    model, search = tr.model, translate_module.beam_search
+    encode, decode_step, init_cache = model.encode, model.decode_step, model.init_cache
+
+    def timed_encode(*args: Any, **kwargs: Any) -> Any:
+        start = time.perf_counter()
+        out = encode(*args, **kwargs)
+        counters.encode_s += time.perf_counter() - start
+        return out
+
+    def counted_step(prev: torch.Tensor, cache: Any) -> Any:
+        counters.steps += 1
+        counters.rows += prev.shape[0]
+        return decode_step(prev, cache)
+
+    def labelled_init_cache(*args: Any, **kwargs: Any) -> Any:
+        with torch.profiler.record_function(CROSS):
+            return init_cache(*args, **kwargs)
+
+    def timed_search(m: Transformer, enc: Any, *args: Any, **kwargs: Any) -> Any:
+        counters.source_rows += enc.memory.shape[0] * enc.memory.shape[1]
+        start = time.perf_counter()
+        if label:
+            with torch.profiler.record_function("beam_search"):
+                out = search(m, enc, *args, **kwargs)
+        else:
+            out = search(m, enc, *args, **kwargs)
+        counters.search_s += time.perf_counter() - start
+        return out
+
+    model.encode, model.decode_step, translate_module.beam_search = timed_encode, counted_step, timed_search
+    if label:
+        model.init_cache = labelled_init_cache
+
+    def undo() -> None:
+        del model.encode, model.decode_step
+        if label:
+            del model.init_cache
+        translate_module.beam_search = search
+
+    return undo
+
+
+def step_linears(model: Transformer, cfg: ModelConfig) -> list[tuple[torch.nn.Module, int, int]]:
+    """(module, in width, count) of every linear a decoding step runs on each row: each decoder layer's
+    self-attention QKV and output, cross-attention query and output, feed-forward, and the output projection."""
+    layer, n = model.decoder[0], cfg.decoder_layers
+    d, f = cfg.d_model, cfg.d_ff
+    mods = [layer.self_attn.qkv, layer.self_attn.out, layer.cross_attn.q, layer.cross_attn.out, layer.ffn.fc1]
+    return [(m, d, n) for m in mods] + [(layer.ffn.fc2, f, n), (model.output, d, 1)]
+
+
+def alone(model: Transformer, cfg: ModelConfig, rows: int, repeat: int = 10) -> tuple[float, int]:
+    """One step's linears on `rows` rows, each module timed by itself (median): (seconds, the weights' size
+    summed over the step, in multiply-adds per row)."""
+    seconds, weights = 0.0, 0
+    with torch.inference_mode():
+        for module, width, count in step_linears(model, cfg):
+            x = torch.randn(rows, width)
+            times = []
+            for _ in range(repeat + 3):
+                start = time.perf_counter()
+                y = module(x)
+                times.append(time.perf_counter() - start)
+            seconds += count * float(np.median(times[3:]))
+            weights += count * width * y.shape[-1]
+    return seconds, weights
+
+
+def floor_model(cfg: ModelConfig) -> Transformer:
+    """The shape's layers and heads, 4 wide per head, a 64-piece vocabulary: next to no arithmetic."""
+    tiny = ModelConfig(
+        vocab_size=64,
+        encoder_layers=cfg.encoder_layers,
+        decoder_layers=cfg.decoder_layers,
+        d_model=4 * cfg.heads,
+        d_ff=4 * cfg.heads,
+        heads=cfg.heads,
+    )
+    model = build_model(tiny).eval()
+    return pack_for_cpu_inference(model) if ONEDNN_AVAILABLE else model
+
+
+def profile(shape: str, n_sentences: int) -> dict[str, object]:
+    path = checkpoint(shape)
+    tr, state = load_translator(path, torch.device("cpu"), None)
+    cfg = model_config_of(state, path)
+    data = ParallelDataset(data_bin(), "test")
+    sources = [data.src[i] for i in range(min(n_sentences, len(data)))]
+    translate(tr, sources[:BATCH], FORCED, 10**9, BATCH)  # oneDNN builds its kernels
+
+    timing = Counters()
+    undo = instrument(tr, timing, label=False)
+    start = time.perf_counter()
+    translate(tr, sources, FORCED, 10**9, BATCH)
+    wall = time.perf_counter() - start
+    undo()
+
+    profiled = Counters()
+    undo = instrument(tr, profiled, label=True)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        translate(tr, sources, FORCED, 10**9, BATCH)
+    undo()
+    groups: dict[str, float] = collections.defaultdict(float)
+    for event in prof.events():  # the searches' operators, by group; those under init_cache as CROSS
+        ancestor = event.cpu_parent
+        while ancestor is not None and ancestor.name not in ("beam_search", CROSS):
+            ancestor = ancestor.cpu_parent
+        if ancestor is not None:
+            groups[CROSS if ancestor.name == CROSS else group_of(event.name)] += event.self_cpu_time_total / 1e6
+    in_ops = sum(groups.values())
+
+    rows_per_step = timing.rows / timing.steps
+    alone_s, weights = alone(tr.model, cfg, round(rows_per_step))
+    linears_s = groups["matmul"] / profiled.steps
+
+    tiny = Translator(floor_model(cfg), tr.vocab, torch.device("cpu"))
+    tiny_sources = [s % 60 + 4 for s in sources]  # same lengths, ids within the 64 pieces (0-3 are special)
+    translate(tiny, tiny_sources[:BATCH], FORCED, 10**9, BATCH)
+    floor = Counters()
+    undo = instrument(tiny, floor, label=False)
+    translate(tiny, tiny_sources, FORCED, 10**9, BATCH)
+    undo()
+
+    row: dict[str, object] = {
+        "shape": shape,
+        "sentences": len(sources),
+        "sent/s": round(len(sources) / wall, 1),
+        "rows/step": round(rows_per_step),
+        "step ms": round(1e3 * timing.search_s / timing.steps, 2),
+        "encoder": f"{100 * timing.encode_s / wall:.0f}%",
+        "linears ms/step": round(1e3 * linears_s, 2),
+        "alone ms/step": round(1e3 * alone_s, 2),
+        "linears GFLOP/s": round(2.0 * rows_per_step * weights / linears_s / 1e9, 1),
+    }
+    unused = ("attention", "dropout", "optimizer")  # no SDPA, dropout or optimizer on this path
+    for name in [g for g, _ in GEN_GROUPS + GROUPS if g not in unused] + ["other", CROSS]:
+        row[name] = f"{100 * groups[name] / profiled.search_s:.0f}%"
+    row["outside ops"] = f"{100 * max(profiled.search_s - in_ops, 0.0) / profiled.search_s:.0f}%"
+    row["floor ms/step"] = round(1e3 * floor.search_s / floor.steps, 2)
+    return row
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--shapes", default="small,base")
+    parser.add_argument("--sentences", type=int, default=256, help="Test sentences searched (batches of 64).")
+    args = parser.parse_args()
+    torch.set_num_threads(2)
+    tune_allocator()  # as the nmt command does at start-up
+    rows = [profile(shape, args.sentences) for shape in args.shapes.split(",")]
+    report("profile_generate", rows)
+
+
+if __name__ == "__main__":
+    main()
