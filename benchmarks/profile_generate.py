@@ -4,8 +4,7 @@ Beam search as `nmt generate` runs it on the CPU in float32 (the linears packed 
 them, 2 threads, batches of 64 Multi30k test sentences, beam 4, every hypothesis forced to 24 tokens as in
 bench_generate.py and the peer harness), on a checkpoint of each shape:
 
-- step ms: wall time of the searches over their decoding steps; encoder: the share of the whole spent
-  encoding (the rest is the search, cross-attention keys and values included).
+- ms/step: a whole translation's wall time over its decoding steps; encoder: its share spent encoding.
 - linears ms/step: the decoding step's linear products inside the search (operator time from the
   profiler); alone: the same modules (same weights, same route) timed by themselves on as many rows, the
   machine's limit for that work; GFLOP/s inside.
@@ -14,16 +13,24 @@ bench_generate.py and the peer harness), on a checkpoint of each shape:
   framework between operators.
 - floor ms/step: the same search (layers, heads, beam, rows and steps) on a model 4 wide per head with a
   64-piece vocabulary, where there is next to no arithmetic: what each step costs in interpreter,
-  dispatch and kernel-call overhead, which a compiled decoder does not pay.
+  dispatch and kernel-call overhead.
+- CT2 ms/step and CT2 floor: where ctranslate2 is installed, CTranslate2 (float32, same threads, beam, batch
+  and 25 forced decoding steps, nmt's 24 tokens plus EOS) on the same model and on the floor's model,
+  exported with nmt's own converter, in the same process: the side-by-side split of a gap into the part
+  that is arithmetic and the part that is per-step overhead. Every ms/step divides a whole translation
+  (encoder included) by the same count of decoding steps; each translation runs --repeat times, the four
+  kinds alternated, and the fastest of each counts.
 
-    python benchmarks/profile_generate.py --shapes small,base --sentences 256
+    python benchmarks/profile_generate.py --shapes small,base --sentences 256 --repeat 3
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import math
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -37,9 +44,10 @@ from profile_step import GROUPS
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import nmt_cli.search.translate as translate_module  # noqa: E402
 from nmt_cli.allocator import tune_allocator  # noqa: E402
-from nmt_cli.checkpoint import model_config_of  # noqa: E402
+from nmt_cli.checkpoint import model_around_weights, model_config_of  # noqa: E402
 from nmt_cli.config import ModelConfig, SearchConfig  # noqa: E402
 from nmt_cli.data.dataset import ParallelDataset  # noqa: E402
+from nmt_cli.data.vocab import BOS, EOS, UNK, Vocab  # noqa: E402
 from nmt_cli.model.linear import ONEDNN_AVAILABLE, pack_for_cpu_inference  # noqa: E402
 from nmt_cli.model.transformer import Transformer, build_model  # noqa: E402
 from nmt_cli.search.translate import Translator, load_translator, translate  # noqa: E402
@@ -141,9 +149,9 @@ def alone(model: Transformer, cfg: ModelConfig, rows: int, repeat: int = 10) -> 
     return seconds, weights
 
 
-def floor_model(cfg: ModelConfig) -> Transformer:
+def floor_config(cfg: ModelConfig) -> ModelConfig:
     """The shape's layers and heads, 4 wide per head, a 64-piece vocabulary: next to no arithmetic."""
-    tiny = ModelConfig(
+    return ModelConfig(
         vocab_size=64,
         encoder_layers=cfg.encoder_layers,
         decoder_layers=cfg.decoder_layers,
@@ -151,24 +159,81 @@ def floor_model(cfg: ModelConfig) -> Transformer:
         d_ff=4 * cfg.heads,
         heads=cfg.heads,
     )
-    model = build_model(tiny).eval()
-    return pack_for_cpu_inference(model) if ONEDNN_AVAILABLE else model
 
 
-def profile(shape: str, n_sentences: int) -> dict[str, object]:
+def ct2_runner(
+    model: Transformer, cfg: ModelConfig, vocab: Vocab, sources: list[np.ndarray]
+) -> Callable[[], float] | None:
+    """A function that times CTranslate2 translating `sources` (float32, 2 threads, beam 4, batches of 64, 25
+    forced decoding steps) with `model` (unpacked) exported by nmt's converter; None without ctranslate2."""
+    try:
+        import ctranslate2
+
+        from nmt_cli.export.to_ctranslate2 import build_spec, vocabulary
+    except ImportError:
+        return None
+    tokens = vocabulary(vocab, max(cfg.vocab_size, vocab.n_pieces))[: cfg.vocab_size]
+    spec = build_spec(model.eval(), cfg, tokens, {"unk": tokens[UNK], "bos": tokens[BOS], "eos": tokens[EOS]})
+
+    class Converter(ctranslate2.converters.Converter):  # type: ignore[misc]
+        def _load(self) -> Any:
+            return spec
+
+    with tempfile.TemporaryDirectory() as out:
+        Converter().convert(out, force=True)
+        translator = ctranslate2.Translator(out, device="cpu", compute_type="float32", inter_threads=1, intra_threads=2)
+    batch = [[tokens[i] for i in s] for s in sources]
+    options = {"beam_size": 4, "max_batch_size": BATCH, "length_penalty": 0.6}
+    options |= {"min_decoding_length": 25, "max_decoding_length": 25}
+    translator.translate_batch(batch[:BATCH], **options)
+
+    def run() -> float:
+        start = time.perf_counter()
+        translator.translate_batch(batch, **options)
+        return time.perf_counter() - start
+
+    return run
+
+
+def nmt_runner(tr: Translator, sources: list[np.ndarray], counters: Counters) -> Callable[[], float]:
+    """A function that times `translate` of `sources` as the benchmark runs it, counting into `counters`."""
+    translate(tr, sources[:BATCH], FORCED, 10**9, BATCH)  # oneDNN builds its kernels
+
+    def run() -> float:
+        undo = instrument(tr, counters, label=False)
+        start = time.perf_counter()
+        translate(tr, sources, FORCED, 10**9, BATCH)
+        seconds = time.perf_counter() - start
+        undo()
+        return seconds
+
+    return run
+
+
+def profile(shape: str, n_sentences: int, repeat: int) -> dict[str, object]:
     path = checkpoint(shape)
     tr, state = load_translator(path, torch.device("cpu"), None)
     cfg = model_config_of(state, path)
     data = ParallelDataset(data_bin(), "test")
     sources = [data.src[i] for i in range(min(n_sentences, len(data)))]
-    translate(tr, sources[:BATCH], FORCED, 10**9, BATCH)  # oneDNN builds its kernels
-
-    timing = Counters()
-    undo = instrument(tr, timing, label=False)
-    start = time.perf_counter()
-    translate(tr, sources, FORCED, 10**9, BATCH)
-    wall = time.perf_counter() - start
-    undo()
+    tiny_cfg = floor_config(cfg)
+    tiny_model = build_model(tiny_cfg).eval()
+    tiny_sources = [s % 60 + 4 for s in sources]  # same lengths, ids within the 64 pieces (0-3 are special)
+    runners = {  # CTranslate2's models are exported before the floor's model is packed
+        "CT2": ct2_runner(model_around_weights(cfg, state["model"], path), cfg, tr.vocab, sources),
+        "CT2 floor": ct2_runner(tiny_model, tiny_cfg, tr.vocab, tiny_sources),
+    }
+    tiny = Translator(pack_for_cpu_inference(tiny_model) if ONEDNN_AVAILABLE else tiny_model, tr.vocab, tr.device)
+    timing, floor = Counters(), Counters()
+    runners |= {"nmt": nmt_runner(tr, sources, timing), "floor": nmt_runner(tiny, tiny_sources, floor)}
+    best: dict[str, float] = {}
+    for _ in range(repeat):  # alternated, the fastest of each kept: this machine's speed drifts
+        for name, run in runners.items():
+            if run is not None:
+                best[name] = min(best.get(name, math.inf), run())
+    encode_share = timing.encode_s / (timing.encode_s + timing.search_s)
+    timing.steps //= repeat  # per translation
+    floor.steps //= repeat
 
     profiled = Counters()
     undo = instrument(tr, profiled, label=True)
@@ -184,25 +249,18 @@ def profile(shape: str, n_sentences: int) -> dict[str, object]:
             groups[CROSS if ancestor.name == CROSS else group_of(event.name)] += event.self_cpu_time_total / 1e6
     in_ops = sum(groups.values())
 
-    rows_per_step = timing.rows / timing.steps
+    rows_per_step = timing.rows / repeat / timing.steps
     alone_s, weights = alone(tr.model, cfg, round(rows_per_step))
     linears_s = groups["matmul"] / profiled.steps
-
-    tiny = Translator(floor_model(cfg), tr.vocab, torch.device("cpu"))
-    tiny_sources = [s % 60 + 4 for s in sources]  # same lengths, ids within the 64 pieces (0-3 are special)
-    translate(tiny, tiny_sources[:BATCH], FORCED, 10**9, BATCH)
-    floor = Counters()
-    undo = instrument(tiny, floor, label=False)
-    translate(tiny, tiny_sources, FORCED, 10**9, BATCH)
-    undo()
 
     row: dict[str, object] = {
         "shape": shape,
         "sentences": len(sources),
-        "sent/s": round(len(sources) / wall, 1),
+        "sent/s": round(len(sources) / best["nmt"], 1),
         "rows/step": round(rows_per_step),
-        "step ms": round(1e3 * timing.search_s / timing.steps, 2),
-        "encoder": f"{100 * timing.encode_s / wall:.0f}%",
+        "ms/step": round(1e3 * best["nmt"] / timing.steps, 2),
+        "CT2 ms/step": round(1e3 * best["CT2"] / timing.steps, 2) if "CT2" in best else "-",
+        "encoder": f"{100 * encode_share:.0f}%",
         "linears ms/step": round(1e3 * linears_s, 2),
         "alone ms/step": round(1e3 * alone_s, 2),
         "linears GFLOP/s": round(2.0 * rows_per_step * weights / linears_s / 1e9, 1),
@@ -211,7 +269,8 @@ def profile(shape: str, n_sentences: int) -> dict[str, object]:
     for name in [g for g, _ in GEN_GROUPS + GROUPS if g not in unused] + ["other", CROSS]:
         row[name] = f"{100 * groups[name] / profiled.search_s:.0f}%"
     row["outside ops"] = f"{100 * max(profiled.search_s - in_ops, 0.0) / profiled.search_s:.0f}%"
-    row["floor ms/step"] = round(1e3 * floor.search_s / floor.steps, 2)
+    row["floor ms/step"] = round(1e3 * best["floor"] / floor.steps, 2)
+    row["CT2 floor"] = round(1e3 * best["CT2 floor"] / floor.steps, 2) if "CT2 floor" in best else "-"
     return row
 
 
@@ -219,10 +278,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shapes", default="small,base")
     parser.add_argument("--sentences", type=int, default=256, help="Test sentences searched (batches of 64).")
+    parser.add_argument("--repeat", type=int, default=3, help="Timed translations of each kind, alternated.")
     args = parser.parse_args()
     torch.set_num_threads(2)
     tune_allocator()  # as the nmt command does at start-up
-    rows = [profile(shape, args.sentences) for shape in args.shapes.split(",")]
+    rows = [profile(shape, args.sentences, args.repeat) for shape in args.shapes.split(",")]
     report("profile_generate", rows)
 
 
