@@ -75,7 +75,7 @@ class Counters:
 
     def __init__(self) -> None:
         self.encode_s = self.search_s = 0.0
-        self.steps = self.rows = self.source_rows = 0
+        self.steps = self.rows = 0
 
 
 def instrument(tr: Translator, counters: Counters, label: bool) -> Callable[[], None]:
@@ -100,7 +100,6 @@ def instrument(tr: Translator, counters: Counters, label: bool) -> Callable[[], 
             return init_cache(*args, **kwargs)
 
     def timed_search(m: Transformer, enc: Any, *args: Any, **kwargs: Any) -> Any:
-        counters.source_rows += enc.memory.shape[0] * enc.memory.shape[1]
         start = time.perf_counter()
         if label:
             with torch.profiler.record_function("beam_search"):
