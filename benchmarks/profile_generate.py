@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 import torch
 from common import checkpoint, data_bin, report
-from profile_step import GROUPS
+from profile_step import GROUPS, group_of
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import nmt_cli.search.translate as translate_module  # noqa: E402
@@ -60,14 +60,6 @@ GEN_GROUPS = (  # the first group whose key is in the operator's name takes it; 
     ("cache reorder", ("index_select",)),
     ("top-k", ("topk",)),
 )
-
-
-def group_of(name: str) -> str:
-    name = name.lower()
-    for group, keys in GEN_GROUPS + GROUPS:
-        if any(k in name for k in keys):
-            return group
-    return "other"
 
 
 class Counters:
@@ -245,7 +237,8 @@ def profile(shape: str, n_sentences: int, repeat: int) -> dict[str, object]:
         while ancestor is not None and ancestor.name not in ("beam_search", CROSS):
             ancestor = ancestor.cpu_parent
         if ancestor is not None:
-            groups[CROSS if ancestor.name == CROSS else group_of(event.name)] += event.self_cpu_time_total / 1e6
+            group = CROSS if ancestor.name == CROSS else group_of(event.name, GEN_GROUPS + GROUPS)
+            groups[group] += event.self_cpu_time_total / 1e6
     in_ops = sum(groups.values())
 
     rows_per_step = timing.rows / repeat / timing.steps

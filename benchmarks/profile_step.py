@@ -89,9 +89,10 @@ GROUPS = (  # the first group whose key is in the operator's name takes it
 )
 
 
-def group_of(name: str) -> str:
+def group_of(name: str, groups: tuple[tuple[str, tuple[str, ...]], ...] = GROUPS) -> str:
+    """The first of `groups` with a key in the operator's name, or "other"."""
     name = name.lower()
-    return next((g for g, keys in GROUPS if any(k in name for k in keys)), "other")
+    return next((g for g, keys in groups if any(k in name for k in keys)), "other")
 
 
 def linear_shapes(cfg: ModelConfig) -> tuple[collections.Counter, collections.Counter]:
