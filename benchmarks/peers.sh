@@ -18,15 +18,17 @@ done
 export NMT_CMD=${NMT_CMD:-$repo/.venv/bin/nmt}
 # nmt --bf16 only where the CPU has bf16 instructions: elsewhere it runs emulated, ~30x slower than float32
 # (a transformer_small update took about a minute on an AVX2-only AMD Zen 3), and the run would take hours.
-runners="fairseq ct2:float32 ct2:int8 nmt"
-if "$repo/.venv/bin/python" -c "import sys; from nmt_cli.runtime import cpu_has_bf16; sys.exit(not cpu_has_bf16())"; then
-    runners="$runners nmt:bf16"
-elif [ -z "${RUNNERS:-}" ]; then
-    echo "peers.sh: this CPU has no bf16 instructions; nmt:bf16 left out (set RUNNERS to force it)" >&2
+runners=${RUNNERS:-}
+if [ -z "$runners" ]; then
+    runners="fairseq ct2:float32 ct2:int8 nmt"
+    if "$repo/.venv/bin/python" -c "import sys; from nmt_cli.runtime import cpu_has_bf16; sys.exit(not cpu_has_bf16())"; then
+        runners="$runners nmt:bf16"
+    else
+        echo "peers.sh: this CPU has no bf16 instructions; nmt:bf16 left out (set RUNNERS to force it)" >&2
+    fi
 fi
 # ROUNDS=N runs the runner list N times over, alternating the toolkits, for machines whose speed drifts
 # between stages (the summary then gives each figure's range over the rounds).
-runners=${RUNNERS:-$runners}
 all=()
 for _ in $(seq "${ROUNDS:-1}"); do all+=($runners); done
 export SMALL_WARM=${SMALL_WARM:-30} SMALL_MEAS=${SMALL_MEAS:-40} BASE_WARM=${BASE_WARM:-8} BASE_MEAS=${BASE_MEAS:-10}
