@@ -23,7 +23,7 @@ class DecoderCache:
     self_v: list[Tensor]  # per decoder layer [N', H, t, Dh]
     cross_k: list[Tensor]  # per decoder layer [B, H, S, Dk], computed once from the encoder output
     cross_v: list[Tensor]  # per decoder layer [B, H, S, Dh]
-    cross_mask: Tensor | None  # [B, 1, 1, S] True where a source position may be attended; None: no padding
+    cross_bias: Tensor | None  # [B, 1, 1, S] added to cross-attention scores: 0, -inf at padding; None: no padding
     rows: Tensor | None = None  # [N] pending reorder: row i continues stored row rows[i]; None: N' = N, in order
 
     @property
@@ -38,7 +38,7 @@ class DecoderCache:
     def select_rows(self, rows: Tensor) -> DecoderCache:
         """Follow the surviving beams. rows: [N] indices into the current N rows (applied by the next step)."""
         return DecoderCache(
-            self.self_k, self.self_v, self.cross_k, self.cross_v, self.cross_mask, self._continued(rows)
+            self.self_k, self.self_v, self.cross_k, self.cross_v, self.cross_bias, self._continued(rows)
         )
 
     def select_sentences(self, sentences: Tensor, rows: Tensor) -> DecoderCache:
@@ -48,7 +48,7 @@ class DecoderCache:
             self.self_v,
             [k[sentences] for k in self.cross_k],  # indexing keeps their memory layout (init_cache)
             [v[sentences] for v in self.cross_v],
-            None if self.cross_mask is None else self.cross_mask.index_select(0, sentences),
+            None if self.cross_bias is None else self.cross_bias.index_select(0, sentences),
             self._continued(rows),
         )
 

@@ -89,6 +89,12 @@ class Residual(nn.Module):
             return x + self.dropout(sublayer(self.norm(x)))
         return self.norm(x + self.dropout(sublayer(x)))
 
+    def step(self, x: Tensor, sublayer: Callable[[Tensor], Tensor]) -> Tensor:
+        """forward() for inference (no dropout), the residual summed into the sub-layer's fresh output in place."""
+        if self.normalize_before:
+            return sublayer(self.norm(x)).add_(x)
+        return self.norm(sublayer(x).add_(x))
+
 
 class EncoderLayer(nn.Module):
     def __init__(
@@ -157,9 +163,10 @@ class DecoderLayer(nn.Module):
         rows: Tensor | None,
         cross_k: Tensor,
         cross_v: Tensor,
-        cross_mask: Tensor | None,
+        cross_bias: Tensor | None,
     ) -> tuple[Tensor, Tensor, Tensor]:
-        """One incremental step. x: [N, 1, D] with N = B*K; rows: pending beam reorder of past_k/v (cache.py)
+        """One incremental step (inference only). x: [N, 1, D] with N = B*K; rows: pending beam reorder of
+        past_k/v (cache.py); cross_bias: [B, 1, 1, S] added to the cross-attention scores (attention_bias)
         -> (x [N, 1, D], k, v [N, H, t+1, Dh])."""
         new_kv: list[Tensor] = []
 
@@ -172,9 +179,9 @@ class DecoderLayer(nn.Module):
 
         def cross_attend(h: Tensor) -> Tensor:  # the K beams of a sentence become K query positions
             n, _, d = h.shape
-            y = self.cross_attn(h.view(n_sentences, n // n_sentences, d), cross_k, cross_v, cross_mask)
+            y = self.cross_attn(h.view(n_sentences, n // n_sentences, d), cross_k, cross_v, cross_bias)
             return y.reshape(n, 1, d)
 
-        x = self.res_self(x, self_attend)
-        x = self.res_cross(x, cross_attend)
-        return self.res_ffn(x, self.ffn), new_kv[0], new_kv[1]
+        x = self.res_self.step(x, self_attend)
+        x = self.res_cross.step(x, cross_attend)
+        return self.res_ffn.step(x, self.ffn), new_kv[0], new_kv[1]

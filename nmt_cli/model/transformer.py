@@ -18,7 +18,7 @@ from torch import Tensor, nn
 
 from nmt_cli.config import ModelConfig
 from nmt_cli.data.vocab import PAD
-from nmt_cli.model.attention import attention_mask
+from nmt_cli.model.attention import attention_bias, attention_mask
 from nmt_cli.model.cache import DecoderCache
 from nmt_cli.model.layers import DecoderLayer, Dropout, EncoderLayer, sinusoidal_positions
 from nmt_cli.model.linear import Linear
@@ -156,6 +156,7 @@ class Transformer(nn.Module):
 
         K and V are laid out here once for the per-step products, so that no step copies them again:
         V contiguous, and K on CPU (where the step computes q @ K^T itself) stored as a contiguous K^T.
+        The source padding becomes scores to add (attention_bias), once for every step and layer.
         """
         cpu = enc.memory.device.type == "cpu"
         cross = [
@@ -168,7 +169,11 @@ class Transformer(nn.Module):
         empty_v = enc.memory.new_zeros(b * beam, attn.heads, 0, d // attn.heads)
         n = len(self.decoder)
         return DecoderCache(
-            [empty_k] * n, [empty_v] * n, [k for k, _ in cross], [v for _, v in cross], attention_mask(enc.src_pad_mask)
+            [empty_k] * n,
+            [empty_v] * n,
+            [k for k, _ in cross],
+            [v for _, v in cross],
+            attention_bias(attention_mask(enc.src_pad_mask), enc.memory.dtype),
         )
 
     def decode_step(self, prev_tokens: Tensor, cache: DecoderCache) -> tuple[Tensor, DecoderCache]:
@@ -180,7 +185,7 @@ class Transformer(nn.Module):
         x = self.tgt_embed(prev_tokens[:, None], start=cache.length)  # [N, 1, D]
         for i, layer in enumerate(self.decoder):
             x, cache.self_k[i], cache.self_v[i] = layer.step(
-                x, cache.self_k[i], cache.self_v[i], cache.rows, cache.cross_k[i], cache.cross_v[i], cache.cross_mask
+                x, cache.self_k[i], cache.self_v[i], cache.rows, cache.cross_k[i], cache.cross_v[i], cache.cross_bias
             )
         cache.rows = None
         logits = self.logits(self.decoder_norm(x[:, 0]))

@@ -41,7 +41,7 @@ class FakeModel:
         n = enc.memory.shape[0]
         sent = enc.memory[:, :1, :1, None].clone()  # [B, 1, 1, 1] holds the sentence id
         empty = torch.zeros(n * beam, 1, 0, 1)
-        return DecoderCache([empty], [empty], [sent], [sent], torch.ones(n, 1, 1, 1, dtype=torch.bool))
+        return DecoderCache([empty], [empty], [sent], [sent], torch.zeros(n, 1, 1, 1))
 
     def decode_step(self, prev, cache):
         step = cache.length
@@ -49,7 +49,7 @@ class FakeModel:
         k = prev.shape[0] // len(sent)
         lp = torch.stack([TABLES[s][step] for s in sent.tolist()]).repeat_interleave(k, 0)
         grown = append_step(cache.self_k[0], torch.zeros(prev.shape[0], 1, 1, 1), cache.rows)
-        return lp.clone(), DecoderCache([grown], [grown], cache.cross_k, cache.cross_v, cache.cross_mask)
+        return lp.clone(), DecoderCache([grown], [grown], cache.cross_k, cache.cross_v, cache.cross_bias)
 
 
 def fake_encoder(sentences):
