@@ -126,13 +126,17 @@ class SelfAttention(nn.Module):
     def step(
         self, x: Tensor, past_k: Tensor, past_v: Tensor, rows: Tensor | None = None
     ) -> tuple[Tensor, Tensor, Tensor]:
-        """One decoding step. x: [N, 1, D]; past_k: [N', H, t, Dk], past_v: [N', H, t, Dh]; rows: [N] the past
-        row each row continues (None: the same one) -> (y [N, 1, D], k [N, H, t+1, Dk], v [N, H, t+1, Dh])."""
-        q, k, v = self.project_qkv(x)
-        k = append_step(past_k, k, rows)
-        v = append_step(past_v, v, rows)
-        y = attend(q, k, v)
-        return self.out(merge_heads(y)), k, v
+        """One decoding step. x: [N, D]; past_k: [N', H, t, Dk], past_v: [N', H, t, Dh]; rows: [N] the past
+        row each row continues (None: the same one) -> (y [N, D], k [N, H, t+1, Dk], v [N, H, t+1, Dh]).
+
+        Rows stay two-dimensional and the heads are views of the projection: a step makes a few dozen
+        small calls per layer, and each tensor call it saves is time the search spends on arithmetic."""
+        n, qk = x.shape[0], self.qk_size
+        qkv = self.qkv(x)  # [N, 2 * H*Dk + D]
+        k = append_step(past_k, qkv[:, qk : 2 * qk], rows)
+        v = append_step(past_v, qkv[:, 2 * qk :], rows)
+        y = attend(qkv[:, :qk].view(n, self.heads, 1, -1), k, v)  # [N, H, 1, Dh]
+        return self.out(y.view(n, -1)), k, v
 
 
 class CrossAttention(nn.Module):

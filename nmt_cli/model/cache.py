@@ -58,12 +58,13 @@ class DecoderCache:
 
 
 def append_step(past: Tensor, new: Tensor, rows: Tensor | None) -> Tensor:
-    """torch.cat([past[rows], new], dim=2) written with one copy. past: [N', H, t, D], new: [N, H, 1, D]."""
+    """torch.cat([past[rows], new], dim=2) written with one copy.
+    past: [N', H, t, D], new: [N, H*D] (a view of the step's projection) -> [N, H, t+1, D]."""
     n, h, t, d = new.shape[0], past.shape[1], past.shape[2], past.shape[3]
     out = past.new_empty(n, h, t + 1, d)
     if rows is None:
         out[:, :, :t] = past
     else:
         torch.index_select(past, 0, rows, out=out[:, :, :t])
-    out[:, :, t:] = new
+    out[:, :, t] = new.view(n, h, d)
     return out

@@ -165,9 +165,9 @@ class DecoderLayer(nn.Module):
         cross_v: Tensor,
         cross_bias: Tensor | None,
     ) -> tuple[Tensor, Tensor, Tensor]:
-        """One incremental step (inference only). x: [N, 1, D] with N = B*K; rows: pending beam reorder of
+        """One incremental step (inference only). x: [N, D] with N = B*K; rows: pending beam reorder of
         past_k/v (cache.py); cross_bias: [B, 1, 1, S] added to the cross-attention scores (attention_bias)
-        -> (x [N, 1, D], k, v [N, H, t+1, Dh])."""
+        -> (x [N, D], k, v [N, H, t+1, Dh])."""
         new_kv: list[Tensor] = []
 
         def self_attend(h: Tensor) -> Tensor:
@@ -178,9 +178,9 @@ class DecoderLayer(nn.Module):
         n_sentences = cross_k.shape[0]
 
         def cross_attend(h: Tensor) -> Tensor:  # the K beams of a sentence become K query positions
-            n, _, d = h.shape
+            n, d = h.shape
             y = self.cross_attn(h.view(n_sentences, n // n_sentences, d), cross_k, cross_v, cross_bias)
-            return y.reshape(n, 1, d)
+            return y.view(n, d)
 
         x = self.res_self.step(x, self_attend)
         x = self.res_cross.step(x, cross_attend)

@@ -182,13 +182,13 @@ class Transformer(nn.Module):
         The cache is advanced in place (each layer's old state is freed as its new one is made) and
         returned. The step index is the cache length; rows are ordered sentence-major (row = b * K + beam).
         """
-        x = self.tgt_embed(prev_tokens[:, None], start=cache.length)  # [N, 1, D]
+        x = self.tgt_embed(prev_tokens[:, None], start=cache.length)[:, 0]  # [N, D]
         for i, layer in enumerate(self.decoder):
             x, cache.self_k[i], cache.self_v[i] = layer.step(
                 x, cache.self_k[i], cache.self_v[i], cache.rows, cache.cross_k[i], cache.cross_v[i], cache.cross_bias
             )
         cache.rows = None
-        logits = self.logits(self.decoder_norm(x[:, 0]))
+        logits = self.logits(self.decoder_norm(x))
         return F.log_softmax(logits.float(), dim=-1), cache
 
 

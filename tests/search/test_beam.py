@@ -48,7 +48,7 @@ class FakeModel:
         sent = cache.cross_k[0][:, 0, 0, 0].long()
         k = prev.shape[0] // len(sent)
         lp = torch.stack([TABLES[s][step] for s in sent.tolist()]).repeat_interleave(k, 0)
-        grown = append_step(cache.self_k[0], torch.zeros(prev.shape[0], 1, 1, 1), cache.rows)
+        grown = append_step(cache.self_k[0], torch.zeros(prev.shape[0], 1), cache.rows)
         return lp.clone(), DecoderCache([grown], [grown], cache.cross_k, cache.cross_v, cache.cross_bias)
 
 
