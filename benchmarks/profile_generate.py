@@ -16,8 +16,10 @@ bench_generate.py and the peer harness), on a checkpoint of each shape:
   dispatch and kernel-call overhead.
 - CT2 ms/step and CT2 floor: where ctranslate2 is installed, CTranslate2 (float32, same threads, beam, batch
   and 25 forced decoding steps, nmt's 24 tokens plus EOS) on the same model and on the floor's model,
-  exported with nmt's own converter, in the same process: the side-by-side split of a gap into the part
-  that is arithmetic and the part that is per-step overhead. Every ms/step divides a whole translation
+  exported with nmt's own converter, run by a child process that waits while nmt runs: the side-by-side
+  split of a gap into the part that is arithmetic and the part that is per-step overhead. (Inside nmt's
+  process CTranslate2 adds a second OpenMP runtime next to PyTorch's, and nmt's searches alternated with it
+  there ran several percent slower than alone.) Every ms/step divides a whole translation
   (encoder included) by the same count of decoding steps; each translation runs --repeat times, the four
   kinds alternated, and the fastest of each counts.
 
@@ -27,8 +29,12 @@ bench_generate.py and the peer harness), on a checkpoint of each shape:
 from __future__ import annotations
 
 import argparse
+import atexit
 import collections
+import json
 import math
+import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -152,11 +158,28 @@ def floor_config(cfg: ModelConfig) -> ModelConfig:
     )
 
 
+# CTranslate2 runs in a child process: in nmt's process it brings a second OpenMP runtime (its own libgomp)
+# next to PyTorch's, and nmt's searches alternated with it there measured several percent slower than alone.
+CT2_CHILD = """
+import json, sys, time
+import ctranslate2
+model_dir, batch = sys.argv[1], json.load(open(sys.argv[2]))
+translator = ctranslate2.Translator(model_dir, device="cpu", compute_type="float32", inter_threads=1, intra_threads=2)
+options = json.loads(sys.argv[3])
+translator.translate_batch(batch[: options["max_batch_size"]], **options)
+for _ in sys.stdin:
+    start = time.perf_counter()
+    translator.translate_batch(batch, **options)
+    print(time.perf_counter() - start, flush=True)
+"""
+
+
 def ct2_runner(
-    model: Transformer, cfg: ModelConfig, vocab: Vocab, sources: list[np.ndarray]
+    model: Transformer, cfg: ModelConfig, vocab: Vocab, sources: list[np.ndarray], workdir: Path
 ) -> Callable[[], float] | None:
     """A function that times CTranslate2 translating `sources` (float32, 2 threads, beam 4, batches of 64, 25
-    forced decoding steps) with `model` (unpacked) exported by nmt's converter; None without ctranslate2."""
+    forced decoding steps) with `model` (unpacked) exported by nmt's converter into `workdir`, in a child
+    process that waits for each run; None without ctranslate2."""
     try:
         import ctranslate2
 
@@ -170,18 +193,20 @@ def ct2_runner(
         def _load(self) -> Any:
             return spec
 
-    with tempfile.TemporaryDirectory() as out:
-        Converter().convert(out, force=True)
-        translator = ctranslate2.Translator(out, device="cpu", compute_type="float32", inter_threads=1, intra_threads=2)
-    batch = [[tokens[i] for i in s] for s in sources]
+    Converter().convert(str(workdir), force=True)
+    (workdir / "batch.json").write_text(json.dumps([[tokens[i] for i in s] for s in sources]))
     options = {"beam_size": 4, "max_batch_size": BATCH, "length_penalty": 0.6}
     options |= {"min_decoding_length": 25, "max_decoding_length": 25}
-    translator.translate_batch(batch[:BATCH], **options)
+    args = [sys.executable, "-c", CT2_CHILD, str(workdir), str(workdir / "batch.json"), json.dumps(options)]
+    child = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert child.stdin is not None and child.stdout is not None
+    stdin, stdout = child.stdin, child.stdout
+    atexit.register(child.kill)
 
     def run() -> float:
-        start = time.perf_counter()
-        translator.translate_batch(batch, **options)
-        return time.perf_counter() - start
+        stdin.write("run\n")
+        stdin.flush()
+        return float(stdout.readline())
 
     return run
 
@@ -210,9 +235,11 @@ def profile(shape: str, n_sentences: int, repeat: int) -> dict[str, object]:
     tiny_cfg = floor_config(cfg)
     tiny_model = build_model(tiny_cfg).eval()
     tiny_sources = [s % 60 + 4 for s in sources]  # same lengths, ids within the 64 pieces (0-3 are special)
+    workdir = Path(tempfile.mkdtemp(prefix="profile_generate_"))
+    atexit.register(shutil.rmtree, workdir, ignore_errors=True)
     runners = {  # CTranslate2's models are exported before the floor's model is packed
-        "CT2": ct2_runner(model_around_weights(cfg, state["model"], path), cfg, tr.vocab, sources),
-        "CT2 floor": ct2_runner(tiny_model, tiny_cfg, tr.vocab, tiny_sources),
+        "CT2": ct2_runner(model_around_weights(cfg, state["model"], path), cfg, tr.vocab, sources, workdir / "model"),
+        "CT2 floor": ct2_runner(tiny_model, tiny_cfg, tr.vocab, tiny_sources, workdir / "floor"),
     }
     tiny = Translator(pack_for_cpu_inference(tiny_model) if ONEDNN_AVAILABLE else tiny_model, tr.vocab, tr.device)
     timing, floor = Counters(), Counters()
