@@ -136,7 +136,7 @@ class SelfAttention(nn.Module):
         k = append_step(past_k, qkv[:, qk : 2 * qk], rows)
         v = append_step(past_v, qkv[:, 2 * qk :], rows)
         y = attend(qkv[:, :qk].view(n, self.heads, 1, -1), k, v)  # [N, H, 1, Dh]
-        return self.out(y.view(n, -1)), k, v
+        return self.out(y.reshape(n, -1)), k, v  # a view, whichever layout SDPA returned its one query in
 
 
 class CrossAttention(nn.Module):
