@@ -206,7 +206,10 @@ def ct2_runner(
     def run() -> float:
         stdin.write("run\n")
         stdin.flush()
-        return float(stdout.readline())
+        line = stdout.readline()
+        if not line:
+            raise RuntimeError("CTranslate2's child process stopped (its error is printed above)")
+        return float(line)
 
     return run
 
