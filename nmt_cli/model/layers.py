@@ -90,10 +90,11 @@ class Residual(nn.Module):
         return self.norm(x + self.dropout(sublayer(x)))
 
     def step(self, x: Tensor, sublayer: Callable[[Tensor], Tensor]) -> Tensor:
-        """forward() for inference (no dropout), the residual summed into the sub-layer's fresh output in place."""
-        if self.normalize_before:
-            return sublayer(self.norm(x)).add_(x)
-        return self.norm(sublayer(x).add_(x))
+        """forward() for inference (no dropout), the residual summed into the sub-layer's fresh output in place
+        where both have one dtype (under autocast the sub-layer's may be narrower: the sum keeps x's)."""
+        y = sublayer(self.norm(x) if self.normalize_before else x)
+        y = y.add_(x) if y.dtype == x.dtype else x + y
+        return y if self.normalize_before else self.norm(y)
 
 
 class EncoderLayer(nn.Module):

@@ -61,3 +61,18 @@ def test_rows_padded_once_per_sublayer_give_the_same_values_and_gradients():
     want_grads = torch.autograd.grad(sum((w * torch.arange(w.numel()).view_as(w)).sum() for w in want), params)
     for a, b in zip((*got, *got_grads), (*want, *want_grads)):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("normalize_before", [False, True])
+def test_residual_step_is_forward_without_dropout_and_keeps_the_wider_dtype(normalize_before):
+    from nmt_cli.model.layers import Residual
+
+    torch.manual_seed(0)
+    res = Residual(8, 0.3, normalize_before).eval()
+    x = torch.randn(5, 8)
+    linear = torch.nn.Linear(8, 8)
+    torch.testing.assert_close(res.step(x, linear), res(x, linear), atol=0, rtol=0)
+    # a sub-layer in a narrower dtype (as under autocast): the residual sum is not rounded to it
+    narrow = res.step(x, lambda h: linear(h).bfloat16())
+    assert narrow.dtype == torch.float32
+    torch.testing.assert_close(narrow, res(x, lambda h: linear(h).bfloat16()), atol=0, rtol=0)
