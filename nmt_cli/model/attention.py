@@ -162,12 +162,7 @@ class CrossAttention(nn.Module):
     def forward(
         self, x: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, record: list[Tensor] | None = None
     ) -> Tensor:
-        """x: [B, Tq, D] queries; k: [B, H, S, Dk]; v: [B, H, S, Dh]; mask: [B, 1, 1, S] (boolean, or a float
-        `attention_bias`) or None -> [B, Tq, D].
-
-        During beam search the K beams of a sentence arrive as Tq = K query positions, so the
-        sentence's keys and values serve every beam without being copied.
-        """
+        """x: [B, Tq, D] queries; k: [B, H, S, Dk]; v: [B, H, S, Dh]; mask: [B, 1, 1, S] or None -> [B, Tq, D]."""
         q = split_heads(self.q(x), self.heads)
         if record is not None:
             y, weights = attend_explicit(q, k, v, mask, dropout=self.dropout if self.training else 0.0)
@@ -175,3 +170,13 @@ class CrossAttention(nn.Module):
         else:
             y = attend(q, k, v, mask, dropout=self.dropout if self.training else 0.0)
         return project_out(self.out, y)
+
+    def step(self, x: Tensor, k: Tensor, v: Tensor, bias: Tensor | None) -> Tensor:
+        """One decoding step. x: [N, D], N = B*K rows, sentence-major; k: [B, H, S, Dk]; v: [B, H, S, Dh];
+        bias: [B, 1, 1, S] added to the scores (attention_bias) or None -> [N, D].
+
+        The K beams of a sentence are its K query positions, so the sentence's keys and values serve
+        every beam without being copied."""
+        n, b = x.shape[0], k.shape[0]
+        q = self.q(x).view(b, n // b, self.heads, -1).transpose(1, 2)  # [B, H, K, Dk]
+        return self.out(attend(q, k, v, bias).transpose(1, 2).reshape(n, -1))

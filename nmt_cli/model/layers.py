@@ -176,13 +176,6 @@ class DecoderLayer(nn.Module):
             new_kv.extend((k, v))
             return y
 
-        n_sentences = cross_k.shape[0]
-
-        def cross_attend(h: Tensor) -> Tensor:  # the K beams of a sentence become K query positions
-            n, d = h.shape
-            y = self.cross_attn(h.view(n_sentences, n // n_sentences, d), cross_k, cross_v, cross_bias)
-            return y.view(n, d)
-
         x = self.res_self.step(x, self_attend)
-        x = self.res_cross.step(x, cross_attend)
+        x = self.res_cross.step(x, lambda h: self.cross_attn.step(h, cross_k, cross_v, cross_bias))
         return self.res_ffn.step(x, self.ffn), new_kv[0], new_kv[1]
