@@ -41,12 +41,15 @@ def attention_mask(src_pad_mask: Tensor | None) -> Tensor | None:
     return None if src_pad_mask is None else ~src_pad_mask[:, None, None, :]
 
 
-def attention_bias(mask: Tensor | None, dtype: torch.dtype) -> Tensor | None:
-    """attention_mask()'s [B, 1, 1, S] boolean mask -> the same as scores to add: 0 where allowed, -inf at padding.
-    Per decoding step, adding it cost a sixth of masking the scores with the boolean mask (CPU, 2 cores)."""
-    if mask is None:
+def attention_bias(src_pad_mask: Tensor | None, dtype: torch.dtype) -> Tensor | None:
+    """[B, S] True at padding -> [B, 1, 1, S] scores to add: 0 where a key may be attended, -inf at padding;
+    None (no padding) stays None. Per decoding step, adding it cost a sixth of masking the scores with
+    attention_mask()'s boolean mask (CPU, 2 cores)."""
+    if src_pad_mask is None:
         return None
-    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, float("-inf"))
+    b, s = src_pad_mask.shape
+    bias = torch.zeros(b, 1, 1, s, dtype=dtype, device=src_pad_mask.device)
+    return bias.masked_fill_(src_pad_mask[:, None, None, :], float("-inf"))
 
 
 def attend_explicit(

@@ -173,7 +173,7 @@ class Transformer(nn.Module):
             [empty_v] * n,
             [k for k, _ in cross],
             [v for _, v in cross],
-            attention_bias(attention_mask(enc.src_pad_mask), enc.memory.dtype),
+            attention_bias(enc.src_pad_mask, enc.memory.dtype),
         )
 
     def decode_step(self, prev_tokens: Tensor, cache: DecoderCache) -> tuple[Tensor, DecoderCache]:

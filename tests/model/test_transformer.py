@@ -153,9 +153,9 @@ def test_attention_bias_masks_like_the_boolean_mask():
 
     torch.manual_seed(0)
     q, k, v = torch.randn(2, 2, 3, 4), torch.randn(2, 2, 5, 4), torch.randn(2, 2, 5, 4)
-    mask = attention_mask(torch.tensor([[False] * 5, [False, False, False, True, True]]))
-    by_mask, weights = attend_explicit(q, k, v, mask)
-    by_bias, bias_weights = attend_explicit(q, k, v, attention_bias(mask, torch.float32))
+    src_pad_mask = torch.tensor([[False] * 5, [False, False, False, True, True]])
+    by_mask, weights = attend_explicit(q, k, v, attention_mask(src_pad_mask))
+    by_bias, bias_weights = attend_explicit(q, k, v, attention_bias(src_pad_mask, torch.float32))
     torch.testing.assert_close(by_bias, by_mask, atol=0, rtol=0)
     assert (bias_weights[1, :, :, 3:] == 0).all() and (weights[1, :, :, 3:] == 0).all()
     assert attention_bias(None, torch.float32) is None
