@@ -191,11 +191,10 @@ class PackedLinear(nn.Module):
         return self._product(x, "relu")
 
     def _product(self, x: Tensor, post_op: str) -> Tensor:
-        if x.dim() == 2 and x.is_contiguous():  # the decoding step's rows: no reshaping around the product
-            return torch.ops.mkldnn._linear_pointwise(x, self.packed_weight, self.bias, post_op, [], "")
-        flat = x.reshape(-1, x.shape[-1]).contiguous()
+        rows = x.dim() == 2 and x.is_contiguous()  # the decoding step's rows: no reshaping around the product
+        flat = x if rows else x.reshape(-1, x.shape[-1]).contiguous()
         y = torch.ops.mkldnn._linear_pointwise(flat, self.packed_weight, self.bias, post_op, [], "")
-        return y.view(*x.shape[:-1], self.out_features)
+        return y if rows else y.view(*x.shape[:-1], self.out_features)
 
 
 def replace_linears(model: nn.Module, frozen: Callable[[nn.Linear], nn.Module]) -> nn.Module:
