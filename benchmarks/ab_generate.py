@@ -28,15 +28,11 @@ from pathlib import Path
 from types import ModuleType
 
 import torch
-from common import checkpoint, data_bin, report
+from common import BATCH, FORCED_SEARCH, ROOT, checkpoint, data_bin, report
 
-ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from nmt_cli.allocator import tune_allocator  # noqa: E402
 from nmt_cli.data.dataset import ParallelDataset  # noqa: E402
-
-FORCED = {"beam": 4, "lenpen": 0.6, "lenpen_style": "fairseq", "min_len": 24, "max_len_a": 0, "max_len_b": 24}
-BATCH = 64
 
 
 def revision_package(rev: str) -> str:
@@ -64,7 +60,7 @@ class Version:
         config: ModuleType = importlib.import_module(f"{package}.config")
         self.translator, _ = translate.load_translator(path, torch.device("cpu"), None)
         self.translate = translate.translate
-        self.cfg = config.SearchConfig(**FORCED)
+        self.cfg = config.SearchConfig(**FORCED_SEARCH)
         self.seconds: list[float] = []
 
     def run(self, sources: list) -> list[list[int]]:

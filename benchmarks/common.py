@@ -21,6 +21,10 @@ MULTI30K = SHARED / "multi30k"
 WORK = Path(os.environ.get("NMT_BENCH_DIR", ROOT / "work" / "bench"))
 RESULTS = ROOT / "benchmarks" / "results"
 NMT = [sys.executable, "-m", "nmt_cli", "--no-progress"]
+# In-process beam search as the command and the peer harness run it: beam 4, batches of 64 sentences,
+# every hypothesis forced to 24 tokens (SearchConfig fields, so that each toolkit does the same work).
+FORCED_SEARCH = {"beam": 4, "lenpen": 0.6, "lenpen_style": "fairseq", "min_len": 24, "max_len_a": 0, "max_len_b": 24}
+BATCH = 64
 
 
 def run(args: list[str], stdout=subprocess.DEVNULL) -> tuple[str, float, float]:

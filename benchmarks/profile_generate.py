@@ -44,7 +44,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from common import checkpoint, data_bin, report
+from common import BATCH, FORCED_SEARCH, checkpoint, data_bin, report
 from profile_step import GROUPS, group_of
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -58,8 +58,7 @@ from nmt_cli.model.linear import ONEDNN_AVAILABLE, pack_for_cpu_inference  # noq
 from nmt_cli.model.transformer import Transformer, build_model  # noqa: E402
 from nmt_cli.search.translate import Translator, load_translator, translate  # noqa: E402
 
-FORCED = SearchConfig(beam=4, lenpen=0.6, lenpen_style="fairseq", min_len=24, max_len_a=0, max_len_b=24)
-BATCH = 64
+FORCED = SearchConfig(**FORCED_SEARCH)
 CROSS = "cross K/V"  # the search's cross-attention keys and values, projected once per sentence (init_cache)
 GEN_GROUPS = (  # the first group whose key is in the operator's name takes it; then profile_step's groups
     ("attention products", ("bmm",)),
