@@ -90,40 +90,41 @@ def constrain(
     return log_probs
 
 
-def row_topk(x: Tensor, k: int, block: int = 64) -> tuple[Tensor, Tensor]:
-    """x.topk(k, dim=1) (values and columns, best first) for rows as wide as a vocabulary. x: [N, V].
+def top_candidates(state: BeamState, log_probs: Tensor, block: int = 64) -> tuple[Tensor, Tensor, Tensor]:
+    """The best 2K extensions of each sentence: the top 2K of its K*V totals, beam score + log-prob.
+    log_probs: [B*K, V] -> scores, beams, tokens: [B, 2K], best first.
 
-    On CPU, by blocks: every entry of a row's top k lies in one of the k blocks of `block` columns with the
-    highest maxima (or in the last V % block columns, always kept), so the row's top k is taken among
-    those k * block candidates. Measured on 2 cores for 256 rows and k = 8: 1.7 -> 1.2 ms at V = 8,000,
-    9.5 -> 3.0 ms at 32,000. Equal values may come in another order than torch.topk's.
-    """
-    n, v = x.shape
-    n_blocks = v // block
-    if x.device.type != "cpu" or n_blocks <= k:
-        return x.topk(k, dim=1)
-    main = n_blocks * block
-    best = x[:, :main].reshape(n, n_blocks, block).amax(-1).topk(k, dim=1).indices  # [N, k]
-    cols = (best[:, :, None] * block + torch.arange(block, device=x.device)).view(n, k * block)
-    if main < v:
-        cols = torch.cat([cols, torch.arange(main, v, device=x.device).expand(n, -1)], dim=1)
-    values, pick = x.gather(1, cols).topk(k, dim=1)
-    return values, cols.gather(1, pick)
-
-
-def top_candidates(state: BeamState, log_probs: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """The best 2K extensions of each sentence. log_probs: [B*K, V] -> scores, beams, tokens: [B, 2K].
-
-    Two stages: each beam's best 2K tokens, then the best 2K of those K*2K per sentence. Every
-    candidate of the global top 2K is in its own beam's top 2K, and this never adds the beam scores
-    to all K*V entries (a pass over the [B*K, V] array fewer).
+    By blocks of `block` columns, without adding the beam scores to all K*V entries: each of a sentence's
+    2K best totals lies in one of the 2K blocks (over its K beams) whose best total, the block's maximum
+    log-prob plus its beam's score, is highest, or in the last V % block columns, always kept. So the top
+    2K are taken among those 2K * block + K * (V % block) candidates, for all beams of a sentence at once.
+    Measured on 2 cores for 64 sentences and K = 4: 1.3 -> 0.9 ms at V = 8,000, 3.0 -> 2.1 ms at 32,000
+    against each beam's top 2K by blocks followed by the sentence's top 2K of those K * 2K (one top-k on
+    256 rows instead of two, whose cost on CPU goes by rows more than by width). On other devices, and
+    for vocabularies of fewer than 2K blocks per sentence, the top 2K of all K*V totals.
+    Equal totals may come in another order than one top-k over all K*V would give.
     """
     b, k = state.scores.shape
-    n = min(2 * k, log_probs.shape[-1])
-    row_scores, row_tokens = row_topk(log_probs, n)  # [B*K, n]
-    totals = (state.scores.view(-1, 1) + row_scores).view(b, k * n)
-    scores, flat = totals.topk(min(2 * k, k * n), dim=1)  # [B, 2K]
-    return scores, flat // n, row_tokens.view(b, k * n).gather(1, flat)
+    rows, v = log_probs.shape
+    n, n_blocks = min(2 * k, k * v), v // block
+    beam_scores = state.scores.view(rows, 1)
+    if log_probs.device.type != "cpu" or k * n_blocks < n:
+        scores, flat = (log_probs + beam_scores).view(b, k * v).topk(n, dim=1)
+        return scores, flat // v, flat % v
+    main = n_blocks * block
+    maxima = log_probs[:, :main].view(rows, n_blocks, block).amax(-1).add_(beam_scores)  # [B*K, blocks]
+    best = maxima.view(b, k * n_blocks).topk(n, dim=1).indices  # [B, n]: beam * blocks + block
+    row = best // n_blocks + torch.arange(0, rows, k, device=best.device)[:, None]  # [B, n] rows of log_probs
+    first = row * v + (best % n_blocks) * block  # [B, n] each block's first entry in log_probs.view(-1)
+    index = (first[:, :, None] + torch.arange(block, device=best.device)).view(b, n * block)
+    totals = log_probs.view(-1)[index].view(b, n, block).add_(beam_scores[row]).view(b, n * block)
+    if main < v:  # the ragged last columns of every beam
+        tail_rows = torch.arange(rows, device=best.device)[:, None] * v
+        index = torch.cat([index, (tail_rows + torch.arange(main, v, device=best.device)).view(b, -1)], dim=1)
+        totals = torch.cat([totals, (log_probs[:, main:] + beam_scores).view(b, -1)], dim=1)
+    scores, pick = totals.topk(n, dim=1)
+    flat = index.gather(1, pick)  # [B, n] into log_probs.view(-1): row * V + token
+    return scores, flat // v % k, flat % v
 
 
 def finish(

@@ -10,7 +10,7 @@ from nmt_cli.config import SearchConfig
 from nmt_cli.data.vocab import EOS
 from nmt_cli.model.cache import DecoderCache, append_step
 from nmt_cli.model.transformer import EncoderOut
-from nmt_cli.search.beam import BeamState, beam_search, length_penalty, row_topk, top_candidates
+from nmt_cli.search.beam import BeamState, beam_search, length_penalty, top_candidates
 from nmt_cli.search.greedy import greedy_search
 from nmt_cli.search.translate import Translator, translate
 
@@ -185,12 +185,19 @@ def test_packed_cpu_model_translates_the_same(tiny_model, toy_data_bin):
 
 
 @pytest.mark.parametrize("v", [8, 640, 1000, 8003])
-def test_row_topk_finds_the_rows_top_k(v):
+def test_top_candidates_by_blocks_find_the_sentences_top_2k(v):
+    """The block route (V of 2K blocks or more per sentence) and the direct one agree with all K*V totals."""
+    b, k = 3, 4
     g = torch.Generator().manual_seed(v)
-    x = torch.randn(12, v, generator=g)
-    x[:, : v // 3] = float("-inf")  # masked columns, as constrain() leaves them
-    x[3, -1] = 50.0  # a row's best entry in the ragged last columns
-    values, cols = row_topk(x, 8)
-    expected = x.topk(8, dim=1)
-    assert torch.equal(values, expected.values)
-    assert torch.equal(x.gather(1, cols), values) and cols[3, 0] == v - 1
+    scores = torch.randn(b, k, generator=g) * 5
+    scores[0, 1:] = float("-inf")  # the first step: only beam 0 is live
+    lp = torch.randn(b * k, v, generator=g).log_softmax(-1)
+    lp[:, : v // 3] = float("-inf")  # masked columns, as constrain() leaves them
+    lp[6, -1] = 50.0  # a sentence's best entry in the ragged last columns (sentence 1, beam 2)
+    state = BeamState(torch.zeros(b, k, 0, dtype=torch.long), scores, torch.zeros(b, k, 0), torch.arange(b))
+    top, beams, tokens = top_candidates(state, lp)
+    totals = (scores[:, :, None] + lp.view(b, k, v)).view(b, k * v)
+    expected = totals.topk(2 * k, dim=1)
+    assert torch.equal(top, expected.values)
+    assert torch.equal(beams * v + tokens, expected.indices)
+    assert (beams[1, 0], tokens[1, 0]) == (2, v - 1)
