@@ -13,7 +13,6 @@ import math
 from dataclasses import dataclass, field
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from nmt_cli.config import ModelConfig
@@ -188,8 +187,10 @@ class Transformer(nn.Module):
                 x, cache.self_k[i], cache.self_v[i], cache.rows, cache.cross_k[i], cache.cross_v[i], cache.cross_bias
             )
         cache.rows = None
-        logits = self.logits(self.decoder_norm(x))
-        return F.log_softmax(logits.float(), dim=-1), cache
+        logits = self.logits(self.decoder_norm(x)).float()  # the step's own tensor, float32 under autocast too
+        # On CPU normalised in place: allocating the [N, V] result each step took 15% of the log-softmax's
+        # time (2 cores, 256 x 8,000); the values are the same bit for bit.
+        return torch.log_softmax(logits, -1, out=logits if logits.device.type == "cpu" else None), cache
 
 
 def build_model(cfg: ModelConfig) -> Transformer:
