@@ -193,7 +193,7 @@ def test_top_candidates_by_blocks_find_the_sentences_top_2k(v):
     scores[0, 1:] = float("-inf")  # the first step: only beam 0 is live
     lp = torch.randn(b * k, v, generator=g).log_softmax(-1)
     lp[:, : v // 3] = float("-inf")  # masked columns, as constrain() leaves them
-    lp[6, -1] = 50.0  # a sentence's best entry in the ragged last columns (sentence 1, beam 2)
+    lp[6, -1] = 50.0  # a sentence's best entry in the last column, ragged where V % 64 (sentence 1, beam 2)
     state = BeamState(torch.zeros(b, k, 0, dtype=torch.long), scores, torch.zeros(b, k, 0), torch.arange(b))
     top, beams, tokens = top_candidates(state, lp)
     totals = (scores[:, :, None] + lp.view(b, k, v)).view(b, k * v)
