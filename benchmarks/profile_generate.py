@@ -10,7 +10,10 @@ bench_generate.py and the peer harness), on a checkpoint of each shape:
   machine's limit for that work; GFLOP/s inside.
 - the search's operator time by group (the cache reorder is index_select, the attention products bmm; "cross
   K/V": the cross-attention keys and values, projected once per sentence) and "outside ops": Python and the
-  framework between operators.
+  framework between operators. These shares come from a run under torch.profiler, which slows the
+  memory-bound cache reorder most: base's reorder (`append_step`) took 0.68 s of a 15.1 s translation
+  timed without it and 3.23 s of 17.2 s under it (2 cores of an AMD Zen 3), so read that group as an
+  upper bound.
 - floor ms/step: the same search (layers, heads, beam, rows and steps) on a model 4 wide per head with a
   64-piece vocabulary, where there is next to no arithmetic: what each step costs in interpreter,
   dispatch and kernel-call overhead.
