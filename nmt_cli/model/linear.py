@@ -15,7 +15,7 @@ oneDNN's cache (cli/__init__.py sets its capacity).
 `matmul_nt(a, b)` is `a @ b.T` by that route; `Linear` is `nn.Linear` whose forward and backward use
 it. Anywhere else (CUDA, autocast, other dtypes, a torch without oneDNN) both are plain PyTorch.
 For translation on CPU, `pack_for_cpu_inference` swaps the model's linears for `PackedLinear`s,
-whose weights oneDNN reorders once.
+whose weights oneDNN reorders once (on AVX2-only CPUs the products no wider out than in keep MKL).
 """
 
 from __future__ import annotations
@@ -168,29 +168,47 @@ def pads_rows(linear: nn.Module, x: Tensor) -> bool:
     return isinstance(linear, Linear) and _ONEDNN and x.device.type == "cpu" and not torch.compiler.is_compiling()
 
 
+def mkl_beats_onednn(weight: Tensor) -> bool:
+    """Whether a frozen CPU float32 product with this [out, in] weight runs faster through MKL's sgemm than
+    through oneDNN's packed product: on CPUs without AVX-512 (where training keeps MKL too, `_ONEDNN`), for
+    products no wider out than in. Measured at 256 rows on 2 cores of an AMD Zen 3, alternated, MKL against
+    oneDNN packed: the feed-forward's fc2 0.85-0.86x the time, the d x d attention projections 0.94-0.95x;
+    QKV (3d out) and fc1 (4d) even, the output projection 1.2-1.3x; translation (beam 4, 256 sentences)
+    0.98x the time at small and 0.97x at base with the narrow products on MKL."""
+    return not _ONEDNN and weight.shape[1] >= weight.shape[0]
+
+
 class PackedLinear(nn.Module):
-    """A frozen Linear whose weight oneDNN has reordered once into its blocked layout, for CPU float32
-    inference; inputs and outputs stay ordinary dense tensors (the op inductor's CPU freezing uses).
+    """A frozen Linear for CPU float32 inference, its weight laid out once for the faster library: reordered
+    into oneDNN's blocked layout (the op inductor's CPU freezing uses), or kept plain for MKL's sgemm where
+    `mkl_beats_onednn`. Inputs and outputs stay ordinary dense tensors; either way one copy of the weight.
 
     Against weights packed as mkldnn tensors, which need every input converted to and every output
-    back from oneDNN's layout, this measured 1.1-1.2x faster on the decoder's projections and 2.6x on
-    transformer_small's output projection (256 x 256 x 8000) on 2 cores of this project's AMD EPYC.
+    back from oneDNN's layout, the oneDNN route measured 1.1-1.2x faster on the decoder's projections and
+    2.6x on transformer_small's output projection (256 x 256 x 8000) on 2 cores of an AMD EPYC Zen 5.
     """
 
-    def __init__(self, linear: nn.Linear) -> None:
+    def __init__(self, linear: nn.Linear, mkl: bool | None = None) -> None:
+        """mkl: the route (None: `mkl_beats_onednn`)."""
         super().__init__()
-        self.packed_weight = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), None)
+        weight = linear.weight.detach()
+        self.mkl = mkl_beats_onednn(weight) if mkl is None else mkl
+        # A copy either way: the checkpoint's own pages are given back (replace_linears).
+        self.packed_weight = weight.clone() if self.mkl else torch.ops.mkldnn._reorder_linear_weight(weight, None)
         self.bias = None if linear.bias is None else linear.bias.detach().clone()
-        self.out_features = linear.weight.shape[0]
+        self.out_features = weight.shape[0]
 
     def forward(self, x: Tensor) -> Tensor:
         return self._product(x, "none")
 
     def forward_relu(self, x: Tensor) -> Tensor:
-        """relu(self(x)), the ReLU applied inside oneDNN's product (the feed-forward network's fc1)."""
+        """relu(self(x)); through oneDNN the ReLU is applied inside the product (the feed-forward network's fc1)."""
         return self._product(x, "relu")
 
     def _product(self, x: Tensor, post_op: str) -> Tensor:
+        if self.mkl:
+            y = F.linear(x, self.packed_weight, self.bias)
+            return y.relu_() if post_op == "relu" else y
         rows = x.dim() == 2 and x.is_contiguous()  # the decoding step's rows: no reshaping around the product
         flat = x if rows else x.reshape(-1, x.shape[-1]).contiguous()
         y = torch.ops.mkldnn._linear_pointwise(flat, self.packed_weight, self.bias, post_op, [], "")
@@ -213,8 +231,8 @@ def pack_for_cpu_inference(model: nn.Module) -> nn.Module:
     """Swap every Linear of the model, the output projection included, for a PackedLinear.
 
     For CPU inference only (no autograd, no autocast). At beam-search sizes (a few hundred rows) oneDNN
-    with packed weights measured 390-400 GFLOP/s on this 2-core AVX-512 CPU against 190-215 for the
-    default path, and the output projection twice as fast. The projection gets its own packed copy
-    of the tied weight.
+    with packed weights measured 390-400 GFLOP/s on a 2-core AVX-512 CPU (AMD Zen 5) against 190-215 for
+    the default path (MKL), and the output projection twice as fast; on an AVX2-only one the narrow
+    products stay with MKL (`mkl_beats_onednn`). The projection gets its own copy of the tied weight.
     """
     return replace_linears(model, PackedLinear)

@@ -4,6 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from nmt_cli.model import linear
 from nmt_cli.model.linear import ONEDNN_AVAILABLE, ROWS, Linear, PackedLinear, matmul_nt, padded_rows, weight_grad
 
 pytestmark = pytest.mark.usefixtures("cpu_matmul_route")  # every test on both routes
@@ -87,12 +88,23 @@ def test_forward_relu_is_relu_of_forward_values_and_gradients(rows, autocast):
 
 
 @pytest.mark.skipif(not ONEDNN_AVAILABLE, reason="this torch build has no oneDNN linear op")
-def test_packed_linear_gives_the_linear_and_its_relu():
+@pytest.mark.parametrize("mkl", [False, True])
+def test_packed_linear_gives_the_linear_and_its_relu(mkl):
     torch.manual_seed(0)
     layer = torch.nn.Linear(16, 40)
-    packed = PackedLinear(layer)
+    packed = PackedLinear(layer, mkl=mkl)
+    assert packed.mkl == mkl
     x = torch.randn(3, 7, 16)
     with torch.inference_mode():
         torch.testing.assert_close(packed(x), layer(x), atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(packed.forward_relu(x), torch.relu(layer(x)), atol=1e-5, rtol=1e-5)
         assert (packed.forward_relu(x) == 0).any()  # the ReLU did something
+
+
+@pytest.mark.parametrize("avx512", [False, True])
+def test_translation_products_take_mkl_only_where_narrow_on_avx2_cpus(monkeypatch, avx512):
+    """On AVX2-only CPUs (no oneDNN training route) products no wider out than in go to MKL, others to
+    oneDNN; on AVX-512 CPUs all to oneDNN."""
+    monkeypatch.setattr(linear, "_ONEDNN", avx512)
+    fc2, square, fc1 = torch.empty(16, 64), torch.empty(16, 16), torch.empty(64, 16)
+    assert [linear.mkl_beats_onednn(w) for w in (fc2, square, fc1)] == ([False] * 3 if avx512 else [True, True, False])
