@@ -173,7 +173,7 @@ def mkl_beats_onednn(weight: Tensor) -> bool:
     through oneDNN's packed product: on CPUs without AVX-512 (where training keeps MKL too, `_ONEDNN`), for
     products no wider out than in. Measured at 256 rows on 2 cores of an AMD Zen 3, alternated, MKL against
     oneDNN packed: the feed-forward's fc2 0.85-0.86x the time, the d x d attention projections 0.94-0.95x;
-    QKV (3d out) and fc1 (4d) even, the output projection 1.2-1.3x; translation (beam 4, 256 sentences)
+    QKV (3d out) and fc1 (4d) even, the output projection about 1.2x; translation (beam 4, 256 sentences)
     0.98x the time at small and 0.97x at base with the narrow products on MKL."""
     return not _ONEDNN and weight.shape[1] >= weight.shape[0]
 
