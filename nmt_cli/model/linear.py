@@ -174,7 +174,7 @@ def mkl_beats_onednn(weight: Tensor) -> bool:
     products no wider out than in. Measured at 256 rows on 2 cores of an AMD Zen 3, alternated, MKL against
     oneDNN packed: the feed-forward's fc2 0.85-0.86x the time, the d x d attention projections 0.94-0.95x;
     QKV (3d out) and fc1 (4d) even, the output projection about 1.2x; translation (beam 4, 256 sentences)
-    0.98x the time at small and 0.97x at base with the narrow products on MKL."""
+    0.97-0.98x the time at small and base with the narrow products on MKL."""
     return not _ONEDNN and weight.shape[1] >= weight.shape[0]
 
 
@@ -193,7 +193,7 @@ class PackedLinear(nn.Module):
         super().__init__()
         weight = linear.weight.detach()
         self.mkl = mkl_beats_onednn(weight) if mkl is None else mkl
-        # A copy either way: the checkpoint's own pages are given back (replace_linears).
+        # A copy either way (plain for MKL, blocked for oneDNN): the checkpoint's own pages are given back.
         self.packed_weight = weight.clone() if self.mkl else torch.ops.mkldnn._reorder_linear_weight(weight, None)
         self.bias = None if linear.bias is None else linear.bias.detach().clone()
         self.out_features = weight.shape[0]
