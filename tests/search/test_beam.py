@@ -10,7 +10,7 @@ from nmt_cli.config import SearchConfig
 from nmt_cli.data.vocab import EOS
 from nmt_cli.model.cache import DecoderCache, append_step
 from nmt_cli.model.transformer import EncoderOut
-from nmt_cli.search.beam import BeamState, beam_search, length_penalty, top_candidates
+from nmt_cli.search.beam import BeamState, beam_search, candidate_block, length_penalty, top_candidates
 from nmt_cli.search.greedy import greedy_search
 from nmt_cli.search.translate import Translator, translate
 
@@ -184,16 +184,16 @@ def test_packed_cpu_model_translates_the_same(tiny_model, toy_data_bin):
         assert [h.score for h in x] == pytest.approx([h.score for h in y], abs=1e-4)
 
 
-@pytest.mark.parametrize("v", [8, 640, 1000, 8003])
+@pytest.mark.parametrize("v", [8, 640, 1000, 8003, 32000])
 def test_top_candidates_by_blocks_find_the_sentences_top_2k(v):
-    """The block route (V of 2K blocks or more per sentence) and the direct one agree with all K*V totals."""
+    """The block route (V of 512 pieces or more) and the direct one agree with all K*V totals."""
     b, k = 3, 4
     g = torch.Generator().manual_seed(v)
     scores = torch.randn(b, k, generator=g) * 5
     scores[0, 1:] = float("-inf")  # the first step: only beam 0 is live
     lp = torch.randn(b * k, v, generator=g).log_softmax(-1)
     lp[:, : v // 3] = float("-inf")  # masked columns, as constrain() leaves them
-    lp[6, -1] = 50.0  # a sentence's best entry in the last column, ragged where V % 64 (sentence 1, beam 2)
+    lp[6, -1] = 50.0  # a sentence's best entry in the last column, ragged where V % block (sentence 1, beam 2)
     state = BeamState(torch.zeros(b, k, 0, dtype=torch.long), scores, torch.zeros(b, k, 0), torch.arange(b))
     top, beams, tokens = top_candidates(state, lp)
     totals = (scores[:, :, None] + lp.view(b, k, v)).view(b, k * v)
@@ -201,3 +201,7 @@ def test_top_candidates_by_blocks_find_the_sentences_top_2k(v):
     assert torch.equal(top, expected.values)
     assert torch.equal(beams * v + tokens, expected.indices)
     assert (beams[1, 0], tokens[1, 0]) == (2, v - 1)
+
+
+def test_candidate_blocks_are_powers_of_two_with_128_per_beam():
+    assert [candidate_block(v) for v in (100, 640, 8000, 8003, 32000, 37000)] == [1, 4, 32, 32, 128, 256]
