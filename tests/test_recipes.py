@@ -1,4 +1,5 @@
-"""The WMT14 EN-DE recipe end to end in SMOKE mode (a few hundred lines of ../shared/data, a tiny model)."""
+"""The WMT14 EN-DE recipe end to end in SMOKE mode (a few hundred lines of ../shared/data, a tiny model) and
+as a dry run; the CPU recipes' precision by CPU."""
 
 import os
 import shutil
@@ -58,3 +59,44 @@ def test_dry_run_prints_the_papers_commands(tmp_path):
         assert flag in train
     assert "--num-update-checkpoints 20" in run.stderr and "--lenpen 0.6" in run.stderr
     assert not (tmp_path / "w" / "data-bin").exists()
+
+
+def cpu_recipe_env(tmp_path, flags, **kw):
+    """The environment for a CPU recipe run on a CPU with these /proc/cpuinfo flags (PRECISION unset)."""
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text(f"processor\t: 0\nflags\t\t: {flags}\n")
+    env = {k: v for k, v in os.environ.items() if k != "PRECISION"}
+    return env | {"CPUINFO": str(cpuinfo), "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", **kw}
+
+
+@pytest.mark.parametrize(
+    ("flags", "preset", "expected"),
+    [
+        ("fpu avx2 avx512f avx512_bf16", None, "--bf16"),
+        ("fpu avx2 amx_bf16 amx_tile", None, "--bf16"),
+        ("fpu avx2 fma avx512f", None, ""),  # AVX2 or AVX-512 without bfloat16 instructions: float32
+        ("fpu avx2 avx512_bf16", "", ""),  # PRECISION= asks for nmt's default
+        ("fpu avx2 fma", "--precision bf16", "--precision bf16"),
+    ],
+)
+def test_cpu_recipes_train_in_bf16_only_where_the_cpu_has_bf16_instructions(tmp_path, flags, preset, expected):
+    env = cpu_recipe_env(tmp_path, flags, **({} if preset is None else {"PRECISION": preset}))
+    script = f'. "{ROOT}/recipes/cpu_precision.sh"; printf "[%s]" "$PRECISION"'
+    run = subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True, timeout=30, check=True)
+    assert run.stdout == f"[{expected}]"
+
+
+@pytest.mark.parametrize(("flags", "bf16"), [("fpu avx2 fma", False), ("fpu avx512f avx512_bf16", True)])
+def test_the_demo_recipe_trains_in_float32_on_a_cpu_without_bf16(tmp_path, flags, bf16):
+    """`make demo` on an AVX2-only CPU (AMD Zen 3) had trained in emulated bf16: 1 update in its 3 minutes."""
+    env = cpu_recipe_env(tmp_path, flags, DRY_RUN="1", WORK_DIR=str(tmp_path / "w"), SHOW="0")
+    run = subprocess.run(
+        ["bash", str(ROOT / "recipes" / "multi30k_en_de" / "run.sh")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert run.returncode == 0, run.stderr
+    train = next(line for line in run.stderr.splitlines() if line.startswith("+ nmt train "))
+    assert ("--bf16" in train.split()) == bf16

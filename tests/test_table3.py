@@ -48,7 +48,9 @@ def dry_run_train_commands(tmp_path, **kw):
 
 
 def test_every_row_is_nmt_train_flags(tmp_path):
-    commands = dry_run_train_commands(tmp_path)
+    cpuinfo = tmp_path / "cpuinfo"  # a CPU with bfloat16 instructions: the recipe trains with --bf16
+    cpuinfo.write_text("processor\t: 0\nflags\t\t: fpu avx2 avx512f avx512_bf16\n")
+    commands = dry_run_train_commands(tmp_path, CPUINFO=str(cpuinfo))
     rows = [
         line.split()[0]
         for line in (RECIPE / "rows.txt").read_text().splitlines()

@@ -13,11 +13,11 @@ ARCH=${ARCH:-transformer_small}
 VOCAB=${VOCAB:-8000}
 MAX_TOKENS=${MAX_TOKENS:-4096}
 N_AVERAGE=${N_AVERAGE:-5}
-PRECISION=${PRECISION:---bf16}
 DROPOUT=${DROPOUT:-0.2}
 WARMUP=${WARMUP:-1000}
 SHOW=${SHOW:-5}
 LOG_INTERVAL=${LOG_INTERVAL:-50}
+. "$here/../cpu_precision.sh"        # PRECISION: --bf16 where the CPU has bfloat16 instructions, else float32
 run() { echo "+ $*" >&2; [ "${DRY_RUN:-0}" = 1 ] || "$@"; }
 
 mkdir -p "$WORK_DIR"

@@ -17,7 +17,7 @@ if [ "$QUICK" = 1 ]; then
 else
     ARCH=${ARCH:-transformer_small}; TRAIN_MINUTES=${TRAIN_MINUTES:-30}; VALID_LINES=${VALID_LINES:-0}
     BEAM=${BEAM:-21}; MAX_LEN_B=${MAX_LEN_B:-300}; WARMUP=${WARMUP:-200}; VOCAB=${VOCAB:-4000}
-    PRECISION=${PRECISION---bf16}     # bfloat16 autocast (CPUs with AVX512-BF16 or AMX); PRECISION= for float32
+    . "$here/../cpu_precision.sh"    # PRECISION: --bf16 where the CPU has bfloat16 instructions; PRECISION= for float32
 fi
 DROPOUT=${DROPOUT:-0.3}
 MAX_TOKENS=${MAX_TOKENS:-4096}

@@ -20,7 +20,7 @@ LR_SCALE=${LR_SCALE:-0.25}        # suit budgets of a few hundred updates; raise
 N_AVERAGE=${N_AVERAGE:-2}
 MAX_LEN_A=${MAX_LEN_A:-1.5}       # translations stop at 1.5 x source + 5 pieces (the paper: source + 50),
 MAX_LEN_B=${MAX_LEN_B:-5}         # so the barely trained models of short rows do not babble for minutes
-PRECISION=${PRECISION:---bf16}
+. "$here/../cpu_precision.sh"        # PRECISION: --bf16 where the CPU has bfloat16 instructions, else float32
 PYTHON=${PYTHON:-$(dirname "$(command -v nmt)")/python}
 run() { echo "+ $*" >&2; [ "${DRY_RUN:-0}" = 1 ] || "$@"; }
 

@@ -203,5 +203,5 @@ def test_top_candidates_by_blocks_find_the_sentences_top_2k(v):
     assert (beams[1, 0], tokens[1, 0]) == (2, v - 1)
 
 
-def test_candidate_blocks_are_powers_of_two_with_128_per_beam():
+def test_candidate_block_is_the_largest_power_of_two_up_to_v_over_128():
     assert [candidate_block(v) for v in (100, 640, 8000, 8003, 32000, 37000)] == [1, 4, 32, 32, 128, 256]
