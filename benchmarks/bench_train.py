@@ -13,7 +13,7 @@ import argparse
 import json
 import shutil
 
-from common import NMT, WORK, report, run, train_args
+from common import NMT, WORK, precisions, report, run, train_args
 
 
 def train_run(shape: str, precision: str, stop: list[str], log_interval: int) -> tuple[list[dict], float]:
@@ -56,13 +56,14 @@ def speed_row(shape: str, precision: str, updates: int) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--shapes", default="small,base")
-    parser.add_argument("--precisions", default="fp32,bf16")
+    parser.add_argument("--precisions", help="comma-separated [default: fp32,bf16; fp32 on CPUs without bf16]")
     parser.add_argument("--updates", type=int, default=0, help="updates per run [default: 60 small, 30 base]")
     parser.add_argument("--quality-minutes", type=float, default=0.0)
     args = parser.parse_args()
+    chosen = precisions(args.precisions)
     rows = []
     for shape in args.shapes.split(","):
-        for precision in args.precisions.split(","):
+        for precision in chosen:
             row = speed_row(shape, precision, args.updates or (60 if shape == "small" else 30))
             if args.quality_minutes:
                 records, _ = train_run(shape, precision, ["--max-time-minutes", str(args.quality_minutes)], 100)

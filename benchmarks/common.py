@@ -103,6 +103,22 @@ def checkpoint(shape: str) -> Path:
     return save / "checkpoint_last.pt"
 
 
+def precisions(asked: str | None) -> list[str]:
+    """The training precisions to measure: those asked for, else fp32 and bf16 where this CPU runs bf16
+    products (nmt_cli.runtime.cpu_has_bf16, the rule `make bench-peers` follows) and fp32 alone elsewhere:
+    on an AVX2-only CPU bf16 is emulated, about 30x slower than fp32 (an AMD Zen 3 took 65 s for one
+    transformer_small update), which would stretch `make bench` from minutes to hours."""
+    if asked:
+        return asked.split(",")
+    sys.path.insert(0, str(ROOT))
+    from nmt_cli.runtime import cpu_has_bf16
+
+    if cpu_has_bf16():
+        return ["fp32", "bf16"]
+    print("this CPU has no bf16 instructions: bf16 left out (--precisions fp32,bf16 forces it)", file=sys.stderr)
+    return ["fp32"]
+
+
 def number(pattern: str, text: str) -> float:
     match = re.search(pattern, text)
     if not match:

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from common import data_bin, report
+from common import data_bin, precisions, report
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from nmt_cli.config import ModelConfig, SearchConfig, TrainConfig, model_config  # noqa: E402
@@ -206,15 +206,16 @@ def profile(shape: str, precision: str, warmup: int, steps: int, work: Path) -> 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shapes", default="small,base")
-    parser.add_argument("--precisions", default="fp32,bf16")
+    parser.add_argument("--precisions", help="comma-separated [default: fp32,bf16; fp32 on CPUs without bf16]")
     parser.add_argument("--warmup", type=int, default=40, help="Timed updates before the profile.")
     parser.add_argument("--steps", type=int, default=10, help="Profiled updates.")
     args = parser.parse_args()
     torch.set_num_threads(2)
+    chosen = precisions(args.precisions)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for shape in args.shapes.split(","):
-            for precision in args.precisions.split(","):
+            for precision in chosen:
                 rows.append(profile(shape, precision, args.warmup, args.steps, Path(tmp)))
     report("profile_step", rows)
     if not math.isfinite(sum(float(r["GFLOP/s"]) for r in rows)):  # type: ignore[arg-type]
