@@ -1,7 +1,8 @@
 # Sourced by the CPU recipes (multi30k_en_de, table3, ptb_parsing): when PRECISION is unset, --bf16 where
-# the CPU has bfloat16 instructions (AVX512-BF16 or AMX; 1.6x float32's training speed on an AMD Zen 5),
-# else nothing, i.e. nmt's own default (float32 on CPU, where bf16 is emulated: about 30x slower than
-# float32 on an AMD Zen 3; bf16 on a CUDA device that supports it). PRECISION set, even empty, is kept.
+# the CPU has bfloat16 instructions (AVX512-BF16 or AMX; 1.6x float32's training speed measured on an AMD
+# EPYC with AVX512-BF16), else nothing, i.e. nmt's own default (float32 on CPU, where bf16 is emulated: about
+# 30x slower than float32 on an AMD Zen 3; bf16 on a CUDA device that supports it). PRECISION set, even
+# empty, is kept.
 # CPUINFO names the file that lists the CPU's flags (Linux's /proc/cpuinfo; absent elsewhere: float32).
 if [ -z "${PRECISION+set}" ]; then
     if grep -qwE 'avx512_bf16|amx_bf16' "${CPUINFO:-/proc/cpuinfo}" 2>/dev/null; then
