@@ -105,12 +105,13 @@ def top_candidates(state: BeamState, log_probs: Tensor) -> tuple[Tensor, Tensor,
     b, k = state.scores.shape
     rows, v = log_probs.shape
     n, block = min(2 * k, k * v), candidate_block(v)
+    beam_scores = state.scores.view(rows, 1)
     if log_probs.device.type != "cpu" or block < 4:
-        scores, flat = (log_probs + state.scores.view(rows, 1)).view(b, k * v).topk(n, dim=1)
+        scores, flat = (log_probs + beam_scores).view(b, k * v).topk(n, dim=1)
         return scores, flat // v, flat % v
     n_blocks = v // block
     main = n_blocks * block
-    maxima = log_probs[:, :main].view(rows, n_blocks, block).amax(-1).add_(state.scores.view(rows, 1))
+    maxima = log_probs[:, :main].view(rows, n_blocks, block).amax(-1).add_(beam_scores)
     best = maxima.view(b, k * n_blocks).topk(n, dim=1).indices  # [B, n]: beam * blocks + block
     beam = best // n_blocks
     first = beam * v + (best % n_blocks) * block  # [B, n] each block's first entry in its sentence's K*V
@@ -120,7 +121,7 @@ def top_candidates(state: BeamState, log_probs: Tensor) -> tuple[Tensor, Tensor,
     if main < v:  # the ragged last columns of every beam
         tail = torch.arange(0, k * v, v, device=best.device)[:, None] + torch.arange(main, v, device=best.device)
         index = torch.cat([index, tail.view(1, -1).expand(b, -1)], dim=1)
-        totals = torch.cat([totals, (log_probs[:, main:] + state.scores.view(rows, 1)).view(b, -1)], dim=1)
+        totals = torch.cat([totals, (log_probs[:, main:] + beam_scores).view(b, -1)], dim=1)
     scores, pick = totals.topk(n, dim=1)
     flat = index.gather(1, pick)  # [B, n] into the sentence's K*V: beam * V + token
     return scores, flat // v, flat % v
