@@ -1,5 +1,4 @@
-"""Attention weights recorded from the real forward pass, a key size d_k other than d_model / heads, and the
-CPU attention against SDPA."""
+"""Attention weights recorded from the real forward pass, and a key size d_k other than d_model / heads."""
 
 from dataclasses import replace
 
@@ -77,17 +76,3 @@ def test_cpu_attention_matches_sdpa_values_and_gradients(dtype, tol, causal):
     torch.testing.assert_close(ours.float(), reference, atol=tol, rtol=tol)
     for ours_g, reference_g in zip(grads, reference_grads, strict=True):
         torch.testing.assert_close(ours_g.float(), reference_g.float(), atol=tol, rtol=tol)
-
-
-@pytest.mark.parametrize("t", [1, 6, 7, 30])
-def test_attention_product_is_matmul_on_both_sides_of_pytorchs_small_product_loop(t):
-    """In inference `product` replaces PyTorch's scalar loop for products under 400 multiply-adds (t <= 6 here:
-    one query, 64 per head) by a broadcast multiply and sum; either way it is q @ k^T and weights @ values."""
-    from nmt_cli.model.attention import product
-
-    torch.manual_seed(t)
-    q, k = torch.randn(16, 4, 1, 64), torch.randn(16, 4, t, 64)
-    weights = torch.randn(16, 4, 1, t).softmax(-1)
-    with torch.inference_mode():  # as beam search runs
-        torch.testing.assert_close(product(q, k.transpose(-1, -2)), q @ k.transpose(-1, -2))
-        torch.testing.assert_close(product(weights, k), weights @ k)
