@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import random
+import sys
 from pathlib import Path
 
 import pytest
@@ -36,7 +37,24 @@ TINY = [
     "1",
 ]
 
-SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+ROOT = Path(__file__).resolve().parents[1]
+SHARED_DATA = ROOT.parent / "shared" / "data"
+
+
+def recipe_env(**kw: str) -> dict[str, str]:
+    """The environment a test runs a recipe (`bash recipes/*/run.sh`) in: this python's `nmt` first on PATH,
+    the checkout on PYTHONPATH, PRECISION unset (the CPU recipes choose it by CPU), then `kw`."""
+    env = {k: v for k, v in os.environ.items() if k != "PRECISION"}
+    paths = {"PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    paths["PYTHONPATH"] = f"{ROOT}:{os.environ.get('PYTHONPATH', '')}"
+    return env | paths | kw
+
+
+def fake_cpuinfo(tmp_path: Path, flags: str) -> str:
+    """A /proc/cpuinfo of one processor with these flags, for recipes/cpu_precision.sh (CPUINFO=...)."""
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text(f"processor\t: 0\nflags\t\t: {flags}\n")
+    return str(cpuinfo)
 
 
 def write_copy_corpus(prefix: Path, n: int, seed: int, src: str = "src", tgt: str = "tgt") -> None:

@@ -1,16 +1,11 @@
 """The WMT14 EN-DE recipe end to end in SMOKE mode (a few hundred lines of ../shared/data, a tiny model) and
 as a dry run; the CPU recipes' precision by CPU."""
 
-import os
 import shutil
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
-from conftest import SHARED_DATA
-
-ROOT = Path(__file__).resolve().parents[1]
+from conftest import ROOT, SHARED_DATA, fake_cpuinfo, recipe_env
 
 
 @pytest.mark.skipif(
@@ -18,13 +13,7 @@ ROOT = Path(__file__).resolve().parents[1]
     reason=f"the smoke recipe reads {SHARED_DATA}, absent on this machine",
 )
 def test_wmt14_en_de_smoke(tmp_path):
-    env = {
-        **os.environ,
-        "SMOKE": "1",
-        "WORK_DIR": str(tmp_path / "work"),
-        "SHARED": str(SHARED_DATA),
-        "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
-    }
+    env = recipe_env(SMOKE="1", WORK_DIR=str(tmp_path / "work"), SHARED=str(SHARED_DATA))
     assert shutil.which("nmt", path=env["PATH"]), "the nmt command is not installed beside this python"
     run = subprocess.run(
         ["bash", str(ROOT / "recipes" / "wmt14_en_de" / "run.sh")], env=env, capture_output=True, text=True, timeout=300
@@ -41,7 +30,7 @@ def test_wmt14_en_de_smoke(tmp_path):
 
 
 def test_dry_run_prints_the_papers_commands(tmp_path):
-    env = {**os.environ, "DRY_RUN": "1", "GPUS": "8", "ARCH": "big", "WORK_DIR": str(tmp_path / "w")}
+    env = recipe_env(DRY_RUN="1", GPUS="8", ARCH="big", WORK_DIR=str(tmp_path / "w"))
     run = subprocess.run(
         ["bash", str(ROOT / "recipes" / "wmt14_en_de" / "run.sh")], env=env, capture_output=True, text=True, timeout=60
     )
@@ -61,14 +50,6 @@ def test_dry_run_prints_the_papers_commands(tmp_path):
     assert not (tmp_path / "w" / "data-bin").exists()
 
 
-def cpu_recipe_env(tmp_path, flags, **kw):
-    """The environment for a CPU recipe run on a CPU with these /proc/cpuinfo flags (PRECISION unset)."""
-    cpuinfo = tmp_path / "cpuinfo"
-    cpuinfo.write_text(f"processor\t: 0\nflags\t\t: {flags}\n")
-    env = {k: v for k, v in os.environ.items() if k != "PRECISION"}
-    return env | {"CPUINFO": str(cpuinfo), "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", **kw}
-
-
 @pytest.mark.parametrize(
     ("flags", "preset", "expected"),
     [
@@ -80,7 +61,7 @@ def cpu_recipe_env(tmp_path, flags, **kw):
     ],
 )
 def test_cpu_recipes_train_in_bf16_only_where_the_cpu_has_bf16_instructions(tmp_path, flags, preset, expected):
-    env = cpu_recipe_env(tmp_path, flags, **({} if preset is None else {"PRECISION": preset}))
+    env = recipe_env(CPUINFO=fake_cpuinfo(tmp_path, flags), **({} if preset is None else {"PRECISION": preset}))
     script = f'. "{ROOT}/recipes/cpu_precision.sh"; printf "[%s]" "$PRECISION"'
     run = subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True, timeout=30, check=True)
     assert run.stdout == f"[{expected}]"
@@ -89,7 +70,7 @@ def test_cpu_recipes_train_in_bf16_only_where_the_cpu_has_bf16_instructions(tmp_
 @pytest.mark.parametrize(("flags", "bf16"), [("fpu avx2 fma", False), ("fpu avx512f avx512_bf16", True)])
 def test_the_demo_recipe_trains_in_float32_on_a_cpu_without_bf16(tmp_path, flags, bf16):
     """`make demo` on an AVX2-only CPU (AMD Zen 3) had trained in emulated bf16: 1 update in its 3 minutes."""
-    env = cpu_recipe_env(tmp_path, flags, DRY_RUN="1", WORK_DIR=str(tmp_path / "w"), SHOW="0")
+    env = recipe_env(CPUINFO=fake_cpuinfo(tmp_path, flags), DRY_RUN="1", WORK_DIR=str(tmp_path / "w"), SHOW="0")
     run = subprocess.run(
         ["bash", str(ROOT / "recipes" / "multi30k_en_de" / "run.sh")],
         env=env,

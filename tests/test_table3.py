@@ -3,33 +3,20 @@
 
 import importlib.util
 import json
-import os
 import shlex
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 from click.testing import CliRunner
-from conftest import SHARED_DATA
+from conftest import ROOT, SHARED_DATA, fake_cpuinfo, recipe_env
 
 from nmt_cli.cli import cli
 from nmt_cli.cli.train import train as train_command
 from nmt_cli.config import ModelConfig, model_config
 from nmt_cli.model.transformer import build_model, count_parameters
 
-ROOT = Path(__file__).resolve().parents[1]
 RECIPE = ROOT / "recipes" / "table3"
-
-
-def recipe_env(tmp_path, **kw):
-    return {
-        **os.environ,
-        "WORK_DIR": str(tmp_path / "work"),
-        "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
-        **kw,
-    }
 
 
 def dry_run_train_commands(tmp_path, **kw):
@@ -37,7 +24,7 @@ def dry_run_train_commands(tmp_path, **kw):
     (tmp_path / "work" / "data-bin" / "meta.json").write_text("{}")
     run = subprocess.run(
         ["bash", str(RECIPE / "run.sh")],
-        env=recipe_env(tmp_path, DRY_RUN="1", **kw),
+        env=recipe_env(WORK_DIR=str(tmp_path / "work"), DRY_RUN="1", **kw),
         capture_output=True,
         text=True,
         timeout=60,
@@ -48,9 +35,8 @@ def dry_run_train_commands(tmp_path, **kw):
 
 
 def test_every_row_is_nmt_train_flags(tmp_path):
-    cpuinfo = tmp_path / "cpuinfo"  # a CPU with bfloat16 instructions: the recipe trains with --bf16
-    cpuinfo.write_text("processor\t: 0\nflags\t\t: fpu avx2 avx512f avx512_bf16\n")
-    commands = dry_run_train_commands(tmp_path, CPUINFO=str(cpuinfo))
+    cpuinfo = fake_cpuinfo(tmp_path, "fpu avx2 avx512f avx512_bf16")  # bfloat16 instructions: --bf16
+    commands = dry_run_train_commands(tmp_path, CPUINFO=cpuinfo)
     rows = [
         line.split()[0]
         for line in (RECIPE / "rows.txt").read_text().splitlines()
@@ -199,7 +185,7 @@ def test_table_in_the_papers_layout(tmp_path):
 def test_quick_recipe_end_to_end(tmp_path):
     run = subprocess.run(
         ["bash", str(RECIPE / "run.sh")],
-        env=recipe_env(tmp_path, QUICK="1"),
+        env=recipe_env(WORK_DIR=str(tmp_path / "work"), QUICK="1"),
         capture_output=True,
         text=True,
         timeout=900,

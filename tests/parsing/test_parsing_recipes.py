@@ -1,24 +1,10 @@
 """recipes/ptb_parsing in QUICK mode end to end, and recipes/wsj_parsing as a dry run."""
 
-import os
 import shutil
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
-from conftest import SHARED_DATA
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def recipe_env(**kw):
-    return {
-        **os.environ,
-        "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
-        "PYTHONPATH": f"{ROOT}:{os.environ.get('PYTHONPATH', '')}",
-        **kw,
-    }
+from conftest import ROOT, SHARED_DATA, recipe_env
 
 
 @pytest.mark.skipif(not (SHARED_DATA / "ptb-sample" / "train.tree").exists(), reason="ptb-sample is absent")
