@@ -15,7 +15,7 @@ import shutil
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import BinaryIO, TextIO
+from typing import IO, Any, BinaryIO, TextIO, cast
 
 from nmt_cli.errors import NmtError
 
@@ -69,19 +69,13 @@ def make_parent(path: Path, what: str) -> None:
         raise NmtError(f"cannot create the directory of {what} {path}: {e.strerror}") from None
 
 
-def atomic_write(path: Path, write: Callable[[BinaryIO], object], what: str = "file", kept: str | None = None) -> None:
-    """Write `path` through `path.tmp`, fsync, then rename over it: readers see the old file or the new one.
-
-    `kept` ends the full-disk message (default: the previous file is intact, or nothing was written).
-
-    Raises:
-        DiskFullError: the device is full; `path.tmp` is removed and an existing `path` is intact.
-        NmtError: any other OSError, named with the file.
-    """
+@contextmanager
+def _atomic_file(path: Path, mode: str, what: str, kept: str | None) -> Iterator[IO[Any]]:
+    """`path.tmp` opened in `mode` for the block; fsynced and renamed over `path` when the block succeeds."""
     tmp = tmp_path_of(path)
     try:
-        with tmp.open("wb") as f:
-            write(f)
+        with tmp.open(mode, encoding=None if "b" in mode else "utf-8") as f:
+            yield f
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -91,9 +85,22 @@ def atomic_write(path: Path, write: Callable[[BinaryIO], object], what: str = "f
             kept = kept or (f"the previous {what} is intact" if path.exists() else "nothing was written")
             raise DiskFullError(f"no space left on device writing {path}; {kept}") from None
         if isinstance(e, OSError):
-            raise NmtError(f"cannot write {path}: {e.strerror or e}") from None
+            raise NmtError(f"cannot write {what} {path}: {e.strerror or e}") from None
         raise
     fsync_dir(path.parent)
+
+
+def atomic_write(path: Path, write: Callable[[BinaryIO], object], what: str = "file", kept: str | None = None) -> None:
+    """Write `path` through `path.tmp`, fsync, then rename over it: readers see the old file or the new one.
+
+    `kept` ends the full-disk message (default: the previous file is intact, or nothing was written).
+
+    Raises:
+        DiskFullError: the device is full; `path.tmp` is removed and an existing `path` is intact.
+        NmtError: any other OSError, named with the file.
+    """
+    with _atomic_file(path, "wb", what, kept) as f:
+        write(cast(BinaryIO, f))
 
 
 def atomic_write_text(path: Path, text: str, what: str = "file") -> None:
@@ -106,20 +113,8 @@ def atomic_text_output(path: Path, what: str = "file") -> Iterator[TextIO]:
 
     On an error the temporary is removed (an existing `path` is left as it was); a full disk is a DiskFullError.
     """
-    tmp = tmp_path_of(path)
-    try:
-        with tmp.open("w", encoding="utf-8") as f:
-            yield f
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException as e:
-        tmp.unlink(missing_ok=True)
-        if is_disk_full(e):
-            raise DiskFullError(f"no space left on device writing {path}; nothing was written there") from None
-        if isinstance(e, OSError):
-            raise NmtError(f"cannot write {what} {path}: {e.strerror or e}") from None
-        raise
+    with _atomic_file(path, "w", what, None) as f:
+        yield cast(TextIO, f)
 
 
 def remove_stale_temporaries(directory: Path, patterns: tuple[str, ...] = (f"*{TMP_SUFFIX}",)) -> list[Path]:

@@ -171,3 +171,23 @@ def test_atomic_write_keeps_the_old_file_on_error(tmp_path):
     with pytest.raises(Boom):
         atomic_write(path, write)
     assert path.read_text() == "old" and sorted(p.name for p in tmp_path.iterdir()) == ["config.json"]
+
+
+@pytest.mark.parametrize("existing", [True, False])
+def test_text_output_on_a_full_disk_says_what_is_left(tmp_path, existing):
+    """`generate --output` and the other text outputs: a full disk leaves the previous file as it was (or none)
+    and says so; no temporary stays behind."""
+    import errno
+
+    from nmt_cli.files import DiskFullError, atomic_text_output
+
+    path = tmp_path / "hyp.txt"
+    if existing:
+        path.write_text("old\n")
+    with pytest.raises(DiskFullError) as raised, atomic_text_output(path, "--output") as f:
+        f.write("half")
+        raise OSError(errno.ENOSPC, "No space left on device")
+    left = "the previous --output is intact" if existing else "nothing was written"
+    assert str(raised.value) == f"no space left on device writing {path}; {left}"
+    assert sorted(p.name for p in tmp_path.iterdir()) == (["hyp.txt"] if existing else [])
+    assert not existing or path.read_text() == "old\n"
