@@ -70,6 +70,12 @@ def nmt(*args, input=None):
     return CliRunner().invoke(cli, ["--no-progress", *[str(a) for a in args]], input=input)
 
 
+def preprocess_args(trainpref, destdir):
+    """`preprocess` of a copy-task corpus (src -> tgt, 24 pieces) into destdir, as command-line words."""
+    languages = ["--source-lang", "src", "--target-lang", "tgt"]
+    return ["preprocess", *languages, "--trainpref", str(trainpref), "--destdir", str(destdir), "--vocab-size", "24"]
+
+
 def nmt_subprocess(*args, stdin=subprocess.DEVNULL, input=None, shell_suffix=""):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     cmd = [sys.executable, "-m", "nmt_cli", "--no-progress", *[str(a) for a in args]]
@@ -393,19 +399,7 @@ def test_full_disk_while_preprocessing(work, toy_corpus, monkeypatch):
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(np, "save", full)
-    r = nmt(
-        "preprocess",
-        "--source-lang",
-        "src",
-        "--target-lang",
-        "tgt",
-        "--trainpref",
-        toy_corpus / "train",
-        "--destdir",
-        work / "dest",
-        "--vocab-size",
-        24,
-    )
+    r = nmt(*preprocess_args(toy_corpus / "train", work / "dest"))
     assert_clean_failure(
         r.exit_code, r.output, "no space left on device writing --destdir", work, exception=r.exception
     )
@@ -436,19 +430,7 @@ def test_closed_stdin(tiny_checkpoint, tmp_path):
 def test_preprocess_refuses_a_destdir_in_use(toy_corpus, tmp_path):
     dest = tmp_path / "dest"
     with run_lock(tmp_path / ".dest.lock", "preprocess", dest):  # what a running preprocess holds
-        r = nmt_subprocess(
-            "preprocess",
-            "--source-lang",
-            "src",
-            "--target-lang",
-            "tgt",
-            "--trainpref",
-            toy_corpus / "train",
-            "--destdir",
-            dest,
-            "--vocab-size",
-            24,
-        )
+        r = nmt_subprocess(*preprocess_args(toy_corpus / "train", dest))
         assert_clean_failure(
             r.returncode,
             r.stderr.decode(),
@@ -463,19 +445,7 @@ def test_preprocess_removes_what_a_killed_run_left(toy_corpus, tmp_path):
     stale.mkdir()
     (stale / "train.src.raw").write_bytes(b"\0" * 100)
     (tmp_path / ".dest.lock").write_text("12345\n")  # and its lock file, which no longer locks anything
-    r = nmt(
-        "preprocess",
-        "--source-lang",
-        "src",
-        "--target-lang",
-        "tgt",
-        "--trainpref",
-        toy_corpus / "train",
-        "--destdir",
-        tmp_path / "dest",
-        "--vocab-size",
-        24,
-    )
+    r = nmt(*preprocess_args(toy_corpus / "train", tmp_path / "dest"))
     assert r.exit_code == 0, r.output
     assert sorted(p.name for p in tmp_path.iterdir()) == ["dest"]
 
@@ -489,17 +459,7 @@ def test_preprocess_sigterm_leaves_nothing(tmp_path):
             "-m",
             "nmt_cli",
             "--no-progress",
-            "preprocess",
-            "--source-lang",
-            "src",
-            "--target-lang",
-            "tgt",
-            "--trainpref",
-            str(tmp_path / "big" / "train"),
-            "--destdir",
-            str(tmp_path / "dest"),
-            "--vocab-size",
-            "24",
+            *preprocess_args(tmp_path / "big" / "train", tmp_path / "dest"),
             "--workers",
             "1",
         ],
