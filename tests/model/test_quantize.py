@@ -47,6 +47,9 @@ def test_generate_int8_translates_like_float32(trained_copy_checkpoint, toy_corp
     # int8 keeps no float32 copy of the weights: the model holds int8 linears only, and the checkpoint is
     # memory-mapped (checkpoint.load_checkpoint), its tensors read once into the model and not kept.
     assert not any(isinstance(m, nn.Linear) for m in tr.model.modules())
+    # How many agree depends on how decisive the 300-update model is, not only on int8: over training seeds
+    # 1-8 it was 28, 26, 29, 29, 28, 23, 27, 28 of 30 (2026-11-25), so a change to training's rounding alone
+    # can move it under the bar; int8's best was within float32's 4-best for 27-30 of 30 at every seed.
     assert sum(a == b for a, b in zip(*outputs)) >= 0.9 * len(lines)
 
 
