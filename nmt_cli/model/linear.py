@@ -193,8 +193,9 @@ class PackedLinear(nn.Module):
         super().__init__()
         weight = linear.weight.detach()
         self.mkl = mkl_beats_onednn(weight) if mkl is None else mkl
-        # A copy either way (plain for MKL, blocked for oneDNN): the checkpoint's own pages are given back.
-        self.packed_weight = weight.clone() if self.mkl else torch.ops.mkldnn._reorder_linear_weight(weight, None)
+        # The weight as its product takes it, a copy either way (plain for MKL, blocked for oneDNN): the
+        # checkpoint's own pages are given back.
+        self.product_weight = weight.clone() if self.mkl else torch.ops.mkldnn._reorder_linear_weight(weight, None)
         self.bias = None if linear.bias is None else linear.bias.detach().clone()
         self.out_features = weight.shape[0]
 
@@ -207,11 +208,11 @@ class PackedLinear(nn.Module):
 
     def _product(self, x: Tensor, post_op: str) -> Tensor:
         if self.mkl:
-            y = F.linear(x, self.packed_weight, self.bias)
+            y = F.linear(x, self.product_weight, self.bias)
             return y.relu_() if post_op == "relu" else y
         rows = x.dim() == 2 and x.is_contiguous()  # the decoding step's rows: no reshaping around the product
         flat = x if rows else x.reshape(-1, x.shape[-1]).contiguous()
-        y = torch.ops.mkldnn._linear_pointwise(flat, self.packed_weight, self.bias, post_op, [], "")
+        y = torch.ops.mkldnn._linear_pointwise(flat, self.product_weight, self.bias, post_op, [], "")
         return y if rows else y.view(*x.shape[:-1], self.out_features)
 
 
