@@ -38,19 +38,22 @@ def test_quantize_swaps_every_linear_and_keeps_no_float_weights(tiny_model):
 
 def test_generate_int8_translates_like_float32(trained_copy_checkpoint, toy_corpus):
     lines = (toy_corpus / "test.src").read_text().splitlines()
-    cfg = SearchConfig(beam=4, lenpen=0.6)
-    outputs = []
+    cfg = SearchConfig(beam=4, lenpen=0.6, nbest=2)
+    results = []
     for quantize in (None, "int8"):
         tr, _ = load_translator(trained_copy_checkpoint, torch.device("cpu"), None, quantize)
         sources = [np.asarray(ids, dtype=np.int64) for ids in tr.vocab.encode(lines)]
-        outputs.append([h[0].tokens for h in translate(tr, sources, cfg, max_tokens=4000)])
+        results.append(translate(tr, sources, cfg, max_tokens=4000))
     # int8 keeps no float32 copy of the weights: the model holds int8 linears only, and the checkpoint is
     # memory-mapped (checkpoint.load_checkpoint), its tensors read once into the model and not kept.
     assert not any(isinstance(m, nn.Linear) for m in tr.model.modules())
-    # How many agree depends on how decisive the 300-update model is, not only on int8: over training seeds
-    # 1-8 it was 28, 26, 29, 29, 28, 23, 27, 28 of 30 (2026-11-25), so a change to training's rounding alone
-    # can move it under the bar; int8's best was within float32's 4-best for 27-30 of 30 at every seed.
-    assert sum(a == b for a, b in zip(*outputs)) >= 0.9 * len(lines)
+    # Where float32 is sure (its best beats its runner-up by half a nat), int8 must choose the same. Near
+    # ties may go either way: over all sentences the agreement depends on how decisive the 300-update model
+    # is, and it was 23-29 of 30 over training seeds 1-8 (2026-11-25); on the decided ones 94-100%, with
+    # 15-25 of them.
+    decided = [(fp32, int8) for fp32, int8 in zip(*results) if fp32[0].score - fp32[1].score >= 0.5]
+    assert len(decided) >= 10
+    assert sum(fp32[0].tokens == int8[0].tokens for fp32, int8 in decided) >= 0.9 * len(decided)
 
 
 def test_quantize_needs_cpu_float32(tiny_checkpoint):
