@@ -183,7 +183,7 @@ class SearchConfig:
     )
     max_len_a: float = flag(1.0, "Max output length a*|x|+b.", min=0)
     max_len_b: int = flag(50, "Max output length a*|x|+b.", min=0)
-    min_len: int = flag(1, "Min output length.", min=0)
+    min_len: int = flag(1, "Min output length (where a*|x|+b is shorter, that ends the output).", min=0)
     unkpen: float = flag(0.0, "Subtracted from the unk log-prob.")
     nbest: int = flag(1, "Hypotheses per input.", min=1)
     sampling: bool = flag(False, "Sample instead of searching.")
@@ -198,6 +198,10 @@ class SearchConfig:
             raise ConfigError(f"--nbest {self.nbest} cannot exceed --beam {self.beam}")
         if self.max_len_a == 0 and self.max_len_b == 0:
             raise ConfigError("--max-len-a 0 and --max-len-b 0 leave no room for any output")
+        if self.max_len_a == 0 and self.min_len > self.max_len_b:
+            raise ConfigError(
+                f"--min-len {self.min_len} exceeds every output's maximum length, --max-len-b {self.max_len_b}"
+            )
 
 
 # The paper's parsing search (section 6.3): beam 21, alpha 0.3, max output length |x| + 300.

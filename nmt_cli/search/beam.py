@@ -71,7 +71,8 @@ def constrain(
     may_reach_max: bool = True,
 ) -> Tensor:
     """Never PAD or BOS, nor the embedding table's padding rows (ids >= n_pieces, no sentencepiece piece);
-    no EOS before min_len; only EOS at max_len; unk penalty. log_probs: [N, V], max_len: [N].
+    no EOS before min_len; only EOS at max_len, min_len or not (max_len is the hard limit, as in greedy
+    search); unk penalty. log_probs: [N, V], max_len: [N].
 
     may_reach_max: False when the caller knows no row is at its maximum length yet (saves a pass over log_probs).
     """
@@ -81,12 +82,13 @@ def constrain(
         log_probs[:, n_pieces:] = NEG_INF
     if cfg.unkpen:
         log_probs[:, UNK] -= cfg.unkpen
+    eos_column = log_probs[:, EOS].clone() if may_reach_max else None
     if step < cfg.min_len:
         log_probs[:, EOS] = NEG_INF
-    if may_reach_max:
-        eos_column = log_probs[:, EOS].clone()
-        log_probs.masked_fill_((max_len <= step)[:, None], NEG_INF)
-        log_probs[:, EOS] = eos_column
+    if eos_column is not None:
+        at_max = max_len <= step
+        log_probs.masked_fill_(at_max[:, None], NEG_INF)
+        log_probs[:, EOS] = torch.where(at_max, eos_column, log_probs[:, EOS])
     return log_probs
 
 

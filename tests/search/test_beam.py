@@ -95,6 +95,20 @@ def test_max_length_forces_eos():
     assert [h.tokens for h in hyps[0]] == [[A], [B]]
 
 
+@pytest.mark.parametrize("beam", [1, 2])
+def test_max_length_ends_the_output_before_min_length(beam):
+    """A sentence whose max length (a*|x|+b) is under --min-len still ends there, as in greedy search;
+    beam search had left every hypothesis empty with a score of -inf."""
+    cfg = {"lenpen": 0.0, "max_len_a": 0.1, "max_len_b": 2, "min_len": 5, "beam": beam, "nbest": beam}  # 2 of 3
+    hyps = search([0], **cfg)[0]
+    assert [h.tokens for h in hyps] == [[A, A], [B, A]][:beam]
+    assert hyps[0].score == pytest.approx(math.log(0.6 * 0.5 * 0.7), abs=1e-6)  # EOS's own log-prob counted
+    greedy = greedy_search(
+        FakeModel(), fake_encoder([0]), torch.full((1,), 3), SearchConfig(**cfg | {"beam": 1, "nbest": 1})
+    )
+    assert greedy[0][0].tokens == hyps[0].tokens
+
+
 def test_min_length_forbids_early_eos():
     hyps = search([1], lenpen=0.0, min_len=2, nbest=1)
     assert len(hyps[0][0].tokens) >= 2

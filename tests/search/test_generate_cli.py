@@ -103,6 +103,8 @@ def test_generate_bad_inputs(tiny_checkpoint, toy_data_bin, tmp_path):
     assert r.exit_code == 2 and "--lenpen-style" in r.output
     r = nmt("generate", "--path", tiny_checkpoint, "--input", "-", "--beam", 2, "--nbest", 3, input="1\n")
     assert r.exit_code == 1 and "--nbest 3 cannot exceed --beam 2" in r.output
+    r = nmt("generate", "--path", tiny_checkpoint, "--input", "-", "--max-len-a", 0, "--max-len-b", 5, "--min-len", 6)
+    assert r.exit_code == 1 and "--min-len 6 exceeds every output's maximum length, --max-len-b 5" in r.output
 
 
 def test_checkpoint_of_another_shape(tiny_checkpoint, tmp_path):
