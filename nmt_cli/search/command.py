@@ -87,16 +87,18 @@ def generate(cfg: GenerateConfig, search_overrides: dict[str, Any] | None = None
                 summary = generate_trees(translator, lines, search, cfg.max_tokens, cfg.batch_size, out)
             else:
                 summary = generate_text(translator, lines, search, cfg.max_tokens, cfg.batch_size, fmt, out)
+    if search.sampling:
+        how = f"sampling, top-k {search.sampling_topk}, top-p {search.sampling_topp:g}, T {search.temperature:g}"
+    else:
+        how = f"beam {search.beam}, lenpen {search.lenpen:g} {search.lenpen_style}"
     logger.info(
-        "translated %d sentences (%d tokens) in %.1f s: %.1f sentences/s, %.0f tokens/s (beam %d, lenpen %g %s)",
+        "translated %d sentences (%d tokens) in %.1f s: %.1f sentences/s, %.0f tokens/s (%s)",
         summary.n_sentences,
         summary.n_tokens,
         summary.seconds,
         summary.n_sentences / max(summary.seconds, 1e-9),
         summary.n_tokens / max(summary.seconds, 1e-9),
-        search.beam,
-        search.lenpen,
-        search.lenpen_style,
+        how,
     )
     return summary
 
