@@ -135,13 +135,14 @@ def test_sigterm_saves_and_exits_cleanly(toy_data_bin, tmp_path):
     assert 2 <= load_checkpoint(tmp_path / "checkpoint_last.pt")["update"] < 100
 
 
-def test_average_of_copies_is_the_checkpoint(tiny_checkpoint, tmp_path):
-    out = tmp_path / "avg.pt"
-    result = nmt("average-checkpoints", "--inputs", tiny_checkpoint, tiny_checkpoint, tiny_checkpoint, "--output", out)
-    assert result.exit_code == 0, result.output
-    avg, orig = load_checkpoint(out), load_checkpoint(tiny_checkpoint)
-    assert all(torch.equal(avg["model"][k], v) for k, v in orig["model"].items())
-    assert "optimizer" not in avg and len(avg["averaged_from"]) == 3
+def test_average_refuses_the_same_weights_twice(tiny_checkpoint, tmp_path):
+    """A glob such as checkpoint*.pt gives checkpoint_last.pt beside the checkpoint_<update>.pt it equals."""
+    out, numbered = tmp_path / "avg.pt", tiny_checkpoint.parent / "checkpoint_6.pt"
+    result = nmt("average-checkpoints", "--inputs", tiny_checkpoint, tiny_checkpoint, "--output", out)
+    assert result.exit_code == 1 and f"{tiny_checkpoint} is given twice (update 6)" in result.output
+    result = nmt("average-checkpoints", "--inputs", numbered, tiny_checkpoint, "--output", out)
+    assert result.exit_code == 1 and f"{tiny_checkpoint} and {numbered} hold the same weights" in result.output
+    assert not out.exists()
 
 
 def test_average_last_n_of_a_directory(tiny_checkpoint, tmp_path):
@@ -151,6 +152,7 @@ def test_average_last_n_of_a_directory(tiny_checkpoint, tmp_path):
     )
     assert result.exit_code == 0, result.output
     assert [Path(p).name for p in load_checkpoint(out)["averaged_from"]] == ["checkpoint_4.pt", "checkpoint_6.pt"]
+    assert "optimizer" not in load_checkpoint(out)
     a, b = (load_checkpoint(tiny_checkpoint.parent / f"checkpoint_{u}.pt")["model"] for u in (4, 6))
     name = "encoder.0.ffn.fc1.weight"
     torch.testing.assert_close(load_checkpoint(out)["model"][name], (a[name] + b[name]) / 2)
