@@ -214,9 +214,9 @@ class TrainConfig:
     save_dir: str = flag(help="Checkpoint directory; resumes from checkpoint_last.pt there.", path="new")
     max_tokens: int = flag(4096, "Padded source (and target) tokens per batch, EOS included.", min=1)
     update_freq: int = flag(1, "Batches accumulated per update.", min=1)
-    max_update: int = flag(0, "Stop after this many updates.", min=0)
-    max_epoch: int = flag(0, "Stop after this many epochs.", min=0)
-    max_time_minutes: float = flag(0.0, "Stop after this much training wall clock.", min=0)
+    max_update: int = flag(0, "Stop after this many updates (0: no limit).", min=0)
+    max_epoch: int = flag(0, "Stop after this many epochs (0: no limit).", min=0)
+    max_time_minutes: float = flag(0.0, "Stop after this much training wall clock (0: no limit).", min=0)
     lr_scheduler: str = flag(
         "noam", "noam: the paper's schedule; inverse_sqrt: fairseq's.", choices=("noam", "inverse_sqrt")
     )
