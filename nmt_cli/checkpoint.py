@@ -241,7 +241,7 @@ def average_checkpoints(paths: list[Path]) -> dict[str, Any]:
         raise CheckpointError("no checkpoints to average")
     first = load_checkpoint(paths[0])
     sums = {k: v.double() if v.is_floating_point() else v.clone() for k, v in first["model"].items()}
-    by_update = {first.get("update"): [(paths[0], first["model"])]}  # to refuse the same weights twice
+    by_update = {first.get("update"): [paths[0]]}  # to refuse the same weights twice
     for path in paths[1:]:
         state = load_checkpoint(path)
         if state["model_config"] != first["model_config"]:
@@ -254,11 +254,13 @@ def average_checkpoints(paths: list[Path]) -> dict[str, Any]:
             if v.shape != sums[k].shape:
                 raise CheckpointError(f"{path}: {k} has shape {tuple(v.shape)}, {paths[0]} has {tuple(sums[k].shape)}")
         # checkpoint_last.pt is also the newest checkpoint_<update>.pt: given both, that update would count twice
-        for other, weights in by_update.setdefault(state.get("update"), []):
+        # (the earlier one is loaded again, memory-mapped, only then: no input stays mapped while averaging)
+        for other in by_update.setdefault(state.get("update"), []):
+            weights = load_checkpoint(other)["model"]
             if all(torch.equal(v, weights[k]) for k, v in state["model"].items()):
                 same = f"{path} is given twice" if path.samefile(other) else f"{path} and {other} hold the same weights"
                 raise CheckpointError(f"{same} (update {state.get('update')}); averaging would count that update twice")
-        by_update[state.get("update")].append((path, state["model"]))
+        by_update[state.get("update")].append(path)
         for k, v in state["model"].items():
             if v.is_floating_point():
                 sums[k] += v.double()
