@@ -1,10 +1,11 @@
 """`nmt generate` with a parsing checkpoint: sentences in, one bracketed tree per line out.
 
-Each input line is split on whitespace; its words are encoded with the checkpoint's sentencepiece
-model, searched under the tree constraint (constraint.py) with exactly as many leaves as words,
-and the best hypothesis is turned back into a tree holding the input's own words (`(TOP ...)`,
-EVALB's gold format); punctuation words get their fixed tag (linearize.tag_punctuation). An empty
-line gives an empty line.
+Each input line is split on whitespace into words written as the treebank writes them (brackets as
+-LRB- -RRB- -LSB- -RSB- -LCB- -RCB-, also inside a word: `ptb_words`, which keeps the output's brackets
+balanced); the words are encoded with the checkpoint's sentencepiece model, searched under the tree
+constraint (constraint.py) with exactly as many leaves as words, and the best hypothesis is turned back
+into a tree holding those words (`(TOP ...)`, EVALB's gold format); punctuation words, the escaped
+brackets among them, get their fixed tag (linearize.tag_punctuation). An empty line gives an empty line.
 """
 
 from __future__ import annotations
@@ -30,6 +31,15 @@ from nmt_cli.search.greedy import greedy_search
 from nmt_cli.search.translate import Summary, Translator
 
 logger = logging.getLogger(__name__)
+
+
+# The Penn Treebank's escapes for brackets in words; a raw "(" or ")" as a leaf would break the tree's format.
+PTB_ESCAPES = str.maketrans({"(": "-LRB-", ")": "-RRB-", "[": "-LSB-", "]": "-RSB-", "{": "-LCB-", "}": "-RCB-"})
+
+
+def ptb_words(line: str) -> list[str]:
+    """A tokenised sentence's words as the treebank (and so the parser's training data) writes them."""
+    return line.translate(PTB_ESCAPES).split()
 
 
 def tree_constraint(vocab: Vocab, vocab_size: int) -> TreeConstraint:
@@ -101,7 +111,7 @@ def generate_trees(
     summary, n_fallback, n_empty = Summary(), 0, 0
     for chunk in chunks:
         start = time.perf_counter()
-        words = [line.split() for line in chunk]
+        words = [ptb_words(line) for line in chunk]
         trees, fallback = parse_sentences(tr, constraint, words, cfg, max_tokens, batch_size)
         n_fallback += fallback
         n_empty += sum(t is None for t in trees)

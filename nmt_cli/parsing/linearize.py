@@ -37,6 +37,13 @@ PUNCTUATION_TAGS = {
     "``": "``",
     "`": "``",
     "''": "''",
+    # Brackets, escaped as the treebank writes them (generate.ptb_words): -LRB- / -RRB- whatever their shape.
+    "-LRB-": "-LRB-",
+    "-RRB-": "-RRB-",
+    "-LCB-": "-LRB-",
+    "-RCB-": "-RRB-",
+    "-LSB-": "-LRB-",
+    "-RSB-": "-RRB-",
 }
 
 

@@ -119,6 +119,21 @@ def test_generate_writes_trees_with_the_input_words_and_score_reads_them(parser_
     assert result.exit_code == 1 and "--metric bracket-f1" in result.output
 
 
+def test_brackets_in_words_come_out_escaped_as_the_treebank_writes_them(parser_checkpoint):
+    """A raw "(" leaf had made an unbalanced line: `(VBZ () (VP (VB big) (NP (DT ))`."""
+    root, ckpt = parser_checkpoint
+    (root / "brackets.words").write_text("The cat ( big ) sat .\nf(x) [ y ] { z }\n")
+    result = CliRunner().invoke(cli, ["generate", "--path", str(ckpt), "--input", str(root / "brackets.words")])
+    assert result.exit_code == 0, result.output
+    from nmt_cli.parsing.tree import parse_tree
+
+    first, second = (parse_tree(line) for line in result.stdout.splitlines())
+    assert first.words() == ["The", "cat", "-LRB-", "big", "-RRB-", "sat", "."]
+    assert first.tags()[2] == "-LRB-" and first.tags()[4] == "-RRB-"  # punctuation keeps its fixed tag
+    assert second.words() == ["f-LRB-x-RRB-", "-LSB-", "y", "-RSB-", "-LCB-", "z", "-RCB-"]
+    assert [second.tags()[i] for i in (1, 3, 4, 6)] == ["-LRB-", "-RRB-", "-LRB-", "-RRB-"]  # as in the WSJ
+
+
 def test_a_parser_needs_raw_sentences(parser_checkpoint):
     root, ckpt = parser_checkpoint
     result = CliRunner().invoke(cli, ["generate", str(root / "bin"), "--path", str(ckpt), "--gen-subset", "valid"])
