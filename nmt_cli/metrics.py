@@ -14,7 +14,7 @@ from pathlib import Path
 
 import sacrebleu
 
-from nmt_cli.errors import DataError
+from nmt_cli.errors import ConfigError, DataError
 
 METRICS = ("sacrebleu", "chrf", "tok-bleu", "tok-bleu-compound")
 
@@ -42,7 +42,14 @@ def chrf_score(hyps: Sequence[str], refs: Sequence[str]) -> Score:
 
 def moses_tokenize(lines: Sequence[str], lang: str, split_compounds: bool) -> list[str]:
     from sacremoses import MosesTokenizer
+    from sacremoses.corpus import NonbreakingPrefixes
 
+    # Its language codes (not names: its own rules test the code, e.g. lang == "en" for apostrophes); an
+    # unknown lang would silently tokenize without the language's rules.
+    codes = sorted(k for k in NonbreakingPrefixes().available_langs if len(k) <= 3)
+    if lang not in codes:
+        known = ", ".join(codes)
+        raise ConfigError(f"--lang {lang!r} is not a language code of the Moses tokenizer; use one of {known}")
     tok = MosesTokenizer(lang=lang)
     out = []
     for line in lines:

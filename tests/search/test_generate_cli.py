@@ -147,6 +147,8 @@ def test_tokenized_compound_bleu_is_labelled(sys_ref):
     from nmt_cli.metrics import moses_tokenize
 
     assert moses_tokenize(["A well-known dog."], "en", True) == ["A well ##AT##-##AT## known dog ."]
+    r = nmt("score", "--sys", hyp, "--ref", ref, "--metric", "tok-bleu", "--lang", "ger")  # a typo for de
+    assert r.exit_code == 1 and "--lang 'ger' is not a language code of the Moses tokenizer" in r.output
 
 
 def test_score_reads_fairseq_output(tiny_checkpoint, toy_data_bin, tmp_path):
