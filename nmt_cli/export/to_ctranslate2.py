@@ -52,6 +52,11 @@ def check_exportable(cfg: ModelConfig) -> None:
     """Settings CTranslate2's Transformer cannot express are refused here, by name."""
     if cfg.max_positions < 2:
         raise ExportError(f"max_positions={cfg.max_positions}: CTranslate2 needs a position table of at least 2 rows")
+    if cfg.attention_key_dim and cfg.attention_key_dim != cfg.d_model // cfg.heads:
+        raise ExportError(
+            f"attention_key_dim={cfg.attention_key_dim} (Table 3 row B): CTranslate2's attention needs keys of "
+            f"d_model / heads = {cfg.d_model // cfg.heads} per head (such a model exported, then failed to translate)"
+        )
 
 
 def set_linear(spec: common_spec.LinearSpec, w: Weights, prefix: str) -> None:

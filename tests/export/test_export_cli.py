@@ -70,3 +70,22 @@ def test_export_cli_writes_a_loadable_model(toy_data_bin, tmp_path, normalize_be
     assert result.exit_code == 0, result.output
     translator = ctranslate2.Translator(str(tmp_path / "ct2"), device="cpu")
     assert translator.translate_batch([["▁1", "▁2"]], beam_size=2, max_decoding_length=5)[0].hypotheses
+
+
+def test_a_key_size_ctranslate2_cannot_hold_is_refused(toy_data_bin, tmp_path):
+    """Table 3 row B's key size (--attention-key-dim) exported fine and then broke CTranslate2's translate_batch
+    ("new shape size (840) is incompatible with current size (896)")."""
+    pytest.importorskip("ctranslate2", reason="ctranslate2 is not installed (pip install nmt[export])")
+    from conftest import tiny_train_config
+
+    from nmt_cli.config import SearchConfig, model_config
+    from nmt_cli.train.command import train
+
+    train(
+        tiny_train_config(toy_data_bin, tmp_path / "ck", max_update=1),
+        model_config("transformer_tiny", attention_key_dim=8),  # d_model 32, 2 heads: 16 per head otherwise
+        SearchConfig(),
+    )
+    result = run("--path", str(tmp_path / "ck" / "checkpoint_last.pt"), "--output", str(tmp_path / "ct2"))
+    assert result.exit_code == 1 and "attention_key_dim=8 (Table 3 row B)" in result.output
+    assert not (tmp_path / "ct2").exists()
