@@ -72,7 +72,18 @@ def choose_device(name: str, local_rank: int = 0) -> torch.device:
 
 
 def set_threads(n_threads: int | None) -> None:
+    """--threads: torch's intra-op threads (None or 0: torch's default), with a warning when they outnumber
+    the cores this process may run on (--threads 1000 on 2 cores: one short sentence in 2.6 s against 0.07)."""
     if n_threads:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        if n_threads > cores:
+            logger.warning(
+                "--threads %d is more than the %d CPU core(s) this process may use: the threads will take turns "
+                "and run slower; --threads %d fits",
+                n_threads,
+                cores,
+                cores,
+            )
         torch.set_num_threads(n_threads)
 
 
