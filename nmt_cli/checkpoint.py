@@ -250,18 +250,18 @@ def average_checkpoints(paths: list[Path]) -> dict[str, Any]:
             )
         if set(state["model"]) != set(sums):
             raise CheckpointError(f"{path} has other parameter names than {paths[0]}")
-        for k, v in state["model"].items():
-            if v.shape != sums[k].shape:
-                raise CheckpointError(f"{path}: {k} has shape {tuple(v.shape)}, {paths[0]} has {tuple(sums[k].shape)}")
         # checkpoint_last.pt is also the newest checkpoint_<update>.pt: given both, that update would count twice
         # (the earlier one is loaded again, memory-mapped, only then: no input stays mapped while averaging)
-        for other in by_update.setdefault(state.get("update"), []):
+        update = state.get("update")
+        for other in by_update.setdefault(update, []):
             weights = load_checkpoint(other)["model"]
             if all(torch.equal(v, weights[k]) for k, v in state["model"].items()):
                 same = f"{path} is given twice" if path.samefile(other) else f"{path} and {other} hold the same weights"
-                raise CheckpointError(f"{same} (update {state.get('update')}); averaging would count that update twice")
-        by_update[state.get("update")].append(path)
+                raise CheckpointError(f"{same} (update {update}); averaging would count that update twice")
+        by_update[update].append(path)
         for k, v in state["model"].items():
+            if v.shape != sums[k].shape:
+                raise CheckpointError(f"{path}: {k} has shape {tuple(v.shape)}, {paths[0]} has {tuple(sums[k].shape)}")
             if v.is_floating_point():
                 sums[k] += v.double()
     averaged: dict[str, torch.Tensor] = {}
