@@ -23,7 +23,16 @@ from nmt_cli.data.batching import batch_by_tokens, pad_sources
 from nmt_cli.data.vocab import EOS, PAD, Vocab
 from nmt_cli.errors import ConfigError
 from nmt_cli.parsing.constraint import TreeConstraint
-from nmt_cli.parsing.linearize import CLOSE, SLOT, TOP, delinearize, is_open, tag_punctuation, with_top
+from nmt_cli.parsing.linearize import (
+    BRACKET_ESCAPES,
+    CLOSE,
+    SLOT,
+    TOP,
+    delinearize,
+    is_open,
+    tag_punctuation,
+    with_top,
+)
 from nmt_cli.parsing.tree import Tree
 from nmt_cli.runtime import autocast
 from nmt_cli.search.beam import beam_search, max_lengths
@@ -33,8 +42,7 @@ from nmt_cli.search.translate import Summary, Translator
 logger = logging.getLogger(__name__)
 
 
-# The Penn Treebank's escapes for brackets in words; a raw "(" or ")" as a leaf would break the tree's format.
-PTB_ESCAPES = str.maketrans({"(": "-LRB-", ")": "-RRB-", "[": "-LSB-", "]": "-RSB-", "{": "-LCB-", "}": "-RCB-"})
+PTB_ESCAPES = str.maketrans(BRACKET_ESCAPES)
 
 
 def ptb_words(line: str) -> list[str]:

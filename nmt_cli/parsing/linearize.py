@@ -37,14 +37,11 @@ PUNCTUATION_TAGS = {
     "``": "``",
     "`": "``",
     "''": "''",
-    # Brackets, escaped as the treebank writes them (generate.ptb_words): -LRB- / -RRB- whatever their shape.
-    "-LRB-": "-LRB-",
-    "-RRB-": "-RRB-",
-    "-LCB-": "-LRB-",
-    "-RCB-": "-RRB-",
-    "-LSB-": "-LRB-",
-    "-RSB-": "-RRB-",
 }
+# Brackets in words as the treebank writes them (a raw "(" or ")" leaf would break a tree's format), all
+# tagged -LRB- / -RRB- whatever their shape.
+BRACKET_ESCAPES = {"(": "-LRB-", ")": "-RRB-", "[": "-LSB-", "]": "-RSB-", "{": "-LCB-", "}": "-RCB-"}
+PUNCTUATION_TAGS |= {word: "-LRB-" if c in "([{" else "-RRB-" for c, word in BRACKET_ESCAPES.items()}
 
 
 def is_open(token: str) -> bool:
