@@ -124,21 +124,24 @@ def prepare(cfg: TrainConfig, model_cfg: ModelConfig, search_cfg: SearchConfig) 
 
 
 def report_long_pairs(trainer: Trainer) -> None:
-    """Say how many pairs do not fit --max-positions: training skips them, validation scores them cut."""
+    """Say how many pairs training skips, being longer than a batch (--max-tokens) or the model
+    (--max-positions) allows, and how many validation scores cut."""
     limit = trainer.model_cfg.max_positions
+    budget = min(trainer.cfg.max_tokens, limit)
+    option = f"--max-tokens {trainer.cfg.max_tokens}" if trainer.cfg.max_tokens < limit else f"--max-positions {limit}"
     data = trainer.train_data
-    n_long = count_too_long(data.src_lens, data.tgt_lens, limit)
+    n_long = count_too_long(data.src_lens, data.tgt_lens, budget)
     if n_long == len(data):
         raise DataError(
-            f"every training pair of {trainer.cfg.data_dir} needs more than --max-positions {limit} "
-            "positions; raise --max-positions"
+            f"every training pair of {trainer.cfg.data_dir} needs more than {option} positions "
+            f"(a side's pieces + 1); raise {option.split()[0]}"
         )
     if n_long:
         logger.warning(
-            "%d of %d training pairs need more than --max-positions %d positions (length + 1); training skips them",
+            "%d of %d training pairs need more than %s positions (a side's pieces + 1); training skips them",
             n_long,
             len(data),
-            limit,
+            option,
         )
     valid = trainer.valid_data
     n_long = count_too_long(valid.src_lens, valid.tgt_lens, limit) if valid is not None else 0

@@ -261,6 +261,12 @@ IN_PROCESS = [
         "needs more than --max-positions 2",
     ),
     (
+        "train-max-tokens-below-every-pair",
+        None,
+        "train {w}/data --save-dir {w}/new " + " ".join(TINY) + " --max-update 2 --max-tokens 2",
+        "needs more than --max-tokens 2",
+    ),
+    (
         "truncated-bin",
         lambda w: truncate_bin(w / "data"),
         "train {w}/data --save-dir {w}/new " + " ".join(TINY) + " --max-update 2",

@@ -67,6 +67,13 @@ def test_log_file_in_a_missing_directory_and_over_long_pairs(toy_data_bin, tmp_p
     assert "valid pairs are longer than --max-positions 8" in r.output
 
 
+def test_pairs_longer_than_max_tokens_are_counted(toy_data_bin, tmp_path):
+    """A batch of one pair must fit --max-tokens: training skips longer pairs, and says how many."""
+    r = nmt("train", toy_data_bin, "--save-dir", tmp_path / "run", *TINY, "--max-update", 1, "--max-tokens", 8)
+    assert r.exit_code == 0, r.output
+    assert "training pairs need more than --max-tokens 8 positions" in r.output and "skips them" in r.output
+
+
 def test_search_never_emits_vocabulary_padding_ids(toy_data_bin):
     log_probs = torch.zeros(2, 32)
     log_probs[:, 30] = 5.0
