@@ -17,6 +17,7 @@ import torch
 
 from nmt_cli import __version__
 from nmt_cli.config import ModelConfig, SearchConfig, TrainConfig, config_from_dict, config_to_dict
+from nmt_cli.data.dataset import SPM_FILE
 from nmt_cli.data.vocab import Vocab
 from nmt_cli.errors import CheckpointError, ConfigError
 from nmt_cli.files import atomic_write, make_parent
@@ -137,13 +138,27 @@ def spm_fingerprint(model_bytes: bytes) -> str:
     return hashlib.sha256(model_bytes).hexdigest()
 
 
-def check_same_vocabulary(state: dict[str, Any], ckpt_path: Path, spm_bytes: bytes, spm_path: Path) -> None:
-    """Refuse a data directory whose sentencepiece model is not the one the checkpoint was trained with."""
+def check_same_data(
+    state: dict[str, Any],
+    ckpt_path: Path,
+    data_dir: Path,
+    meta: dict[str, Any],
+    spm_bytes: bytes,
+    remedy: str = "use a data directory of the checkpoint's languages and direction",
+) -> None:
+    """Refuse a data directory made with another sentencepiece model, or for other languages or the
+    other direction, than the checkpoint was trained on (`remedy` ends that error)."""
     ours, theirs = spm_fingerprint(bytes(state["spm_model"])), spm_fingerprint(spm_bytes)
     if ours != theirs:
         raise CheckpointError(
-            f"{spm_path} (sha256 {theirs[:12]}) is not the sentencepiece model of {ckpt_path} "
+            f"{data_dir / SPM_FILE} (sha256 {theirs[:12]}) is not the sentencepiece model of {ckpt_path} "
             f"(sha256 {ours[:12]}); the data directory was made with another vocabulary"
+        )
+    trained = (state.get("source_lang"), state.get("target_lang"))
+    given = (meta["source_lang"], meta["target_lang"])
+    if None not in trained and trained != given:
+        raise CheckpointError(
+            f"{ckpt_path} was trained {trained[0]}->{trained[1]} but {data_dir} holds {given[0]}->{given[1]}; {remedy}"
         )
 
 

@@ -17,9 +17,9 @@ from typing import Any, TextIO
 import numpy as np
 import torch
 
-from nmt_cli.checkpoint import check_same_vocabulary, load_checkpoint, search_config_of
+from nmt_cli.checkpoint import check_same_data, load_checkpoint, search_config_of
 from nmt_cli.config import GenerateConfig, SearchConfig
-from nmt_cli.data.dataset import SPM_FILE, load_vocab
+from nmt_cli.data.dataset import load_meta, load_vocab
 from nmt_cli.data.vocab import Vocab
 from nmt_cli.errors import ConfigError, DataError
 from nmt_cli.files import atomic_text_output, require_file
@@ -58,7 +58,8 @@ def generate(cfg: GenerateConfig, search_overrides: dict[str, Any] | None = None
     precision = generation_precision(cfg.precision, device, state)
     if cfg.data_dir is not None:
         data_dir = Path(cfg.data_dir)
-        check_same_vocabulary(state, Path(cfg.path), load_vocab(data_dir).model_bytes, data_dir / SPM_FILE)
+        meta = load_meta(data_dir)
+        check_same_data(state, Path(cfg.path), data_dir, meta, load_vocab(data_dir, meta).model_bytes)
     is_parser = state.get("target_format") == "ptb-tree"
     if is_parser:
         check_parse_request(cfg)

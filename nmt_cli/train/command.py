@@ -13,10 +13,10 @@ from typing import Any
 
 import torch
 
-from nmt_cli.checkpoint import LAST, check_same_vocabulary, has_training_state, load_checkpoint, model_config_of
+from nmt_cli.checkpoint import LAST, check_same_data, has_training_state, load_checkpoint, model_config_of
 from nmt_cli.config import PARSE_SEARCH, ModelConfig, SearchConfig, TrainConfig, config_to_dict
 from nmt_cli.data.batching import count_too_long
-from nmt_cli.data.dataset import SPM_FILE, load_meta, load_vocab
+from nmt_cli.data.dataset import load_meta, load_vocab
 from nmt_cli.errors import CheckpointError, DataError, NmtError
 from nmt_cli.files import LOCK_FILE, atomic_write_text, make_parent, remove_stale_temporaries, run_lock
 from nmt_cli.log import print_table
@@ -93,7 +93,14 @@ def prepare(cfg: TrainConfig, model_cfg: ModelConfig, search_cfg: SearchConfig) 
     last = save_dir / LAST
     ckpt = load_checkpoint(last) if last.exists() else None
     if ckpt is not None:
-        check_same_vocabulary(ckpt, last, vocab.model_bytes, data_dir / SPM_FILE)
+        check_same_data(
+            ckpt,
+            last,
+            data_dir,
+            meta,
+            vocab.model_bytes,
+            "resume on its data directory, or train anew in another --save-dir",
+        )
         check_resumable(ckpt, model_cfg, cfg, last)
     seed_everything(cfg.seed)
     trainer = Trainer(cfg, model_cfg, search_cfg, vocab, meta, info, device)

@@ -152,6 +152,12 @@ def break_offsets_without_checksums(data_dir):
     edit_meta(data_dir, checksums=None)
 
 
+def reversed_data(work):
+    """work/reversed: the same data directory read tgt -> src (the same files, the languages swapped)."""
+    shutil.copytree(work / "data", work / "reversed")
+    edit_meta(work / "reversed", source_lang="tgt", target_lang="src")
+
+
 def newer_checkpoint(work):
     state = torch.load(work / "run" / "checkpoint_last.pt", weights_only=True)
     state["format_version"] = 99
@@ -171,6 +177,18 @@ IN_PROCESS = [
         None,
         "train {other} --save-dir {w}/run " + " ".join(TINY) + " --max-update 9",
         "is not the sentencepiece model of",
+    ),
+    (
+        "generate-data-of-the-other-direction",
+        reversed_data,
+        "generate {w}/reversed --path {w}/run/checkpoint_last.pt --gen-subset test",
+        "was trained src->tgt but",
+    ),
+    (
+        "resume-on-data-of-the-other-direction",
+        reversed_data,
+        "train {w}/reversed --save-dir {w}/run " + " ".join(TINY) + " --max-update 9",
+        "holds tgt->src; resume on its data directory",
     ),
     (
         "average-output-is-an-input",
