@@ -13,11 +13,11 @@ from typing import Any
 
 import torch
 
-from nmt_cli.checkpoint import LAST, check_same_data, has_training_state, load_checkpoint, model_config_of
+from nmt_cli.checkpoint import BEST, LAST, check_same_data, has_training_state, load_checkpoint, model_config_of
 from nmt_cli.config import PARSE_SEARCH, ModelConfig, SearchConfig, TrainConfig, config_to_dict
 from nmt_cli.data.batching import count_too_long
 from nmt_cli.data.dataset import load_meta, load_vocab
-from nmt_cli.errors import CheckpointError, DataError, NmtError
+from nmt_cli.errors import CheckpointError, ConfigError, DataError, NmtError
 from nmt_cli.files import LOCK_FILE, atomic_write_text, make_parent, remove_stale_temporaries, run_lock
 from nmt_cli.log import print_table
 from nmt_cli.model.transformer import count_parameters
@@ -105,6 +105,7 @@ def prepare(cfg: TrainConfig, model_cfg: ModelConfig, search_cfg: SearchConfig) 
     seed_everything(cfg.seed)
     trainer = Trainer(cfg, model_cfg, search_cfg, vocab, meta, info, device)
     report_long_pairs(trainer)
+    check_validation(trainer)
     if ckpt is not None:
         trainer.restore(ckpt, last)
         logger.info(
@@ -161,6 +162,25 @@ def report_long_pairs(trainer: Trainer) -> None:
             limit,
             limit - 1,
         )
+
+
+def check_validation(trainer: Trainer) -> None:
+    """Without a valid split there is no validation: refuse the options that need one, else say so."""
+    if trainer.valid_data is not None:
+        return
+    c = trainer.cfg
+    needs = [f for f, on in (("--patience", c.patience), ("--eval-bleu", c.eval_bleu)) if on]
+    needs += ["--validate-interval-updates"] if c.validate_interval_updates else []
+    if needs:
+        raise ConfigError(
+            f"{' and '.join(needs)} need{'s' if len(needs) == 1 else ''} a valid split, and {c.data_dir} has none; "
+            "preprocess with --validpref"
+        )
+    logger.warning(
+        "%s has no valid split: training runs without validation and writes no %s (preprocess with --validpref)",
+        c.data_dir,
+        BEST,
+    )
 
 
 def check_resumable(ckpt: dict[str, Any], model_cfg: ModelConfig, cfg: TrainConfig, path: Path) -> None:

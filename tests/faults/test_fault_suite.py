@@ -285,6 +285,12 @@ IN_PROCESS = [
         "needs more than --max-tokens 2",
     ),
     (
+        "train-patience-without-a-valid-split",
+        None,
+        "train {other} --save-dir {w}/new " + " ".join(TINY) + " --max-update 2 --patience 2 --eval-bleu",
+        "--patience and --eval-bleu need a valid split",
+    ),
+    (
         "truncated-bin",
         lambda w: truncate_bin(w / "data"),
         "train {w}/data --save-dir {w}/new " + " ".join(TINY) + " --max-update 2",

@@ -4,6 +4,7 @@ checkpoints keep their numbering and their tied weights."""
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -72,6 +73,18 @@ def test_pairs_longer_than_max_tokens_are_counted(toy_data_bin, tmp_path):
     r = nmt("train", toy_data_bin, "--save-dir", tmp_path / "run", *TINY, "--max-update", 1, "--max-tokens", 8)
     assert r.exit_code == 0, r.output
     assert "training pairs need more than --max-tokens 8 positions" in r.output and "skips them" in r.output
+
+
+def test_training_without_a_valid_split_says_so(toy_data_bin, tmp_path):
+    data = tmp_path / "data"
+    shutil.copytree(toy_data_bin, data)
+    meta = json.loads((data / "meta.json").read_text())
+    del meta["splits"]["valid"]
+    (data / "meta.json").write_text(json.dumps(meta))
+    r = nmt("train", data, "--save-dir", tmp_path / "run", *TINY, "--max-update", 2)
+    assert r.exit_code == 0, r.output
+    assert "has no valid split: training runs without validation and writes no checkpoint_best.pt" in r.output
+    assert (tmp_path / "run" / "checkpoint_last.pt").exists() and not (tmp_path / "run" / "checkpoint_best.pt").exists()
 
 
 def test_search_never_emits_vocabulary_padding_ids(toy_data_bin):
