@@ -247,6 +247,15 @@ def numbered_checkpoints(directory: Path) -> list[Path]:
     return [p for _, p in sorted(found)]
 
 
+TASK_KEYS = ("source_lang", "target_lang", "target_format", "tree_leaves")
+
+
+def _task_in_words(task: tuple) -> str:
+    """(source_lang, target_lang, target_format, tree_leaves) in words, e.g. "en->de" or "words->ptb-tree (pos)"."""
+    source, target, target_format, leaves = task
+    return f"{source}->{target}" + (f" as {target_format} ({leaves})" if target_format not in (None, "text") else "")
+
+
 def average_checkpoints(paths: list[Path]) -> dict[str, Any]:
     """Average the weights of several checkpoints of one model (float32 or wider accumulation).
 
@@ -262,6 +271,17 @@ def average_checkpoints(paths: list[Path]) -> dict[str, Any]:
         if state["model_config"] != first["model_config"]:
             raise CheckpointError(
                 f"{path} has another model config than {paths[0]}; only checkpoints of one model can be averaged"
+            )
+        if spm_fingerprint(bytes(state["spm_model"])) != spm_fingerprint(bytes(first["spm_model"])):
+            raise CheckpointError(
+                f"{path} has another sentencepiece model than {paths[0]}; only checkpoints of one vocabulary "
+                "can be averaged"
+            )
+        task, first_task = (tuple(c.get(k) for k in TASK_KEYS) for c in (state, first))
+        if task != first_task:
+            raise CheckpointError(
+                f"{path} was trained for {_task_in_words(task)}, {paths[0]} for {_task_in_words(first_task)}; "
+                "only checkpoints of one task can be averaged"
             )
         if set(state["model"]) != set(sums):
             raise CheckpointError(f"{path} has other parameter names than {paths[0]}")

@@ -158,6 +158,17 @@ def reversed_data(work):
     edit_meta(work / "reversed", source_lang="tgt", target_lang="src")
 
 
+def train_on(name, make_data=None):
+    """A setup that trains 2 updates on work/<name> (made by make_data first) into work/run-<name>."""
+
+    def setup(work):
+        if make_data is not None:
+            make_data(work)
+        assert nmt("train", work / name, "--save-dir", work / f"run-{name}", *TINY, "--max-update", 2).exit_code == 0
+
+    return setup
+
+
 def newer_checkpoint(work):
     state = torch.load(work / "run" / "checkpoint_last.pt", weights_only=True)
     state["format_version"] = 99
@@ -189,6 +200,18 @@ IN_PROCESS = [
         reversed_data,
         "train {w}/reversed --save-dir {w}/run " + " ".join(TINY) + " --max-update 9",
         "holds tgt->src; resume on its data directory",
+    ),
+    (
+        "average-checkpoints-of-another-vocabulary",
+        train_on("other"),
+        "average-checkpoints --inputs {w}/run/checkpoint_last.pt {w}/run-other/checkpoint_last.pt --output {w}/a.pt",
+        "has another sentencepiece model than",
+    ),
+    (
+        "average-checkpoints-of-the-other-direction",
+        train_on("reversed", reversed_data),
+        "average-checkpoints --inputs {w}/run/checkpoint_last.pt {w}/run-reversed/checkpoint_last.pt --output {w}/a.pt",
+        "was trained for tgt->src",
     ),
     (
         "average-output-is-an-input",
