@@ -156,6 +156,12 @@ class NmtConverter(ctranslate2.converters.Converter):
 
     def _load(self) -> transformer_spec.TransformerSpec:
         state = load_checkpoint(self.checkpoint_path)
+        if state.get("target_format") == "ptb-tree":
+            raise ExportError(
+                f"{self.checkpoint_path} is a parsing model: its trees come from `nmt generate --input`, which "
+                "keeps the brackets balanced and puts the words back at the leaves; CTranslate2 would give the "
+                "raw linearized pieces"
+            )
         cfg = model_config_of(state, self.checkpoint_path)
         check_exportable(cfg)
         model = model_around_weights(cfg, state["model"], self.checkpoint_path)

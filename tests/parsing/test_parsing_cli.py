@@ -140,6 +140,15 @@ def test_a_parser_needs_raw_sentences(parser_checkpoint):
     assert result.exit_code == 1 and "parsing model" in result.output
 
 
+def test_a_parser_is_not_exported(parser_checkpoint, tmp_path):
+    """CTranslate2 would give the raw linearized pieces: no balanced brackets, no words at the leaves."""
+    pytest.importorskip("ctranslate2")
+    _, ckpt = parser_checkpoint
+    result = CliRunner().invoke(cli, ["export", "--path", str(ckpt), "--output", str(tmp_path / "ct2")])
+    assert result.exit_code == 1 and "is a parsing model" in result.output, result.output
+    assert not (tmp_path / "ct2").exists()
+
+
 @pytest.mark.parametrize(
     "tree, words, message",
     [
