@@ -63,9 +63,14 @@ def flat_tree(words: Sequence[str]) -> Tree:
 
 
 def search_trees(
-    tr: Translator, constraint: TreeConstraint, sources: Sequence[np.ndarray], n_words: list[int], cfg: SearchConfig
+    tr: Translator,
+    constraint: TreeConstraint,
+    sources: Sequence[np.ndarray],
+    n_words: list[int],
+    cfg: SearchConfig,
+    generator: torch.Generator | None = None,
 ) -> list[list[int]]:
-    """The best tree-token ids for one batch of encoded sentences."""
+    """The best tree-token ids for one batch of encoded sentences (sampled with `generator` under cfg.sampling)."""
     src = pad_sources([np.asarray(s, dtype=np.int64) for s in sources]).to(tr.device)
     src_lens = torch.tensor([len(s) for s in sources], device=tr.device)
     n_leaves = torch.tensor(n_words, device=tr.device)
@@ -73,7 +78,7 @@ def search_trees(
         enc = tr.model.encode(src, src.eq(PAD))
         if cfg.sampling or cfg.beam == 1:
             hyps = greedy_search(
-                tr.model, enc, src_lens, cfg, None, tr.vocab.n_pieces, constraint=constraint, n_leaves=n_leaves
+                tr.model, enc, src_lens, cfg, generator, tr.vocab.n_pieces, constraint=constraint, n_leaves=n_leaves
             )
         else:
             hyps = beam_search(
@@ -100,9 +105,10 @@ def parse_sentences(
     n_fallback = sum(1 for i, w in enumerate(words) if w and not bool(fits[i]))
     lengths = np.array([len(sources[i]) for i in todo], dtype=np.int64)
     budget = max(max_tokens, int(lengths.max(initial=0)) + 1)  # every sentence fits: none is skipped
+    generator = torch.Generator(device=tr.device).manual_seed(cfg.seed) if cfg.sampling else None  # as translate's
     for batch in batch_by_tokens(lengths, lengths, budget, None, batch_size)[0]:
         ids = todo[batch]
-        best = search_trees(tr, constraint, [sources[i] for i in ids], [len(words[i]) for i in ids], cfg)
+        best = search_trees(tr, constraint, [sources[i] for i in ids], [len(words[i]) for i in ids], cfg, generator)
         for i, tokens in zip(ids, best):
             try:
                 trees[i] = with_top(tag_punctuation(delinearize(tr.vocab.pieces(tokens), words[i])))

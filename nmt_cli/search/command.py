@@ -65,6 +65,10 @@ def generate(cfg: GenerateConfig, search_overrides: dict[str, Any] | None = None
         check_parse_request(cfg)
     translator = translator_from(state, Path(cfg.path), device, AMP_DTYPES[precision], cfg.quantize)
     search = replace(search_config_of(state), **(search_overrides or {}))
+    if is_parser and search.nbest > 1:
+        raise ConfigError(
+            f"{cfg.path} is a parsing model; it writes its best tree per sentence, not --nbest {search.nbest}"
+        )
     del state  # the model holds its own copy of the weights
     fmt = cfg.output_format or ("fairseq" if cfg.data_dir else "plain")
     with ExitStack() as stack:

@@ -140,6 +140,22 @@ def test_a_parser_needs_raw_sentences(parser_checkpoint):
     assert result.exit_code == 1 and "parsing model" in result.output
 
 
+def test_parser_sampling_follows_the_seed_and_nbest_is_refused(parser_checkpoint, tmp_path):
+    _, ckpt = parser_checkpoint
+    words = tmp_path / "in.words"
+    words.write_text("the cat sat .\na dog ran home .\nthe old man saw the young dog .\n")
+
+    def parse(*options):
+        result = CliRunner().invoke(cli, ["generate", "--path", str(ckpt), "--input", str(words), *options])
+        return result.exit_code, [line for line in result.output.splitlines() if " INFO " not in line]
+
+    runs = {seed: [parse("--sampling", "--seed", seed) for _ in range(2)] for seed in ("3", "4")}
+    assert all(code == 0 for pair in runs.values() for code, _ in pair)
+    assert runs["3"][0] == runs["3"][1] and runs["4"][0] == runs["4"][1]  # the seed decides the sample
+    code, output = parse("--nbest", "2")
+    assert code == 1 and "writes its best tree per sentence, not --nbest 2" in output[0]
+
+
 def test_a_parser_is_not_exported(parser_checkpoint, tmp_path):
     """CTranslate2 would give the raw linearized pieces: no balanced brackets, no words at the leaves."""
     pytest.importorskip("ctranslate2")
