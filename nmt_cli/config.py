@@ -138,6 +138,9 @@ def model_config(arch: str, **given: Any) -> ModelConfig:
     return replace(ARCHITECTURES[arch], **{k: v for k, v in given.items() if v is not None})
 
 
+SPM_TRAINING_FLAGS = ("--vocab-size", "--model-type", "--character-coverage", "--spm-train-sentences")
+
+
 @dataclass(frozen=True)
 class PreprocessConfig:
     source_lang: str = flag(help="Source language suffix, e.g. en.", short="-s")
@@ -170,6 +173,15 @@ class PreprocessConfig:
         check_fields(self)
         if self.source_lang == self.target_lang:
             raise ConfigError(f"--source-lang and --target-lang are both {self.source_lang!r}; they must differ")
+        changed = [flag_name(f.name) for f in fields(self) if getattr(self, f.name) != f.default]
+        spm_training = [name for name in SPM_TRAINING_FLAGS if name in changed]
+        if self.spm_model is not None and spm_training:
+            raise ConfigError(
+                f"{' and '.join(spm_training)} train a sentencepiece model, and --spm-model gives one; "
+                "drop one or the other"
+            )
+        if self.target_format != "ptb-tree" and "--tree-leaves" in changed:
+            raise ConfigError("--tree-leaves is for --target-format ptb-tree")
 
 
 @dataclass(frozen=True)

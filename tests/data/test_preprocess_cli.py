@@ -61,6 +61,21 @@ def test_existing_spm_model_is_reused(raw, toy_data_bin):
     assert (raw / "bin2" / "spm.model").read_bytes() == (toy_data_bin / "spm.model").read_bytes()
 
 
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        (["--vocab-size", "100"], "--vocab-size train a sentencepiece model, and --spm-model gives one"),
+        (["--model-type", "unigram", "--character-coverage", "0.99"], "--model-type and --character-coverage"),
+        (["--tree-leaves", "slot"], "--tree-leaves is for --target-format ptb-tree"),
+    ],
+)
+def test_options_that_would_be_ignored_are_refused(raw, toy_data_bin, options, message):
+    spm = [] if "--tree-leaves" in options else ["--spm-model", toy_data_bin / "spm.model"]
+    result = run("--trainpref", raw / "train", "--destdir", raw / "bin2", *spm, *options)
+    assert result.exit_code == 1 and message in result.output, result.output
+    assert not (raw / "bin2").exists()
+
+
 def test_missing_file(raw):
     result = run("--trainpref", raw / "nope", "--destdir", raw / "bin")
     assert result.exit_code == 1
