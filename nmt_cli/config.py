@@ -138,6 +138,11 @@ def model_config(arch: str, **given: Any) -> ModelConfig:
     return replace(ARCHITECTURES[arch], **{k: v for k, v in given.items() if v is not None})
 
 
+def changed_flags(cfg: Any) -> list[str]:
+    """The flags of a config dataclass that differ from their defaults (given, or set to another value)."""
+    return [flag_name(f.name) for f in fields(cfg) if f.default is not MISSING and getattr(cfg, f.name) != f.default]
+
+
 SPM_TRAINING_FLAGS = ("--vocab-size", "--model-type", "--character-coverage", "--spm-train-sentences")
 
 
@@ -173,7 +178,7 @@ class PreprocessConfig:
         check_fields(self)
         if self.source_lang == self.target_lang:
             raise ConfigError(f"--source-lang and --target-lang are both {self.source_lang!r}; they must differ")
-        changed = [flag_name(f.name) for f in fields(self) if getattr(self, f.name) != f.default]
+        changed = changed_flags(self)
         spm_training = [name for name in SPM_TRAINING_FLAGS if name in changed]
         if self.spm_model is not None and spm_training:
             raise ConfigError(
@@ -279,8 +284,12 @@ class TrainConfig:
                 "--lr sets the peak of inverse_sqrt; noam's peak follows d_model and "
                 "--warmup-updates, scale it with --lr-scale"
             )
+        if self.lr_scheduler == "inverse_sqrt" and self.lr_scale != 1.0:
+            raise ConfigError("--lr-scale multiplies noam's lr; inverse_sqrt's peak is --lr")
         if self.best_checkpoint_metric == "bleu" and not self.eval_bleu:
             raise ConfigError("--best-checkpoint-metric bleu needs --eval-bleu")
+        if "--eval-bleu-max-tokens" in changed_flags(self) and not self.eval_bleu:
+            raise ConfigError("--eval-bleu-max-tokens needs --eval-bleu")
         if len(self.adam_betas) != 2 or not all(0.0 <= b < 1.0 for b in self.adam_betas):
             raise ConfigError(f"--adam-betas {self.adam_betas} must be two numbers in [0, 1)")
 

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from nmt_cli.checkpoint import check_same_data, load_checkpoint, search_config_of
-from nmt_cli.config import GenerateConfig, SearchConfig
+from nmt_cli.config import GenerateConfig, SearchConfig, flag_name
 from nmt_cli.data.dataset import load_meta, load_vocab
 from nmt_cli.data.vocab import Vocab
 from nmt_cli.errors import ConfigError, DataError
@@ -27,6 +27,8 @@ from nmt_cli.parsing.generate import check_parse_request, generate_trees
 from nmt_cli.runtime import AMP_DTYPES, choose_device, resolve_precision, set_threads
 from nmt_cli.search.hypothesis import Hypothesis
 from nmt_cli.search.translate import Summary, Translator, translate, translator_from
+
+SAMPLING_FIELDS = ("sampling_topk", "sampling_topp", "temperature")  # options that only sampling reads
 
 logger = logging.getLogger(__name__)
 
@@ -63,12 +65,17 @@ def generate(cfg: GenerateConfig, search_overrides: dict[str, Any] | None = None
     is_parser = state.get("target_format") == "ptb-tree"
     if is_parser:
         check_parse_request(cfg)
-    translator = translator_from(state, Path(cfg.path), device, AMP_DTYPES[precision], cfg.quantize)
     search = replace(search_config_of(state), **(search_overrides or {}))
+    sampling_only = [flag_name(k) for k in SAMPLING_FIELDS if k in (search_overrides or {})]
+    if sampling_only and not search.sampling:
+        raise ConfigError(
+            f"--sampling is off, so {' and '.join(sampling_only)} would be ignored; add --sampling or drop them"
+        )
     if is_parser and search.nbest > 1:
         raise ConfigError(
             f"{cfg.path} is a parsing model; it writes its best tree per sentence, not --nbest {search.nbest}"
         )
+    translator = translator_from(state, Path(cfg.path), device, AMP_DTYPES[precision], cfg.quantize)
     del state  # the model holds its own copy of the weights
     fmt = cfg.output_format or ("fairseq" if cfg.data_dir else "plain")
     with ExitStack() as stack:

@@ -290,6 +290,25 @@ IN_PROCESS = [
         "--max-tokens",
     ),
     (
+        "train-lr-scale-with-inverse-sqrt",
+        None,
+        "train {w}/data --save-dir {w}/new " + " ".join(TINY) + " --max-update 2 --lr-scheduler inverse_sqrt "
+        "--lr-scale 2",
+        "--lr-scale multiplies noam's lr",
+    ),
+    (
+        "train-eval-bleu-max-tokens-without-eval-bleu",
+        None,
+        "train {w}/data --save-dir {w}/new " + " ".join(TINY) + " --max-update 2 --eval-bleu-max-tokens 100",
+        "--eval-bleu-max-tokens needs --eval-bleu",
+    ),
+    (
+        "generate-temperature-without-sampling",
+        None,
+        "generate {w}/data --path {w}/run/checkpoint_last.pt --temperature 0.5",
+        "--sampling is off, so --temperature would be ignored",
+    ),
+    (
         "train-nan-lr",
         None,
         "train {w}/data --save-dir {w}/new " + " ".join(TINY) + " --max-update 2 --lr-scale nan",
