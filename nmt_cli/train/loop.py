@@ -84,7 +84,13 @@ class Session:
         if not self.trainer.info.is_main:
             return
         s = self.trainer.state
-        record = {"event": event, "update": s.update, "epoch": s.epoch, "elapsed_s": round(s.elapsed, 1), **values}
+        record = {
+            "event": event,
+            "update": s.update,
+            "epoch": s.logged_epoch,
+            "elapsed_s": round(s.elapsed, 1),
+            **values,
+        }
         text = " | ".join(
             f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in record.items() if k != "event"
         )
@@ -225,4 +231,4 @@ def train_loop(trainer: Trainer) -> None:
         validate_and_save(r, numbered=True)
     elif r.numbered_at != s.update:  # validated and saved at this update already; add the numbered copy
         save(trainer, numbered=True, best=False)
-    logger.info("training ended at update %d, epoch %d after %.0f s: %s", s.update, s.epoch, s.elapsed, reason)
+    logger.info("training ended at update %d, epoch %d after %.0f s: %s", s.update, s.logged_epoch, s.elapsed, reason)

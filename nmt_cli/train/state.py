@@ -36,6 +36,12 @@ class TrainState:
     n_overflows: int = 0  # fp16 updates skipped for an overflow (also counted in n_skipped_updates)
     lr_start: int = 0  # update at which the lr schedule (re)started: --reset-lr-scheduler
 
+    @property
+    def logged_epoch(self) -> int:
+        """The epoch of the latest update, as logs name it: at an epoch's end `epoch` already points at the
+        next one (where a resumed run starts), but the validation and save that follow belong to the last."""
+        return self.epoch - 1 if self.batch_in_epoch == 0 and self.epoch > 1 else self.epoch
+
 
 def restore_training(
     ckpt: dict[str, Any],

@@ -60,10 +60,16 @@ def test_rerunning_a_finished_run_is_a_noop(toy_data_bin, tmp_path):
 
 
 def test_max_epoch_and_patience(toy_data_bin, tmp_path):
-    result = nmt("train", toy_data_bin, "--save-dir", tmp_path, *TINY, "--max-tokens", 4096, "--max-epoch", 2)
+    log = tmp_path / "log.jsonl"
+    result = nmt(
+        "train", toy_data_bin, "--save-dir", tmp_path, *TINY, "--max-tokens", 4096, "--max-epoch", 2, "--log-file", log
+    )
     assert result.exit_code == 0, result.output
     assert load_checkpoint(tmp_path / "checkpoint_last.pt")["epoch"] == 3  # the next epoch to run
-    assert "reached --max-epoch 2" in result.output
+    assert "epoch 2 after" in result.output and "reached --max-epoch 2" in result.output
+    # the validation at an epoch's end is logged under that epoch, as fairseq does, not the next one
+    records = [json.loads(line) for line in log.read_text().splitlines()]
+    assert [r["epoch"] for r in records if r["event"] == "valid"] == [1, 2]
 
 
 def train_subprocess(data_bin, save_dir, *extra):
