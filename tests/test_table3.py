@@ -66,6 +66,14 @@ def test_quick_selects_the_quick_rows_at_a_minute(tmp_path):
     assert all(a[a.index("--max-time-minutes") + 1] == "1" for a in commands)
 
 
+def test_rows_picks_rows_by_name_and_refuses_a_misspelt_one(tmp_path):
+    commands = dry_run_train_commands(tmp_path, ROWS="A:h8 D:drop0.2")
+    assert [a[a.index("--save-dir") + 1].split("/")[-2] for a in commands] == ["A_h8", "D_drop0.2"]
+    env = recipe_env(WORK_DIR=str(tmp_path / "work"), DRY_RUN="1", ROWS="base D:drop0x2")
+    run = subprocess.run(["bash", str(RECIPE / "run.sh")], env=env, capture_output=True, text=True, timeout=60)
+    assert run.returncode == 1 and "no row 'D:drop0x2'" in run.stderr, run.stderr
+
+
 def test_key_dim_and_learned_positions_train_and_translate(toy_data_bin, tmp_path):
     save = tmp_path / "ckpt"
     result = CliRunner().invoke(

@@ -34,6 +34,9 @@ while read -r name rest; do
     selected+=("$name ${rest/quick/}")
 done < "$here/rows.txt"
 [ ${#selected[@]} -gt 0 ] || { echo "no rows selected (ROWS='$ROWS')" >&2; exit 1; }
+for name in $ROWS; do  # a misspelt row would otherwise be left out without a word
+    awk -v n="$name" '$1 == n { found = 1 } END { exit !found }' "$here/rows.txt" || { echo "error: ROWS: no row '$name' in $here/rows.txt" >&2; exit 1; }
+done
 
 # 1. The Multi30k recipe's data: joint 8k sentencepiece vocabulary, binarized train/valid.
 mkdir -p "$WORK_DIR"
