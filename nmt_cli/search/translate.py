@@ -20,7 +20,7 @@ from nmt_cli.model.linear import ONEDNN_AVAILABLE, pack_for_cpu_inference
 from nmt_cli.model.quantize import quantize_for_cpu_inference
 from nmt_cli.model.transformer import Transformer
 from nmt_cli.runtime import autocast
-from nmt_cli.search.beam import beam_search
+from nmt_cli.search.beam import beam_search, max_lengths
 from nmt_cli.search.greedy import greedy_search
 from nmt_cli.search.hypothesis import Hypothesis
 
@@ -104,6 +104,14 @@ def translate(
     results: list[list[Hypothesis]] = [[Hypothesis([], 0.0, [])] for _ in sources]
     generator = torch.Generator(device=tr.device).manual_seed(cfg.seed) if cfg.sampling else None
     nonempty = np.flatnonzero(lengths > 0)
+    n_short = int((max_lengths(torch.from_numpy(lengths[nonempty]), cfg, tr.model.max_positions) < cfg.min_len).sum())
+    if n_short:
+        logger.warning(
+            "%d input(s) allow fewer than --min-len %d pieces (--max-len-a/--max-len-b or the model's positions); "
+            "they end at their maximum length",
+            n_short,
+            cfg.min_len,
+        )
     budget = max(max_tokens, int(lengths.max(initial=0)) + 1)  # every sentence fits: none is skipped
     batches, _ = batch_by_tokens(lengths[nonempty], lengths[nonempty], budget, None, batch_size)
     for batch in batches:

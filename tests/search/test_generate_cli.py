@@ -107,6 +107,14 @@ def test_generate_bad_inputs(tiny_checkpoint, toy_data_bin, tmp_path):
     assert r.exit_code == 1 and "--min-len 6 exceeds every output's maximum length, --max-len-b 5" in r.output
 
 
+def test_inputs_too_short_for_min_len_are_counted(tiny_checkpoint):
+    """a*|x|+b under --min-len ends those outputs at a*|x|+b: said, not silent (2 of 3 inputs here)."""
+    args = ["--max-len-a", 1, "--max-len-b", 2, "--min-len", 6]
+    r = nmt("generate", "--path", tiny_checkpoint, "--input", "-", *args, input="1 2\n1 2 3 4 5 6 7\n3\n")
+    assert r.exit_code == 0, r.output
+    assert "2 input(s) allow fewer than --min-len 6 pieces" in r.output
+
+
 def test_checkpoint_of_another_shape(tiny_checkpoint, tmp_path):
     import torch
 
