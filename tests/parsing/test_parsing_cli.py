@@ -156,6 +156,13 @@ def test_parser_sampling_follows_the_seed_and_nbest_is_refused(parser_checkpoint
     assert code == 1 and "writes its best tree per sentence, not --nbest 2" in output[0]
 
 
+def test_a_parser_is_not_validated_by_bleu(parser_checkpoint, tmp_path):
+    root, _ = parser_checkpoint
+    args = ["train", str(root / "bin"), "--save-dir", str(tmp_path / "ck"), "--arch", "transformer_tiny"]
+    result = CliRunner().invoke(cli, [*args, "--max-update", "1", "--device", "cpu", "--eval-bleu"])
+    assert result.exit_code == 1 and "--eval-bleu would score linearized trees as text" in result.output
+
+
 def test_a_parser_is_not_exported(parser_checkpoint, tmp_path):
     """CTranslate2 would give the raw linearized pieces: no balanced brackets, no words at the leaves."""
     pytest.importorskip("ctranslate2")
