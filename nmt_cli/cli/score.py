@@ -34,6 +34,10 @@ def score(sys_path: Path, ref_path: Path, metrics: tuple[str, ...], lang: str, a
     """Score translations: sacreBLEU (with its signature) and chrF; tokenized BLEU on request; trees: bracket-f1."""
     from nmt_cli.metrics import score_files
 
+    if lang != "en" and not any(m.startswith("tok-bleu") for m in metrics):
+        raise ConfigError(f"--lang {lang} sets the Moses tokenizer of tok-bleu metrics; give one with --metric")
+    if verbose and "bracket-f1" not in metrics:
+        raise ConfigError("--verbose adds EVALB's line per sentence to --metric bracket-f1; give that metric")
     if "bracket-f1" in metrics:  # constituency trees (nmt_cli/parsing/evalb.py)
         from nmt_cli.parsing.evalb import COLLINS, format_report, score_tree_files
 

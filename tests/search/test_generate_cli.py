@@ -157,6 +157,10 @@ def test_tokenized_compound_bleu_is_labelled(sys_ref):
     assert moses_tokenize(["A well-known dog."], "en", True) == ["A well ##AT##-##AT## known dog ."]
     r = nmt("score", "--sys", hyp, "--ref", ref, "--metric", "tok-bleu", "--lang", "ger")  # a typo for de
     assert r.exit_code == 1 and "--lang 'ger' is not a language code of the Moses tokenizer" in r.output
+    r = nmt("score", "--sys", hyp, "--ref", ref, "--lang", "de")  # sacreBLEU's 13a would ignore it
+    assert r.exit_code == 1 and "--lang de sets the Moses tokenizer of tok-bleu metrics" in r.output
+    r = nmt("score", "--sys", hyp, "--ref", ref, "--verbose")
+    assert r.exit_code == 1 and "--verbose adds EVALB's line per sentence to --metric bracket-f1" in r.output
 
 
 def test_score_reads_fairseq_output(tiny_checkpoint, toy_data_bin, tmp_path):
