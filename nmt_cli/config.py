@@ -311,7 +311,8 @@ class GenerateConfig:
     buffer_size: int = flag(1000, "Lines read at a time with --input.", min=1)
     output_format: str | None = flag(
         None,
-        "[default: fairseq for DATA_DIR, plain for --input]; scores are in nats (natural log).",
+        "[default: fairseq for DATA_DIR, plain for --input]; plain writes --nbest lines per input, in order "
+        "(as OpenNMT-py); scores are in nats (natural log).",
         choices=("plain", "fairseq", "jsonl"),
     )
     results_path: str | None = flag(
