@@ -182,6 +182,18 @@ def test_plot_curves_of_a_real_log(toy_data_bin, tmp_path):
     ]
 
 
+def test_a_resumed_runs_records_replace_those_past_its_checkpoint(tmp_path):
+    """Killed after update 60, resumed from the checkpoint at 40: the log holds 10..60 and then 50..80 again."""
+    first = fake_run(6)
+    resumed = [dict(r, loss=r["loss"] - 1) if "loss" in r else r for r in fake_run(8) if r["update"] > 40]
+    write_log(tmp_path / "run.jsonl", first + resumed)
+    drawn = plot_curves([read_log(tmp_path / "run.jsonl")], tmp_path / "run.png")
+    updates, losses = drawn[("run", "train", "loss", "update")]
+    assert updates == [10, 20, 30, 40, 50, 60, 70, 80]
+    assert losses == [9 - u / 20 for u in (10, 20, 30, 40)] + [8 - u / 20 for u in (50, 60, 70, 80)]
+    assert drawn[("run", "valid", "valid_loss", "update")][0] == [20, 40, 60, 80]
+
+
 def test_a_log_with_only_validations_still_plots(tmp_path):
     write_log(tmp_path / "short.jsonl", [r for r in fake_run(4) if r["event"] == "valid"])
     drawn = plot_curves([read_log(tmp_path / "short.jsonl")], tmp_path / "short.png")

@@ -37,8 +37,9 @@ class RunLog:
 
 
 def read_log(path: Path, label: str | None = None) -> RunLog:
-    """One JSON-lines log of `nmt train --log-file`; the label defaults to the file's stem."""
-    records = []
+    """One JSON-lines log of `nmt train --log-file` (a resumed run appends to it; see below); the label
+    defaults to the file's stem."""
+    records: list[dict[str, Any]] = []
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
     except OSError as e:
@@ -52,6 +53,10 @@ def read_log(path: Path, label: str | None = None) -> RunLog:
             raise DataError(f"{path}:{number} is not JSON; give a file written by nmt train --log-file") from None
         if not isinstance(record, dict) or "event" not in record or "update" not in record:
             raise DataError(f"{path}:{number} is not an nmt train log record (no event or update)")
+        if records and record["update"] < records[-1]["update"]:
+            # a resumed run logs again from its checkpoint's update on: its records replace those that the
+            # interrupted run wrote past that point (updates whose work the checkpoint did not keep)
+            records = [r for r in records if r["update"] < record["update"]]
         records.append(record)
     if not records:  # a short run may have only valid records (fewer updates than --log-interval)
         raise DataError(f"--log-file {path} is empty; was it written by nmt train --log-file?")
