@@ -141,6 +141,6 @@ def collate(dataset: ParallelDataset, ids: np.ndarray, max_positions: int | None
     )
 
 
-def count_too_long(src_lens: np.ndarray, tgt_lens: np.ndarray, max_positions: int) -> int:
-    """Pairs with a side that needs more than `max_positions` positions (its length + 1 for EOS or BOS)."""
-    return int(((np.asarray(src_lens) + 1 > max_positions) | (np.asarray(tgt_lens) + 1 > max_positions)).sum())
+def count_too_long(src_lens: np.ndarray, tgt_lens: np.ndarray, limit: int) -> int:
+    """Pairs with a side that needs more than `limit` positions or tokens (its length + 1 for EOS or BOS)."""
+    return int(((np.asarray(src_lens) + 1 > limit) | (np.asarray(tgt_lens) + 1 > limit)).sum())

@@ -146,12 +146,12 @@ def report_long_pairs(trainer: Trainer) -> None:
     n_long = count_too_long(data.src_lens, data.tgt_lens, budget)
     if n_long == len(data):
         raise DataError(
-            f"every training pair of {trainer.cfg.data_dir} needs more than {option} positions "
+            f"every training pair of {trainer.cfg.data_dir} is longer than {option} allows "
             f"(a side's pieces + 1); raise {option.split()[0]}"
         )
     if n_long:
         logger.warning(
-            "%d of %d training pairs need more than %s positions (a side's pieces + 1); training skips them",
+            "%d of %d training pairs are longer than %s allows (a side's pieces + 1); training skips them",
             n_long,
             len(data),
             option,

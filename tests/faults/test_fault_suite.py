@@ -318,13 +318,13 @@ IN_PROCESS = [
         "train-max-positions-below-every-pair",
         None,
         "train {w}/data --save-dir {w}/new " + " ".join(TINY) + " --max-update 2 --max-positions 2",
-        "needs more than --max-positions 2",
+        "is longer than --max-positions 2 allows",
     ),
     (
         "train-max-tokens-below-every-pair",
         None,
         "train {w}/data --save-dir {w}/new " + " ".join(TINY) + " --max-update 2 --max-tokens 2",
-        "needs more than --max-tokens 2",
+        "is longer than --max-tokens 2 allows",
     ),
     (
         "train-patience-without-a-valid-split",

@@ -64,7 +64,7 @@ def test_log_file_in_a_missing_directory_and_over_long_pairs(toy_data_bin, tmp_p
     )
     assert r.exit_code == 0, r.output
     assert [json.loads(line)["update"] for line in log.read_text().splitlines()][:2] == [1, 2]
-    assert "training pairs need more than --max-positions 8 positions" in r.output and "skips them" in r.output
+    assert "training pairs are longer than --max-positions 8 allows" in r.output and "skips them" in r.output
     assert "valid pairs are longer than --max-positions 8" in r.output
 
 
@@ -72,7 +72,7 @@ def test_pairs_longer_than_max_tokens_are_counted(toy_data_bin, tmp_path):
     """A batch of one pair must fit --max-tokens: training skips longer pairs, and says how many."""
     r = nmt("train", toy_data_bin, "--save-dir", tmp_path / "run", *TINY, "--max-update", 1, "--max-tokens", 8)
     assert r.exit_code == 0, r.output
-    assert "training pairs need more than --max-tokens 8 positions" in r.output and "skips them" in r.output
+    assert "training pairs are longer than --max-tokens 8 allows" in r.output and "skips them" in r.output
 
 
 def test_training_without_a_valid_split_says_so(toy_data_bin, tmp_path):
