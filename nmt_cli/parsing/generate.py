@@ -37,7 +37,7 @@ from nmt_cli.parsing.tree import Tree
 from nmt_cli.runtime import autocast
 from nmt_cli.search.beam import beam_search, max_lengths
 from nmt_cli.search.greedy import greedy_search
-from nmt_cli.search.translate import Summary, Translator
+from nmt_cli.search.translate import Summary, Translator, sampling_generator
 
 logger = logging.getLogger(__name__)
 
@@ -94,8 +94,10 @@ def parse_sentences(
     cfg: SearchConfig,
     max_tokens: int,
     batch_size: int,
+    generator: torch.Generator | None = None,
 ) -> tuple[list[Tree | None], int]:
-    """Trees for tokenised sentences, in input order (None for an empty one); also the fallback count."""
+    """Trees for tokenised sentences, in input order (None for an empty one); also the fallback count.
+    Sampling (cfg.sampling) draws from `generator`, one for every chunk of a run (`sampling_generator`)."""
     limit = tr.model.max_positions - 1
     sources = [np.asarray(ids[:limit], dtype=np.int64) for ids in tr.vocab.encode([" ".join(w) for w in words])]
     src_lens = torch.tensor([len(s) for s in sources])
@@ -105,7 +107,6 @@ def parse_sentences(
     n_fallback = sum(1 for i, w in enumerate(words) if w and not bool(fits[i]))
     lengths = np.array([len(sources[i]) for i in todo], dtype=np.int64)
     budget = max(max_tokens, int(lengths.max(initial=0)) + 1)  # every sentence fits: none is skipped
-    generator = torch.Generator(device=tr.device).manual_seed(cfg.seed) if cfg.sampling else None  # as translate's
     for batch in batch_by_tokens(lengths, lengths, budget, None, batch_size)[0]:
         ids = todo[batch]
         best = search_trees(tr, constraint, [sources[i] for i in ids], [len(words[i]) for i in ids], cfg, generator)
@@ -122,11 +123,12 @@ def generate_trees(
 ) -> Summary:
     """Parse raw sentences one buffer (chunk of lines) at a time; one tree (or an empty line) per input line."""
     constraint = tree_constraint(tr.vocab, tr.vocab.padded_size)
+    generator = sampling_generator(cfg, tr.device)  # one for every chunk
     summary, n_fallback, n_empty = Summary(), 0, 0
     for chunk in chunks:
         start = time.perf_counter()
         words = [ptb_words(line) for line in chunk]
-        trees, fallback = parse_sentences(tr, constraint, words, cfg, max_tokens, batch_size)
+        trees, fallback = parse_sentences(tr, constraint, words, cfg, max_tokens, batch_size, generator)
         n_fallback += fallback
         n_empty += sum(t is None for t in trees)
         summary.n_sentences += len(chunk)

@@ -26,7 +26,7 @@ from nmt_cli.files import atomic_text_output, require_file
 from nmt_cli.parsing.generate import check_parse_request, generate_trees
 from nmt_cli.runtime import AMP_DTYPES, choose_device, resolve_precision, set_threads
 from nmt_cli.search.hypothesis import Hypothesis
-from nmt_cli.search.translate import Summary, Translator, translate, translator_from
+from nmt_cli.search.translate import Summary, Translator, sampling_generator, translate, translator_from
 
 SAMPLING_FIELDS = ("sampling_topk", "sampling_topp", "temperature")  # options that only sampling reads
 
@@ -258,10 +258,11 @@ def generate_text(
     """Translate raw text with the checkpoint's own sentencepiece model, one buffer (chunk) at a time."""
     summary = Summary()
     first_id = 0
+    generator = sampling_generator(cfg, tr.device)  # one for every chunk
     for chunk in chunks:
         start = time.perf_counter()
         sources = [np.asarray(ids, dtype=np.int64) for ids in tr.vocab.encode(chunk)]
-        results = translate(tr, sources, cfg, max_tokens, batch_size)
+        results = translate(tr, sources, cfg, max_tokens, batch_size, generator)
         summary.add(results, time.perf_counter() - start)
         for j, hyps in enumerate(results):
             print(format_record(first_id + j, hyps, tr.vocab, fmt, chunk[j] if fmt != "plain" else None), file=out)

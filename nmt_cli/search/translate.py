@@ -87,13 +87,25 @@ def search_batch(
         return beam_search(tr.model, enc, src_lens, cfg, n_pieces)
 
 
+def sampling_generator(cfg: SearchConfig, device: torch.device) -> torch.Generator | None:
+    """The random generator of a sampling run, seeded with cfg.seed (None when searching)."""
+    return torch.Generator(device=device).manual_seed(cfg.seed) if cfg.sampling else None
+
+
 def translate(
-    tr: Translator, sources: Sequence[np.ndarray], cfg: SearchConfig, max_tokens: int, batch_size: int = 0
+    tr: Translator,
+    sources: Sequence[np.ndarray],
+    cfg: SearchConfig,
+    max_tokens: int,
+    batch_size: int = 0,
+    generator: torch.Generator | None = None,
 ) -> list[list[Hypothesis]]:
     """Translate token-id sequences (no EOS); results come back in input order.
 
     Empty sources get an empty hypothesis without running the model; sources longer than the
-    model's positions are cut (with a warning).
+    model's positions are cut (with a warning). Sampling draws from `generator`, else from one seeded
+    with cfg.seed here: a caller translating in chunks passes one generator for them all
+    (`sampling_generator`), so that no two chunks draw the same random numbers.
     """
     limit = tr.model.max_positions - 1
     n_cut = sum(len(s) > limit for s in sources)
@@ -102,7 +114,7 @@ def translate(
     sources = [s[:limit] for s in sources]
     lengths = np.array([len(s) for s in sources], dtype=np.int64)
     results: list[list[Hypothesis]] = [[Hypothesis([], 0.0, [])] for _ in sources]
-    generator = torch.Generator(device=tr.device).manual_seed(cfg.seed) if cfg.sampling else None
+    generator = generator or sampling_generator(cfg, tr.device)
     nonempty = np.flatnonzero(lengths > 0)
     n_short = int((max_lengths(torch.from_numpy(lengths[nonempty]), cfg, tr.model.max_positions) < cfg.min_len).sum())
     if n_short:

@@ -115,6 +115,17 @@ def test_inputs_too_short_for_min_len_are_counted(tiny_checkpoint):
     assert "2 input(s) allow fewer than --min-len 6 pieces" in r.output
 
 
+def test_sampling_draws_afresh_in_every_chunk_and_follows_the_seed(tiny_checkpoint):
+    """One generator for the whole run: the same line in four chunks of one line gets four samples (each
+    chunk had been reseeded, so they came out alike), and a second run gives the same four."""
+    args = ["--sampling", "--temperature", 5, "--max-len-a", 0, "--max-len-b", 8, "--buffer-size", 1, "--seed", 3]
+    runs = [nmt("generate", "--path", tiny_checkpoint, "--input", "-", *args, input="1 2 3 4\n" * 4) for _ in range(2)]
+    assert all(r.exit_code == 0 for r in runs), runs[0].output
+    samples = runs[0].stdout.splitlines()
+    assert len(samples) == 4 and len(set(samples)) > 1
+    assert runs[1].stdout == runs[0].stdout
+
+
 def test_checkpoint_of_another_shape(tiny_checkpoint, tmp_path):
     import torch
 
