@@ -325,6 +325,11 @@ def checkpoints_to_average(paths: list[Path], num_update_checkpoints: int | None
         return found[-num_update_checkpoints:]
     if any(p.is_dir() for p in paths):
         raise ConfigError("--inputs takes either one directory or checkpoint files")
+    if num_update_checkpoints:
+        raise ConfigError(
+            "--num-update-checkpoints picks the newest checkpoints of one --inputs directory; "
+            "with checkpoint files, the files given are averaged"
+        )
     return paths
 
 

@@ -214,6 +214,13 @@ IN_PROCESS = [
         "was trained for tgt->src",
     ),
     (
+        "average-files-with-num-update-checkpoints",
+        None,
+        "average-checkpoints --inputs {w}/run/checkpoint_2.pt {w}/run/checkpoint_4.pt --num-update-checkpoints 5 "
+        "--output {w}/a.pt",
+        "--num-update-checkpoints picks the newest checkpoints of one --inputs directory",
+    ),
+    (
         "average-output-is-an-input",
         None,
         "average-checkpoints --inputs {w}/run/checkpoint_2.pt {w}/run/checkpoint_4.pt --output {w}/run/checkpoint_4.pt",
