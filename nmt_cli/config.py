@@ -347,7 +347,7 @@ class ExportConfig:
         "Weight type of the exported model [default: float32].",
         choices=("int8", "int8_float32", "bfloat16", "float16"),
     )
-    force: bool = flag(False, "Overwrite --output if it exists.")
+    force: bool = flag(False, "Replace --output if it holds an earlier export (nothing else).")
 
     def __post_init__(self) -> None:
         check_fields(self)

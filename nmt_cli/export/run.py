@@ -7,16 +7,49 @@ and its absence is a one-line error rather than an ImportError at start-up.
 from __future__ import annotations
 
 import logging
+import shutil
 from pathlib import Path
 
 from nmt_cli.config import ExportConfig
 from nmt_cli.errors import ExportError
+from nmt_cli.files import DiskFullError, is_disk_full, tmp_path_of
 
 logger = logging.getLogger(__name__)
 
 INSTALL_HINT = (
     'ctranslate2 is not installed; install it with `pip install "nmt[export]"` (or `pip install ctranslate2`)'
 )
+
+
+# What an export writes (CTranslate2's files, also those of its other vocabulary layouts, and our
+# sentencepiece model): --force replaces a directory holding nothing else, never another one.
+EXPORT_FILES = frozenset(
+    {"model.bin", "config.json", "sentencepiece.model"}
+    | {
+        f"{name}.{ext}"
+        for name in ("shared_vocabulary", "source_vocabulary", "target_vocabulary")
+        for ext in ("json", "txt")
+    }
+)
+
+
+def check_output(output_dir: Path, force: bool) -> None:
+    """--output must be new, or (with force) an earlier export: never a file or a directory of other things."""
+    if not output_dir.exists():
+        return
+    if not output_dir.is_dir():
+        raise ExportError(f"--output {output_dir} is a file; give the model directory to write")
+    if not force:
+        raise ExportError(f"--output {output_dir} already exists; remove it or pass --force")
+    others = sorted(p.name for p in output_dir.iterdir() if p.name not in EXPORT_FILES)
+    if others or not (output_dir / "model.bin").exists():
+        held = (
+            f"it holds {', '.join(others[:3])}{', ...' if len(others) > 3 else ''}" if others else "it has no model.bin"
+        )
+        raise ExportError(
+            f"--output {output_dir} is not a CTranslate2 model directory ({held}); --force replaces only an "
+            "earlier export, so give a new directory"
+        )
 
 
 def export_checkpoint(cfg: ExportConfig) -> Path:
@@ -27,15 +60,26 @@ def export_checkpoint(cfg: ExportConfig) -> Path:
             cannot express.
     """
     checkpoint_path, output_dir, quantization = Path(cfg.path), Path(cfg.output), cfg.quantization
-    if output_dir.exists() and not cfg.force:
-        raise ExportError(f"--output {output_dir} already exists; remove it or pass --force")
+    check_output(output_dir, cfg.force)
     try:
         from nmt_cli.export.to_ctranslate2 import convert
     except ImportError as e:
         if "ctranslate2" not in str(e):
             raise
         raise ExportError(INSTALL_HINT) from None
-    convert(checkpoint_path, output_dir, quantization)
+    # Written beside --output and renamed over it when complete: a failed export leaves an earlier one intact.
+    tmp = tmp_path_of(output_dir)
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        convert(checkpoint_path, tmp, quantization)
+    except BaseException as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if is_disk_full(e):
+            raise DiskFullError(f"no space left on device writing {output_dir}; nothing was replaced") from None
+        raise
+    if output_dir.exists():
+        shutil.rmtree(output_dir)
+    tmp.rename(output_dir)
     logger.info(
         "wrote the CTranslate2 model %s (quantization %s) from %s",
         output_dir,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import shutil
 import sys
 
 import pytest
@@ -44,6 +46,36 @@ def test_parameter_without_a_place_is_one_line_error(tiny_checkpoint, tmp_path, 
     result = run("--path", str(tiny_checkpoint), "--output", str(tmp_path / "out"))
     assert result.exit_code == 1
     assert "encoder.0.res_attn.gate" in result.output and len(result.output.strip().splitlines()) == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == []  # neither out nor its temporary
+
+
+def test_force_replaces_only_an_earlier_export(tiny_checkpoint, tmp_path, monkeypatch):
+    """--force once deleted whatever --output held: `--output ckpt --force` took the checkpoints with it."""
+    pytest.importorskip("ctranslate2", reason="ctranslate2 is not installed (pip install nmt[export])")
+    run_dir = tmp_path / "run"
+    shutil.copytree(tiny_checkpoint.parent, run_dir)
+    before = sorted(p.name for p in run_dir.iterdir())
+    result = run("--path", str(run_dir / "checkpoint_last.pt"), "--output", str(run_dir), "--force")
+    assert result.exit_code == 1 and "is not a CTranslate2 model directory" in result.output
+    assert sorted(p.name for p in run_dir.iterdir()) == before
+    (tmp_path / "file").write_text("x")
+    result = run("--path", str(tiny_checkpoint), "--output", str(tmp_path / "file"), "--force")
+    assert result.exit_code == 1 and "is a file" in result.output
+
+    out = tmp_path / "ct2"
+    assert run("--path", str(tiny_checkpoint), "--output", str(out)).exit_code == 0
+    assert run("--path", str(tiny_checkpoint), "--output", str(out), "--force", "--quantization", "int8").exit_code == 0
+    model = hashlib.sha256((out / "model.bin").read_bytes()).hexdigest()
+    from nmt_cli.export import to_ctranslate2
+
+    def failing(self, model):
+        raise to_ctranslate2.ExportError("no place for a tensor")
+
+    monkeypatch.setattr(to_ctranslate2.Weights, "__init__", failing)
+    result = run("--path", str(tiny_checkpoint), "--output", str(out), "--force")
+    assert result.exit_code == 1 and "no place for a tensor" in result.output
+    assert hashlib.sha256((out / "model.bin").read_bytes()).hexdigest() == model  # the earlier export is intact
+    assert not (tmp_path / "ct2.tmp").exists()
 
 
 @pytest.mark.parametrize("normalize_before", [False, True])
