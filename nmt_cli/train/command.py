@@ -18,13 +18,16 @@ from nmt_cli.config import PARSE_SEARCH, ModelConfig, SearchConfig, TrainConfig,
 from nmt_cli.data.batching import count_too_long
 from nmt_cli.data.dataset import load_meta, load_vocab
 from nmt_cli.errors import CheckpointError, ConfigError, DataError, NmtError
-from nmt_cli.files import LOCK_FILE, atomic_write_text, make_parent, remove_stale_temporaries, run_lock
+from nmt_cli.files import LOCK_FILE, TMP_SUFFIX, atomic_write_text, make_parent, remove_stale_temporaries, run_lock
 from nmt_cli.log import print_table
 from nmt_cli.model.transformer import count_parameters
 from nmt_cli.runtime import init_distributed, resolve_precision, seed_everything, set_threads, shutdown_distributed
 from nmt_cli.train.distributed import collective_failure
 from nmt_cli.train.loop import train_loop
 from nmt_cli.train.trainer import Trainer
+
+# What a killed run leaves in --save-dir (atomic_write's temporaries): only those, never a user's own *.tmp.
+SAVE_DIR_TEMPORARIES = (f"checkpoint*.pt{TMP_SUFFIX}", f"config.json{TMP_SUFFIX}")
 
 logger = logging.getLogger(__name__)
 
@@ -69,7 +72,7 @@ def save_dir_lock(save_dir: Path) -> Iterator[None]:
         yield
         return
     with run_lock(save_dir / LOCK_FILE, "train", save_dir):
-        remove_stale_temporaries(save_dir)
+        remove_stale_temporaries(save_dir, SAVE_DIR_TEMPORARIES)
         yield
 
 

@@ -87,6 +87,17 @@ def test_training_without_a_valid_split_says_so(toy_data_bin, tmp_path):
     assert (tmp_path / "run" / "checkpoint_last.pt").exists() and not (tmp_path / "run" / "checkpoint_best.pt").exists()
 
 
+def test_a_save_dir_keeps_files_nmt_did_not_write(toy_data_bin, tmp_path):
+    """Only what a killed save leaves is cleaned up: a user's own *.tmp in --save-dir stays."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "notes.tmp").write_text("mine")
+    (run / "checkpoint_last.pt.tmp").write_bytes(b"half a checkpoint")
+    r = nmt("train", toy_data_bin, "--save-dir", run, *TINY, "--max-update", 1)
+    assert r.exit_code == 0, r.output
+    assert (run / "notes.tmp").read_text() == "mine" and not (run / "checkpoint_last.pt.tmp").exists()
+
+
 def test_search_never_emits_vocabulary_padding_ids(toy_data_bin):
     log_probs = torch.zeros(2, 32)
     log_probs[:, 30] = 5.0
