@@ -152,6 +152,8 @@ def report_long_pairs(trainer: Trainer) -> None:
             f"every training pair of {trainer.cfg.data_dir} is longer than {option} allows "
             f"(a side's pieces + 1); raise {option.split()[0]}"
         )
+    if not trainer.info.is_main:  # the counts are the same on every rank: said once
+        return
     if n_long:
         logger.warning(
             "%d of %d training pairs are longer than %s allows (a side's pieces + 1); training skips them",
@@ -184,6 +186,8 @@ def check_validation(trainer: Trainer) -> None:
             f"{' and '.join(needs)} need{'s' if len(needs) == 1 else ''} a valid split, and {c.data_dir} has none; "
             "preprocess with --validpref"
         )
+    if not trainer.info.is_main:  # the same on every rank: said once
+        return
     logger.warning(
         "%s has no valid split: training runs without validation and writes no %s (preprocess with --validpref)",
         c.data_dir,
