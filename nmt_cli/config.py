@@ -308,7 +308,12 @@ class GenerateConfig:
     )
     gen_subset: str = flag("test", "Split of DATA_DIR to translate.")
     input: str | None = flag(None, "Raw text file to translate, or - for stdin (instead of DATA_DIR).")
-    buffer_size: int = flag(1000, "Lines read at a time with --input.", min=1)
+    buffer_size: int | None = flag(
+        None,
+        "Lines read at a time with --input [default: 1000; 1 when stdin is a terminal, so that each line "
+        "is translated as it is typed].",
+        min=1,
+    )
     output_format: str | None = flag(
         None,
         "[default: fairseq for DATA_DIR, plain for --input]; plain writes --nbest lines per input, in order "

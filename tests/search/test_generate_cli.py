@@ -1,6 +1,12 @@
 """`nmt generate` and `nmt score` through the CLI, on a tiny trained checkpoint."""
 
 import json
+import os
+import pty
+import select
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import sacrebleu
@@ -124,6 +130,30 @@ def test_sampling_draws_afresh_in_every_chunk_and_follows_the_seed(tiny_checkpoi
     samples = runs[0].stdout.splitlines()
     assert len(samples) == 4 and len(set(samples)) > 1
     assert runs[1].stdout == runs[0].stdout
+
+
+def test_a_terminal_gets_each_translation_as_its_line_is_typed(tiny_checkpoint):
+    """stdin a terminal: one line at a time (it had waited for 1,000 lines or the end of input)."""
+    main, typed = pty.openpty()
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    args = ["--no-progress", "generate", "--path", str(tiny_checkpoint), "--input", "-", "--max-len-a", "0"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "nmt_cli", *args, "--max-len-b", "3"],
+        stdin=typed,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        env=env,
+    )
+    try:
+        os.write(main, b"1 2 3\n")
+        ready, _, _ = select.select([proc.stdout], [], [], 60)
+        assert ready and proc.stdout.readline().strip(), "no translation before the end of input"
+        os.write(main, b"\x04")  # Ctrl-D: the end of input, as typed
+        assert proc.wait(timeout=60) == 0
+    finally:
+        proc.kill()
+        os.close(main)
+        os.close(typed)
 
 
 def test_checkpoint_of_another_shape(tiny_checkpoint, tmp_path):
