@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from nmt_cli.checkpoint import check_same_data, load_checkpoint, search_config_of
-from nmt_cli.config import GenerateConfig, SearchConfig, flag_name
+from nmt_cli.config import GenerateConfig, SearchConfig, changed_flags, flag_name
 from nmt_cli.data.dataset import load_meta, load_vocab
 from nmt_cli.data.vocab import Vocab
 from nmt_cli.errors import ConfigError, DataError
@@ -47,6 +47,10 @@ def generate(cfg: GenerateConfig, search_overrides: dict[str, Any] | None = None
     """Translate what cfg names with the checkpoint's search settings, overridden by `search_overrides`."""
     if (cfg.data_dir is None) == (cfg.input is None):
         raise ConfigError("give either DATA_DIR (with --gen-subset) or --input FILE|-, not both or neither")
+    if cfg.input is not None and "--gen-subset" in changed_flags(cfg):
+        raise ConfigError("--gen-subset picks a split of DATA_DIR; with --input the file itself is translated")
+    if cfg.data_dir is not None and cfg.buffer_size is not None:
+        raise ConfigError("--buffer-size is for --input (lines read at a time); a DATA_DIR split is read whole")
     num_shards, shard_id = resolve_shard(cfg)
     if cfg.input == "-" and num_shards > 1:
         raise ConfigError("--num-shards needs --input FILE or DATA_DIR; stdin cannot be split")

@@ -310,6 +310,18 @@ IN_PROCESS = [
         "--eval-bleu-max-tokens needs --eval-bleu",
     ),
     (
+        "generate-gen-subset-with-input",
+        lambda w: (w / "in.txt").write_text("1 2 3\n"),
+        "generate --path {w}/run/checkpoint_last.pt --input {w}/in.txt --gen-subset valid",
+        "--gen-subset picks a split of DATA_DIR",
+    ),
+    (
+        "generate-buffer-size-with-data-dir",
+        None,
+        "generate {w}/data --path {w}/run/checkpoint_last.pt --buffer-size 5",
+        "--buffer-size is for --input",
+    ),
+    (
         "generate-temperature-without-sampling",
         None,
         "generate {w}/data --path {w}/run/checkpoint_last.pt --temperature 0.5",
