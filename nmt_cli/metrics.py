@@ -7,6 +7,7 @@ also splits hyphenated compounds (`a-b` -> `a ##AT##-##AT## b`) as the paper's E
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -93,8 +94,18 @@ def read_text(path: Path) -> list[str]:
 
 
 def read_hypotheses(path: Path) -> list[str]:
-    """Plain text, one hypothesis per line, or `nmt generate` fairseq-format output (D- lines by id)."""
+    """Plain text, one hypothesis per line, or `nmt generate` output: fairseq format (D- lines by id) or
+    jsonl (each record's best hypothesis by id)."""
     lines = read_text(path)
+    if lines and lines[0].startswith('{"id": '):
+        best: dict[int, str] = {}
+        for number, line in enumerate(lines, 1):
+            try:
+                record = json.loads(line)
+                best.setdefault(int(record["id"]), record["hypotheses"][0]["text"])
+            except (ValueError, KeyError, IndexError, TypeError):
+                raise DataError(f"{path}:{number}: not a record of `nmt generate --output-format jsonl`") from None
+        return [best[i] for i in sorted(best)]
     if lines and all(_FAIRSEQ_LINE.match(line) for line in lines if line):
         detok = {}
         for line in lines:

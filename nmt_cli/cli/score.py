@@ -17,7 +17,7 @@ from nmt_cli.errors import ConfigError
     "sys_path",
     required=True,
     type=EXISTING_FILE,
-    help="Hypotheses: plain text or `nmt generate` fairseq output.",
+    help="Hypotheses: plain text, or `nmt generate` output (fairseq or jsonl: the best per input, by id).",
 )
 @click.option("--ref", "ref_path", required=True, type=EXISTING_FILE, help="Reference text, one line per hypothesis.")
 @click.option(

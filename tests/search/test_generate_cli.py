@@ -204,13 +204,24 @@ def test_tokenized_compound_bleu_is_labelled(sys_ref):
     assert r.exit_code == 1 and "--verbose adds EVALB's line per sentence to --metric bracket-f1" in r.output
 
 
-def test_score_reads_fairseq_output(tiny_checkpoint, toy_data_bin, tmp_path):
-    out = tmp_path / "gen.txt"
-    out.write_text(nmt("generate", toy_data_bin, "--path", tiny_checkpoint, "--max-len-b", 3).stdout)
+def test_score_reads_fairseq_and_jsonl_output(tiny_checkpoint, toy_data_bin, tmp_path):
+    """Both of generate's record formats give the plain text's scores (jsonl had been scored as text)."""
     ref = tmp_path / "ref"
     ref.write_text("".join(f"{i}\n" for i in range(30)))
-    r = nmt("score", "--sys", out, "--ref", ref)
-    assert r.exit_code == 0, r.output
+    scores = {}
+    for fmt in ("fairseq", "jsonl", "plain"):
+        out = tmp_path / f"gen.{fmt}"
+        args = ["--max-len-b", 3, "--nbest", 2, "--output-format", fmt]
+        out.write_text(nmt("generate", toy_data_bin, "--path", tiny_checkpoint, *args).stdout)
+        if fmt == "plain":  # --nbest lines per input: keep each input's best
+            out.write_text("".join(line + "\n" for line in out.read_text().splitlines()[::2]))
+        r = nmt("score", "--sys", out, "--ref", ref)
+        assert r.exit_code == 0, r.output
+        scores[fmt] = r.stdout
+    assert scores["fairseq"] == scores["jsonl"] == scores["plain"]
+    (tmp_path / "bad.jsonl").write_text('{"id": 0, "hypotheses": []}\n')
+    r = nmt("score", "--sys", tmp_path / "bad.jsonl", "--ref", ref)
+    assert r.exit_code == 1 and "bad.jsonl:1: not a record of `nmt generate --output-format jsonl`" in r.output
 
 
 def test_score_bad_inputs(sys_ref, tmp_path):
