@@ -175,6 +175,8 @@ def newer_checkpoint(work):
     torch.save(state, work / "new.pt")
 
 
+NEW_RUN = "train {w}/data --save-dir {w}/new " + " ".join(TINY) + " --max-update 2"  # a fresh tiny run
+
 # (id, setup(work) or None, args (strings with {w} for the work dir, {other} for other_data_bin), expected)
 IN_PROCESS = [
     (
@@ -293,20 +295,19 @@ IN_PROCESS = [
     (
         "train-negative-max-tokens",
         None,
-        "train {w}/data --save-dir {w}/new " + " ".join(TINY) + " --max-update 2 --max-tokens -5",
+        NEW_RUN + " --max-tokens -5",
         "--max-tokens",
     ),
     (
         "train-lr-scale-with-inverse-sqrt",
         None,
-        "train {w}/data --save-dir {w}/new " + " ".join(TINY) + " --max-update 2 --lr-scheduler inverse_sqrt "
-        "--lr-scale 2",
+        NEW_RUN + " --lr-scheduler inverse_sqrt --lr-scale 2",
         "--lr-scale multiplies noam's lr",
     ),
     (
         "train-eval-bleu-max-tokens-without-eval-bleu",
         None,
-        "train {w}/data --save-dir {w}/new " + " ".join(TINY) + " --max-update 2 --eval-bleu-max-tokens 100",
+        NEW_RUN + " --eval-bleu-max-tokens 100",
         "--eval-bleu-max-tokens needs --eval-bleu",
     ),
     (
@@ -330,19 +331,19 @@ IN_PROCESS = [
     (
         "train-nan-lr",
         None,
-        "train {w}/data --save-dir {w}/new " + " ".join(TINY) + " --max-update 2 --lr-scale nan",
+        NEW_RUN + " --lr-scale nan",
         "--lr-scale",
     ),
     (
         "train-max-positions-below-every-pair",
         None,
-        "train {w}/data --save-dir {w}/new " + " ".join(TINY) + " --max-update 2 --max-positions 2",
+        NEW_RUN + " --max-positions 2",
         "is longer than --max-positions 2 allows",
     ),
     (
         "train-max-tokens-below-every-pair",
         None,
-        "train {w}/data --save-dir {w}/new " + " ".join(TINY) + " --max-update 2 --max-tokens 2",
+        NEW_RUN + " --max-tokens 2",
         "is longer than --max-tokens 2 allows",
     ),
     (
@@ -354,13 +355,13 @@ IN_PROCESS = [
     (
         "truncated-bin",
         lambda w: truncate_bin(w / "data"),
-        "train {w}/data --save-dir {w}/new " + " ".join(TINY) + " --max-update 2",
+        NEW_RUN,
         "train.src.bin.npy is truncated",
     ),
     (
         "corrupted-idx-merges-sentences",
         lambda w: merge_two_sentences(w / "data"),
-        "train {w}/data --save-dir {w}/new " + " ".join(TINY) + " --max-update 2",
+        NEW_RUN,
         "does not match the checksum",
     ),
     (
