@@ -136,4 +136,10 @@ def score_files(sys_path: Path, ref_path: Path, metrics: Sequence[str], lang: st
                 f"{sys_path}: hypothesis {i} still contains sentencepiece pieces (\u2581); "
                 "score the detokenized output (D- lines or plain `nmt generate --input`)"
             )
+    for i, ref in enumerate(refs, start=1):
+        if "\u2581" in ref:
+            raise DataError(
+                f"{ref_path}:{i}: the reference contains sentencepiece pieces (\u2581); give the raw reference "
+                "text (such as the files preprocess read)"
+            )
     return [compute(m, hyps, refs, lang) for m in metrics]
