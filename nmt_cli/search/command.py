@@ -167,7 +167,7 @@ def read_lines(stream: Iterable[bytes], buffer_size: int, name: str, first_line:
     anything of that chunk is translated or written.
 
     Raises:
-        DataError: `name:LINE: invalid UTF-8`.
+        DataError: `name:LINE: invalid UTF-8`, or a line already split into sentencepiece pieces.
     """
     chunk: list[str] = []
     for number, raw in enumerate(stream, start=first_line):
@@ -177,6 +177,11 @@ def read_lines(stream: Iterable[bytes], buffer_size: int, name: str, first_line:
             raise DataError(
                 f"{name}:{number}: invalid UTF-8 (byte {e.start} of the line); fix or re-encode the input"
             ) from None
+        if "\u2581" in chunk[-1]:  # fairseq-interactive takes BPE'd input; nmt encodes raw text itself
+            raise DataError(
+                f"{name}:{number}: the line holds sentencepiece pieces (\u2581); give raw text, which generate "
+                "encodes with the checkpoint's own sentencepiece model"
+            )
         if len(chunk) == buffer_size:
             yield chunk
             chunk = []

@@ -278,6 +278,12 @@ IN_PROCESS = [
         "bad.txt:3: invalid UTF-8",
     ),
     (
+        "generate-input-already-in-pieces",  # fairseq-interactive's BPE'd input, encoded again, had been garbage
+        lambda w: (w / "pieces.txt").write_text("1 2\n\u25813 \u25814\n"),
+        "generate --path {w}/run/checkpoint_last.pt --input {w}/pieces.txt",
+        "pieces.txt:2: the line holds sentencepiece pieces",
+    ),
+    (
         "generate-results-path-is-a-file",
         lambda w: (w / "file").write_text("x"),
         "generate {w}/data --path {w}/run/checkpoint_last.pt --gen-subset test --results-path {w}/file",
