@@ -59,7 +59,32 @@ def check_inputs(cfg: PreprocessConfig, splits: dict[str, str]) -> dict[str, int
         if n_src == 0:
             raise DataError(f"{src_path} and {tgt_path} are empty")
         n_lines[split] = n_src
+        if split == "train":
+            warn_if_subword_split(src_path)
+            warn_if_subword_split(tgt_path)
     return n_lines
+
+
+# What already-split text looks like: sentencepiece's word marker, subword-nmt's continuation marker.
+SUBWORD_MARKS = {"\u2581": "sentencepiece pieces (\u2581)", "@@ ": "subword-nmt BPE (@@ )"}
+
+
+def warn_if_subword_split(path: Path, sample: int = 1000) -> None:
+    """Warn when most of the first `sample` lines are already split into subwords (fairseq's preprocess takes
+    BPE'd text; nmt trains its own sentencepiece model on raw text, and outputs would keep the marks)."""
+    with path.open(encoding="utf-8") as f:
+        lines = [line for _, line in zip(range(sample), f) if line.strip()]
+    for mark, name in SUBWORD_MARKS.items():
+        n = sum(mark in line for line in lines)
+        if lines and n > len(lines) / 2:
+            logger.warning(
+                "%s: %d of its first %d lines hold %s; preprocess wants raw text (it trains its own "
+                "sentencepiece model), else translations keep those marks",
+                path,
+                n,
+                len(lines),
+                name,
+            )
 
 
 def keep_pair(src: list[int], tgt: list[int], max_len: int, max_ratio: float) -> str | None:

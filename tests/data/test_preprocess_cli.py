@@ -76,6 +76,21 @@ def test_options_that_would_be_ignored_are_refused(raw, toy_data_bin, options, m
     assert not (raw / "bin2").exists()
 
 
+def test_subword_split_training_text_is_pointed_out(raw):
+    """fairseq's preprocess takes BPE'd text; nmt's wants raw text (else outputs keep the marks)."""
+    result = run("--trainpref", raw / "train", "--destdir", raw / "plain", "--vocab-size", 500)
+    assert result.exit_code == 0 and "WARNING" not in result.output, result.output
+    bpe = [
+        " ".join(w[:3] + "@@ " + w[3:] if len(w) > 4 else w for w in line.split()) for line in (raw / "train.en").open()
+    ]
+    (raw / "bpe.en").write_text("\n".join(bpe) + "\n")
+    (raw / "bpe.de").write_text((raw / "train.de").read_text())
+    result = run("--trainpref", raw / "bpe", "--destdir", raw / "bin2", "--vocab-size", 500)
+    assert result.exit_code == 0, result.output
+    assert "bpe.en: 300 of its first 300 lines hold subword-nmt BPE (@@ )" in result.output
+    assert [line for line in result.output.splitlines() if "WARNING" in line and "bpe.de" in line] == []
+
+
 def test_missing_file(raw):
     result = run("--trainpref", raw / "nope", "--destdir", raw / "bin")
     assert result.exit_code == 1
