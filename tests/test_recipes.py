@@ -50,6 +50,22 @@ def test_dry_run_prints_the_papers_commands(tmp_path):
     assert not (tmp_path / "w" / "data-bin").exists()
 
 
+@pytest.mark.parametrize(("pair", "metric"), [("en_de", "tok-bleu-compound"), ("en_fr", "tok-bleu")])
+def test_dry_run_scores_as_nmt_score_accepts(pair, metric, tmp_path):
+    """The score step's --lang sets the Moses tokenizer of a tok-bleu metric, which `nmt score` needs beside it."""
+    env = recipe_env(DRY_RUN="1", WORK_DIR=str(tmp_path / "w"))
+    run = subprocess.run(
+        ["bash", str(ROOT / "recipes" / f"wmt14_{pair}" / "run.sh")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert run.returncode == 0, run.stderr
+    score = next(line for line in run.stderr.splitlines() if "nmt score" in line)
+    assert f"--metric {metric} --lang {pair[-2:]}" in score
+
+
 @pytest.mark.parametrize(
     ("flags", "preset", "expected"),
     [
