@@ -7,12 +7,14 @@ and its absence is a one-line error rather than an ImportError at start-up.
 from __future__ import annotations
 
 import logging
+import os
 import shutil
+import tempfile
 from pathlib import Path
 
 from nmt_cli.config import ExportConfig
 from nmt_cli.errors import ExportError
-from nmt_cli.files import DiskFullError, is_disk_full, tmp_path_of
+from nmt_cli.files import DiskFullError, is_disk_full
 
 logger = logging.getLogger(__name__)
 
@@ -68,8 +70,11 @@ def export_checkpoint(cfg: ExportConfig) -> Path:
             raise
         raise ExportError(INSTALL_HINT) from None
     # Written beside --output and renamed over it when complete: a failed export leaves an earlier one intact.
-    tmp = tmp_path_of(output_dir)
-    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        output_dir.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{output_dir.name}.tmp-", dir=output_dir.parent))
+    except OSError as e:
+        raise ExportError(f"cannot write --output {output_dir}: {e.strerror}") from None
     try:
         convert(checkpoint_path, tmp, quantization)
     except BaseException as e:
@@ -77,6 +82,9 @@ def export_checkpoint(cfg: ExportConfig) -> Path:
         if is_disk_full(e):
             raise DiskFullError(f"no space left on device writing {output_dir}; nothing was replaced") from None
         raise
+    umask = os.umask(0)
+    os.umask(umask)
+    tmp.chmod(0o777 & ~umask)  # mkdtemp makes it 0700; the export is a directory like any other
     if output_dir.exists():
         shutil.rmtree(output_dir)
     tmp.rename(output_dir)

@@ -75,7 +75,7 @@ def test_force_replaces_only_an_earlier_export(tiny_checkpoint, tmp_path, monkey
     result = run("--path", str(tiny_checkpoint), "--output", str(out), "--force")
     assert result.exit_code == 1 and "no place for a tensor" in result.output
     assert hashlib.sha256((out / "model.bin").read_bytes()).hexdigest() == model  # the earlier export is intact
-    assert not (tmp_path / "ct2.tmp").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ct2", "file", "run"]  # no temporary left
 
 
 @pytest.mark.parametrize("normalize_before", [False, True])
