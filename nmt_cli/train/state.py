@@ -55,8 +55,9 @@ def restore_training(
     """Load a training checkpoint into the model, optimizer, scaler and this rank's random streams.
 
     Returns the counters to continue from. --reset-optimizer keeps the fresh optimizer and scaler,
-    --reset-lr-scheduler restarts the schedule at the saved update, and --reset-dataloader (or a
-    different number of ranks, whose batches differ) restarts the data at the start of the saved epoch.
+    --reset-lr-scheduler restarts the schedule at the saved update, and --reset-dataloader (or another
+    number of ranks, --max-tokens or --seed, whose batches differ) restarts the data at the start of the
+    saved epoch.
     """
     load_model_weights(model, ckpt["model"], path)
     saved = ckpt["train_state"]
@@ -69,13 +70,21 @@ def restore_training(
         logger.info("--reset-lr-scheduler: the lr schedule restarts; the update count goes on from %d", state.update)
         state.lr_start = state.update
     saved_world = ckpt.get("world_size", 1)
-    if cfg.reset_dataloader or saved_world != info.world_size:
-        if not cfg.reset_dataloader:
+    saved_cfg = ckpt.get("train_config", {})
+    # The epoch's batches follow from the ranks, --max-tokens and --seed: with any of them changed, the
+    # saved position points into other batches, so the data restarts at the start of the epoch instead.
+    rebatched = [
+        f"--{name.replace('_', '-')} {getattr(cfg, name)} (was {saved_cfg[name]})"
+        for name in ("max_tokens", "seed")
+        if name in saved_cfg and saved_cfg[name] != getattr(cfg, name)
+    ]
+    if saved_world != info.world_size:
+        rebatched.insert(0, f"{info.world_size} ranks (was {saved_world})")
+    if cfg.reset_dataloader or rebatched:
+        if not cfg.reset_dataloader and state.batch_in_epoch:
             logger.warning(
-                "checkpoint was written with %d ranks, this run has %d; the data iterator "
-                "restarts at the beginning of epoch %d",
-                saved_world,
-                info.world_size,
+                "%s: the epoch's batches differ, so the data iterator restarts at the beginning of epoch %d",
+                ", ".join(rebatched),
                 state.epoch,
             )
         state.batch_in_epoch = 0

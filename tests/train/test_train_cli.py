@@ -72,6 +72,17 @@ def test_max_epoch_and_patience(toy_data_bin, tmp_path):
     assert [r["epoch"] for r in records if r["event"] == "valid"] == [1, 2]
 
 
+def test_resuming_with_other_batches_restarts_the_epoch(toy_data_bin, tmp_path):
+    """Another --max-tokens or --seed batches the epoch differently: the saved position would point into other
+    batches (pairs seen twice or not at all), so the epoch restarts, with a warning."""
+    assert nmt("train", toy_data_bin, "--save-dir", tmp_path, *TINY, "--max-update", 2).exit_code == 0
+    assert load_checkpoint(tmp_path / "checkpoint_last.pt")["train_state"]["batch_in_epoch"] == 2
+    result = nmt("train", toy_data_bin, "--save-dir", tmp_path, *TINY, "--max-update", 3, "--max-tokens", 300)
+    assert result.exit_code == 0, result.output
+    assert "--max-tokens 300 (was 256): the epoch's batches differ, so the data iterator restarts" in result.output
+    assert load_checkpoint(tmp_path / "checkpoint_last.pt")["train_state"]["batch_in_epoch"] == 1
+
+
 def train_subprocess(data_bin, save_dir, *extra):
     cmd = [
         sys.executable,
