@@ -28,6 +28,9 @@ from nmt_cli.runtime import AMP_DTYPES, choose_device, resolve_precision, set_th
 from nmt_cli.search.hypothesis import Hypothesis
 from nmt_cli.search.translate import Summary, Translator, sampling_generator, translate, translator_from
 
+# Sentences of a DATA_DIR split translated (and written) at a time: memory bounded and output steady on a
+# training set of millions (distillation, back-translation) instead of every hypothesis held to the end.
+SPLIT_CHUNK = 10_000
 SAMPLING_FIELDS = ("sampling_topk", "sampling_topp", "temperature")  # options that only sampling reads
 
 logger = logging.getLogger(__name__)
@@ -241,19 +244,23 @@ def generate_split(
     out: TextIO,
     shard: tuple[int, int],
 ) -> Summary:
-    """Translate a binarized split (or one contiguous shard of it); write records in input order."""
+    """Translate a binarized split (or one contiguous shard of it) SPLIT_CHUNK sentences at a time; write
+    records in input order."""
     from nmt_cli.data.dataset import ParallelDataset
 
     data = ParallelDataset(data_dir, subset)
     ids = shard_range(len(data), *shard)
     summary = Summary()
-    start = time.perf_counter()
-    results = translate(tr, [data.src[i] for i in ids], cfg, max_tokens, batch_size)
-    summary.add(results, time.perf_counter() - start)
-    for i, hyps in zip(ids, results):
-        print(
-            format_record(i, hyps, tr.vocab, fmt, tr.vocab.decode(data.src[i]), tr.vocab.decode(data.tgt[i])), file=out
-        )
+    generator = sampling_generator(cfg, tr.device)  # one for every chunk
+    for first in range(0, len(ids), SPLIT_CHUNK):  # a test set is one chunk; a training set (distillation) many
+        chunk = ids[first : first + SPLIT_CHUNK]
+        start = time.perf_counter()
+        results = translate(tr, [data.src[i] for i in chunk], cfg, max_tokens, batch_size, generator)
+        summary.add(results, time.perf_counter() - start)
+        for i, hyps in zip(chunk, results):
+            source, reference = tr.vocab.decode(data.src[i]), tr.vocab.decode(data.tgt[i])
+            print(format_record(i, hyps, tr.vocab, fmt, source, reference), file=out)
+        out.flush()
     return summary
 
 

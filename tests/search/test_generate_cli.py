@@ -156,6 +156,20 @@ def test_a_terminal_gets_each_translation_as_its_line_is_typed(tiny_checkpoint):
         os.close(typed)
 
 
+def test_a_split_is_translated_in_chunks_with_the_same_output(tiny_checkpoint, toy_data_bin, monkeypatch):
+    """A split goes SPLIT_CHUNK sentences at a time (a training set of millions is not held in memory whole):
+    the records are the same, in the same order, as in one go."""
+    from nmt_cli.search import command
+
+    whole = nmt("generate", toy_data_bin, "--path", tiny_checkpoint, "--max-len-b", 4)
+    monkeypatch.setattr(command, "SPLIT_CHUNK", 7)
+    chunked = nmt("generate", toy_data_bin, "--path", tiny_checkpoint, "--max-len-b", 4)
+    assert whole.exit_code == chunked.exit_code == 0, chunked.output
+    records = [line for line in chunked.stdout.splitlines() if line.startswith("S-")]
+    assert len(records) > 7 and chunked.stdout == whole.stdout
+    assert [int(line.split("\t")[0][2:]) for line in records] == list(range(len(records)))
+
+
 def test_checkpoint_of_another_shape(tiny_checkpoint, tmp_path):
     import torch
 
