@@ -29,6 +29,14 @@ def test_sentence_attention_is_the_forward_pass(tiny_checkpoint):
     assert (att.weights["decoder"][0].triu(1) == 0).all()
 
 
+def test_a_sentence_longer_than_the_model_is_cut_as_generate_cuts_it(tiny_checkpoint):
+    from nmt_cli.checkpoint import load_checkpoint
+
+    limit = load_checkpoint(tiny_checkpoint)["model_config"]["max_positions"] - 1
+    att = sentence_attention(tiny_checkpoint, " ".join(["1"] * (limit + 20)))  # a traceback before
+    assert len(att.src_pieces) == limit + 1  # the pieces that fit, and </s>
+
+
 def test_plot_attention_draws_the_recorded_weights(tiny_checkpoint, tmp_path):
     att = sentence_attention(tiny_checkpoint, "2 7 1 8")
     fig = plot_attention(att, None, None, tmp_path / "all.png")

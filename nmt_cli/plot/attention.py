@@ -58,6 +58,10 @@ def sentence_attention(checkpoint_path: Path, sentence: str) -> SentenceAttentio
     src_ids = vocab.encode([sentence.strip()])[0]
     if not src_ids:
         raise DataError("--input is empty; give a sentence to translate")
+    limit = model.max_positions - 1
+    if len(src_ids) > limit:  # as generate does
+        logger.warning("--input has %d pieces, more than the model's %d positions; cut to them", len(src_ids), limit)
+        src_ids = src_ids[:limit]
     src = torch.tensor([src_ids + [EOS]])
     src_pad = torch.zeros_like(src, dtype=torch.bool)
     cfg = replace(search_config_of(state), beam=1, sampling=False, nbest=1)
