@@ -50,6 +50,23 @@ def test_dry_run_prints_the_papers_commands(tmp_path):
     assert not (tmp_path / "w" / "data-bin").exists()
 
 
+def test_a_failed_download_is_not_taken_for_data(tmp_path):
+    """Multi30k fetched from the network when RAW_DIR lacks it: a failed download leaves no file that the
+    next run would skip as done (it had left empty train.en / train.de, then preprocessed those)."""
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "curl").write_text("#!/bin/sh\nexit 6\n")  # what curl says without a network
+    (fake / "curl").chmod(0o755)
+    env = recipe_env(RAW_DIR=str(tmp_path / "none"), WORK_DIR=str(tmp_path / "w"))
+    env["PATH"] = f"{fake}:{env['PATH']}"
+    for _ in range(2):
+        run = subprocess.run(
+            ["bash", str(ROOT / "recipes" / "multi30k_en_de" / "run.sh")], env=env, capture_output=True, text=True
+        )
+        assert run.returncode == 1 and "error: could not download Multi30k" in run.stderr, run.stderr
+        assert not list((tmp_path / "w" / "raw").glob("*.en")) and not (tmp_path / "w" / "data-bin").exists()
+
+
 @pytest.mark.parametrize(("pair", "metric"), [("en_de", "tok-bleu-compound"), ("en_fr", "tok-bleu")])
 def test_dry_run_scores_as_nmt_score_accepts(pair, metric, tmp_path):
     """The score step's --lang sets the Moses tokenizer of a tok-bleu metric, which `nmt score` needs beside it."""

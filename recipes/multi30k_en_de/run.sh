@@ -28,7 +28,11 @@ if [ ! -f "$RAW_DIR/train.en" ]; then
     mkdir -p "$RAW_DIR"
     for split in train:train val:valid test_2016_flickr:test_2016_flickr; do
         for lang in en de; do
-            [ -f "$RAW_DIR/${split#*:}.$lang" ] || run sh -c "curl -fsSL $url/${split%%:*}.$lang.gz | gunzip > '$RAW_DIR/${split#*:}.$lang'"
+            file=$RAW_DIR/${split#*:}.$lang  # through FILE.part, so that a failed download is fetched again
+            [ -f "$file" ] && continue
+            run sh -c "curl -fsSL $url/${split%%:*}.$lang.gz | gunzip > '$file.part'" \
+                || { echo "error: could not download Multi30k (no network?); give RAW_DIR=DIR with its files" >&2; exit 1; }
+            run mv "$file.part" "$file"
         done
     done
 fi

@@ -13,6 +13,14 @@ run() {
     if [ "$DRY_RUN" != 1 ]; then "$@"; fi
 }
 
+# download URL FILE: through FILE.part, renamed when complete, so that an interrupted download is fetched
+# again rather than taken for a finished one (the steps skip what exists).
+download() {
+    [ -f "$2" ] && return 0
+    run curl -fL -o "$2.part" "$1" || { echo "error: could not download $1 (no network?)" >&2; exit 1; }
+    run mv "$2.part" "$2"
+}
+
 # The paper's setting for each size; SMOKE=1 shrinks everything to a few minutes on a CPU.
 if [ "$SMOKE" = 1 ]; then
     ARCH_FLAGS=(--arch transformer_tiny --dropout 0.1)

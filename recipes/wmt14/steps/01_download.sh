@@ -16,7 +16,7 @@ fi
 dl=$DATA_DIR/downloads; run mkdir -p "$dl"
 for entry in "${CORPORA[@]}"; do
     url=${entry%%|*}; stem=${entry#*|}
-    [ -f "$dl/$(basename "$url")" ] || run curl -fL -o "$dl/$(basename "$url")" "$url"
+    download "$url" "$dl/$(basename "$url")"
     run tar -xf "$dl/$(basename "$url")" -C "$dl"
 done
 for gz in "$dl"/*.gz; do [ -e "$gz" ] && run gunzip -kf "$gz"; done  # giga-fren ships gzipped text
@@ -24,8 +24,8 @@ for l in $SRC $TGT; do
     files=(); for entry in "${CORPORA[@]}"; do stem=${entry#*|}; files+=("$dl/$stem.$l"); done
     run sh -c "cat ${files[*]} > '$DATA_DIR/train.$l'"
 done
-[ -f "$dl/dev.tgz" ] || run curl -fL -o "$dl/dev.tgz" http://www.statmt.org/wmt14/dev.tgz
-[ -f "$dl/test-full.tgz" ] || run curl -fL -o "$dl/test-full.tgz" http://www.statmt.org/wmt14/test-full.tgz
+download http://www.statmt.org/wmt14/dev.tgz "$dl/dev.tgz"
+download http://www.statmt.org/wmt14/test-full.tgz "$dl/test-full.tgz"
 run tar -xzf "$dl/dev.tgz" -C "$dl"; run tar -xzf "$dl/test-full.tgz" -C "$dl"
 pair=$( [ "$TGT" = de ] && echo deen || echo fren )
 for l in $SRC $TGT; do
