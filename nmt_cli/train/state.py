@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from nmt_cli.checkpoint import load_model_weights
-from nmt_cli.config import TrainConfig
+from nmt_cli.config import TrainConfig, flag_name
 from nmt_cli.runtime import DistInfo, set_rng_state
 
 logger = logging.getLogger(__name__)
@@ -74,7 +74,7 @@ def restore_training(
     # The epoch's batches follow from the ranks, --max-tokens and --seed: with any of them changed, the
     # saved position points into other batches, so the data restarts at the start of the epoch instead.
     rebatched = [
-        f"--{name.replace('_', '-')} {getattr(cfg, name)} (was {saved_cfg[name]})"
+        f"{flag_name(name)} {getattr(cfg, name)} (was {saved_cfg[name]})"
         for name in ("max_tokens", "seed")
         if name in saved_cfg and saved_cfg[name] != getattr(cfg, name)
     ]
