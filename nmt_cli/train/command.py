@@ -98,6 +98,7 @@ def prepare(cfg: TrainConfig, model_cfg: ModelConfig, search_cfg: SearchConfig) 
     save_dir = Path(cfg.save_dir)
     if cfg.log_file and info.is_main:
         make_parent(Path(cfg.log_file), "--log-file")
+        check_log_file(Path(cfg.log_file))
     last = save_dir / LAST
     ckpt = load_checkpoint(last) if last.exists() else None
     if ckpt is not None:
@@ -137,6 +138,23 @@ def prepare(cfg: TrainConfig, model_cfg: ModelConfig, search_cfg: SearchConfig) 
             + "\n",
         )
     return trainer
+
+
+def check_log_file(path: Path) -> None:
+    """--log-file is appended to: refuse an existing file that is not such a log (a checkpoint, a corpus)."""
+    if not path.is_file() or path.stat().st_size == 0:
+        return
+    with path.open("rb") as f:
+        first = f.readline(1 << 16)
+    try:
+        record = json.loads(first)
+    except ValueError:
+        record = None
+    if not isinstance(record, dict) or "event" not in record:
+        raise DataError(
+            f"--log-file {path} exists and is not a log of nmt train (its first line is not one of its records); "
+            "appending would change it: give a new file"
+        )
 
 
 def report_long_pairs(trainer: Trainer) -> None:

@@ -335,6 +335,12 @@ IN_PROCESS = [
         "--sampling is off, so --temperature would be ignored",
     ),
     (
+        "train-log-file-is-a-checkpoint",  # appended JSON lines to it before
+        None,
+        NEW_RUN + " --log-file {w}/run/checkpoint_last.pt",
+        "exists and is not a log of nmt train",
+    ),
+    (
         "train-nan-lr",
         None,
         NEW_RUN + " --lr-scale nan",
