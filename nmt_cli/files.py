@@ -12,6 +12,7 @@ import fcntl
 import logging
 import os
 import shutil
+import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -115,6 +116,25 @@ def atomic_text_output(path: Path, what: str = "file") -> Iterator[TextIO]:
     """
     with _atomic_file(path, "w", what, None) as f:
         yield cast(TextIO, f)
+
+
+def temp_dir_beside(path: Path, what: str) -> Path:
+    """A new private directory `.NAME.tmp-XXXX` beside `path` (its parents created) to build `path` in,
+    then publish with `rename_dir_into_place`; NmtError naming the option when it cannot be made."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
+    except OSError as e:
+        raise NmtError(f"cannot write {what} {path}: {e.strerror}") from None
+
+
+def rename_dir_into_place(tmp: Path, path: Path) -> None:
+    """Rename a finished `temp_dir_beside` directory to `path` (which the caller has removed), with the mode
+    a new directory gets under the umask (mkdtemp makes it 0700)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    tmp.chmod(0o777 & ~umask)
+    tmp.rename(path)
 
 
 def remove_stale_temporaries(directory: Path, patterns: tuple[str, ...] = (f"*{TMP_SUFFIX}",)) -> list[Path]:

@@ -9,10 +9,8 @@ from __future__ import annotations
 import glob
 import json
 import logging
-import os
 import shutil
 import signal
-import tempfile
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -27,7 +25,7 @@ from nmt_cli.data.binarize import TokenWriter, check_text_file, file_sha256, rea
 from nmt_cli.data.dataset import META_FILE, META_FORMAT_VERSION, SPM_FILE
 from nmt_cli.data.vocab import Vocab, train_spm
 from nmt_cli.errors import ConfigError, DataError
-from nmt_cli.files import is_disk_full, remove_stale_temporaries, run_lock
+from nmt_cli.files import is_disk_full, remove_stale_temporaries, rename_dir_into_place, run_lock, temp_dir_beside
 from nmt_cli.log import progress
 
 logger = logging.getLogger(__name__)
@@ -184,13 +182,6 @@ def check_destdir(dest: Path) -> None:
         raise DataError(f"--destdir {dest} already exists and is not empty; remove it or choose another")
 
 
-def make_temp_dir(dest: Path) -> Path:
-    try:
-        return Path(tempfile.mkdtemp(prefix=f".{dest.name}.tmp-", dir=dest.parent))
-    except OSError as e:
-        raise DataError(f"cannot write --destdir {dest}: {e.strerror}") from None
-
-
 @contextmanager
 def destdir_lock(dest: Path) -> Iterator[None]:
     """One preprocess per --destdir: a lock file beside it; temporaries of killed runs are removed under it."""
@@ -262,7 +253,7 @@ def text_contents(
 
 def build(cfg: PreprocessConfig, dest: Path, contents: Contents) -> dict[str, Any]:
     """Write everything into a temporary directory beside `dest`, then rename it to `dest`."""
-    tmp = make_temp_dir(dest)
+    tmp = temp_dir_beside(dest, "--destdir")
     try:
         vocab, stats, task_meta = contents(cfg, tmp)
         vocab.write_vocab(tmp / "vocab.txt")
@@ -283,10 +274,7 @@ def build(cfg: PreprocessConfig, dest: Path, contents: Contents) -> dict[str, An
         (tmp / META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
         if dest.exists():
             dest.rmdir()
-        umask = os.umask(0)
-        os.umask(umask)
-        tmp.chmod(0o777 & ~umask)  # mkdtemp creates 0700
-        tmp.rename(dest)
+        rename_dir_into_place(tmp, dest)
     except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
         if is_disk_full(e):

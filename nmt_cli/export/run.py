@@ -7,14 +7,12 @@ and its absence is a one-line error rather than an ImportError at start-up.
 from __future__ import annotations
 
 import logging
-import os
 import shutil
-import tempfile
 from pathlib import Path
 
 from nmt_cli.config import ExportConfig
 from nmt_cli.errors import ExportError
-from nmt_cli.files import DiskFullError, is_disk_full
+from nmt_cli.files import DiskFullError, is_disk_full, rename_dir_into_place, temp_dir_beside
 
 logger = logging.getLogger(__name__)
 
@@ -70,11 +68,7 @@ def export_checkpoint(cfg: ExportConfig) -> Path:
             raise
         raise ExportError(INSTALL_HINT) from None
     # Written beside --output and renamed over it when complete: a failed export leaves an earlier one intact.
-    try:
-        output_dir.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{output_dir.name}.tmp-", dir=output_dir.parent))
-    except OSError as e:
-        raise ExportError(f"cannot write --output {output_dir}: {e.strerror}") from None
+    tmp = temp_dir_beside(output_dir, "--output")
     try:
         convert(checkpoint_path, tmp, quantization)
     except BaseException as e:
@@ -82,12 +76,9 @@ def export_checkpoint(cfg: ExportConfig) -> Path:
         if is_disk_full(e):
             raise DiskFullError(f"no space left on device writing {output_dir}; nothing was replaced") from None
         raise
-    umask = os.umask(0)
-    os.umask(umask)
-    tmp.chmod(0o777 & ~umask)  # mkdtemp makes it 0700; the export is a directory like any other
     if output_dir.exists():
         shutil.rmtree(output_dir)
-    tmp.rename(output_dir)
+    rename_dir_into_place(tmp, output_dir)
     logger.info(
         "wrote the CTranslate2 model %s (quantization %s) from %s",
         output_dir,
