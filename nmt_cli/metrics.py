@@ -15,6 +15,7 @@ from pathlib import Path
 
 import sacrebleu
 
+from nmt_cli.data.vocab import WORD_MARK
 from nmt_cli.errors import ConfigError, DataError
 
 METRICS = ("sacrebleu", "chrf", "tok-bleu", "tok-bleu-compound")
@@ -131,15 +132,15 @@ def score_files(sys_path: Path, ref_path: Path, metrics: Sequence[str], lang: st
             "score them with --metric bracket-f1"
         )
     for i, hyp in enumerate(hyps, start=1):
-        if "\u2581" in hyp:
+        if WORD_MARK in hyp:
             raise DataError(
-                f"{sys_path}: hypothesis {i} still contains sentencepiece pieces (\u2581); "
+                f"{sys_path}: hypothesis {i} still contains sentencepiece pieces ({WORD_MARK}); "
                 "score the detokenized output (D- lines or plain `nmt generate --input`)"
             )
     for i, ref in enumerate(refs, start=1):
-        if "\u2581" in ref:
+        if WORD_MARK in ref:
             raise DataError(
-                f"{ref_path}:{i}: the reference contains sentencepiece pieces (\u2581); give the raw reference "
+                f"{ref_path}:{i}: the reference contains sentencepiece pieces ({WORD_MARK}); give the raw reference "
                 "text (such as the files preprocess read)"
             )
     return [compute(m, hyps, refs, lang) for m in metrics]

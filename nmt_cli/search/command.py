@@ -20,7 +20,7 @@ import torch
 from nmt_cli.checkpoint import check_same_data, load_checkpoint, search_config_of
 from nmt_cli.config import GenerateConfig, SearchConfig, changed_flags, flag_name
 from nmt_cli.data.dataset import load_meta, load_vocab
-from nmt_cli.data.vocab import Vocab
+from nmt_cli.data.vocab import WORD_MARK, Vocab
 from nmt_cli.errors import ConfigError, DataError
 from nmt_cli.files import atomic_text_output, require_file
 from nmt_cli.parsing.generate import check_parse_request, generate_trees
@@ -180,9 +180,9 @@ def read_lines(stream: Iterable[bytes], buffer_size: int, name: str, first_line:
             raise DataError(
                 f"{name}:{number}: invalid UTF-8 (byte {e.start} of the line); fix or re-encode the input"
             ) from None
-        if "\u2581" in chunk[-1]:  # fairseq-interactive takes BPE'd input; nmt encodes raw text itself
+        if WORD_MARK in chunk[-1]:  # fairseq-interactive takes BPE'd input; nmt encodes raw text itself
             raise DataError(
-                f"{name}:{number}: the line holds sentencepiece pieces (\u2581); give raw text, which generate "
+                f"{name}:{number}: the line holds sentencepiece pieces ({WORD_MARK}); give raw text, which generate "
                 "encodes with the checkpoint's own sentencepiece model"
             )
         if len(chunk) == buffer_size:
