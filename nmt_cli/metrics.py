@@ -15,7 +15,7 @@ from pathlib import Path
 
 import sacrebleu
 
-from nmt_cli.data.vocab import WORD_MARK
+from nmt_cli.data import WORD_MARK
 from nmt_cli.errors import ConfigError, DataError
 
 METRICS = ("sacrebleu", "chrf", "tok-bleu", "tok-bleu-compound")

@@ -21,9 +21,10 @@ from typing import Any
 
 from nmt_cli import __version__
 from nmt_cli.config import PreprocessConfig
+from nmt_cli.data import WORD_MARK
 from nmt_cli.data.binarize import TokenWriter, check_text_file, file_sha256, read_pairs, token_dtype
 from nmt_cli.data.dataset import META_FILE, META_FORMAT_VERSION, SPM_FILE
-from nmt_cli.data.vocab import WORD_MARK, Vocab, train_spm
+from nmt_cli.data.vocab import Vocab, train_spm
 from nmt_cli.errors import ConfigError, DataError
 from nmt_cli.files import is_disk_full, remove_stale_temporaries, rename_dir_into_place, run_lock, temp_dir_beside
 from nmt_cli.log import progress

@@ -13,7 +13,6 @@ import sentencepiece as spm
 from nmt_cli.errors import DataError
 
 PAD, UNK, BOS, EOS = 0, 1, 2, 3
-WORD_MARK = "\u2581"  # sentencepiece's mark on a piece that starts a word: text holding it is already split
 
 
 class Vocab:

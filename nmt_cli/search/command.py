@@ -19,8 +19,9 @@ import torch
 
 from nmt_cli.checkpoint import check_same_data, load_checkpoint, search_config_of
 from nmt_cli.config import GenerateConfig, SearchConfig, changed_flags, flag_name
+from nmt_cli.data import WORD_MARK
 from nmt_cli.data.dataset import load_meta, load_vocab
-from nmt_cli.data.vocab import WORD_MARK, Vocab
+from nmt_cli.data.vocab import Vocab
 from nmt_cli.errors import ConfigError, DataError
 from nmt_cli.files import atomic_text_output, require_file
 from nmt_cli.parsing.generate import check_parse_request, generate_trees
