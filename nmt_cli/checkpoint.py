@@ -272,7 +272,7 @@ def average_checkpoints(paths: list[Path]) -> dict[str, Any]:
             raise CheckpointError(
                 f"{path} has another model config than {paths[0]}; only checkpoints of one model can be averaged"
             )
-        if spm_fingerprint(bytes(state["spm_model"])) != spm_fingerprint(bytes(first["spm_model"])):
+        if bytes(state["spm_model"]) != bytes(first["spm_model"]):
             raise CheckpointError(
                 f"{path} has another sentencepiece model than {paths[0]}; only checkpoints of one vocabulary "
                 "can be averaged"

@@ -54,7 +54,10 @@ def generate(cfg: GenerateConfig, search_overrides: dict[str, Any] | None = None
     if cfg.input is not None and "--gen-subset" in changed_flags(cfg):
         raise ConfigError("--gen-subset picks a split of DATA_DIR; with --input the file itself is translated")
     if cfg.data_dir is not None and cfg.buffer_size is not None:
-        raise ConfigError("--buffer-size is for --input (lines read at a time); a DATA_DIR split is read whole")
+        raise ConfigError(
+            f"--buffer-size is for --input (lines read at a time); a DATA_DIR split goes {SPLIT_CHUNK:,} "
+            "sentences at a time"
+        )
     num_shards, shard_id = resolve_shard(cfg)
     if cfg.input == "-" and num_shards > 1:
         raise ConfigError("--num-shards needs --input FILE or DATA_DIR; stdin cannot be split")

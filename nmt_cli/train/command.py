@@ -161,23 +161,25 @@ def report_long_pairs(trainer: Trainer) -> None:
     """Say how many pairs training skips, being longer than a batch (--max-tokens) or the model
     (--max-positions) allows, and how many validation scores cut."""
     limit = trainer.model_cfg.max_positions
-    budget = min(trainer.cfg.max_tokens, limit)
-    option = f"--max-tokens {trainer.cfg.max_tokens}" if trainer.cfg.max_tokens < limit else f"--max-positions {limit}"
+    flag, budget = (
+        ("--max-tokens", trainer.cfg.max_tokens) if trainer.cfg.max_tokens < limit else ("--max-positions", limit)
+    )
     data = trainer.train_data
     n_long = count_too_long(data.src_lens, data.tgt_lens, budget)
     if n_long == len(data):
         raise DataError(
-            f"every training pair of {trainer.cfg.data_dir} is longer than {option} allows "
-            f"(a side's pieces + 1); raise {option.split()[0]}"
+            f"every training pair of {trainer.cfg.data_dir} is longer than {flag} {budget} allows "
+            f"(a side's pieces + 1); raise {flag}"
         )
     if not trainer.info.is_main:  # the counts are the same on every rank: said once
         return
     if n_long:
         logger.warning(
-            "%d of %d training pairs are longer than %s allows (a side's pieces + 1); training skips them",
+            "%d of %d training pairs are longer than %s %d allows (a side's pieces + 1); training skips them",
             n_long,
             len(data),
-            option,
+            flag,
+            budget,
         )
     valid = trainer.valid_data
     n_long = count_too_long(valid.src_lens, valid.tgt_lens, limit) if valid is not None else 0
@@ -197,8 +199,12 @@ def check_validation(trainer: Trainer) -> None:
     if trainer.valid_data is not None:
         return
     c = trainer.cfg
-    needs = [f for f, on in (("--patience", c.patience), ("--eval-bleu", c.eval_bleu)) if on]
-    needs += ["--validate-interval-updates"] if c.validate_interval_updates else []
+    wanted = {
+        "--patience": c.patience,
+        "--eval-bleu": c.eval_bleu,
+        "--validate-interval-updates": c.validate_interval_updates,
+    }
+    needs = [flag for flag, value in wanted.items() if value]
     if needs:
         raise ConfigError(
             f"{' and '.join(needs)} need{'s' if len(needs) == 1 else ''} a valid split, and {c.data_dir} has none; "
