@@ -68,14 +68,14 @@ def gather_objects(obj: Any, info: DistInfo) -> list[Any]:
     return gathered
 
 
-def broadcast_flags(flags: list[bool], info: DistInfo, device: torch.device) -> list[bool]:
-    """Rank 0's flags, shared with every rank in one all-reduce (the other ranks' flags are ignored).
+def broadcast_from_main(values: list[float], info: DistInfo, device: torch.device) -> list[float]:
+    """Rank 0's values, shared with every rank in one all-reduce (the other ranks' values are ignored).
 
     For decisions every rank must take together but only one clock or signal handler can make. A single
-    process gets its flags back without touching the device.
+    process gets its values back without touching the device.
     """
     if info.world_size == 1:
-        return list(flags)
-    t = torch.tensor([1.0 if flag and info.is_main else 0.0 for flag in flags], dtype=torch.float64, device=device)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return [value > 0 for value in t.tolist()]
+        return list(values)
+    t = torch.tensor([v if info.is_main else 0.0 for v in values], dtype=torch.float64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.SUM)  # x + 0.0 is exact: every rank gets rank 0's numbers bit for bit
+    return t.tolist()

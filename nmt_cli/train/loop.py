@@ -19,7 +19,7 @@ from typing import Any
 from nmt_cli.checkpoint import BEST, LAST, numbered_checkpoints, save_checkpoint
 from nmt_cli.errors import NmtError
 from nmt_cli.log import progress
-from nmt_cli.train.distributed import broadcast_flags
+from nmt_cli.train.distributed import broadcast_from_main
 from nmt_cli.train.trainer import StepStats, Trainer
 
 logger = logging.getLogger(__name__)
@@ -63,22 +63,25 @@ class Session:
         self.meter = Meter()
         self.signal: int | None = None
         self.saved_at = -1  # update of the last checkpoint_last.pt written by this run
-        self.numbered_at = -1  # update of the last numbered checkpoint
         self.clock_start = time.monotonic()
         self.elapsed_start = trainer.state.elapsed
         log_file = trainer.cfg.log_file
         self.log_path = Path(log_file) if log_file and trainer.info.is_main else None
         self.last_train: dict[str, float] = {}  # the latest train log line, for the progress bar
 
-    def shared_flags(self, timed_save_due: bool) -> tuple[bool, bool]:
-        """(save on the clock, stop for a signal) as rank 0 sees them, on every rank: one collective."""
-        timed, signalled = broadcast_flags(
-            [timed_save_due, self.signal is not None], self.trainer.info, self.trainer.device
-        )
-        return timed, signalled
+    def tick(self) -> bool:
+        """Advance the run's clock and read the signal flag; returns whether a signal stops the run.
 
-    def tick(self) -> None:
-        self.trainer.state.elapsed = self.elapsed_start + time.monotonic() - self.clock_start
+        With several ranks every rank takes rank 0's clock and flag (one collective), so that what is
+        decided from them (timed saves, --max-time-minutes, stopping for a signal) is decided alike on
+        every rank: ranks on their own clocks could stop at different updates, one waiting for the other.
+        """
+        own = self.elapsed_start + time.monotonic() - self.clock_start
+        elapsed, signalled = broadcast_from_main(
+            [own, float(self.signal is not None)], self.trainer.info, self.trainer.device
+        )
+        self.trainer.state.elapsed = elapsed
+        return signalled > 0
 
     def emit(self, event: str, values: dict[str, Any]) -> None:
         if not self.trainer.info.is_main:
@@ -143,29 +146,29 @@ def save(trainer: Trainer, numbered: bool, best: bool) -> None:
     )
 
 
-def validate_and_save(session: Session, numbered: bool) -> None:
-    """Validate (when there is a valid split) and save checkpoint_last.pt, numbered and best as due."""
+def validate_and_save(session: Session, numbered: bool) -> bool:
+    """Validate (when there is a valid split), then save checkpoint_last.pt, checkpoint_best.pt when it is
+    the best, and the numbered copy when asked or when a stopping rule now holds (the run's last save,
+    made here rather than a second time after the loop). Returns whether a signal stops the run."""
     t = session.trainer
     best = False
     if t.valid_data is not None:
         result = t.validate()
         best = t.record_validation(result)
         session.emit("valid", {**result, "best": t.state.best})
-    session.tick()
-    save(t, numbered=numbered, best=best)
+    signalled = session.tick()
+    save(t, numbered=numbered or t.stop_reason() is not None, best=best)
     session.saved_at = t.state.update
-    if numbered:
-        session.numbered_at = t.state.update
+    return signalled
 
 
 def after_update(session: Session, stats: StepStats | None) -> bool:
     """Log, then validate and save as due. Returns whether a signal stops every rank.
 
-    The ranks agree on the clock and on signals in the update's one collective (`Session.shared_flags`);
-    a signal that arrives after it, during validation or saving, is seen after the next update.
+    The ranks agree on the clock and on signals in the update's one collective (`Session.tick`).
     """
     t, c, s = session.trainer, session.trainer.cfg, session.trainer.state
-    session.tick()
+    signalled = session.tick()
     if stats is not None:
         session.meter.add(stats)
     if stats is not None and s.update % c.log_interval == 0:
@@ -173,15 +176,13 @@ def after_update(session: Session, stats: StepStats | None) -> bool:
         overflows = {"fp16_overflows": s.n_overflows} if t.scaler else {}
         session.emit("train", {**session.last_train, "lr": t.lr(s.update), "skipped": s.n_skipped_updates, **overflows})
         session.meter.reset()
-    timed, signalled = session.shared_flags(
-        bool(c.save_interval_minutes) and s.elapsed - s.last_timed_save >= c.save_interval_minutes * 60
-    )
+    timed = bool(c.save_interval_minutes) and s.elapsed - s.last_timed_save >= c.save_interval_minutes * 60
     if timed:
         s.last_timed_save = s.elapsed
     by_updates = bool(stats) and bool(c.save_interval_updates) and s.update % c.save_interval_updates == 0
     validate = bool(stats) and bool(c.validate_interval_updates) and s.update % c.validate_interval_updates == 0
     if timed or by_updates or validate:
-        validate_and_save(session, numbered=timed or by_updates)
+        signalled = validate_and_save(session, numbered=timed or by_updates) or signalled
     return signalled
 
 
@@ -213,8 +214,7 @@ def train_loop(trainer: Trainer) -> None:
             if s.batch_in_epoch >= len(batches):  # end of epoch: the checkpoint points at the next one
                 logger.info("end of epoch %d", s.epoch)
                 s.epoch, s.batch_in_epoch = s.epoch + 1, 0
-                validate_and_save(r, numbered=False)
-                _, signalled = r.shared_flags(False)
+                signalled = validate_and_save(r, numbered=False)
             else:
                 group = batches[s.batch_in_epoch : s.batch_in_epoch + c.update_freq]
                 stats = trainer.train_step(group)
@@ -224,11 +224,9 @@ def train_loop(trainer: Trainer) -> None:
             reason = trainer.stop_reason()
             if signalled:
                 reason = "stopped by a signal"
-    r.tick()
-    if reason == "stopped by a signal":
-        save(trainer, numbered=False, best=False)
-    elif r.saved_at != s.update:
-        validate_and_save(r, numbered=True)
-    elif r.numbered_at != s.update:  # validated and saved at this update already; add the numbered copy
-        save(trainer, numbered=True, best=False)
+    if r.saved_at != s.update:  # else saved at this update already, numbered where a stopping rule holds
+        if reason == "stopped by a signal":
+            save(trainer, numbered=False, best=False)
+        else:
+            validate_and_save(r, numbered=True)
     logger.info("training ended at update %d, epoch %d after %.0f s: %s", s.update, s.logged_epoch, s.elapsed, reason)

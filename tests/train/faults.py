@@ -2,7 +2,8 @@
 
 Run as `torchrun ... tests/train/faults.py train ...` with NMT_TEST_FAULT=KIND:RANK:UPDATE, where
 KIND is oom (out of memory in a forward), nan (a non-finite loss), oom-backward (out of memory in
-the backward that synchronises the ranks), hang (the rank stops answering) or none.
+the backward that synchronises the ranks), hang (the rank stops answering), clock (the rank's clock runs
+an hour ahead a second, from the start; UPDATE unused) or none.
 
 Every run also checks that no DistributedDataParallel wrapper is alive when the process group is
 destroyed (see runtime.shutdown_distributed: a DDP reducer that outlives the group can deadlock its
@@ -19,6 +20,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 
 import nmt_cli.train.command as command
+import nmt_cli.train.loop as loop
 from nmt_cli.cli import main
 from nmt_cli.train.trainer import Trainer
 
@@ -67,7 +69,22 @@ def checked_shutdown_distributed():
     shutdown_distributed()
 
 
+class FastClock:
+    """time for nmt_cli.train.loop on the clock rank: monotonic() runs 3,600 times too fast."""
+
+    def __init__(self) -> None:
+        self.start = time.monotonic()
+
+    def monotonic(self) -> float:
+        return self.start + (time.monotonic() - self.start) * 3600
+
+    def __getattr__(self, name):
+        return getattr(time, name)
+
+
 Trainer.batch_loss, Trainer.backward = faulty_batch_loss, faulty_backward
+if KIND == "clock" and os.environ.get("RANK") == RANK:
+    loop.time = FastClock()
 command.shutdown_distributed = checked_shutdown_distributed
 
 if __name__ == "__main__":

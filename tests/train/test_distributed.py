@@ -138,6 +138,26 @@ def test_out_of_memory_in_the_synchronising_backward_stops_every_rank(toy_data_b
     assert not our_frames(result.stderr)
 
 
+def test_ranks_stop_together_on_rank_0s_clock(toy_data_bin, tmp_path):
+    """--max-time-minutes and timed saves follow rank 0's clock on every rank: ranks whose clocks disagree
+    at the limit used to stop at different updates, the rest waiting in a collective for the one gone."""
+    result = faulty_run(
+        toy_data_bin,
+        tmp_path,
+        "clock:1:0",
+        "--max-update",
+        "6",
+        "--max-time-minutes",
+        "10",
+        "--save-interval-minutes",
+        "5",
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "reached --max-update 6" in result.stderr
+    assert load_checkpoint(tmp_path / "checkpoint_last.pt")["update"] == 6
+    assert [p.name for p in tmp_path.glob("checkpoint_[0-9]*.pt")] == ["checkpoint_6.pt"]  # no timed saves
+
+
 def test_a_collective_timeout_names_the_rank(toy_data_bin, tmp_path):
     result = faulty_run(toy_data_bin, tmp_path, "hang:1:3", "--max-update", "5", timeout_minutes="0.05")
     assert result.returncode != 0
@@ -209,7 +229,7 @@ def test_every_rank_resumes_its_own_random_streams(toy_data_bin, tmp_path):
     )
 
 
-def test_broadcast_flags_in_one_process_returns_them_without_a_collective(monkeypatch):
+def test_broadcast_from_main_in_one_process_returns_them_without_a_collective(monkeypatch):
     from nmt_cli.runtime import DistInfo
     from nmt_cli.train import distributed
 
@@ -218,33 +238,36 @@ def test_broadcast_flags_in_one_process_returns_them_without_a_collective(monkey
 
     monkeypatch.setattr(distributed.dist, "all_reduce", no_collective)
     # a device this CPU build cannot allocate on: any tensor made there would fail
-    for flags in ([], [True], [False, True], [True, False, True]):
-        assert distributed.broadcast_flags(flags, DistInfo(), torch.device("cuda", 7)) == flags
+    for flags in ([], [1.0], [0.0, 2.5], [1.0, 0.0, 3e9]):
+        assert distributed.broadcast_from_main(flags, DistInfo(), torch.device("cuda", 7)) == flags
 
 
 def share_flags_on_rank(rank, store_path, results):
     import torch.distributed as dist
 
     from nmt_cli.runtime import DistInfo
-    from nmt_cli.train.distributed import broadcast_flags
+    from nmt_cli.train.distributed import broadcast_from_main
 
     dist.init_process_group("gloo", init_method=f"file://{store_path}", rank=rank, world_size=2)
     calls = []
     all_reduce = dist.all_reduce
     dist.all_reduce = lambda *args, **kwargs: calls.append(1) or all_reduce(*args, **kwargs)
     try:
-        # rank 0's values win: rank 1's True in the second flag is not seen, rank 0's True in the first is
-        flags = broadcast_flags([rank == 0, rank == 1, True, False], DistInfo(rank, 2), torch.device("cpu"))
+        # rank 0's values win, bit for bit: rank 1's in the second place is not seen, rank 0's in the first is
+        flags = broadcast_from_main(
+            [float(rank == 0), float(rank == 1), 1e3 / 7 + rank, 0.0], DistInfo(rank, 2), torch.device("cpu")
+        )
     finally:
         dist.all_reduce = all_reduce
         dist.destroy_process_group()
     results[rank] = (flags, len(calls))
 
 
-def test_broadcast_flags_shares_rank_0s_flags_in_one_all_reduce(tmp_path):
+def test_broadcast_from_main_shares_rank_0s_values_in_one_all_reduce(tmp_path):
     import torch.multiprocessing as mp
 
     with mp.Manager() as manager:
         results = manager.dict()
         mp.spawn(share_flags_on_rank, args=(str(tmp_path / "store"), results), nprocs=2)
-        assert dict(results) == {0: ([True, False, True, False], 1), 1: ([True, False, True, False], 1)}
+        shared = [1.0, 0.0, 1e3 / 7, 0.0]
+        assert dict(results) == {0: (shared, 1), 1: (shared, 1)}

@@ -70,6 +70,9 @@ def test_max_epoch_and_patience(toy_data_bin, tmp_path):
     # the validation at an epoch's end is logged under that epoch, as fairseq does, not the next one
     records = [json.loads(line) for line in log.read_text().splitlines()]
     assert [r["epoch"] for r in records if r["event"] == "valid"] == [1, 2]
+    # one save per epoch's end, the last numbered: checkpoint_last.pt is not written a second time after the loop
+    saves = [line for line in result.output.splitlines() if "saved checkpoint_last.pt" in line]
+    assert len(saves) == 2 and "checkpoint_5.pt" not in saves[0] and "checkpoint_10.pt" in saves[1], saves
 
 
 def test_resuming_with_other_batches_restarts_the_epoch(toy_data_bin, tmp_path):
