@@ -16,7 +16,14 @@ from typing import Any
 import torch
 
 from nmt_cli import __version__
-from nmt_cli.config import ModelConfig, SearchConfig, TrainConfig, config_from_dict, config_to_dict
+from nmt_cli.config import (
+    ModelConfig,
+    SearchConfig,
+    TrainConfig,
+    config_from_dict,
+    config_to_dict,
+    shape_differences,
+)
 from nmt_cli.data.dataset import SPM_FILE
 from nmt_cli.data.vocab import Vocab
 from nmt_cli.errors import CheckpointError, ConfigError
@@ -268,7 +275,7 @@ def average_checkpoints(paths: list[Path]) -> dict[str, Any]:
     by_update = {first.get("update"): [paths[0]]}  # to refuse the same weights twice
     for path in paths[1:]:
         state = load_checkpoint(path)
-        if state["model_config"] != first["model_config"]:
+        if shape_differences(model_config_of(first, paths[0]), model_config_of(state, path)):
             raise CheckpointError(
                 f"{path} has another model config than {paths[0]}; only checkpoints of one model can be averaged"
             )

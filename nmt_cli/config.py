@@ -108,6 +108,19 @@ class ModelConfig:
             raise ConfigError(f"--d-model {self.d_model} must be divisible by --heads {self.heads}")
 
 
+# Regularisation, not shape: a run may resume with other rates, and checkpoints that differ only in them average.
+DROPOUTS = ("dropout", "attention_dropout", "activation_dropout")
+
+
+def shape_differences(saved: ModelConfig, wanted: ModelConfig) -> list[str]:
+    """The fields, dropouts aside, in which two model configs differ: `name=saved (options say wanted)`."""
+    return [
+        f"{f.name}={getattr(saved, f.name)!r} (options say {getattr(wanted, f.name)!r})"
+        for f in fields(ModelConfig)
+        if f.name not in DROPOUTS and getattr(saved, f.name) != getattr(wanted, f.name)
+    ]
+
+
 ARCHITECTURES: dict[str, ModelConfig] = {
     "transformer_base": ModelConfig(arch="transformer_base"),
     "transformer_big": ModelConfig(arch="transformer_big", d_model=1024, d_ff=4096, heads=16, dropout=0.3),

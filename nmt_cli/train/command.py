@@ -7,14 +7,22 @@ import logging
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, fields, replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from nmt_cli.checkpoint import BEST, LAST, check_same_data, has_training_state, load_checkpoint, model_config_of
-from nmt_cli.config import PARSE_SEARCH, ModelConfig, SearchConfig, TrainConfig, config_to_dict
+from nmt_cli.config import (
+    DROPOUTS,
+    PARSE_SEARCH,
+    ModelConfig,
+    SearchConfig,
+    TrainConfig,
+    config_to_dict,
+    shape_differences,
+)
 from nmt_cli.data.batching import count_too_long
 from nmt_cli.data.dataset import load_meta, load_vocab
 from nmt_cli.errors import CheckpointError, ConfigError, DataError, NmtError
@@ -226,17 +234,17 @@ def check_resumable(ckpt: dict[str, Any], model_cfg: ModelConfig, cfg: TrainConf
             f"{path} has no training state (an averaged checkpoint?); it cannot be resumed; use another --save-dir"
         )
     saved_model = model_config_of(ckpt, path)
-    if saved_model != model_cfg:
-        diff = [
-            f"{f.name}={getattr(saved_model, f.name)!r} (options say {getattr(model_cfg, f.name)!r})"
-            for f in fields(ModelConfig)
-            if getattr(saved_model, f.name) != getattr(model_cfg, f.name)
-        ]
+    diff = shape_differences(saved_model, model_cfg)
+    if diff:
         raise CheckpointError(
             f"{path} holds a model of another shape: {', '.join(diff)}; "
             "use another --save-dir or the same model options"
         )
     saved_train = ckpt.get("train_config", {})
+    changed = {name: (getattr(model_cfg, name), getattr(saved_model, name)) for name in DROPOUTS}
     for name, value in config_to_dict(cfg).items():
-        if name in saved_train and saved_train[name] != value:
-            logger.info("option %s differs from the checkpoint: %r (was %r)", name, value, saved_train[name])
+        if name in saved_train:
+            changed[name] = value, saved_train[name]
+    for name, (value, saved) in changed.items():
+        if value != saved:
+            logger.info("option %s differs from the checkpoint: %r (was %r)", name, value, saved)

@@ -182,6 +182,22 @@ def test_average_last_n_of_a_directory(tiny_checkpoint, tmp_path):
     assert too_many.exit_code == 1 and "fewer than --num-update-checkpoints 9" in too_many.output
 
 
+def test_resume_with_other_dropout_rates_and_average_across(toy_data_bin, tmp_path):
+    """Dropout rates are regularisation, not shape (fairseq takes them from the command line on resume):
+    a run continues with new rates, logged, and its checkpoints before and after average."""
+    first = nmt("train", toy_data_bin, "--save-dir", tmp_path, *TINY, "--max-update", 2, "--save-interval-updates", 2)
+    assert first.exit_code == 0, first.output
+    args = ["train", toy_data_bin, "--save-dir", tmp_path, *TINY, "--max-update", 4]
+    result = nmt(*args, "--dropout", 0.3, "--attention-dropout", 0.1)
+    assert result.exit_code == 0, result.output
+    assert "option dropout differs from the checkpoint: 0.3 (was 0.1)" in result.output
+    assert "option attention_dropout differs from the checkpoint: 0.1 (was 0.0)" in result.output
+    assert load_checkpoint(tmp_path / "checkpoint_last.pt")["model_config"]["dropout"] == 0.3
+    paths = [tmp_path / "checkpoint_2.pt", tmp_path / "checkpoint_4.pt"]
+    averaged = nmt("average-checkpoints", "--inputs", *paths, "--output", tmp_path / "avg.pt")
+    assert averaged.exit_code == 0, averaged.output
+
+
 def test_average_rejects_different_models(tiny_checkpoint, toy_data_bin, tmp_path):
     other = tmp_path / "other"
     assert nmt("train", toy_data_bin, "--save-dir", other, *TINY, "--d-model", 8, "--max-update", 1).exit_code == 0
