@@ -174,6 +174,12 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
     if path.is_dir():
         raise CheckpointError(f"checkpoint {path} is a directory; give a checkpoint file")
     if not path.is_file():
+        parts = [Path(p) for p in str(path).split(":")]
+        if len(parts) > 1 and all(p.is_file() for p in parts):  # fairseq's --path A.pt:B.pt, an ensemble
+            raise CheckpointError(
+                f"checkpoint {path} names {len(parts)} checkpoints; nmt translates with one (no ensembles): average "
+                f"them with `nmt average-checkpoints --inputs {' '.join(map(str, parts))} --output average.pt`"
+            )
         raise CheckpointError(f"checkpoint {path} does not exist")
     try:
         # Memory-mapped: tensors are read when touched, so the optimizer state of a checkpoint that is only
