@@ -120,7 +120,11 @@ def atomic_text_output(path: Path, what: str = "file") -> Iterator[TextIO]:
 
 def temp_dir_beside(path: Path, what: str) -> Path:
     """A new private directory `.NAME.tmp-XXXX` beside `path` (its parents created) to build `path` in,
-    then publish with `rename_dir_into_place`; NmtError naming the option when it cannot be made."""
+    then publish with `rename_dir_into_place`; NmtError naming the option when it cannot be made.
+
+    `path` is resolved first: `.` or a symbolic link names the directory it stands for.
+    """
+    path = path.resolve()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         return Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
@@ -129,12 +133,21 @@ def temp_dir_beside(path: Path, what: str) -> Path:
 
 
 def rename_dir_into_place(tmp: Path, path: Path) -> None:
-    """Rename a finished `temp_dir_beside` directory to `path` (which the caller has removed), with the mode
-    a new directory gets under the umask (mkdtemp makes it 0700)."""
+    """Rename a finished `temp_dir_beside` directory to `path`, with the mode a new directory gets under the
+    umask (mkdtemp makes it 0700). An existing `path` (empty, or an earlier result the caller has chosen to
+    replace) is moved aside first and removed only once the new one is in place, so that an interruption
+    leaves one of the two whole."""
     umask = os.umask(0)
     os.umask(umask)
     tmp.chmod(0o777 & ~umask)
+    path = path.resolve()
+    if not path.exists():
+        tmp.rename(path)
+        return
+    old = path.with_name(f".{path.name}.old-{os.getpid()}")
+    path.rename(old)
     tmp.rename(path)
+    shutil.rmtree(old)
 
 
 def remove_stale_temporaries(directory: Path, patterns: tuple[str, ...] = (f"*{TMP_SUFFIX}",)) -> list[Path]:

@@ -191,8 +191,9 @@ def destdir_lock(dest: Path) -> Iterator[None]:
     except OSError as e:
         reason = "a parent of it is a file" if isinstance(e, (FileExistsError, NotADirectoryError)) else e.strerror
         raise DataError(f"cannot write --destdir {dest}: {reason}") from None
-    with run_lock(dest.parent / f".{dest.name}.lock", "preprocess", dest):
-        remove_stale_temporaries(dest.parent, (f".{glob.escape(dest.name)}.tmp-*",))
+    where = dest.resolve()  # `--destdir .` names the current directory: its lock goes beside it, not in it
+    with run_lock(where.parent / f".{where.name}.lock", "preprocess", dest):
+        remove_stale_temporaries(where.parent, (f".{glob.escape(where.name)}.tmp-*",))
         yield
 
 
@@ -273,8 +274,8 @@ def build(cfg: PreprocessConfig, dest: Path, contents: Contents) -> dict[str, An
             **task_meta,
         }
         (tmp / META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
-        if dest.exists():
-            dest.rmdir()
+        if dest.is_dir() and any(dest.iterdir()):  # checked empty at the start; files arrived since
+            raise DataError(f"--destdir {dest} is no longer empty; nothing was written")
         rename_dir_into_place(tmp, dest)
     except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -76,9 +76,7 @@ def export_checkpoint(cfg: ExportConfig) -> Path:
         if is_disk_full(e):
             raise DiskFullError(f"no space left on device writing {output_dir}; nothing was replaced") from None
         raise
-    if output_dir.exists():
-        shutil.rmtree(output_dir)
-    rename_dir_into_place(tmp, output_dir)
+    rename_dir_into_place(tmp, output_dir)  # the earlier export (checked above) goes once the new one is in place
     logger.info(
         "wrote the CTranslate2 model %s (quantization %s) from %s",
         output_dir,

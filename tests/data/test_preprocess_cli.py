@@ -191,3 +191,13 @@ def test_error_is_one_line_without_traceback(raw):
     result = run("--trainpref", raw / "nope", "--destdir", raw / "bin")
     assert "Traceback" not in result.output
     assert len([line for line in result.output.splitlines() if line.strip()]) == 1
+
+
+def test_destdir_dot_is_the_empty_current_directory(raw, monkeypatch):
+    """`--destdir .` put its lock file inside `.` and then refused `.` as not empty."""
+    here = raw / "here"
+    here.mkdir()
+    monkeypatch.chdir(here)
+    result = run("--trainpref", raw / "train", "--destdir", ".", "--vocab-size", 200)
+    assert result.exit_code == 0, result.output
+    assert (here / "meta.json").is_file() and sorted(p.name for p in raw.iterdir() if p.name.startswith(".")) == []

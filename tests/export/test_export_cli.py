@@ -78,6 +78,24 @@ def test_force_replaces_only_an_earlier_export(tiny_checkpoint, tmp_path, monkey
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ct2", "file", "run"]  # no temporary left
 
 
+def test_force_through_dot_or_a_link_replaces_the_export_it_names(tiny_checkpoint, tmp_path, monkeypatch):
+    """`--output . --force` from inside an earlier export removed it and then failed on rmdir('.') (a traceback,
+    no export left); a symbolic link to an export was a traceback too."""
+    pytest.importorskip("ctranslate2", reason="ctranslate2 is not installed (pip install nmt[export])")
+    out = tmp_path / "ct2"
+    assert run("--path", str(tiny_checkpoint), "--output", str(out)).exit_code == 0
+    (tmp_path / "link").symlink_to(out)
+    result = run("--path", str(tiny_checkpoint), "--output", str(tmp_path / "link"), "--force")
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "link").is_symlink() and (out / "model.bin").is_file()
+    float32_size = (out / "model.bin").stat().st_size
+    monkeypatch.chdir(out)
+    result = run("--path", str(tiny_checkpoint), "--output", ".", "--force", "--quantization", "int8")
+    assert result.exit_code == 0, result.output
+    assert (out / "model.bin").stat().st_size < float32_size  # the int8 export replaced the float32 one
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ct2", "link"]  # nothing left beside
+
+
 @pytest.mark.parametrize("normalize_before", [False, True])
 def test_export_cli_writes_a_loadable_model(toy_data_bin, tmp_path, normalize_before):
     ctranslate2 = pytest.importorskip("ctranslate2", reason="ctranslate2 is not installed (pip install nmt[export])")
