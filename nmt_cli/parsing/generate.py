@@ -58,8 +58,9 @@ def tree_constraint(vocab: Vocab, vocab_size: int) -> TreeConstraint:
 
 
 def flat_tree(words: Sequence[str]) -> Tree:
-    """The fallback when no tree fits the length limit: every word under one S."""
-    return Tree(TOP, [Tree("S", [Tree(SLOT, word=w) for w in words])])
+    """The fallback when no tree fits the length limit: every word under one S, punctuation tagged as the
+    treebank tags it (EVALB drops punctuation by its tag: an XX comma would make the sentence an error)."""
+    return tag_punctuation(Tree(TOP, [Tree("S", [Tree(SLOT, word=w) for w in words])]))
 
 
 def search_trees(

@@ -27,6 +27,7 @@ from nmt_cli.parsing.tree import TreeSyntaxError, clean, parse_tree
 logger = logging.getLogger(__name__)
 
 Example = tuple[list[str], list[str]]  # (words, tree tokens)
+RESERVED_PIECES = frozenset({"<pad>", "<unk>", "<s>", "</s>"})  # pad, unk, bos, eos (data/vocab.py's ids 0-3)
 
 
 def read_examples(tree_path: Path, words_path: Path | None, leaves: str) -> list[Example]:
@@ -58,7 +59,11 @@ def read_examples(tree_path: Path, words_path: Path | None, leaves: str) -> list
                 f"{words_path}:{n}: the words do not match the tree's in {tree_path}:{n} "
                 f"({len(words_lines[n - 1].split())} words vs {len(words)} leaves)"
             )
-        examples.append((words, linearize(tree, leaves)))
+        tokens = linearize(tree, leaves)
+        reserved = sorted(RESERVED_PIECES.intersection(tokens))
+        if reserved:  # the tag would be read as that special id (</s> ends the tree)
+            raise DataError(f"{tree_path}:{n}: the tag {reserved[0]} is one of sentencepiece's special pieces")
+        examples.append((words, tokens))
     return examples
 
 

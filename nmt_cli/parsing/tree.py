@@ -15,6 +15,7 @@ from nmt_cli.errors import DataError
 
 _TOKEN = re.compile(r"\(|\)|[^\s()]+")
 EMPTY_TAG = "-NONE-"
+MAX_DEPTH = 500  # nesting read from files (the treebank sample's deepest tree nests 30): clean and linearize recurse
 
 
 class TreeSyntaxError(ValueError):
@@ -32,10 +33,14 @@ class Tree:
         return self.word is not None
 
     def preterminals(self) -> Iterator[Tree]:
-        if self.is_preterminal:
-            yield self
-        for child in self.children:
-            yield from child.preterminals()
+        """Left to right; iterative, as __str__, so that any tree the search builds can be written."""
+        stack = [self]
+        while stack:
+            node = stack.pop()
+            if node.is_preterminal:
+                yield node
+            else:
+                stack.extend(reversed(node.children))
 
     def words(self) -> list[str]:
         return [p.word for p in self.preterminals() if p.word is not None]
@@ -44,9 +49,19 @@ class Tree:
         return [p.label for p in self.preterminals()]
 
     def __str__(self) -> str:
-        if self.is_preterminal:
-            return f"({self.label} {self.word})"
-        return f"({self.label} {' '.join(str(c) for c in self.children)})"
+        parts: list[str] = []
+        stack: list[Tree | str] = [self]
+        while stack:
+            node = stack.pop()
+            if isinstance(node, str):
+                parts.append(node)
+            elif node.is_preterminal:
+                parts.append(f" ({node.label} {node.word})")
+            else:
+                parts.append(f" ({node.label}")
+                stack.append(")")
+                stack.extend(reversed(node.children))
+        return "".join(parts)[1:]
 
 
 def parse_tree(text: str) -> Tree:
@@ -67,6 +82,13 @@ def parse_tree(text: str) -> Tree:
             raise TreeSyntaxError(f"text after the end of the tree: {' '.join(tokens[i : i + 3])!r}")
         if tok == "(":
             label = tokens[i + 1] if i + 1 < len(tokens) and tokens[i + 1] not in "()" else ""
+            if not label and stack:
+                raise TreeSyntaxError(
+                    "a bracket without a label inside the tree (only the outermost may have none; "
+                    "a word '(' or ')' is written -LRB- or -RRB-)"
+                )
+            if len(stack) >= MAX_DEPTH:
+                raise TreeSyntaxError(f"the tree nests deeper than {MAX_DEPTH} levels")
             i += 2 if label else 1
             if i + 1 < len(tokens) and tokens[i] not in "()" and tokens[i + 1] == ")":
                 node = Tree(label, word=tokens[i])  # (TAG word)
@@ -112,7 +134,11 @@ def clean(tree: Tree) -> Tree | None:
     def walk(node: Tree) -> Tree | None:
         if node.is_preterminal:
             return None if node.label == EMPTY_TAG else Tree(node.label, word=node.word)
-        kids = [k for k in (walk(c) for c in node.children) if k is not None]
+        kids = []
+        for child in node.children:  # a loop, not a comprehension: one frame per level (MAX_DEPTH)
+            kid = walk(child)
+            if kid is not None:
+                kids.append(kid)
         return Tree(strip_function_tag(node.label), kids) if kids else None
 
     out = walk(tree)

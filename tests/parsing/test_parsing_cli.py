@@ -1,5 +1,6 @@
 """The parsing path through the CLI: preprocess trees, train a few steps, generate trees, score; bad inputs."""
 
+import json
 from pathlib import Path
 
 import pytest
@@ -119,6 +120,24 @@ def test_generate_writes_trees_with_the_input_words_and_score_reads_them(parser_
     assert result.exit_code == 1 and "--metric bracket-f1" in result.output
 
 
+def test_fallback_trees_tag_punctuation_so_evalb_scores_them(parser_checkpoint):
+    """With no room for a tree (--max-len-b 3), every sentence gets the flat fallback; its punctuation had
+    been tagged XX, so EVALB counted each such sentence as a length-mismatch error and left it out of F1."""
+    root, ckpt = parser_checkpoint
+    (root / "fb.words").write_text("The cat sits on the mat .\nIt ran away .\n")
+    args = ["generate", "--path", str(ckpt), "--input", str(root / "fb.words"), "--max-len-a", "0", "--max-len-b", "3"]
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 0 and "2 sentence(s) had no tree" in result.output, result.output
+    assert result.stdout.splitlines()[1] == "(TOP (S (XX It) (XX ran) (XX away) (. .)))"
+    (root / "fb.tree").write_text(result.stdout)
+    (root / "fb.gold").write_text(TREES[0] + "\n" + TREES[1] + "\n")
+    score = ["score", "--metric", "bracket-f1", "--sys", str(root / "fb.tree"), "--ref", str(root / "fb.gold")]
+    result = CliRunner().invoke(cli, [*score, "--json"])
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout)
+    assert summary["error_sentences"] == 0 and summary["valid_sentences"] == 2, summary
+
+
 def test_brackets_in_words_come_out_escaped_as_the_treebank_writes_them(parser_checkpoint):
     """A raw "(" leaf had made an unbalanced line: `(VBZ () (VP (VB big) (NP (DT ))`."""
     root, ckpt = parser_checkpoint
@@ -180,6 +199,8 @@ def test_a_parser_is_not_exported(parser_checkpoint, tmp_path):
         ("((S (NN a)))\n((S (NN b)))\n", "a\nc\n", "train.words:2: the words do not match"),
         ("((S (NN a)))\n\n", "a\n\n", "train.tree:2: empty line"),
         ("((S (-NONE- *)))\n", "\n", "train.tree:1: the tree has no words"),
+        ("((S (NN a)))\n((S (</s> b)))\n", "a\nb\n", "train.tree:2: the tag </s> is one of sentencepiece's special"),
+        ("((S ( (NN a))))\n", "a\n", "train.tree:1: a bracket without a label inside the tree"),
     ],
 )
 def test_bad_tree_input_is_one_error_line(tmp_path, tree, words, message):

@@ -30,11 +30,24 @@ def test_parse_print_round_trip():
         ("(S (NP) (NN a))", "empty constituent"),
         ("(S (NN a) b)", "outside"),
         ("(S (NN a)) (S (NN b))", "after the end"),
+        ("((S ( (NN a)) (NN b)))", "a bracket without a label inside the tree"),
+        ("(S (-LRB- () (NN b))", "a word '(' or ')' is written -LRB- or -RRB-"),
+        ("(S " * 501 + "(NN a)" + ")" * 501, "nests deeper than 500 levels"),
     ],
 )
 def test_malformed_trees(text, message):
     with pytest.raises(TreeSyntaxError, match=re.escape(message)):
         parse_tree(text)
+
+
+def test_deep_trees_are_read_cleaned_linearised_and_printed():
+    """A tree 400 levels deep (recursion had ended at about 340 in a traceback), and a 5,000-level one as the
+    search may build it, printed and walked without recursion."""
+    text = "(S " * 400 + "(NN a)" + ")" * 400
+    tree = clean(parse_tree(text))
+    assert str(tree) == text and tree.words() == ["a"] and len(linearize(tree, "pos")) == 801
+    built = delinearize(["(S"] * 5000 + ["NN"] + [")"] * 5000, ["a"])
+    assert str(built) == "(S " * 5000 + "(NN a)" + ")" * 5000 and tag_punctuation(built).words() == ["a"]
 
 
 def test_read_trees_names_file_and_line(tmp_path):
