@@ -82,6 +82,16 @@ def generate(cfg: GenerateConfig, search_overrides: dict[str, Any] | None = None
         raise ConfigError(
             f"--sampling is off, so {' and '.join(sampling_only)} would be ignored; add --sampling or drop them"
         )
+    if search.sampling and "beam" in (search_overrides or {}) and search.beam > 1:
+        raise ConfigError(
+            f"--sampling draws one token at a time, so --beam {search.beam} would be ignored; "
+            f"for {search.beam} samples of each sentence give --nbest {search.beam}"
+        )
+    if is_parser and search.min_len:
+        raise ConfigError(
+            f"{cfg.path} is a parsing model: a tree's length follows its sentence's words, so --min-len "
+            f"{search.min_len} cannot apply; drop it"
+        )
     if is_parser and search.nbest > 1:
         raise ConfigError(
             f"{cfg.path} is a parsing model; it writes its best tree per sentence, not --nbest {search.nbest}"

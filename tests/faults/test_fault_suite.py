@@ -335,6 +335,12 @@ IN_PROCESS = [
         "--sampling is off, so --temperature would be ignored",
     ),
     (
+        "generate-beam-with-sampling",  # sampled one hypothesis per sentence, the beam ignored
+        None,
+        "generate {w}/data --path {w}/run/checkpoint_last.pt --sampling --beam 5",
+        "so --beam 5 would be ignored; for 5 samples of each sentence give --nbest 5",
+    ),
+    (
         "train-log-file-is-a-checkpoint",  # appended JSON lines to it before
         None,
         NEW_RUN + " --log-file {w}/run/checkpoint_last.pt",

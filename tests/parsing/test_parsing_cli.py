@@ -175,6 +175,14 @@ def test_parser_sampling_follows_the_seed_and_nbest_is_refused(parser_checkpoint
     assert code == 1 and "writes its best tree per sentence, not --nbest 2" in output[0]
 
 
+def test_a_parser_refuses_min_len(parser_checkpoint):
+    """--min-len beyond the tree's length left no token allowed: sampling then died in torch.multinomial."""
+    root, ckpt = parser_checkpoint
+    args = ["generate", "--path", str(ckpt), "--input", "-", "--sampling", "--min-len", "40"]
+    result = CliRunner().invoke(cli, args, input="The cat sits .\n")
+    assert result.exit_code == 1 and "so --min-len 40 cannot apply" in result.output, result.output
+
+
 def test_a_parser_is_not_validated_by_bleu(parser_checkpoint, tmp_path):
     root, _ = parser_checkpoint
     args = ["train", str(root / "bin"), "--save-dir", str(tmp_path / "ck"), "--arch", "transformer_tiny"]
