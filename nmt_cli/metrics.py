@@ -12,10 +12,11 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 import sacrebleu
 
-from nmt_cli.data import WORD_MARK
+from nmt_cli.data import WORD_MARK, split_lines
 from nmt_cli.errors import ConfigError, DataError
 
 METRICS = ("sacrebleu", "chrf", "tok-bleu", "tok-bleu-compound")
@@ -29,16 +30,24 @@ class Score:
     signature: str
 
 
-def sacrebleu_score(hyps: Sequence[str], refs: Sequence[str]) -> Score:
+def sacrebleu_score(hyps: Sequence[str], refs: Sequence[str] | Sequence[Sequence[str]]) -> Score:
+    """refs: one reference per hypothesis, or several such streams (multi-reference BLEU)."""
     bleu = sacrebleu.metrics.BLEU()
-    result = bleu.corpus_score(list(hyps), [list(refs)])
+    result = bleu.corpus_score(list(hyps), ref_streams(refs))
     sig = str(bleu.get_signature())
     return Score("sacrebleu", result.score, str(result), sig)
 
 
-def chrf_score(hyps: Sequence[str], refs: Sequence[str]) -> Score:
+def ref_streams(refs: Sequence[str] | Sequence[Sequence[str]]) -> list[list[str]]:
+    """sacreBLEU's references: a list of streams, each one reference per hypothesis."""
+    if not refs or isinstance(refs[0], str):
+        return [list(cast(Sequence[str], refs))]
+    return [list(stream) for stream in cast(Sequence[Sequence[str]], refs)]
+
+
+def chrf_score(hyps: Sequence[str], refs: Sequence[str] | Sequence[Sequence[str]]) -> Score:
     chrf = sacrebleu.metrics.CHRF()
-    result = chrf.corpus_score(list(hyps), [list(refs)])
+    result = chrf.corpus_score(list(hyps), ref_streams(refs))
     return Score("chrf", result.score, str(result), str(chrf.get_signature()))
 
 
@@ -62,16 +71,19 @@ def moses_tokenize(lines: Sequence[str], lang: str, split_compounds: bool) -> li
     return out
 
 
-def tokenized_bleu(hyps: Sequence[str], refs: Sequence[str], lang: str, split_compounds: bool) -> Score:
+def tokenized_bleu(
+    hyps: Sequence[str], refs: Sequence[str] | Sequence[Sequence[str]], lang: str, split_compounds: bool
+) -> Score:
     name = "tok-bleu-compound" if split_compounds else "tok-bleu"
     result = sacrebleu.metrics.BLEU(tokenize="none", force=True).corpus_score(
-        moses_tokenize(hyps, lang, split_compounds), [moses_tokenize(refs, lang, split_compounds)]
+        moses_tokenize(hyps, lang, split_compounds),
+        [moses_tokenize(stream, lang, split_compounds) for stream in ref_streams(refs)],
     )
     note = f"Moses-tokenized ({lang}){', compounds split' if split_compounds else ''}; NOT comparable with sacreBLEU"
     return Score(name, result.score, f"{name.upper()} = {result.score:.2f} ({note})", note)
 
 
-def compute(metric: str, hyps: Sequence[str], refs: Sequence[str], lang: str = "en") -> Score:
+def compute(metric: str, hyps: Sequence[str], refs: Sequence[str] | Sequence[Sequence[str]], lang: str = "en") -> Score:
     if metric == "sacrebleu":
         return sacrebleu_score(hyps, refs)
     if metric == "chrf":
@@ -88,7 +100,7 @@ def read_text(path: Path) -> list[str]:
     if not path.exists():
         raise DataError(f"file {path} does not exist")
     try:
-        return path.read_text(encoding="utf-8").splitlines()
+        return split_lines(path.read_text(encoding="utf-8"))
     except UnicodeDecodeError as e:
         line = path.read_bytes()[: e.start].count(b"\n") + 1
         raise DataError(f"{path}:{line}: invalid UTF-8") from None
@@ -117,18 +129,16 @@ def read_hypotheses(path: Path) -> list[str]:
     return lines
 
 
-def score_files(sys_path: Path, ref_path: Path, metrics: Sequence[str], lang: str) -> list[Score]:
-    """Score a system output against one reference file with each metric."""
-    hyps, refs = read_hypotheses(sys_path), read_text(ref_path)
-    if not refs:
-        raise DataError(f"{ref_path} is empty; there is nothing to score")
-    if len(hyps) != len(refs):
-        raise DataError(f"{sys_path} has {len(hyps)} hypotheses but {ref_path} has {len(refs)} lines")
+def score_files(sys_path: Path, ref_paths: Sequence[Path], metrics: Sequence[str], lang: str) -> list[Score]:
+    """Score a system output against one or more reference files (each a reference per hypothesis) with each
+    metric; several references score as sacreBLEU's multi-reference BLEU and chrF."""
+    hyps = read_hypotheses(sys_path)
+    streams = [check_references(sys_path, len(hyps), path) for path in ref_paths]
     from nmt_cli.parsing.tree import looks_like_trees
 
-    if looks_like_trees(hyps) and looks_like_trees(refs):
+    if looks_like_trees(hyps) and looks_like_trees(streams[0]):
         raise DataError(
-            f"{sys_path} and {ref_path} hold bracketed trees (a parsing model's output?); "
+            f"{sys_path} and {ref_paths[0]} hold bracketed trees (a parsing model's output?); "
             "score them with --metric bracket-f1"
         )
     for i, hyp in enumerate(hyps, start=1):
@@ -137,10 +147,20 @@ def score_files(sys_path: Path, ref_path: Path, metrics: Sequence[str], lang: st
                 f"{sys_path}: hypothesis {i} still contains sentencepiece pieces ({WORD_MARK}); "
                 "score the detokenized output (D- lines or plain `nmt generate --input`)"
             )
+    return [compute(m, hyps, streams, lang) for m in metrics]
+
+
+def check_references(sys_path: Path, n_hyps: int, ref_path: Path) -> list[str]:
+    """The reference file's lines: one per hypothesis, raw text."""
+    refs = read_text(ref_path)
+    if not refs:
+        raise DataError(f"{ref_path} is empty; there is nothing to score")
+    if n_hyps != len(refs):
+        raise DataError(f"{sys_path} has {n_hyps} hypotheses but {ref_path} has {len(refs)} lines")
     for i, ref in enumerate(refs, start=1):
         if WORD_MARK in ref:
             raise DataError(
                 f"{ref_path}:{i}: the reference contains sentencepiece pieces ({WORD_MARK}); give the raw reference "
                 "text (such as the files preprocess read)"
             )
-    return [compute(m, hyps, refs, lang) for m in metrics]
+    return refs

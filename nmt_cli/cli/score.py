@@ -19,7 +19,14 @@ from nmt_cli.errors import ConfigError
     type=EXISTING_FILE,
     help="Hypotheses: plain text, or `nmt generate` output (fairseq or jsonl: the best per input, by id).",
 )
-@click.option("--ref", "ref_path", required=True, type=EXISTING_FILE, help="Reference text, one line per hypothesis.")
+@click.option(
+    "--ref",
+    "ref_paths",
+    required=True,
+    multiple=True,
+    type=EXISTING_FILE,
+    help="Reference text, one line per hypothesis; repeat it for multi-reference BLEU and chrF.",
+)
 @click.option(
     "--metric",
     "metrics",
@@ -30,7 +37,9 @@ from nmt_cli.errors import ConfigError
 @click.option("--lang", default="en", help="Language of the Moses tokenizer for tok-bleu metrics.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per metric.")
 @click.option("--verbose", is_flag=True, help="bracket-f1: also EVALB's line per sentence.")
-def score(sys_path: Path, ref_path: Path, metrics: tuple[str, ...], lang: str, as_json: bool, verbose: bool) -> None:
+def score(
+    sys_path: Path, ref_paths: tuple[Path, ...], metrics: tuple[str, ...], lang: str, as_json: bool, verbose: bool
+) -> None:
     """Score translations: sacreBLEU (with its signature) and chrF; tokenized BLEU on request; trees: bracket-f1."""
     from nmt_cli.metrics import score_files
 
@@ -43,7 +52,9 @@ def score(sys_path: Path, ref_path: Path, metrics: tuple[str, ...], lang: str, a
 
         if len(set(metrics)) > 1:
             raise ConfigError("--metric bracket-f1 scores trees; give it alone")
-        result = score_tree_files(sys_path, ref_path)
+        if len(ref_paths) > 1:
+            raise ConfigError("--metric bracket-f1 compares with one gold tree file; give one --ref")
+        result = score_tree_files(sys_path, ref_paths[0])
         click.echo(
             json.dumps({"metric": "bracket-f1", **result.all.summary()})
             if as_json
@@ -51,7 +62,7 @@ def score(sys_path: Path, ref_path: Path, metrics: tuple[str, ...], lang: str, a
         )
         return
 
-    for s in score_files(sys_path, ref_path, metrics or ("sacrebleu", "chrf"), lang):
+    for s in score_files(sys_path, ref_paths, metrics or ("sacrebleu", "chrf"), lang):
         if as_json:
             click.echo(json.dumps({"metric": s.metric, "score": round(s.score, 2), "signature": s.signature}))
         else:

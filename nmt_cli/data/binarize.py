@@ -39,8 +39,12 @@ def check_text_file(path: Path) -> int:
 
 
 def read_pairs(src_path: Path, tgt_path: Path, chunk_size: int) -> Iterator[tuple[list[str], list[str]]]:
-    """Stream line-aligned chunks of (source lines, target lines), newline stripped."""
-    with src_path.open(encoding="utf-8") as fs, tgt_path.open(encoding="utf-8") as ft:
+    """Stream line-aligned chunks of (source lines, target lines), newline stripped.
+
+    Lines end at "\n" only (newline="\n"; check_text_file counts them so): in the default text mode a stray
+    "\r" inside a line split it in two, and every later pair of the corpus was misaligned.
+    """
+    with src_path.open(encoding="utf-8", newline="\n") as fs, tgt_path.open(encoding="utf-8", newline="\n") as ft:
         src_chunk: list[str] = []
         tgt_chunk: list[str] = []
         for s, t in zip(fs, ft):

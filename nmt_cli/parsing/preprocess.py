@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from nmt_cli.config import PreprocessConfig
+from nmt_cli.data import split_lines
 from nmt_cli.data.binarize import TokenWriter, check_text_file, token_dtype
 from nmt_cli.data.dataset import SPM_FILE
 from nmt_cli.data.preprocess import preprocess, split_prefixes
@@ -36,8 +37,8 @@ def read_examples(tree_path: Path, words_path: Path | None, leaves: str) -> list
     words_lines = None
     if words_path is not None:
         check_text_file(words_path)
-        words_lines = words_path.read_text(encoding="utf-8").splitlines()
-    tree_lines = tree_path.read_text(encoding="utf-8").splitlines()
+        words_lines = split_lines(words_path.read_text(encoding="utf-8"))
+    tree_lines = split_lines(tree_path.read_text(encoding="utf-8"))
     if words_lines is not None and len(words_lines) != len(tree_lines):
         raise DataError(
             f"{words_path} has {len(words_lines)} lines but {tree_path} has {len(tree_lines)}; "

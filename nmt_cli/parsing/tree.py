@@ -152,7 +152,7 @@ def read_trees(path: Path) -> list[Tree]:
     if not path.is_file():
         raise DataError(f"tree file {path} does not exist")
     trees = []
-    with path.open(encoding="utf-8") as f:
+    with path.open(encoding="utf-8", newline="\n") as f:  # lines end at "\n" only, as in data.split_lines
         for n, line in enumerate(f, start=1):
             try:
                 trees.append(parse_tree(line))

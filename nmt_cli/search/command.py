@@ -87,7 +87,7 @@ def generate(cfg: GenerateConfig, search_overrides: dict[str, Any] | None = None
             f"--sampling draws one token at a time, so --beam {search.beam} would be ignored; "
             f"for {search.beam} samples of each sentence give --nbest {search.beam}"
         )
-    if is_parser and search.min_len:
+    if is_parser and search.min_len != search_config_of(state).min_len:
         raise ConfigError(
             f"{cfg.path} is a parsing model: a tree's length follows its sentence's words, so --min-len "
             f"{search.min_len} cannot apply; drop it"

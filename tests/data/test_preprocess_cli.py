@@ -3,6 +3,7 @@
 import json
 import os
 
+import numpy as np
 import pytest
 from click.testing import CliRunner
 from conftest import SHARED_DATA
@@ -201,3 +202,26 @@ def test_destdir_dot_is_the_empty_current_directory(raw, monkeypatch):
     result = run("--trainpref", raw / "train", "--destdir", ".", "--vocab-size", 200)
     assert result.exit_code == 0, result.output
     assert (here / "meta.json").is_file() and sorted(p.name for p in raw.iterdir() if p.name.startswith(".")) == []
+
+
+def test_a_stray_carriage_return_inside_a_line_keeps_the_pairs_aligned(raw, toy_data_bin):
+    """Text mode split a line at a lone "\r" (WMT's crawled corpora have them): every later pair was shifted
+    by one, without a word, as the line counts (at "\n") agreed."""
+    lines = (raw / "train.en").read_text(encoding="utf-8").split("\n")
+    lines[1] = lines[1].replace(" ", " \r", 1).replace(" ", " \u2028", 1)
+    (raw / "dirty.en").write_bytes("\n".join(lines).encode())
+    (raw / "dirty.de").write_bytes((raw / "train.de").read_bytes())
+    common = ["--spm-model", toy_data_bin / "spm.model", "--max-len-ratio", 100]
+    assert run("--trainpref", raw / "train", "--destdir", raw / "clean-bin", *common).exit_code == 0
+    result = run("--trainpref", raw / "dirty", "--destdir", raw / "dirty-bin", *common)
+    assert result.exit_code == 0, result.output
+    clean, dirty = (
+        json.loads((raw / d / "meta.json").read_text())["splits"]["train"] for d in ("clean-bin", "dirty-bin")
+    )
+    assert dirty["pairs"] == clean["pairs"] == 300
+    for lang in ("en", "de"):  # every pair after the dirty line as in the clean corpus
+        (clean_tokens, clean_idx), (dirty_tokens, dirty_idx) = (
+            (np.load(raw / d / f"train.{lang}.bin.npy"), np.load(raw / d / f"train.{lang}.idx.npy"))
+            for d in ("clean-bin", "dirty-bin")
+        )
+        assert (clean_tokens[clean_idx[2] :] == dirty_tokens[dirty_idx[2] :]).all()

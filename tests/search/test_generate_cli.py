@@ -206,6 +206,34 @@ def test_score_equals_sacrebleu(sys_ref):
     assert plain.stdout.startswith("BLEU = ") and "nrefs:1" in plain.stdout
 
 
+def test_several_references_score_as_sacrebleu_multi_reference(sys_ref):
+    """--ref twice had kept the last one, without a word (sacreBLEU takes several)."""
+    hyp, ref, hyps, refs = sys_ref
+    other = ["The cat sat on the mat.", "A dog barked loudly.", "Hello world"]
+    (ref.parent / "ref2").write_text("\n".join(other) + "\n")
+    for metric, name in (("sacrebleu", "corpus_bleu"), ("chrf", "corpus_chrf")):
+        r = nmt("score", "--sys", hyp, "--ref", ref, "--ref", ref.parent / "ref2", "--metric", metric, "--json")
+        assert r.exit_code == 0, r.output
+        expected = getattr(sacrebleu, name)(hyps, [refs, other])
+        assert (
+            json.loads(r.stdout)["score"]
+            == round(expected.score, 2)
+            != round(getattr(sacrebleu, name)(hyps, [other]).score, 2)
+        )
+    assert "nrefs:2" in nmt("score", "--sys", hyp, "--ref", ref, "--ref", ref.parent / "ref2").stdout
+    (ref.parent / "short").write_text("one line\n")
+    r = nmt("score", "--sys", hyp, "--ref", ref, "--ref", ref.parent / "short")
+    assert r.exit_code == 1 and "has 3 hypotheses but" in r.output and "short has 1 lines" in r.output
+
+
+def test_lines_end_at_newlines_only(sys_ref):
+    """A form feed or U+2028 inside a line split it (str.splitlines): 'has 3 hypotheses but ... 4 lines'."""
+    hyp, ref, hyps, refs = sys_ref
+    ref.write_text("\n".join([refs[0].replace(" ", " \u2028", 1), refs[1].replace(" ", " \x0c", 1), refs[2]]) + "\n")
+    r = nmt("score", "--sys", hyp, "--ref", ref, "--json")
+    assert r.exit_code == 0, r.output
+
+
 def test_tokenized_compound_bleu_is_labelled(sys_ref):
     hyp, ref, *_ = sys_ref
     r = nmt("score", "--sys", hyp, "--ref", ref, "--metric", "tok-bleu-compound", "--lang", "en")
