@@ -42,7 +42,7 @@ def ref_streams(refs: Sequence[str] | Sequence[Sequence[str]]) -> list[list[str]
     """sacreBLEU's references: a list of streams, each one reference per hypothesis."""
     if not refs or isinstance(refs[0], str):
         return [list(cast(Sequence[str], refs))]
-    return [list(stream) for stream in cast(Sequence[Sequence[str]], refs)]
+    return [list(stream) for stream in refs]
 
 
 def chrf_score(hyps: Sequence[str], refs: Sequence[str] | Sequence[Sequence[str]]) -> Score:
