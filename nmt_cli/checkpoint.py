@@ -347,8 +347,8 @@ def checkpoints_to_average(paths: list[Path], num_update_checkpoints: int | None
 
 
 def check_average_output(output: Path, inputs: list[Path]) -> None:
-    """Refuse to overwrite an input, or the file a save directory resumes from or keeps as its best; create
-    the output's directory."""
+    """Refuse to overwrite an input, the file a save directory resumes from or keeps as its best, or anything
+    but a checkpoint (an earlier average); create the output's directory."""
     if any(output.resolve() == p.resolve() or (output.exists() and output.samefile(p)) for p in inputs):
         raise ConfigError(f"--output {output} is one of the checkpoints being averaged; write elsewhere")
     if output.name in (LAST, BEST) or re.fullmatch(r"checkpoint_\d+\.pt", output.name):
@@ -356,4 +356,12 @@ def check_average_output(output: Path, inputs: list[Path]) -> None:
             f"--output {output}: {output.name} is a name training writes and resumes from; "
             "choose another name, e.g. average.pt"
         )
+    if output.exists():
+        try:
+            load_checkpoint(output)
+        except CheckpointError:
+            raise ConfigError(
+                f"--output {output} exists and is not an nmt checkpoint; averaging replaces only an earlier "
+                "checkpoint, so give a new file"
+            ) from None
     make_parent(output, "--output")

@@ -223,6 +223,12 @@ IN_PROCESS = [
         "--num-update-checkpoints picks the newest checkpoints of one --inputs directory",
     ),
     (
+        "average-output-is-a-data-file",  # replaced a data directory's spm.model with a checkpoint before
+        None,
+        "average-checkpoints --inputs {w}/run/checkpoint_2.pt {w}/run/checkpoint_4.pt --output {w}/data/spm.model",
+        "exists and is not an nmt checkpoint",
+    ),
+    (
         "average-output-is-an-input",
         None,
         "average-checkpoints --inputs {w}/run/checkpoint_2.pt {w}/run/checkpoint_4.pt --output {w}/run/checkpoint_4.pt",
