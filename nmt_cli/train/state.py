@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from nmt_cli.checkpoint import load_model_weights
+from nmt_cli.checkpoint import BEST, load_model_weights
 from nmt_cli.config import TrainConfig, flag_name
 from nmt_cli.runtime import DistInfo, set_rng_state
 
@@ -35,6 +35,10 @@ class TrainState:
     n_nonfinite_in_a_row: int = 0
     n_overflows: int = 0  # fp16 updates skipped for an overflow (also counted in n_skipped_updates)
     lr_start: int = 0  # update at which the lr schedule (re)started: --reset-lr-scheduler
+    # The training split's offsets checksums (meta.json): its sentence lengths, from which (with the ranks,
+    # --max-tokens and --seed) the epoch's batches are made. "" in checkpoints older than it.
+    train_data: str = ""
+    best_metric: str = ""  # what `best` measures (--best-checkpoint-metric); "" in older checkpoints
 
     @property
     def logged_epoch(self) -> int:
@@ -51,13 +55,15 @@ def restore_training(
     scaler: torch.amp.GradScaler | None,
     cfg: TrainConfig,
     info: DistInfo,
+    train_data: str,
 ) -> TrainState:
     """Load a training checkpoint into the model, optimizer, scaler and this rank's random streams.
 
     Returns the counters to continue from. --reset-optimizer keeps the fresh optimizer and scaler,
     --reset-lr-scheduler restarts the schedule at the saved update, and --reset-dataloader (or another
-    number of ranks, --max-tokens or --seed, whose batches differ) restarts the data at the start of the
-    saved epoch.
+    number of ranks, --max-tokens, --seed or training data, whose batches differ) restarts the data at the
+    start of the saved epoch. train_data: this run's `TrainState.train_data`. A best value kept by another
+    --best-checkpoint-metric is dropped (a loss and a BLEU score do not compare).
     """
     load_model_weights(model, ckpt["model"], path)
     saved = ckpt["train_state"]
@@ -80,6 +86,21 @@ def restore_training(
     ]
     if saved_world != info.world_size:
         rebatched.insert(0, f"{info.world_size} ranks (was {saved_world})")
+    if state.train_data and state.train_data != train_data:
+        rebatched.insert(0, f"{cfg.data_dir} holds other training data (its sentences' lengths differ)")
+    state.train_data = train_data
+    metric, saved_metric = cfg.best_checkpoint_metric, state.best_metric or saved_cfg.get("best_checkpoint_metric")
+    if state.best is not None and saved_metric not in (None, metric):
+        logger.warning(
+            "--best-checkpoint-metric %s (was %s): the best so far (%g) does not compare, so it starts again and "
+            "%s is replaced at the next validation",
+            metric,
+            saved_metric,
+            state.best,
+            BEST,
+        )
+        state.best, state.bad_validations = None, 0
+    state.best_metric = metric
     if cfg.reset_dataloader or rebatched:
         if not cfg.reset_dataloader and state.batch_in_epoch:
             logger.warning(

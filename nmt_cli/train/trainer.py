@@ -82,7 +82,13 @@ class Trainer:
         self.scaler = torch.amp.GradScaler(device.type, init_scale=2.0**7) if self.amp_dtype == torch.float16 else None
         # On CUDA a background thread collates and pins the next batches; on CPU collation stays inline.
         self.loader = BatchLoader(self.train_data, device, background=device.type == "cuda")
-        self.state = TrainState()
+        checksums = meta.get("checksums", {})
+        self.state = TrainState(
+            train_data=" ".join(
+                checksums.get(f"train.{lang}.idx.npy", "") for lang in (meta["source_lang"], meta["target_lang"])
+            ),
+            best_metric=cfg.best_checkpoint_metric,
+        )
         self._epoch_cache: tuple[int, list[np.ndarray]] | None = None
 
     # ---- data -------------------------------------------------------------------------------------
@@ -352,7 +358,9 @@ class Trainer:
 
     def restore(self, ckpt: dict[str, Any], path: Path) -> None:
         """Continue from a training checkpoint (train/state.py says what is restored)."""
-        self.state = restore_training(ckpt, path, self.model, self.optimizer, self.scaler, self.cfg, self.info)
+        self.state = restore_training(
+            ckpt, path, self.model, self.optimizer, self.scaler, self.cfg, self.info, self.state.train_data
+        )
 
     def close(self) -> None:
         """Drop the DDP wrapper: its reducer must not outlive the process group (runtime.shutdown_distributed)."""

@@ -1,6 +1,7 @@
 """`nmt train` and `nmt average-checkpoints` through the CLI: outputs, exact resume, signals, bad input."""
 
 import json
+import shutil
 import signal
 import subprocess
 import sys
@@ -196,6 +197,41 @@ def test_resume_with_other_dropout_rates_and_average_across(toy_data_bin, tmp_pa
     paths = [tmp_path / "checkpoint_2.pt", tmp_path / "checkpoint_4.pt"]
     averaged = nmt("average-checkpoints", "--inputs", *paths, "--output", tmp_path / "avg.pt")
     assert averaged.exit_code == 0, averaged.output
+
+
+def test_resuming_on_other_training_data_restarts_the_epoch(toy_data_bin, toy_corpus, tmp_path):
+    """The saved position points into batches made from the training split's sentence lengths: on a data
+    directory with other training pairs it had gone on from the same batch index without a word."""
+    from conftest import write_copy_corpus
+
+    write_copy_corpus(tmp_path / "raw" / "train", 1500, seed=7)
+    other = tmp_path / "other-bin"
+    args = ["-s", "src", "-t", "tgt", "--trainpref", tmp_path / "raw" / "train", "--validpref", toy_corpus / "valid"]
+    assert nmt("preprocess", *args, "--destdir", other, "--spm-model", toy_data_bin / "spm.model").exit_code == 0
+    assert nmt("train", toy_data_bin, "--save-dir", tmp_path / "ck", *TINY, "--max-update", 2).exit_code == 0
+    copy = tmp_path / "copy-bin"  # the same data elsewhere: the position holds
+    shutil.copytree(toy_data_bin, copy)
+    result = nmt("train", copy, "--save-dir", tmp_path / "ck", *TINY, "--max-update", 3)
+    assert result.exit_code == 0 and "other training data" not in result.output, result.output
+    assert load_checkpoint(tmp_path / "ck" / "checkpoint_last.pt")["train_state"]["batch_in_epoch"] == 3
+    result = nmt("train", other, "--save-dir", tmp_path / "ck", *TINY, "--max-update", 4)
+    assert result.exit_code == 0, result.output
+    assert f"{other} holds other training data (its sentences' lengths differ)" in result.output
+    assert load_checkpoint(tmp_path / "ck" / "checkpoint_last.pt")["train_state"]["batch_in_epoch"] == 1
+
+
+def test_resuming_with_another_best_checkpoint_metric_starts_the_best_again(toy_data_bin, tmp_path):
+    """A best valid loss had been compared with BLEU scores (no BLEU beat a loss of 6), and the reverse."""
+    base = ["train", toy_data_bin, "--save-dir", tmp_path, *TINY, "--validate-interval-updates", 1]
+    assert nmt(*base, "--max-update", 1).exit_code == 0
+    assert load_checkpoint(tmp_path / "checkpoint_last.pt")["train_state"]["best_metric"] == "loss"
+    bleu = ["--eval-bleu", "--best-checkpoint-metric", "bleu", "--eval-bleu-max-len-b", 3]
+    result = nmt(*base, "--max-update", 2, *bleu, "--log-file", tmp_path / "log.jsonl")
+    assert result.exit_code == 0, result.output
+    assert "--best-checkpoint-metric bleu (was loss): the best so far" in result.output
+    state = load_checkpoint(tmp_path / "checkpoint_last.pt")["train_state"]
+    valid = [json.loads(line) for line in (tmp_path / "log.jsonl").read_text().splitlines() if '"valid"' in line]
+    assert state["best"] == valid[-1]["valid_bleu"] and state["best_metric"] == "bleu"
 
 
 def test_average_rejects_different_models(tiny_checkpoint, toy_data_bin, tmp_path):
