@@ -32,7 +32,7 @@ from nmt_cli.search.translate import Summary, Translator, sampling_generator, tr
 # Sentences of a DATA_DIR split translated (and written) at a time: memory bounded and output steady on a
 # training set of millions (distillation, back-translation) instead of every hypothesis held to the end.
 SPLIT_CHUNK = 10_000
-SAMPLING_FIELDS = ("sampling_topk", "sampling_topp", "temperature")  # options that only sampling reads
+SAMPLING_FIELDS = ("sampling_topk", "sampling_topp", "temperature", "seed")  # options that only sampling reads
 
 logger = logging.getLogger(__name__)
 

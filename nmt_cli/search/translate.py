@@ -113,7 +113,9 @@ def translate(
         logger.warning("%d input(s) longer than the model's %d positions were truncated", n_cut, limit)
     sources = [s[:limit] for s in sources]
     lengths = np.array([len(s) for s in sources], dtype=np.int64)
-    results: list[list[Hypothesis]] = [[Hypothesis([], 0.0, [])] for _ in sources]
+    # An empty input gets --nbest empty hypotheses, as every other input gets --nbest: outputs read in groups
+    # of N stay aligned.
+    results: list[list[Hypothesis]] = [[Hypothesis([], 0.0, []) for _ in range(cfg.nbest)] for _ in sources]
     generator = generator or sampling_generator(cfg, tr.device)
     nonempty = np.flatnonzero(lengths > 0)
     n_short = int((max_lengths(torch.from_numpy(lengths[nonempty]), cfg, tr.model.max_positions) < cfg.min_len).sum())

@@ -341,6 +341,12 @@ IN_PROCESS = [
         "--sampling is off, so --temperature would be ignored",
     ),
     (
+        "generate-seed-without-sampling",  # accepted and ignored: beam search draws nothing
+        None,
+        "generate {w}/data --path {w}/run/checkpoint_last.pt --seed 3",
+        "--sampling is off, so --seed would be ignored",
+    ),
+    (
         "generate-beam-with-sampling",  # sampled one hypothesis per sentence, the beam ignored
         None,
         "generate {w}/data --path {w}/run/checkpoint_last.pt --sampling --beam 5",
@@ -423,6 +429,13 @@ IN_PROCESS = [
         lambda w: (w / "ref").write_text("a\n"),
         "score --sys {w}/run --ref {w}/ref",
         "is a directory",
+    ),
+    (
+        "preprocess-testpref-with-an-empty-prefix",
+        None,
+        "preprocess --source-lang src --target-lang tgt --trainpref {corpus}/train --testpref {corpus}/test,,"
+        "{corpus}/valid --destdir {w}/dest --vocab-size 24",
+        "has an empty prefix; separate the prefixes with single commas",
     ),
     (
         "preprocess-destdir-is-an-empty-file",

@@ -92,6 +92,20 @@ def test_greedy_and_sampling_run(tiny_checkpoint):
         assert len(r.stdout.splitlines()) == (2 if extra[0] == "--beam" else 4)
 
 
+def test_an_empty_line_gets_nbest_empty_hypotheses(tiny_checkpoint):
+    """One line had come out for an empty input where every other input gets --nbest: groups misaligned."""
+    for fmt, per_input in (("plain", 3), ("fairseq", None)):
+        args = ["--input", "-", "--nbest", 3, "--beam", 3, "--output-format", fmt]
+        r = nmt("generate", "--path", tiny_checkpoint, *args, input="1 2\n\n3 4\n")
+        assert r.exit_code == 0, r.output
+        if per_input:
+            assert len(r.stdout.splitlines()) == 9
+        else:
+            assert [line.split("\t")[0] for line in r.stdout.splitlines() if line.startswith("H-")] == [
+                f"H-{i}" for i in range(3) for _ in range(3)
+            ]
+
+
 def test_generate_bad_inputs(tiny_checkpoint, toy_data_bin, tmp_path):
     r = nmt("generate", "--path", tmp_path / "none.pt", "--input", "-", input="1\n")
     assert r.exit_code == 1 and "none.pt does not exist" in r.output
