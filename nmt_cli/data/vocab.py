@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -111,3 +111,62 @@ def train_spm(
                 f"sentencepiece allows at most {too_high.group(2)}"
             ) from None
         raise DataError(f"sentencepiece training failed: {message.splitlines()[-1]}") from None
+    model = Path(f"{model_prefix}.model")
+    model.write_bytes(without_run_details(model.read_bytes()))
+
+
+# A ModelProto's trainer_spec (field 2) records where and how a model was trained as well as what it encodes:
+# its input files (1), model_prefix (2, preprocess's temporary directory) and num_threads (16, --workers).
+# Dropped, so that one corpus and the same settings give the same spm.model bytes wherever, and with however
+# many workers, preprocess runs: the vocabulary checks (a checkpoint against a data directory) compare bytes.
+TRAINER_SPEC, RUN_DETAILS = 2, frozenset({1, 2, 16})
+
+
+def without_run_details(model: bytes) -> bytes:
+    """A serialized sentencepiece model without the trainer_spec fields in RUN_DETAILS (protobuf wire format)."""
+    out = bytearray()
+    for number, payload, raw in _proto_fields(model):
+        if number != TRAINER_SPEC:
+            out += raw
+            continue
+        spec = b"".join(field for n, _, field in _proto_fields(payload) if n not in RUN_DETAILS)
+        out += _varint(TRAINER_SPEC << 3 | 2) + _varint(len(spec)) + spec
+    return bytes(out)
+
+
+def _proto_fields(buf: bytes) -> Iterator[tuple[int, bytes, bytes]]:
+    """(field number, payload of a length-delimited field or b"", the field as encoded) of a message."""
+    i = 0
+    while i < len(buf):
+        start = i
+        key, i = _read_varint(buf, i)
+        wire, payload = key & 7, b""
+        if wire == 0:
+            _, i = _read_varint(buf, i)
+        elif wire == 2:
+            size, i = _read_varint(buf, i)
+            payload, i = buf[i : i + size], i + size
+        elif wire in (1, 5):
+            i += 8 if wire == 1 else 4
+        else:
+            raise DataError(f"sentencepiece model: unexpected protobuf wire type {wire}")
+        yield key >> 3, payload, buf[start:i]
+
+
+def _read_varint(buf: bytes, i: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        byte = buf[i]
+        value |= (byte & 0x7F) << shift
+        i, shift = i + 1, shift + 7
+        if byte < 0x80:
+            return value, i
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while value >= 0x80:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)

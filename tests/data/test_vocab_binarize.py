@@ -48,3 +48,33 @@ def test_token_writer_round_trip(tmp_path):
 def test_not_a_sentencepiece_model():
     with pytest.raises(DataError, match="not a sentencepiece model"):
         Vocab(b"garbage", "x.model")
+
+
+def test_one_corpus_gives_one_spm_model_wherever_and_however_it_is_trained(toy_corpus, tmp_path):
+    """spm.model had recorded the temporary directory it was trained in and the thread count, so two runs
+    of the same preprocess gave different bytes, and the vocabulary checks called them other vocabularies."""
+    import sentencepiece as spm
+
+    from nmt_cli.data.vocab import train_spm, without_run_details
+
+    inputs = [toy_corpus / "train.src", toy_corpus / "train.tgt"]
+    for name, threads in (("a", 1), ("b", 2)):
+        (tmp_path / name).mkdir()
+        train_spm(inputs, tmp_path / name / "spm", 24, "bpe", 1.0, 10_000, threads)
+    a, b = ((tmp_path / name / "spm.model").read_bytes() for name in "ab")
+    assert a == b and str(tmp_path).encode() not in a
+    # what a model encodes is kept: sentencepiece's own model, before and after
+    spm.SentencePieceTrainer.train(
+        input=",".join(map(str, inputs)),
+        model_prefix=str(tmp_path / "raw"),
+        vocab_size=24,
+        pad_id=PAD,
+        unk_id=UNK,
+        bos_id=BOS,
+        eos_id=EOS,
+        minloglevel=2,
+    )
+    raw = (tmp_path / "raw.model").read_bytes()
+    assert str(tmp_path).encode() in raw and str(tmp_path).encode() not in without_run_details(raw)
+    text = (toy_corpus / "valid.src").read_text().splitlines()
+    assert Vocab(raw).encode(text) == Vocab(without_run_details(raw)).encode(text)
