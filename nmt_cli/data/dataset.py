@@ -57,6 +57,19 @@ def load_vocab(data_dir: Path, meta: dict[str, Any] | None = None) -> Vocab:
     return vocab
 
 
+def check_ids(array: TokenArray, n_pieces: int, path: Path) -> None:
+    """Every id names a piece of the vocabulary (meta.json checksums the offsets, not the tokens): an id
+    beyond it had ended in an IndexError inside the embedding. One pass over the tokens (numpy's max)."""
+    if not len(array.tokens) or int(array.tokens.max()) < n_pieces:
+        return
+    position = int(np.argmax(array.tokens >= n_pieces))
+    sentence = int(np.searchsorted(array.offsets, position, side="right"))  # 1-based
+    raise DataError(
+        f"{path}: sentence {sentence} holds token id {int(array.tokens[position])}, beyond the vocabulary's "
+        f'{n_pieces} pieces: the file was changed or corrupted; re-run "nmt preprocess"'
+    )
+
+
 class ParallelDataset:
     """Pairs of token-id arrays (no EOS) for one split; lengths are exposed for batching."""
 
@@ -74,6 +87,9 @@ class ParallelDataset:
                 f"{data_dir}: split {split} has {len(self.src)} source and {len(self.tgt)} "
                 'target sentences; re-run "nmt preprocess"'
             )
+        n_pieces = meta.get("n_pieces", meta["vocab_size"])
+        for array, name in ((self.src, src), (self.tgt, tgt)):
+            check_ids(array, n_pieces, data_dir / f"{name}.bin.npy")
 
     @property
     def src_lens(self) -> np.ndarray:

@@ -143,6 +143,14 @@ def merge_two_sentences(data_dir):
     np.save(path, offsets)
 
 
+def id_beyond_the_vocabulary(data_dir, split):
+    """A token id past the vocabulary in the token file (not checksummed): an IndexError in the embedding."""
+    path = data_dir / f"{split}.tgt.bin.npy"
+    tokens = np.load(path)
+    tokens[7] = 60000
+    np.save(path, tokens)
+
+
 def break_offsets_without_checksums(data_dir):
     merge_two_sentences(data_dir)
     path = data_dir / "train.src.idx.npy"
@@ -387,6 +395,18 @@ IN_PROCESS = [
         lambda w: truncate_bin(w / "data"),
         NEW_RUN,
         "train.src.bin.npy is truncated",
+    ),
+    (
+        "train-token-id-beyond-the-vocabulary",
+        lambda w: id_beyond_the_vocabulary(w / "data", "train"),
+        NEW_RUN,
+        "train.tgt.bin.npy: sentence 2 holds token id 60000, beyond the vocabulary's",
+    ),
+    (
+        "generate-token-id-beyond-the-vocabulary",
+        lambda w: id_beyond_the_vocabulary(w / "data", "valid"),
+        "generate {w}/data --path {w}/run/checkpoint_last.pt --gen-subset valid",
+        "valid.tgt.bin.npy: sentence 2 holds token id 60000",
     ),
     (
         "corrupted-idx-merges-sentences",
