@@ -48,18 +48,15 @@ def score(
     if verbose and "bracket-f1" not in metrics:
         raise ConfigError("--verbose adds EVALB's line per sentence to --metric bracket-f1; give that metric")
     if "bracket-f1" in metrics:  # constituency trees (nmt_cli/parsing/evalb.py)
-        from nmt_cli.parsing.evalb import COLLINS, format_report, score_tree_files
+        from nmt_cli.parsing.evalb import COLLINS, format_report, report_json, score_tree_files
 
         if len(set(metrics)) > 1:
             raise ConfigError("--metric bracket-f1 scores trees; give it alone")
         if len(ref_paths) > 1:
             raise ConfigError("--metric bracket-f1 compares with one gold tree file; give one --ref")
         result = score_tree_files(sys_path, ref_paths[0])
-        click.echo(
-            json.dumps({"metric": "bracket-f1", **result.all.summary()})
-            if as_json
-            else format_report(result, COLLINS, verbose)
-        )
+        report = report_json(result, COLLINS, verbose) if as_json else None
+        click.echo(json.dumps(report) if report else format_report(result, COLLINS, verbose))
         return
 
     for s in score_files(sys_path, ref_paths, metrics or ("sacrebleu", "chrf"), lang):

@@ -18,8 +18,9 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 from nmt_cli.errors import DataError
 
@@ -294,11 +295,25 @@ def format_report(result: EvalbResult, params: EvalbParams, verbose: bool) -> st
     return "\n".join(lines)
 
 
+def report_json(result: EvalbResult, params: EvalbParams, verbose: bool) -> dict[str, Any]:
+    """format_report's numbers for machines: all sentences, those up to cutoff_len, and (verbose) each one."""
+    report: dict[str, Any] = {
+        "metric": "bracket-f1",
+        **result.all.summary(),
+        f"len<={params.cutoff_len}": result.short.summary(),
+    }
+    if verbose:
+        report["per_sentence"] = [asdict(r) for r in result.sentences]
+    return report
+
+
 def score_tree_files(sys_path: Path, ref_path: Path, params: EvalbParams = COLLINS) -> EvalbResult:
     """EVALB over two files of one tree per line; DataError for unequal lengths or non-tree input."""
     from nmt_cli.metrics import read_text
 
     test, gold = read_text(sys_path), read_text(ref_path)
+    if not gold:
+        raise DataError(f"{ref_path} is empty; there is nothing to score")
     if len(test) != len(gold):
         raise DataError(
             f"{sys_path} has {len(test)} lines but {ref_path} has {len(gold)}; "
@@ -314,6 +329,12 @@ def score_tree_files(sys_path: Path, ref_path: Path, params: EvalbParams = COLLI
                 )
     result = evalb(gold, test, params)
     errors = [r for r in result.sentences if r.status == ERROR]
+    if not result.all.valid:  # EVALB would print zeros: no score at all, not a score of 0
+        example = f"; line {errors[0].line}: {errors[0].message}" if errors else ""
+        raise DataError(
+            f"no sentence of {sys_path} could be scored against {ref_path}: {result.all.errors} error and "
+            f"{result.all.skipped} skipped (empty) sentence(s){example}"
+        )
     if errors:  # EVALB prints these on stderr too; they are left out of every number but the error count
         logger.warning(
             "%d error sentence(s) left out of the scores, e.g. line %d: %s (--verbose lists them)",

@@ -229,3 +229,45 @@ def test_bracket_scoring_refuses_translations(tmp_path):
     )
     assert result.exit_code == 1 and "hyp.txt:1: not a bracketed tree" in result.output
     assert "Traceback" not in result.output
+
+
+@pytest.mark.parametrize(
+    "hyp, gold, message",
+    [
+        ("", "", "gold.tree is empty; there is nothing to score"),
+        ("\n\n", "\n\n", "0 error and 2 skipped (empty) sentence(s)"),
+        ("(S (NN a) (NN b))\n", "(S (NN c))\n", "1 error and 0 skipped (empty) sentence(s); line 1: "),
+    ],
+)
+def test_bracket_scoring_with_nothing_to_score_is_an_error(tmp_path, hyp, gold, message):
+    """EVALB prints zeros when no sentence can be scored; `nmt score` had printed F1 0.00 and exit code 0."""
+    (tmp_path / "hyp.tree").write_text(hyp)
+    (tmp_path / "gold.tree").write_text(gold)
+    args = [
+        "score",
+        "--metric",
+        "bracket-f1",
+        "--sys",
+        str(tmp_path / "hyp.tree"),
+        "--ref",
+        str(tmp_path / "gold.tree"),
+    ]
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 1 and message in result.output, result.output
+
+
+def test_bracket_scoring_json_has_the_short_sentences_and_with_verbose_each_one(tmp_path):
+    (tmp_path / "gold.tree").write_text(TREES[0] + "\n" + TREES[1] + "\n")
+    args = [
+        "score",
+        "--metric",
+        "bracket-f1",
+        "--sys",
+        str(tmp_path / "gold.tree"),
+        "--ref",
+        str(tmp_path / "gold.tree"),
+    ]
+    report = json.loads(CliRunner().invoke(cli, [*args, "--json"]).stdout)
+    assert report["f1"] == report["len<=40"]["f1"] == 100.0 and "per_sentence" not in report
+    report = json.loads(CliRunner().invoke(cli, [*args, "--json", "--verbose"]).stdout)
+    assert [r["line"] for r in report["per_sentence"]] == [1, 2] and report["per_sentence"][0]["status"] == 0
