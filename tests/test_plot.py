@@ -239,6 +239,30 @@ def test_plot_curves_errors(tmp_path):
     assert result.exit_code == 2
 
 
+def test_plot_curves_refuses_records_without_numbers(tmp_path):
+    """A record without elapsed_s was a KeyError traceback, a string update a TypeError, and a string loss
+    was drawn on a category axis without a word."""
+    good = {"event": "train", "update": 5, "epoch": 1, "elapsed_s": 3.0, "loss": 3.0}
+    cases = [
+        ({k: v for k, v in good.items() if k != "elapsed_s"}, "log.jsonl:1 is not an nmt train log record"),
+        ({**good, "update": "5"}, "log.jsonl:1: update is '5', not a number"),
+        ({**good, "loss": "3.0"}, "log.jsonl:1: loss is '3.0', not a number"),
+    ]
+    for record, message in cases:
+        (tmp_path / "log.jsonl").write_text(json.dumps(record) + "\n")
+        args = ["plot", "curves", "--log-file", str(tmp_path / "log.jsonl"), "--output", str(tmp_path / "c.png")]
+        result = CliRunner().invoke(cli, args)
+        assert result.exit_code == 1 and message in result.output, result.output
+
+
+def test_plot_attention_input_naming_a_file_is_refused(tiny_checkpoint, tmp_path):
+    """generate --input takes a file; plot attention's takes the sentence, and drew the file's name."""
+    (tmp_path / "test.en").write_text("1 2 3\n")
+    args = ["plot", "attention", "--path", str(tiny_checkpoint), "--input", str(tmp_path / "test.en")]
+    result = CliRunner().invoke(cli, [*args, "--output", str(tmp_path / "a.png")])
+    assert result.exit_code == 1 and "names a file, and plot attention draws the sentence given" in result.output
+
+
 def test_without_matplotlib_one_error_line(tmp_path, monkeypatch):
     write_log(tmp_path / "ok.jsonl", fake_run(2))
     for name in [m for m in sys.modules if m == "matplotlib" or m.startswith("matplotlib.")]:

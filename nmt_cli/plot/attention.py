@@ -48,9 +48,21 @@ class SentenceAttention:
         return (self.tgt_in_pieces if kind == "decoder" else self.src_pieces), self.tgt_out_pieces
 
 
+def names_a_file(text: str) -> bool:
+    try:
+        return bool(text) and Path(text).is_file()
+    except OSError:  # a sentence longer than a file name may be
+        return False
+
+
 @torch.inference_mode()
 def sentence_attention(checkpoint_path: Path, sentence: str) -> SentenceAttention:
     """Translate `sentence` greedily with the checkpoint, then record attention on that translation."""
+    if names_a_file(sentence.strip()):  # generate's --input habit: a file
+        raise DataError(
+            f"--input {sentence.strip()} names a file, and plot attention draws the sentence given as text; "
+            'give one of its lines, e.g. --input "$(head -1 FILE)"'
+        )
     state = load_checkpoint(checkpoint_path)
     model = model_around_weights(model_config_of(state, checkpoint_path), state["model"], checkpoint_path)
     model.eval()

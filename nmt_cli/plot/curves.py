@@ -23,6 +23,11 @@ PANELS = {
     "target tokens/s": (("train", "tgt_tok_per_s"),),
 }
 X_AXES = {"update": "updates", "elapsed_s": "wall clock (minutes)"}
+PLOTTED = sorted({field for fields in PANELS.values() for _, field in fields})  # numbers where present
+
+
+def is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 @dataclass
@@ -51,8 +56,11 @@ def read_log(path: Path, label: str | None = None) -> RunLog:
             record = json.loads(line)
         except json.JSONDecodeError:
             raise DataError(f"{path}:{number} is not JSON; give a file written by nmt train --log-file") from None
-        if not isinstance(record, dict) or "event" not in record or "update" not in record:
-            raise DataError(f"{path}:{number} is not an nmt train log record (no event or update)")
+        if not isinstance(record, dict) or any(key not in record for key in ("event", *X_AXES)):
+            raise DataError(f"{path}:{number} is not an nmt train log record (no event, update or elapsed_s)")
+        wrong = [key for key in (*X_AXES, *PLOTTED) if key in record and not is_number(record[key])]
+        if wrong:
+            raise DataError(f"{path}:{number}: {wrong[0]} is {record[wrong[0]]!r}, not a number")
         if records and record["update"] < records[-1]["update"]:
             # a resumed run logs again from its checkpoint's update on: its records replace those that the
             # interrupted run wrote past that point (updates whose work the checkpoint did not keep)
