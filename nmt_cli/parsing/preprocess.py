@@ -55,11 +55,15 @@ def read_examples(tree_path: Path, words_path: Path | None, leaves: str) -> list
         if tree is None:
             raise DataError(f"{tree_path}:{n}: the tree has no words (only -NONE- elements)")
         words = tree.words()
-        if words_lines is not None and words_lines[n - 1].split() != words:
-            raise DataError(
-                f"{words_path}:{n}: the words do not match the tree's in {tree_path}:{n} "
-                f"({len(words_lines[n - 1].split())} words vs {len(words)} leaves)"
+        given = words_lines[n - 1].split() if words_lines is not None else words
+        if given != words:
+            at = next((i for i, (a, b) in enumerate(zip(given, words)) if a != b), min(len(given), len(words)))
+            differ = (
+                f"word {at + 1} is {given[at]!r}, the tree's leaf {words[at]!r}"
+                if at < min(len(given), len(words))
+                else f"{len(given)} words vs {len(words)} leaves"
             )
+            raise DataError(f"{words_path}:{n}: the words do not match the tree's in {tree_path}:{n} ({differ})")
         tokens = linearize(tree, leaves)
         reserved = sorted(RESERVED_PIECES.intersection(tokens))
         if reserved:  # the tag would be read as that special id (</s> ends the tree)

@@ -205,6 +205,8 @@ def test_a_parser_is_not_exported(parser_checkpoint, tmp_path):
         ("(S (NN a)\n", "a\n", "train.tree:1: unbalanced brackets"),
         ("not a tree\n", "not a tree\n", "train.tree:1: not a tree"),
         ("((S (NN a)))\n((S (NN b)))\n", "a\nc\n", "train.words:2: the words do not match"),
+        ("((S (-LRB- -LRB-) (NN a)))\n", "( a\n", "(word 1 is '(', the tree's leaf '-LRB-')"),
+        ("((S (NN a)))\n", "a b\n", "(2 words vs 1 leaves)"),
         ("((S (NN a)))\n\n", "a\n\n", "train.tree:2: empty line"),
         ("((S (-NONE- *)))\n", "\n", "train.tree:1: the tree has no words"),
         ("((S (NN a)))\n((S (</s> b)))\n", "a\nb\n", "train.tree:2: the tag </s> is one of sentencepiece's special"),
