@@ -86,7 +86,7 @@ def restore_training(
     ]
     if saved_world != info.world_size:
         rebatched.insert(0, f"{info.world_size} ranks (was {saved_world})")
-    if state.train_data and state.train_data != train_data:
+    if state.train_data and train_data and state.train_data != train_data:
         rebatched.insert(0, f"{cfg.data_dir} holds other training data (its sentences' lengths differ)")
     state.train_data = train_data
     metric, saved_metric = cfg.best_checkpoint_metric, state.best_metric or saved_cfg.get("best_checkpoint_metric")

@@ -82,16 +82,15 @@ class Trainer:
         self.scaler = torch.amp.GradScaler(device.type, init_scale=2.0**7) if self.amp_dtype == torch.float16 else None
         # On CUDA a background thread collates and pins the next batches; on CPU collation stays inline.
         self.loader = BatchLoader(self.train_data, device, background=device.type == "cuda")
-        checksums = meta.get("checksums", {})
-        self.state = TrainState(
-            train_data=" ".join(
-                checksums.get(f"train.{lang}.idx.npy", "") for lang in (meta["source_lang"], meta["target_lang"])
-            ),
-            best_metric=cfg.best_checkpoint_metric,
-        )
+        checksums = [meta.get("checksums", {}).get(f"train.{lang}.idx.npy") for lang in self.languages()]
+        train_data = " ".join(checksums) if all(checksums) else ""  # "" for data directories without checksums
+        self.state = TrainState(train_data=train_data, best_metric=cfg.best_checkpoint_metric)
         self._epoch_cache: tuple[int, list[np.ndarray]] | None = None
 
     # ---- data -------------------------------------------------------------------------------------
+    def languages(self) -> tuple[str, str]:
+        return self.meta["source_lang"], self.meta["target_lang"]
+
     def epoch_batches(self) -> list[np.ndarray]:
         epoch = self.state.epoch
         if self._epoch_cache is None or self._epoch_cache[0] != epoch:
@@ -347,7 +346,7 @@ class Trainer:
             self.cfg,
             self.search_cfg,
             self.vocab,
-            (self.meta["source_lang"], self.meta["target_lang"]),
+            self.languages(),
             self.model.state_dict(),
             self.state.update,
             self.state.epoch,
