@@ -334,7 +334,10 @@ class GenerateConfig:
         choices=("plain", "fairseq", "jsonl"),
     )
     results_path: str | None = flag(
-        None, "Write generate-SUBSET.txt into this directory instead of stdout.", path="new"
+        None,
+        "Write generate-SUBSET.txt (with --input FILE: generate-FILE.txt, stdin: generate-stdin.txt) into this "
+        "directory instead of stdout.",
+        path="new",
     )
     max_tokens: int = flag(8000, "Source tokens per batch.", min=1)
     batch_size: int = flag(0, "Also cap sentences per batch (0: no cap).", min=0)

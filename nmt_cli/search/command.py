@@ -146,7 +146,8 @@ def generation_precision(precision: str | None, device: torch.device, state: dic
 
 
 def open_output(cfg: GenerateConfig, stack: ExitStack, num_shards: int, shard_id: int) -> TextIO:
-    """stdout, or generate-SUBSET.txt under --results-path, written atomically (a failed run leaves none)."""
+    """stdout, or generate-SUBSET.txt (generate-FILE.txt, generate-stdin.txt for --input) under --results-path,
+    written atomically (a failed run leaves none)."""
     if cfg.results_path is None:
         return sys.stdout
     results_path = Path(cfg.results_path)
@@ -156,7 +157,9 @@ def open_output(cfg: GenerateConfig, stack: ExitStack, num_shards: int, shard_id
         results_path.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise DataError(f"cannot create --results-path {cfg.results_path}: {e.strerror}") from None
-    name = f"generate-{cfg.gen_subset if cfg.data_dir else 'input'}"
+    # named after what is translated, so that two input files translated into one directory do not collide
+    source = cfg.gen_subset if cfg.data_dir else ("stdin" if cfg.input == "-" else Path(str(cfg.input)).name)
+    name = f"generate-{source}"
     name += f".shard{shard_id}-of-{num_shards}.txt" if num_shards > 1 else ".txt"
     return stack.enter_context(atomic_text_output(results_path / name, "--results-path file"))
 

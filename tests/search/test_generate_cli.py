@@ -106,6 +106,23 @@ def test_an_empty_line_gets_nbest_empty_hypotheses(tiny_checkpoint):
             ]
 
 
+def test_results_path_names_the_file_after_what_is_translated(tiny_checkpoint, toy_data_bin, tmp_path):
+    """Every --input had written generate-input.txt: a second file translated into the directory replaced the first."""
+    (tmp_path / "a.src").write_text("1 2\n")
+    (tmp_path / "b.src").write_text("3 4\n5\n")
+    out = tmp_path / "out"
+    for name in ("a.src", "b.src"):
+        r = nmt("generate", "--path", tiny_checkpoint, "--input", tmp_path / name, "--results-path", out)
+        assert r.exit_code == 0, r.output
+    r = nmt("generate", "--path", tiny_checkpoint, "--input", "-", "--results-path", out, input="1\n")
+    assert r.exit_code == 0, r.output
+    r = nmt("generate", toy_data_bin, "--path", tiny_checkpoint, "--gen-subset", "valid", "--results-path", out)
+    assert r.exit_code == 0, r.output
+    names = ["generate-a.src.txt", "generate-b.src.txt", "generate-stdin.txt", "generate-valid.txt"]
+    assert sorted(p.name for p in out.iterdir()) == names
+    assert len((out / "generate-b.src.txt").read_text().splitlines()) == 2
+
+
 def test_generate_bad_inputs(tiny_checkpoint, toy_data_bin, tmp_path):
     r = nmt("generate", "--path", tmp_path / "none.pt", "--input", "-", input="1\n")
     assert r.exit_code == 1 and "none.pt does not exist" in r.output
