@@ -27,6 +27,17 @@ def test_wmt14_en_de_smoke(tmp_path):
         ["bash", str(ROOT / "recipes" / "wmt14_en_de" / "run.sh")], env=env, capture_output=True, text=True, timeout=300
     )
     assert again.returncode == 0 and "skipping" in again.stderr and "nothing to do" in again.stderr
+    # the smoke data must not feed a full run: the data steps skip what exists
+    full = subprocess.run(
+        ["bash", str(ROOT / "recipes" / "wmt14_en_de" / "run.sh")],
+        env={**env, "SMOKE": "0", "DRY_RUN": "1"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert (
+        full.returncode == 1 and "was made with SMOKE=1" in full.stderr and "this run asks for SMOKE=0" in full.stderr
+    )
 
 
 def test_dry_run_prints_the_papers_commands(tmp_path):
@@ -64,7 +75,8 @@ def test_a_failed_download_is_not_taken_for_data(tmp_path):
             ["bash", str(ROOT / "recipes" / "multi30k_en_de" / "run.sh")], env=env, capture_output=True, text=True
         )
         assert run.returncode == 1 and "error: could not download Multi30k" in run.stderr, run.stderr
-        assert not list((tmp_path / "w" / "raw").glob("*.en")) and not (tmp_path / "w" / "data-bin").exists()
+        assert "downloading Multi30k into it" in run.stderr  # the given RAW_DIR, not WORK_DIR/raw in its place
+        assert not list((tmp_path / "none").glob("*.en")) and not (tmp_path / "w" / "data-bin").exists()
 
 
 @pytest.mark.parametrize(("pair", "metric"), [("en_de", "tok-bleu-compound"), ("en_fr", "tok-bleu")])
@@ -114,3 +126,20 @@ def test_the_demo_recipe_trains_in_float32_on_a_cpu_without_bf16(tmp_path, flags
     assert run.returncode == 0, run.stderr
     train = next(line for line in run.stderr.splitlines() if line.startswith("+ nmt train "))
     assert ("--bf16" in train.split()) == bf16
+
+
+def test_multi30k_dry_run_leaves_results_and_other_settings_stop(tmp_path):
+    """DRY_RUN=1 had emptied score.txt (a redirection outside run()); a rerun with another VOCAB had kept
+    the data-bin of the first without a word."""
+    work = tmp_path / "w"
+    work.mkdir()
+    (work / "score.txt").write_text("BLEU = 39.5\n")
+    raw = str(SHARED_DATA / "multi30k")
+    (work / "data-bin.settings").write_text(f"VOCAB=8000 RAW_DIR={raw}\n")
+    script = ["bash", str(ROOT / "recipes" / "multi30k_en_de" / "run.sh")]
+    env = recipe_env(DRY_RUN="1", WORK_DIR=str(work), RAW_DIR=raw)
+    run = subprocess.run(script, env=env, capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    assert (work / "score.txt").read_text() == "BLEU = 39.5\n"
+    run = subprocess.run(script, env={**env, "VOCAB": "4000"}, capture_output=True, text=True)
+    assert run.returncode == 1 and f"was made with VOCAB=8000 RAW_DIR={raw}; this run asks for VOCAB=4000" in run.stderr

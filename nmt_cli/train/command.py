@@ -57,7 +57,7 @@ def train(cfg: TrainConfig, model_cfg: ModelConfig, search_cfg: SearchConfig) ->
                         f"nmt train ({count_parameters(trainer.model):,} parameters)",
                         {**asdict(trainer.model_cfg), **asdict(trainer.cfg)},
                     )
-                train_loop(trainer)
+                trainer.stopped_by = train_loop(trainer)
             trainer.close()  # drop DDP before the process group goes
         shutdown_distributed()
     except (torch.distributed.DistError, RuntimeError) as e:

@@ -69,19 +69,17 @@ class Session:
         self.log_path = Path(log_file) if log_file and trainer.info.is_main else None
         self.last_train: dict[str, float] = {}  # the latest train log line, for the progress bar
 
-    def tick(self) -> bool:
-        """Advance the run's clock and read the signal flag; returns whether a signal stops the run.
+    def tick(self) -> int:
+        """Advance the run's clock and read the signal flag; returns the signal that stops the run, or 0.
 
         With several ranks every rank takes rank 0's clock and flag (one collective), so that what is
         decided from them (timed saves, --max-time-minutes, stopping for a signal) is decided alike on
         every rank: ranks on their own clocks could stop at different updates, one waiting for the other.
         """
         own = self.elapsed_start + time.monotonic() - self.clock_start
-        elapsed, signalled = broadcast_from_main(
-            [own, float(self.signal is not None)], self.trainer.info, self.trainer.device
-        )
+        elapsed, signalled = broadcast_from_main([own, float(self.signal or 0)], self.trainer.info, self.trainer.device)
         self.trainer.state.elapsed = elapsed
-        return signalled > 0
+        return int(signalled)
 
     def emit(self, event: str, values: dict[str, Any]) -> None:
         if not self.trainer.info.is_main:
@@ -146,10 +144,10 @@ def save(trainer: Trainer, numbered: bool, best: bool) -> None:
     )
 
 
-def validate_and_save(session: Session, numbered: bool) -> bool:
+def validate_and_save(session: Session, numbered: bool) -> int:
     """Validate (when there is a valid split), then save checkpoint_last.pt, checkpoint_best.pt when it is
     the best, and the numbered copy when asked or when a stopping rule now holds (the run's last save,
-    made here rather than a second time after the loop). Returns whether a signal stops the run."""
+    made here rather than a second time after the loop). Returns the signal that stops the run, or 0."""
     t = session.trainer
     best = False
     if t.valid_data is not None:
@@ -162,8 +160,8 @@ def validate_and_save(session: Session, numbered: bool) -> bool:
     return signalled
 
 
-def after_update(session: Session, stats: StepStats | None) -> bool:
-    """Log, then validate and save as due. Returns whether a signal stops every rank.
+def after_update(session: Session, stats: StepStats | None) -> int:
+    """Log, then validate and save as due. Returns the signal that stops every rank, or 0.
 
     The ranks agree on the clock and on signals in the update's one collective (`Session.tick`).
     """
@@ -202,8 +200,10 @@ def progress_fields(session: Session) -> dict[str, Any]:
     }
 
 
-def train_loop(trainer: Trainer) -> None:
-    """Train until a stopping rule holds; always leaves an up-to-date checkpoint_last.pt."""
+def train_loop(trainer: Trainer) -> int:
+    """Train until a stopping rule holds; always leaves an up-to-date checkpoint_last.pt. Returns the signal
+    (SIGINT, SIGTERM) that stopped the run, or 0: the command then exits 128 + it, as an interrupted
+    program does, so that a script (a recipe, a job) stops instead of going on with a half-trained model."""
     r = Session(trainer)
     s, c = trainer.state, trainer.cfg
     with r.signals(), progress() as bar:
@@ -223,10 +223,11 @@ def train_loop(trainer: Trainer) -> None:
                 bar.update(task, **progress_fields(r))
             reason = trainer.stop_reason()
             if signalled:
-                reason = "stopped by a signal"
+                reason = f"stopped by {signal.Signals(signalled).name}; the same command resumes"
     if r.saved_at != s.update:  # else saved at this update already, numbered where a stopping rule holds
-        if reason == "stopped by a signal":
+        if signalled:
             save(trainer, numbered=False, best=False)
         else:
             validate_and_save(r, numbered=True)
     logger.info("training ended at update %d, epoch %d after %.0f s: %s", s.update, s.logged_epoch, s.elapsed, reason)
+    return signalled

@@ -86,6 +86,7 @@ class Trainer:
         train_data = " ".join(checksums) if all(checksums) else ""  # "" for data directories without checksums
         self.state = TrainState(train_data=train_data, best_metric=cfg.best_checkpoint_metric)
         self._epoch_cache: tuple[int, list[np.ndarray]] | None = None
+        self.stopped_by = 0  # the signal that stopped train_loop (the command exits 128 + it), or 0
 
     # ---- data -------------------------------------------------------------------------------------
     def languages(self) -> tuple[str, str]:

@@ -5,6 +5,7 @@
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../.." && pwd)
+RAW_GIVEN=${RAW_DIR:+1}
 RAW_DIR=${RAW_DIR:-$(cd "$repo/.." && pwd)/shared/data/multi30k}
 WORK_DIR=${WORK_DIR:-$repo/work/multi30k_en_de}
 TRAIN_MINUTES=${TRAIN_MINUTES:-60}
@@ -18,12 +19,15 @@ WARMUP=${WARMUP:-1000}
 SHOW=${SHOW:-5}
 LOG_INTERVAL=${LOG_INTERVAL:-50}
 . "$here/../cpu_precision.sh"        # PRECISION: --bf16 where the CPU has bfloat16 instructions, else float32
+. "$here/../settings.sh"             # check_settings
 run() { echo "+ $*" >&2; [ "${DRY_RUN:-0}" = 1 ] || "$@"; }
 
 mkdir -p "$WORK_DIR"
 # 1. Data: the shared copy, or the same files from the Multi30k project's repository.
 if [ ! -f "$RAW_DIR/train.en" ]; then
-    RAW_DIR=$WORK_DIR/raw
+    # into RAW_DIR when it was given (its files were looked for there), else beside the work
+    if [ -n "$RAW_GIVEN" ]; then echo "RAW_DIR $RAW_DIR has no train.en: downloading Multi30k into it" >&2
+    else RAW_DIR=$WORK_DIR/raw; fi
     url=https://raw.githubusercontent.com/multi30k/dataset/master/data/task1/raw
     mkdir -p "$RAW_DIR"
     for split in train:train val:valid test_2016_flickr:test_2016_flickr; do
@@ -38,6 +42,7 @@ if [ ! -f "$RAW_DIR/train.en" ]; then
 fi
 
 # 2. Joint sentencepiece vocabulary and binarized data.
+check_settings "$WORK_DIR/data-bin.settings" "VOCAB=$VOCAB RAW_DIR=$RAW_DIR"
 [ -f "$WORK_DIR/data-bin/meta.json" ] || run nmt preprocess -s en -t de \
     --trainpref "$RAW_DIR/train" --validpref "$RAW_DIR/valid" --testpref "$RAW_DIR/test_2016_flickr" \
     --destdir "$WORK_DIR/data-bin" --vocab-size "$VOCAB" --max-len-ratio 3 --workers "$THREADS"
@@ -49,17 +54,21 @@ run nmt train "$WORK_DIR/data-bin" --save-dir "$WORK_DIR/checkpoints" --arch "$A
     --max-time-minutes "$TRAIN_MINUTES" --save-interval-minutes "$SAVE_MINUTES" --threads "$THREADS" \
     --dropout "$DROPOUT" --log-interval "$LOG_INTERVAL" --log-file "$WORK_DIR/train.jsonl" $PRECISION
 
-# 4. Average the last N_AVERAGE numbered checkpoints.
-[ -f "$WORK_DIR/average.pt" ] && [ "$WORK_DIR/average.pt" -nt "$WORK_DIR/checkpoints/checkpoint_last.pt" ] || \
+# 4. Average the last N_AVERAGE numbered checkpoints (again when N_AVERAGE changed: average.n records it).
+if [ ! -f "$WORK_DIR/average.pt" ] || [ ! "$WORK_DIR/average.pt" -nt "$WORK_DIR/checkpoints/checkpoint_last.pt" ] \
+    || [ "$(cat "$WORK_DIR/average.n" 2>/dev/null)" != "$N_AVERAGE" ]; then
     run nmt average-checkpoints --inputs "$WORK_DIR/checkpoints" --num-update-checkpoints "$N_AVERAGE" \
         --output "$WORK_DIR/average.pt"
+    [ "${DRY_RUN:-0}" = 1 ] || echo "$N_AVERAGE" > "$WORK_DIR/average.n"
+fi
 
 # 5. Translate the test set (beam 4, GNMT length penalty 0.6, max length input + 50), then score.
 [ -f "$WORK_DIR/test.hyp.de" ] && [ "$WORK_DIR/test.hyp.de" -nt "$WORK_DIR/average.pt" ] || \
     run sh -c "nmt generate --path '$WORK_DIR/average.pt' --input '$RAW_DIR/test_2016_flickr.en' --beam 4 \
         --lenpen 0.6 --max-len-a 1 --max-len-b 50 --threads $THREADS > '$WORK_DIR/test.hyp.de.tmp' \
         && mv '$WORK_DIR/test.hyp.de.tmp' '$WORK_DIR/test.hyp.de'"
-run nmt score --sys "$WORK_DIR/test.hyp.de" --ref "$RAW_DIR/test_2016_flickr.de" | tee "$WORK_DIR/score.txt"
+run sh -c "nmt score --sys '$WORK_DIR/test.hyp.de' --ref '$RAW_DIR/test_2016_flickr.de' > '$WORK_DIR/score.txt.tmp' \
+    && mv '$WORK_DIR/score.txt.tmp' '$WORK_DIR/score.txt' && cat '$WORK_DIR/score.txt'"
 
 # 6. The learning curve: losses, learning rate and speed against updates and wall clock (needs matplotlib).
 if "$(dirname "$(command -v nmt)")/python" -c "import matplotlib" 2>/dev/null; then

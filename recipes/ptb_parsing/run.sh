@@ -23,16 +23,16 @@ DROPOUT=${DROPOUT:-0.3}
 MAX_TOKENS=${MAX_TOKENS:-4096}
 if command -v nmt >/dev/null; then PYTHON=${PYTHON:-$(dirname "$(command -v nmt)")/python}; else PYTHON=${PYTHON:-python3}; fi
 run() { echo "+ $*" >&2; [ "${DRY_RUN:-0}" = 1 ] || "$@"; }
+. "$here/../settings.sh"             # check_settings
+[ -f "$DATA/valid.tree" ] || { echo "error: DATA $DATA has no valid.tree; give the treebank sample's directory" >&2; exit 1; }
 
 mkdir -p "$WORK_DIR"
 # 1. The valid split (its first VALID_LINES sentences in QUICK mode).
-if [ "$VALID_LINES" -gt 0 ]; then
-    head -n "$VALID_LINES" "$DATA/valid.tree" > "$WORK_DIR/valid.tree"
-    head -n "$VALID_LINES" "$DATA/valid.words" > "$WORK_DIR/valid.words"
-else
-    cat "$DATA/valid.tree" > "$WORK_DIR/valid.tree"
-    cat "$DATA/valid.words" > "$WORK_DIR/valid.words"
-fi
+check_settings "$WORK_DIR/data.settings" "DATA=$DATA VALID_LINES=$VALID_LINES VOCAB=$VOCAB LEAVES=$LEAVES"
+for kind in tree words; do
+    if [ "$VALID_LINES" -gt 0 ]; then take="head -n $VALID_LINES"; else take=cat; fi
+    run sh -c "$take '$DATA/valid.$kind' > '$WORK_DIR/valid.$kind'"
+done
 
 # 2. Sentences -> linearised trees; tree tokens are single vocabulary items.
 [ -f "$WORK_DIR/data-bin/meta.json" ] || run nmt preprocess -s words -t tree --target-format ptb-tree \
@@ -53,10 +53,11 @@ run nmt train "$WORK_DIR/data-bin" --save-dir "$WORK_DIR/checkpoints" --arch "$A
 
 # 5. EVALB (COLLINS.prm) F1 of the model and of right-branching trees over the gold POS tags.
 run sh -c "'$PYTHON' -m nmt_cli.parsing.baseline '$WORK_DIR/valid.tree' > '$WORK_DIR/valid.baseline.tree'"
-run nmt score --metric bracket-f1 --sys "$WORK_DIR/valid.hyp.tree" --ref "$WORK_DIR/valid.tree" --verbose \
-    > "$WORK_DIR/evalb.txt"
-run nmt score --metric bracket-f1 --sys "$WORK_DIR/valid.baseline.tree" --ref "$WORK_DIR/valid.tree" \
-    > "$WORK_DIR/evalb.baseline.txt"
+# (through .tmp: a failed score leaves the previous report)
+run sh -c "nmt score --metric bracket-f1 --sys '$WORK_DIR/valid.hyp.tree' --ref '$WORK_DIR/valid.tree' --verbose \
+    > '$WORK_DIR/evalb.txt.tmp' && mv '$WORK_DIR/evalb.txt.tmp' '$WORK_DIR/evalb.txt'"
+run sh -c "nmt score --metric bracket-f1 --sys '$WORK_DIR/valid.baseline.tree' --ref '$WORK_DIR/valid.tree' \
+    > '$WORK_DIR/evalb.baseline.txt.tmp' && mv '$WORK_DIR/evalb.baseline.txt.tmp' '$WORK_DIR/evalb.baseline.txt'"
 f1() { grep -m1 "Bracketing FMeasure" "$1" | awk '{ print $NF }'; }
 [ "${DRY_RUN:-0}" = 1 ] || {
     echo "model: bracket F1 = $(f1 "$WORK_DIR/evalb.txt") (EVALB COLLINS.prm, all sentences; $ARCH, $TRAIN_MINUTES min)"

@@ -23,6 +23,7 @@ MAX_LEN_B=${MAX_LEN_B:-5}         # so the barely trained models of short rows d
 . "$here/../cpu_precision.sh"        # PRECISION: --bf16 where the CPU has bfloat16 instructions, else float32
 PYTHON=${PYTHON:-$(dirname "$(command -v nmt)")/python}
 run() { echo "+ $*" >&2; [ "${DRY_RUN:-0}" = 1 ] || "$@"; }
+. "$here/../settings.sh"             # check_settings
 
 # The rows to run: NAME and flags from rows.txt, filtered by ROWS or QUICK.
 selected=()
@@ -40,6 +41,7 @@ done
 
 # 1. The Multi30k recipe's data: joint 8k sentencepiece vocabulary, binarized train/valid.
 mkdir -p "$WORK_DIR"
+check_settings "$WORK_DIR/data-bin.settings" "VOCAB=$VOCAB RAW_DIR=$RAW_DIR"
 [ -f "$WORK_DIR/data-bin/meta.json" ] || run nmt preprocess -s en -t de \
     --trainpref "$RAW_DIR/train" --validpref "$RAW_DIR/valid" \
     --destdir "$WORK_DIR/data-bin" --vocab-size "$VOCAB" --max-len-ratio 3 --workers "$THREADS"
@@ -50,8 +52,10 @@ SAVE_MINUTES=$(awk "BEGIN { print $MINUTES_PER_ROW * 0.8 }")
 for row in "${selected[@]}"; do
     read -r name flags <<< "$row"
     dir=$WORK_DIR/rows/${name//:/_}
-    if [ ! -f "$dir/done" ]; then
-        run rm -rf "$dir"; run mkdir -p "$dir"
+    # A row's results stand for its flags and these settings: another run asking for other ones stops.
+    check_settings "$dir/settings" "$flags | ARCH=$ARCH MINUTES_PER_ROW=$MINUTES_PER_ROW MAX_TOKENS=$MAX_TOKENS LR_SCALE=$LR_SCALE WARMUP=$WARMUP N_AVERAGE=$N_AVERAGE"
+    if [ ! -f "$dir/done" ]; then  # an interrupted row resumes from its checkpoint_last.pt
+        run mkdir -p "$dir"
         # shellcheck disable=SC2086  # the row's flags are words
         run nmt train "$WORK_DIR/data-bin" --save-dir "$dir/checkpoints" --arch "$ARCH" $flags \
             --max-tokens "$MAX_TOKENS" --lr-scale "$LR_SCALE" --warmup-updates "$WARMUP" \

@@ -42,3 +42,8 @@ if [ "$SMOKE" != 1 ]; then
     MAX_TOKENS=${MAX_TOKENS:-3125}
     UPDATE_FREQ=${UPDATE_FREQ:-$(( 8 / (GPUS > 0 ? (GPUS < 8 ? GPUS : 8) : 1) ))}
 fi
+
+# The data steps skip outputs that exist: a WORK_DIR prepared for SMOKE=1 (a slice, a 1,000-piece vocabulary)
+# or from another DATA_DIR must not feed a full run. (The model's settings are checked by nmt train itself.)
+. "$RECIPES/../settings.sh"
+check_settings "$WORK_DIR/data.settings" "SMOKE=$SMOKE DATA_DIR=$DATA_DIR VOCAB=${VOCAB:-$VOCAB_SIZE}"
