@@ -59,8 +59,17 @@ def generate(cfg: GenerateConfig, search_overrides: dict[str, Any] | None = None
             "sentences at a time"
         )
     num_shards, shard_id = resolve_shard(cfg)
+    under_torchrun = num_shards > 1 and cfg.num_shards == 1  # each rank takes one shard
     if cfg.input == "-" and num_shards > 1:
-        raise ConfigError("--num-shards needs --input FILE or DATA_DIR; stdin cannot be split")
+        raise ConfigError(
+            f"{'under torchrun every rank translates a shard, and ' if under_torchrun else '--num-shards: '}"
+            "stdin cannot be split; give --input FILE or DATA_DIR"
+        )
+    if under_torchrun and cfg.results_path is None:
+        raise ConfigError(
+            "under torchrun every rank translates a shard, and all writing to stdout would mix their lines; give "
+            "--results-path DIR (one file per shard, to concatenate in shard order)"
+        )
     if cfg.input not in (None, "-"):
         require_file(Path(cfg.input), "--input")
     if cfg.input == "-" and sys.stdin is None:

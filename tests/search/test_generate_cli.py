@@ -123,6 +123,21 @@ def test_results_path_names_the_file_after_what_is_translated(tiny_checkpoint, t
     assert len((out / "generate-b.src.txt").read_text().splitlines()) == 2
 
 
+def test_under_torchrun_each_rank_writes_its_shard_file(tiny_checkpoint, tmp_path, monkeypatch):
+    """Every rank had written its shard to the one stdout: lines of the ranks mixed, in no fixed order."""
+    (tmp_path / "in.src").write_text("".join(f"{i} {i}\n" for i in range(1, 8)))
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "1")
+    args = ["generate", "--path", tiny_checkpoint, "--input", tmp_path / "in.src"]
+    r = nmt(*args)
+    assert r.exit_code == 1 and "give --results-path DIR (one file per shard" in r.output, r.output
+    r = nmt("generate", "--path", tiny_checkpoint, "--input", "-", input="1\n")
+    assert r.exit_code == 1 and "under torchrun every rank translates a shard, and stdin cannot be split" in r.output
+    r = nmt(*args, "--results-path", tmp_path / "out")
+    assert r.exit_code == 0, r.output
+    assert len((tmp_path / "out" / "generate-in.src.shard1-of-2.txt").read_text().splitlines()) == 4  # lines 4-7
+
+
 def test_generate_bad_inputs(tiny_checkpoint, toy_data_bin, tmp_path):
     r = nmt("generate", "--path", tmp_path / "none.pt", "--input", "-", input="1\n")
     assert r.exit_code == 1 and "none.pt does not exist" in r.output
