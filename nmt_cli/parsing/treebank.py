@@ -13,7 +13,8 @@ import sys
 from pathlib import Path
 
 from nmt_cli.errors import DataError
-from nmt_cli.parsing.tree import EMPTY_TAG, parse_tree, split_mrg
+from nmt_cli.files import atomic_text_output
+from nmt_cli.parsing.tree import EMPTY_TAG, TreeSyntaxError, parse_tree, split_mrg
 
 
 def section_files(root: Path, first: int, last: int) -> list[Path]:
@@ -29,15 +30,23 @@ def section_files(root: Path, first: int, last: int) -> list[Path]:
 
 
 def convert(root: Path, first: int, last: int, out_prefix: Path) -> int:
-    """Write OUT_PREFIX.tree and .words; returns the number of trees."""
+    """Write OUT_PREFIX.tree and .words; returns the number of trees.
+
+    Both are written whole or not at all (the .tree file, which the recipe tests for, renamed last): a
+    conversion that failed or was killed half-way had left the trees read so far, which the next run took
+    for the whole split.
+    """
     n = 0
     with (
-        open(f"{out_prefix}.tree", "w", encoding="utf-8") as ft,
-        open(f"{out_prefix}.words", "w", encoding="utf-8") as fw,
+        atomic_text_output(Path(f"{out_prefix}.tree"), "tree file") as ft,
+        atomic_text_output(Path(f"{out_prefix}.words"), "words file") as fw,
     ):
         for path in section_files(root, first, last):
-            for text in split_mrg(path.read_text(encoding="utf-8")):
-                tree = parse_tree(text)
+            try:
+                trees = [(text, parse_tree(text)) for text in split_mrg(path.read_text(encoding="utf-8"))]
+            except (DataError, TreeSyntaxError, UnicodeDecodeError) as e:
+                raise DataError(f"{path}: {e}") from None
+            for text, tree in trees:
                 ft.write(text + "\n")
                 fw.write(" ".join(p.word or "" for p in tree.preterminals() if p.label != EMPTY_TAG) + "\n")
                 n += 1

@@ -48,3 +48,20 @@ def test_wsj_parsing_needs_the_treebank(tmp_path):
         ["bash", str(ROOT / "recipes" / "wsj_parsing" / "run.sh")], env=env, capture_output=True, text=True, timeout=60
     )
     assert run.returncode == 1 and "set TREEBANK" in run.stderr
+
+
+def test_treebank_conversion_is_whole_or_nothing(tmp_path):
+    """A malformed tree in a later .mrg file had left the trees read so far as OUT.tree (which the recipe
+    then took for the whole split), and a parse error was a traceback naming no file."""
+    from nmt_cli.parsing.treebank import main
+
+    for section, text in (("02", "( (S (NN a) (NN b)) )\n"), ("03", "( (S (NN c)\n")):
+        (tmp_path / "wsj" / section).mkdir(parents=True)
+        (tmp_path / "wsj" / section / f"wsj_{section}00.mrg").write_text(text)
+    out = tmp_path / "raw" / "train"
+    out.parent.mkdir()
+    assert main([str(tmp_path / "wsj"), "2", "3", str(out)]) == 1
+    assert not list(out.parent.iterdir())
+    assert main([str(tmp_path / "wsj"), "2", "2", str(out)]) == 0
+    assert (tmp_path / "raw" / "train.tree").read_text() == "((S (NN a) (NN b)))\n"
+    assert (tmp_path / "raw" / "train.words").read_text() == "a b\n"
