@@ -26,14 +26,14 @@ console = Console(stderr=True)
 _progress_enabled = True
 
 
-def setup_logging(verbosity: int = 0, progress: bool = True) -> None:
+def setup_logging(quiet: bool = False, progress: bool = True) -> None:
     """One handler on stderr: rich on a terminal, plain unwrapped lines otherwise (files, pipes, CI).
 
-    verbosity: -1 quiet, 0 info, 1 debug.
+    Info and up, or warnings and errors only when quiet.
     """
     global _progress_enabled
     _progress_enabled = progress
-    level = {-1: logging.WARNING, 0: logging.INFO}.get(verbosity, logging.DEBUG)
+    level = logging.WARNING if quiet else logging.INFO
     handler: logging.Handler
     if console.is_terminal:
         handler = RichHandler(console=console, show_path=False, show_time=True, markup=False, log_time_format="[%X]")

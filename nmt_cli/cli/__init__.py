@@ -46,18 +46,17 @@ class NmtGroup(click.Group):
 
 @click.group(cls=NmtGroup, context_settings=CONTEXT)
 @click.version_option(__version__, prog_name="nmt")
-@click.option("-v", "--verbose", count=True, help="More log output (-v: debug).")
 @click.option("-q", "--quiet", is_flag=True, help="Warnings and errors only.")
 @click.option(
     "--no-progress", is_flag=True, help="No progress bars (they are off anyway when stderr is not a terminal)."
 )
 @click.option("--debug", is_flag=True, help="Show tracebacks for user errors too.")
-def cli(verbose: int, quiet: bool, no_progress: bool, debug: bool) -> None:
+def cli(quiet: bool, no_progress: bool, debug: bool) -> None:
     """Neural machine translation with the Transformer of "Attention Is All You Need".
 
     Pipeline: preprocess -> train -> average-checkpoints -> generate -> score; export for serving, plot to see.
     """
-    setup_logging(-1 if quiet else verbose, progress=not no_progress)
+    setup_logging(quiet, progress=not no_progress)
 
 
 for command in (preprocess, train, average_checkpoints, generate, score, export, plot):

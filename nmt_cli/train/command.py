@@ -20,6 +20,7 @@ from nmt_cli.config import (
     ModelConfig,
     SearchConfig,
     TrainConfig,
+    changed_flags,
     config_to_dict,
     shape_differences,
 )
@@ -90,7 +91,10 @@ def prepare(cfg: TrainConfig, model_cfg: ModelConfig, search_cfg: SearchConfig) 
     if not info.is_main:  # one voice: rank 0 logs, other ranks only warn
         logging.getLogger("nmt_cli").setLevel(logging.WARNING)
     set_threads(cfg.threads)
-    cfg = replace(cfg, precision=resolve_precision(device, cfg.precision))
+    precision = resolve_precision(device, cfg.precision)
+    if precision != "fp16" and "--min-loss-scale" in changed_flags(cfg):
+        raise ConfigError(f"--min-loss-scale bounds fp16's loss scaling; this run trains in {precision}")
+    cfg = replace(cfg, precision=precision)
     logger.info("training on %s in %s", device, cfg.precision)
     data_dir = Path(cfg.data_dir)
     meta = load_meta(data_dir)

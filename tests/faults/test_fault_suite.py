@@ -325,6 +325,12 @@ IN_PROCESS = [
         "--lr-scale multiplies noam's lr",
     ),
     (
+        "train-min-loss-scale-without-fp16",  # accepted and ignored: only fp16 scales the loss
+        None,
+        NEW_RUN + " --min-loss-scale 0.1",
+        "--min-loss-scale bounds fp16's loss scaling; this run trains in fp32",
+    ),
+    (
         "train-eval-bleu-max-tokens-without-eval-bleu",
         None,
         NEW_RUN + " --eval-bleu-max-tokens 100",
