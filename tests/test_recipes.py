@@ -143,3 +143,18 @@ def test_multi30k_dry_run_leaves_results_and_other_settings_stop(tmp_path):
     assert (work / "score.txt").read_text() == "BLEU = 39.5\n"
     run = subprocess.run(script, env={**env, "VOCAB": "4000"}, capture_output=True, text=True)
     assert run.returncode == 1 and f"was made with VOCAB=8000 RAW_DIR={raw}; this run asks for VOCAB=4000" in run.stderr
+
+
+def test_a_data_dir_without_training_files_is_named(tmp_path):
+    """A DATA_DIR with valid and test but no train passed step 1 (it looked for test only); step 2 then wrote
+    empty training files and preprocess blamed those."""
+    data = tmp_path / "data"
+    data.mkdir()
+    for split in ("valid", "test"):
+        for lang in ("en", "de"):
+            (data / f"{split}.{lang}").write_text("a\n")
+    env = recipe_env(DATA_DIR=str(data), WORK_DIR=str(tmp_path / "w"))
+    run = subprocess.run(
+        ["bash", str(ROOT / "recipes" / "wmt14_en_de" / "01_download.sh")], env=env, capture_output=True, text=True
+    )
+    assert run.returncode == 1 and f"DATA_DIR {data} lacks train.en train.de" in run.stderr, run.stderr

@@ -2,7 +2,14 @@
 # 1. Data: train.{src,tgt}, valid (newstest2013) and test (full newstest2014) under DATA_DIR.
 #    Skips when DATA_DIR already holds them (the tested path); SMOKE=1 takes slices of ../shared/data.
 here=$(cd "$(dirname "$0")" && pwd); source "$here/env.sh"; source "$here/../wmt14/common.sh"
-[ -s "$DATA_DIR/test.$TGT" ] && { echo "01_download: $DATA_DIR has the data; skipping" >&2; exit 0; }
+missing=(); for split in train valid test; do for l in $SRC $TGT; do
+    [ -s "$DATA_DIR/$split.$l" ] || missing+=("$split.$l")
+done; done
+[ ${#missing[@]} = 0 ] && { echo "01_download: $DATA_DIR has the data; skipping" >&2; exit 0; }
+if [ "$SMOKE" != 1 ] && [ ${#missing[@]} -lt 6 ] && [ ! -d "$DATA_DIR/downloads" ]; then  # one's own, short of files
+    echo "error: DATA_DIR $DATA_DIR lacks ${missing[*]} (it needs train, valid and test in $SRC and $TGT)" >&2
+    exit 1
+fi
 run mkdir -p "$DATA_DIR"
 if [ "$SMOKE" = 1 ]; then
     if [ "$TGT" = de ]; then train=$SHARED/onmt-sample/train; else train=$SHARED/multi30k/train; fi
