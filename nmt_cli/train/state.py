@@ -18,6 +18,7 @@ from nmt_cli.config import TrainConfig, flag_name
 from nmt_cli.runtime import DistInfo, set_rng_state
 
 logger = logging.getLogger(__name__)
+RESET_FIELDS = ("reset_optimizer", "reset_lr_scheduler", "reset_dataloader")  # applied at every resume
 
 
 @dataclass
@@ -70,8 +71,16 @@ def restore_training(
     state = TrainState(**{f.name: saved[f.name] for f in fields(TrainState) if f.name in saved})
     if not cfg.reset_optimizer:
         optimizer.load_state_dict(ckpt["optimizer"])
+        # load_state_dict also brings back the saved hyperparameters; the options given now win (a changed
+        # --adam-betas/--adam-eps/--weight-decay was logged as in use and silently not applied)
+        for group in optimizer.param_groups:
+            group.update(betas=cfg.adam_betas, eps=cfg.adam_eps, weight_decay=cfg.weight_decay)
         if scaler and ckpt.get("grad_scaler"):
             scaler.load_state_dict(ckpt["grad_scaler"])
+    else:
+        logger.info("--reset-optimizer: Adam's moments (and fp16's loss scale) start afresh")
+    if cfg.reset_dataloader:
+        logger.info("--reset-dataloader: the data restarts at the beginning of epoch %d", state.epoch)
     if cfg.reset_lr_scheduler:
         logger.info("--reset-lr-scheduler: the lr schedule restarts; the update count goes on from %d", state.update)
         state.lr_start = state.update

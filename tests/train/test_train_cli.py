@@ -236,6 +236,26 @@ def test_resuming_with_another_best_checkpoint_metric_starts_the_best_again(toy_
     assert state["best"] == valid[-1]["valid_bleu"] and state["best_metric"] == "bleu"
 
 
+def test_resume_applies_new_optimizer_options_and_reset_flags_say_what_they_do(toy_data_bin, tmp_path):
+    """New --adam-betas/--adam-eps/--weight-decay were logged as in use, but the optimizer's saved ones ran."""
+    args = ["train", toy_data_bin, "--save-dir", tmp_path, *TINY]
+    first = nmt(*args, "--max-update", 2, "--reset-optimizer", "--reset-dataloader")
+    assert first.exit_code == 0, first.output
+    assert (
+        "--reset-optimizer and --reset-dataloader: " in first.output
+        and "has no checkpoint_last.pt to reset" in first.output
+    )
+    result = nmt(*args, "--max-update", 3, "--adam-betas", "0.8,0.9", "--adam-eps", 1e-6, "--weight-decay", 0.01)
+    assert result.exit_code == 0, result.output
+    group = load_checkpoint(tmp_path / "checkpoint_last.pt")["optimizer"]["param_groups"][0]
+    assert tuple(group["betas"]) == (0.8, 0.9) and group["eps"] == 1e-6 and group["weight_decay"] == 0.01
+    result = nmt(*args, "--max-update", 4, "--reset-optimizer", "--reset-dataloader")
+    assert (
+        "--reset-optimizer: Adam's moments" in result.output
+        and "--reset-dataloader: the data restarts" in result.output
+    )
+
+
 def test_average_rejects_different_models(tiny_checkpoint, toy_data_bin, tmp_path):
     other = tmp_path / "other"
     assert nmt("train", toy_data_bin, "--save-dir", other, *TINY, "--d-model", 8, "--max-update", 1).exit_code == 0
