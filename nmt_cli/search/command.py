@@ -74,6 +74,8 @@ def generate(cfg: GenerateConfig, search_overrides: dict[str, Any] | None = None
         require_file(Path(cfg.input), "--input")
     if cfg.input == "-" and sys.stdin is None:
         raise DataError("--input -: stdin is closed; pipe text in or give --input FILE")
+    if cfg.quantize and cfg.precision not in (None, "fp32"):  # before the precision's own checks and warnings
+        raise ConfigError(f"--quantize {cfg.quantize} runs on the CPU in fp32; drop --precision {cfg.precision}")
     set_threads(cfg.threads)
     device = choose_device(cfg.device, int(os.environ.get("LOCAL_RANK", "0")))
     state = load_checkpoint(Path(cfg.path))

@@ -355,6 +355,12 @@ IN_PROCESS = [
         "--sampling is off, so --temperature would be ignored",
     ),
     (
+        "generate-int8-with-fp16",  # had said "on CPU use --precision bf16", which int8 refuses too
+        None,
+        "generate {w}/data --path {w}/run/checkpoint_last.pt --quantize int8 --precision fp16",
+        "--quantize int8 runs on the CPU in fp32; drop --precision fp16",
+    ),
+    (
         "generate-seed-without-sampling",  # accepted and ignored: beam search draws nothing
         None,
         "generate {w}/data --path {w}/run/checkpoint_last.pt --seed 3",
