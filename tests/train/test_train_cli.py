@@ -256,6 +256,19 @@ def test_resume_applies_new_optimizer_options_and_reset_flags_say_what_they_do(t
     )
 
 
+def test_resuming_with_other_eval_bleu_search_settings_starts_the_best_bleu_again(toy_data_bin, tmp_path):
+    """A best BLEU of beam 1 had been compared with BLEU of beam 3 (and --patience counted across), unlogged."""
+    base = ["train", toy_data_bin, "--save-dir", tmp_path, *TINY, "--validate-interval-updates", 1, "--eval-bleu"]
+    base += ["--best-checkpoint-metric", "bleu", "--eval-bleu-max-len-b", 3]
+    assert nmt(*base, "--max-update", 1, "--eval-bleu-beam", 1).exit_code == 0
+    result = nmt(*base, "--max-update", 2, "--eval-bleu-beam", 3, "--log-file", tmp_path / "log.jsonl")
+    assert result.exit_code == 0, result.output
+    assert "--eval-bleu search settings differ from the checkpoint's: beam 3 (was 1)" in result.output
+    assert "the best BLEU so far" in result.output and "starts again" in result.output
+    valid = [json.loads(line) for line in (tmp_path / "log.jsonl").read_text().splitlines() if '"valid"' in line]
+    assert load_checkpoint(tmp_path / "checkpoint_last.pt")["train_state"]["best"] == valid[-1]["valid_bleu"]
+
+
 def test_average_rejects_different_models(tiny_checkpoint, toy_data_bin, tmp_path):
     other = tmp_path / "other"
     assert nmt("train", toy_data_bin, "--save-dir", other, *TINY, "--d-model", 8, "--max-update", 1).exit_code == 0
