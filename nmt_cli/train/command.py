@@ -22,7 +22,6 @@ from nmt_cli.config import (
     TrainConfig,
     changed_flags,
     config_to_dict,
-    flag_name,
     shape_differences,
 )
 from nmt_cli.data.batching import count_too_long
@@ -34,7 +33,7 @@ from nmt_cli.model.transformer import count_parameters
 from nmt_cli.runtime import init_distributed, resolve_precision, seed_everything, set_threads, shutdown_distributed
 from nmt_cli.train.distributed import collective_failure
 from nmt_cli.train.loop import train_loop
-from nmt_cli.train.state import RESET_FIELDS
+from nmt_cli.train.state import reset_flags
 from nmt_cli.train.trainer import Trainer
 
 # What a killed run leaves in --save-dir (atomic_write's temporaries): only those, never a user's own *.tmp.
@@ -125,8 +124,7 @@ def prepare(cfg: TrainConfig, model_cfg: ModelConfig, search_cfg: SearchConfig) 
             "resume on its data directory, or train anew in another --save-dir",
         )
         check_resumable(ckpt, model_cfg, cfg, last)
-    elif any(getattr(cfg, field) for field in RESET_FIELDS):
-        resets = [flag_name(field) for field in RESET_FIELDS if getattr(cfg, field)]
+    elif resets := reset_flags(cfg):
         logger.warning("%s: %s has no %s to reset; the run starts afresh", " and ".join(resets), save_dir, LAST)
     seed_everything(cfg.seed)
     trainer = Trainer(cfg, model_cfg, search_cfg, vocab, meta, info, device)

@@ -17,11 +17,10 @@ from pathlib import Path
 from typing import Any
 
 from nmt_cli.checkpoint import BEST, LAST, numbered_checkpoints, save_checkpoint
-from nmt_cli.config import flag_name
 from nmt_cli.errors import NmtError
 from nmt_cli.log import progress
 from nmt_cli.train.distributed import broadcast_from_main
-from nmt_cli.train.state import RESET_FIELDS
+from nmt_cli.train.state import reset_flags
 from nmt_cli.train.trainer import StepStats, Trainer
 
 logger = logging.getLogger(__name__)
@@ -225,7 +224,7 @@ def train_loop(trainer: Trainer) -> int:
                 bar.update(task, **progress_fields(r))
             reason = trainer.stop_reason()
             if signalled:
-                resets = [flag_name(field) for field in RESET_FIELDS if getattr(c, field)]
+                resets = reset_flags(c)
                 again = f"the same command without {', '.join(resets)}" if resets else "the same command"
                 reason = f"stopped by {signal.Signals(signalled).name}; {again} resumes"
     if r.saved_at != s.update:  # else saved at this update already, numbered where a stopping rule holds

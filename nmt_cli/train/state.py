@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from nmt_cli.checkpoint import BEST, load_model_weights
-from nmt_cli.config import TrainConfig, flag_name
+from nmt_cli.config import SearchConfig, TrainConfig, config_to_dict, flag_name
 from nmt_cli.runtime import DistInfo, set_rng_state
 
 logger = logging.getLogger(__name__)
@@ -57,37 +57,63 @@ def restore_training(
     cfg: TrainConfig,
     info: DistInfo,
     train_data: str,
+    search_cfg: SearchConfig,
 ) -> TrainState:
     """Load a training checkpoint into the model, optimizer, scaler and this rank's random streams.
 
-    Returns the counters to continue from. --reset-optimizer keeps the fresh optimizer and scaler,
-    --reset-lr-scheduler restarts the schedule at the saved update, and --reset-dataloader (or another
-    number of ranks, --max-tokens, --seed or training data, whose batches differ) restarts the data at the
-    start of the saved epoch. train_data: this run's `TrainState.train_data`. A best value kept by another
-    --best-checkpoint-metric is dropped (a loss and a BLEU score do not compare).
+    Returns the counters to continue from, with what this run's options change: --reset-optimizer keeps the
+    fresh optimizer and scaler, --reset-lr-scheduler restarts the schedule at the saved update, other batches
+    restart the epoch's data (`restart_data_if_rebatched`) and a best that no longer compares starts again
+    (`keep_best_if_comparable`). train_data: this run's `TrainState.train_data`; search_cfg: its --eval-bleu
+    search settings.
     """
     load_model_weights(model, ckpt["model"], path)
     saved = ckpt["train_state"]
     state = TrainState(**{f.name: saved[f.name] for f in fields(TrainState) if f.name in saved})
-    if not cfg.reset_optimizer:
-        optimizer.load_state_dict(ckpt["optimizer"])
-        # load_state_dict also brings back the saved hyperparameters; the options given now win (a changed
-        # --adam-betas/--adam-eps/--weight-decay was logged as in use and silently not applied)
-        for group in optimizer.param_groups:
-            group.update(betas=cfg.adam_betas, eps=cfg.adam_eps, weight_decay=cfg.weight_decay)
-        if scaler and ckpt.get("grad_scaler"):
-            scaler.load_state_dict(ckpt["grad_scaler"])
-    else:
-        logger.info("--reset-optimizer: Adam's moments (and fp16's loss scale) start afresh")
-    if cfg.reset_dataloader:
-        logger.info("--reset-dataloader: the data restarts at the beginning of epoch %d", state.epoch)
+    restore_optimizer(ckpt, optimizer, scaler, cfg)
     if cfg.reset_lr_scheduler:
         logger.info("--reset-lr-scheduler: the lr schedule restarts; the update count goes on from %d", state.update)
         state.lr_start = state.update
-    saved_world = ckpt.get("world_size", 1)
-    saved_cfg = ckpt.get("train_config", {})
-    # The epoch's batches follow from the ranks, --max-tokens and --seed: with any of them changed, the
-    # saved position points into other batches, so the data restarts at the start of the epoch instead.
+    restart_data_if_rebatched(state, ckpt, cfg, info, train_data)
+    keep_best_if_comparable(state, ckpt, cfg, search_cfg)
+    rngs = ckpt["rng"]  # by rank
+    if len(rngs) != info.world_size:
+        logger.warning(
+            "checkpoint holds the random streams of %d rank(s), this run has %d; every rank continues from rank 0's",
+            len(rngs),
+            info.world_size,
+        )
+    set_rng_state(rngs[info.rank] if len(rngs) == info.world_size else rngs[0])
+    return state
+
+
+def restore_optimizer(
+    ckpt: dict[str, Any], optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler | None, cfg: TrainConfig
+) -> None:
+    """Adam's moments and the fp16 loss scale from the checkpoint, unless --reset-optimizer."""
+    if cfg.reset_optimizer:
+        logger.info("--reset-optimizer: Adam's moments (and fp16's loss scale) start afresh")
+        return
+    optimizer.load_state_dict(ckpt["optimizer"])
+    # load_state_dict also brings back the saved hyperparameters; the options given now win (a changed
+    # --adam-betas/--adam-eps/--weight-decay was logged as in use and silently not applied)
+    for group in optimizer.param_groups:
+        group.update(betas=cfg.adam_betas, eps=cfg.adam_eps, weight_decay=cfg.weight_decay)
+    if scaler and ckpt.get("grad_scaler"):
+        scaler.load_state_dict(ckpt["grad_scaler"])
+
+
+def restart_data_if_rebatched(
+    state: TrainState, ckpt: dict[str, Any], cfg: TrainConfig, info: DistInfo, train_data: str
+) -> None:
+    """--reset-dataloader, or batches made differently, restart the data at the start of the saved epoch.
+
+    The epoch's batches follow from the ranks, --max-tokens, --seed and the training split's lengths: with any
+    of them changed, the saved position points into other batches.
+    """
+    if cfg.reset_dataloader:
+        logger.info("--reset-dataloader: the data restarts at the beginning of epoch %d", state.epoch)
+    saved_world, saved_cfg = ckpt.get("world_size", 1), ckpt.get("train_config", {})
     rebatched = [
         f"{flag_name(name)} {getattr(cfg, name)} (was {saved_cfg[name]})"
         for name in ("max_tokens", "seed")
@@ -98,18 +124,6 @@ def restore_training(
     if state.train_data and train_data and state.train_data != train_data:
         rebatched.insert(0, f"{cfg.data_dir} holds other training data (its sentences' lengths differ)")
     state.train_data = train_data
-    metric, saved_metric = cfg.best_checkpoint_metric, state.best_metric or saved_cfg.get("best_checkpoint_metric")
-    if state.best is not None and saved_metric not in (None, metric):
-        logger.warning(
-            "--best-checkpoint-metric %s (was %s): the best so far (%g) does not compare, so it starts again and "
-            "%s is replaced at the next validation",
-            metric,
-            saved_metric,
-            state.best,
-            BEST,
-        )
-        state.best, state.bad_validations = None, 0
-    state.best_metric = metric
     if cfg.reset_dataloader or rebatched:
         if not cfg.reset_dataloader and state.batch_in_epoch:
             logger.warning(
@@ -118,12 +132,37 @@ def restore_training(
                 state.epoch,
             )
         state.batch_in_epoch = 0
-    rngs = ckpt["rng"]  # by rank
-    if len(rngs) != info.world_size:
-        logger.warning(
-            "checkpoint holds the random streams of %d rank(s), this run has %d; every rank continues from rank 0's",
-            len(rngs),
-            info.world_size,
+
+
+def keep_best_if_comparable(
+    state: TrainState, ckpt: dict[str, Any], cfg: TrainConfig, search_cfg: SearchConfig
+) -> None:
+    """The best value so far carries over only when the next validations measure the same thing: the same
+    --best-checkpoint-metric (a loss and a BLEU score do not compare) and, for BLEU, the same search settings."""
+    metric = cfg.best_checkpoint_metric
+    saved_metric = state.best_metric or ckpt.get("train_config", {}).get("best_checkpoint_metric")
+    saved_search, search = ckpt.get("search_config", {}), config_to_dict(search_cfg)
+    changed = [
+        f"{k} {search[k]} (was {saved_search[k]})" for k in search if k in saved_search and saved_search[k] != search[k]
+    ]
+    if changed:
+        logger.info("--eval-bleu search settings differ from the checkpoint's: %s", ", ".join(changed))
+    if state.best is not None and saved_metric not in (None, metric):
+        start_best_again(
+            state,
+            f"--best-checkpoint-metric {metric} (was {saved_metric}): the best so far ({state.best:g}) "
+            "does not compare",
         )
-    set_rng_state(rngs[info.rank] if len(rngs) == info.world_size else rngs[0])
-    return state
+    elif state.best is not None and changed and metric == "bleu":
+        start_best_again(state, f"the best BLEU so far ({state.best:g}) was measured with other search settings")
+    state.best_metric = metric
+
+
+def start_best_again(state: TrainState, why: str) -> None:
+    logger.warning("%s, so it starts again and %s is replaced at the next validation", why, BEST)
+    state.best, state.bad_validations = None, 0
+
+
+def reset_flags(cfg: TrainConfig) -> list[str]:
+    """The --reset-* options given: they apply at every resume, not once."""
+    return [flag_name(field) for field in RESET_FIELDS if getattr(cfg, field)]

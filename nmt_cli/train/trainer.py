@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from nmt_cli.checkpoint import make_checkpoint
-from nmt_cli.config import ModelConfig, SearchConfig, TrainConfig, config_to_dict
+from nmt_cli.config import ModelConfig, SearchConfig, TrainConfig
 from nmt_cli.data.batching import Batch, batch_by_tokens, collate, epoch_batches
 from nmt_cli.data.dataset import ParallelDataset
 from nmt_cli.data.vocab import BOS, EOS, PAD, Vocab
@@ -359,21 +359,16 @@ class Trainer:
     def restore(self, ckpt: dict[str, Any], path: Path) -> None:
         """Continue from a training checkpoint (train/state.py says what is restored)."""
         self.state = restore_training(
-            ckpt, path, self.model, self.optimizer, self.scaler, self.cfg, self.info, self.state.train_data
+            ckpt,
+            path,
+            self.model,
+            self.optimizer,
+            self.scaler,
+            self.cfg,
+            self.info,
+            self.state.train_data,
+            self.search_cfg,
         )
-        # --eval-bleu's search settings: a best BLEU found with others does not compare with the next ones
-        saved, now = ckpt.get("search_config", {}), config_to_dict(self.search_cfg)
-        changed = [
-            f"{name} {now[name]} (was {saved[name]})" for name in now if name in saved and saved[name] != now[name]
-        ]
-        if changed:
-            logger.info("--eval-bleu search settings differ from the checkpoint's: %s", ", ".join(changed))
-            if self.state.best is not None and self.state.best_metric == "bleu":
-                logger.warning(
-                    "the best BLEU so far (%g) was measured with other search settings, so it starts again",
-                    self.state.best,
-                )
-                self.state.best, self.state.bad_validations = None, 0
 
     def close(self) -> None:
         """Drop the DDP wrapper: its reducer must not outlive the process group (runtime.shutdown_distributed)."""
