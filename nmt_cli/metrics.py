@@ -12,7 +12,6 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import cast
 
 import sacrebleu
 
@@ -30,24 +29,21 @@ class Score:
     signature: str
 
 
-def sacrebleu_score(hyps: Sequence[str], refs: Sequence[str] | Sequence[Sequence[str]]) -> Score:
-    """refs: one reference per hypothesis, or several such streams (multi-reference BLEU)."""
+# Every metric takes its references as sacreBLEU does: a list of streams, each one reference per hypothesis
+# (several streams: multi-reference scores).
+References = Sequence[Sequence[str]]
+
+
+def sacrebleu_score(hyps: Sequence[str], refs: References) -> Score:
     bleu = sacrebleu.metrics.BLEU()
-    result = bleu.corpus_score(list(hyps), ref_streams(refs))
+    result = bleu.corpus_score(list(hyps), [list(stream) for stream in refs])
     sig = str(bleu.get_signature())
     return Score("sacrebleu", result.score, str(result), sig)
 
 
-def ref_streams(refs: Sequence[str] | Sequence[Sequence[str]]) -> list[list[str]]:
-    """sacreBLEU's references: a list of streams, each one reference per hypothesis."""
-    if not refs or isinstance(refs[0], str):
-        return [list(cast(Sequence[str], refs))]
-    return [list(stream) for stream in refs]
-
-
-def chrf_score(hyps: Sequence[str], refs: Sequence[str] | Sequence[Sequence[str]]) -> Score:
+def chrf_score(hyps: Sequence[str], refs: References) -> Score:
     chrf = sacrebleu.metrics.CHRF()
-    result = chrf.corpus_score(list(hyps), ref_streams(refs))
+    result = chrf.corpus_score(list(hyps), [list(stream) for stream in refs])
     return Score("chrf", result.score, str(result), str(chrf.get_signature()))
 
 
@@ -71,19 +67,17 @@ def moses_tokenize(lines: Sequence[str], lang: str, split_compounds: bool) -> li
     return out
 
 
-def tokenized_bleu(
-    hyps: Sequence[str], refs: Sequence[str] | Sequence[Sequence[str]], lang: str, split_compounds: bool
-) -> Score:
+def tokenized_bleu(hyps: Sequence[str], refs: References, lang: str, split_compounds: bool) -> Score:
     name = "tok-bleu-compound" if split_compounds else "tok-bleu"
     result = sacrebleu.metrics.BLEU(tokenize="none", force=True).corpus_score(
         moses_tokenize(hyps, lang, split_compounds),
-        [moses_tokenize(stream, lang, split_compounds) for stream in ref_streams(refs)],
+        [moses_tokenize(stream, lang, split_compounds) for stream in refs],
     )
     note = f"Moses-tokenized ({lang}){', compounds split' if split_compounds else ''}; NOT comparable with sacreBLEU"
     return Score(name, result.score, f"{name.upper()} = {result.score:.2f} ({note})", note)
 
 
-def compute(metric: str, hyps: Sequence[str], refs: Sequence[str] | Sequence[Sequence[str]], lang: str = "en") -> Score:
+def compute(metric: str, hyps: Sequence[str], refs: References, lang: str = "en") -> Score:
     if metric == "sacrebleu":
         return sacrebleu_score(hyps, refs)
     if metric == "chrf":

@@ -30,7 +30,7 @@ def evaluate_bleu(
         sources = [data.src[i] for i in range(len(data))]
         hyps = translate(tr, sources, cfg, max_tokens)
         refs = [vocab.decode(data.tgt[i]) for i in range(len(data))]
-        score[0] = sacrebleu_score([vocab.decode(h[0].tokens) for h in hyps], refs).score
+        score[0] = sacrebleu_score([vocab.decode(h[0].tokens) for h in hyps], [refs]).score
     if info.world_size > 1:
         import torch.distributed as dist
 
