@@ -49,6 +49,51 @@ def resolve_shard(cfg: GenerateConfig) -> tuple[int, int]:
 
 def generate(cfg: GenerateConfig, search_overrides: dict[str, Any] | None = None) -> Summary:
     """Translate what cfg names with the checkpoint's search settings, overridden by `search_overrides`."""
+    num_shards, shard_id = check_request(cfg)
+    set_threads(cfg.threads)
+    device = choose_device(cfg.device, int(os.environ.get("LOCAL_RANK", "0")))
+    state = load_checkpoint(Path(cfg.path))
+    precision = generation_precision(cfg.precision, device, state)
+    if cfg.data_dir is not None:
+        data_dir = Path(cfg.data_dir)
+        meta = load_meta(data_dir)
+        check_same_data(state, Path(cfg.path), data_dir, meta, load_vocab(data_dir, meta).model_bytes)
+    is_parser = state.get("target_format") == "ptb-tree"
+    if is_parser:
+        check_parse_request(cfg)
+    search = search_settings(cfg, state, search_overrides or {}, is_parser)
+    translator = translator_from(state, Path(cfg.path), device, AMP_DTYPES[precision], cfg.quantize)
+    del state  # the model holds its own copy of the weights
+    fmt = cfg.output_format or ("fairseq" if cfg.data_dir else "plain")
+    with ExitStack() as stack:
+        out = open_output(cfg, stack, num_shards, shard_id)
+        if cfg.data_dir is not None:
+            summary = generate_split(
+                translator,
+                Path(cfg.data_dir),
+                cfg.gen_subset,
+                search,
+                cfg.max_tokens,
+                cfg.batch_size,
+                fmt,
+                out,
+                (num_shards, shard_id),
+            )
+        else:
+            raw_lines, first_line = open_input(cfg.input, stack, num_shards, shard_id)
+            interactive = cfg.input == "-" and sys.stdin.isatty()
+            buffer_size = cfg.buffer_size or (1 if interactive else 1000)
+            lines = read_lines(raw_lines, buffer_size, "stdin" if cfg.input == "-" else str(cfg.input), first_line)
+            if is_parser:  # one bracketed tree per input line (nmt_cli/parsing)
+                summary = generate_trees(translator, lines, search, cfg.max_tokens, cfg.batch_size, out)
+            else:
+                summary = generate_text(translator, lines, search, cfg.max_tokens, cfg.batch_size, fmt, out)
+    log_summary(summary, search)
+    return summary
+
+
+def check_request(cfg: GenerateConfig) -> tuple[int, int]:
+    """Refuse what the inputs and options cannot do, before the checkpoint is read; (num_shards, shard_id)."""
     if (cfg.data_dir is None) == (cfg.input is None):
         raise ConfigError("give either DATA_DIR (with --gen-subset) or --input FILE|-, not both or neither")
     if cfg.input is not None and "--gen-subset" in changed_flags(cfg):
@@ -76,29 +121,26 @@ def generate(cfg: GenerateConfig, search_overrides: dict[str, Any] | None = None
         raise DataError("--input -: stdin is closed; pipe text in or give --input FILE")
     if cfg.quantize and cfg.precision not in (None, "fp32"):  # before the precision's own checks and warnings
         raise ConfigError(f"--quantize {cfg.quantize} runs on the CPU in fp32; drop --precision {cfg.precision}")
-    set_threads(cfg.threads)
-    device = choose_device(cfg.device, int(os.environ.get("LOCAL_RANK", "0")))
-    state = load_checkpoint(Path(cfg.path))
-    precision = generation_precision(cfg.precision, device, state)
-    if cfg.data_dir is not None:
-        data_dir = Path(cfg.data_dir)
-        meta = load_meta(data_dir)
-        check_same_data(state, Path(cfg.path), data_dir, meta, load_vocab(data_dir, meta).model_bytes)
-    is_parser = state.get("target_format") == "ptb-tree"
-    if is_parser:
-        check_parse_request(cfg)
-    search = replace(search_config_of(state), **(search_overrides or {}))
-    sampling_only = [flag_name(k) for k in SAMPLING_FIELDS if k in (search_overrides or {})]
+    return num_shards, shard_id
+
+
+def search_settings(
+    cfg: GenerateConfig, state: dict[str, Any], overrides: dict[str, Any], is_parser: bool
+) -> SearchConfig:
+    """The checkpoint's search settings with the options given; refuse options the search would ignore."""
+    saved = search_config_of(state)
+    search = replace(saved, **overrides)
+    sampling_only = [flag_name(k) for k in SAMPLING_FIELDS if k in overrides]
     if sampling_only and not search.sampling:
         raise ConfigError(
             f"--sampling is off, so {' and '.join(sampling_only)} would be ignored; add --sampling or drop them"
         )
-    if search.sampling and "beam" in (search_overrides or {}) and search.beam > 1:
+    if search.sampling and "beam" in overrides and search.beam > 1:
         raise ConfigError(
             f"--sampling draws one token at a time, so --beam {search.beam} would be ignored; "
             f"for {search.beam} samples of each sentence give --nbest {search.beam}"
         )
-    if is_parser and search.min_len != search_config_of(state).min_len:
+    if is_parser and search.min_len != saved.min_len:
         raise ConfigError(
             f"{cfg.path} is a parsing model: a tree's length follows its sentence's words, so --min-len "
             f"{search.min_len} cannot apply; drop it"
@@ -107,32 +149,10 @@ def generate(cfg: GenerateConfig, search_overrides: dict[str, Any] | None = None
         raise ConfigError(
             f"{cfg.path} is a parsing model; it writes its best tree per sentence, not --nbest {search.nbest}"
         )
-    translator = translator_from(state, Path(cfg.path), device, AMP_DTYPES[precision], cfg.quantize)
-    del state  # the model holds its own copy of the weights
-    fmt = cfg.output_format or ("fairseq" if cfg.data_dir else "plain")
-    with ExitStack() as stack:
-        out = open_output(cfg, stack, num_shards, shard_id)
-        if cfg.data_dir is not None:
-            summary = generate_split(
-                translator,
-                Path(cfg.data_dir),
-                cfg.gen_subset,
-                search,
-                cfg.max_tokens,
-                cfg.batch_size,
-                fmt,
-                out,
-                (num_shards, shard_id),
-            )
-        else:
-            raw_lines, first_line = open_input(cfg.input, stack, num_shards, shard_id)
-            interactive = cfg.input == "-" and sys.stdin.isatty()
-            buffer_size = cfg.buffer_size or (1 if interactive else 1000)
-            lines = read_lines(raw_lines, buffer_size, "stdin" if cfg.input == "-" else str(cfg.input), first_line)
-            if is_parser:  # one bracketed tree per input line (nmt_cli/parsing)
-                summary = generate_trees(translator, lines, search, cfg.max_tokens, cfg.batch_size, out)
-            else:
-                summary = generate_text(translator, lines, search, cfg.max_tokens, cfg.batch_size, fmt, out)
+    return search
+
+
+def log_summary(summary: Summary, search: SearchConfig) -> None:
     if search.sampling:
         how = f"sampling, top-k {search.sampling_topk}, top-p {search.sampling_topp:g}, T {search.temperature:g}"
     else:
@@ -146,7 +166,6 @@ def generate(cfg: GenerateConfig, search_overrides: dict[str, Any] | None = None
         summary.n_tokens / max(summary.seconds, 1e-9),
         how,
     )
-    return summary
 
 
 def generation_precision(precision: str | None, device: torch.device, state: dict[str, Any]) -> str:
