@@ -58,16 +58,17 @@ def names_a_file(text: str) -> bool:
 @torch.inference_mode()
 def sentence_attention(checkpoint_path: Path, sentence: str) -> SentenceAttention:
     """Translate `sentence` greedily with the checkpoint, then record attention on that translation."""
-    if names_a_file(sentence.strip()):  # generate's --input habit: a file
+    sentence = sentence.strip()
+    if names_a_file(sentence):  # generate's --input habit: a file
         raise DataError(
-            f"--input {sentence.strip()} names a file, and plot attention draws the sentence given as text; "
+            f"--input {sentence} names a file, and plot attention draws the sentence given as text; "
             'give one of its lines, e.g. --input "$(head -1 FILE)"'
         )
     state = load_checkpoint(checkpoint_path)
     model = model_around_weights(model_config_of(state, checkpoint_path), state["model"], checkpoint_path)
     model.eval()
     vocab = vocab_of(state, checkpoint_path)
-    src_ids = vocab.encode([sentence.strip()])[0]
+    src_ids = vocab.encode([sentence])[0]
     if not src_ids:
         raise DataError("--input is empty; give a sentence to translate")
     limit = model.max_positions - 1
