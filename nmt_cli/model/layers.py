@@ -91,9 +91,11 @@ class Residual(nn.Module):
 
     def step(self, x: Tensor, sublayer: Callable[[Tensor], Tensor]) -> Tensor:
         """forward() for inference (no dropout), the residual summed into the sub-layer's fresh output in place
-        where both have one dtype (under autocast the sub-layer's may be narrower: the sum keeps x's)."""
+        where both have one dtype (under autocast the sub-layer's may be narrower: the sum keeps x's) and grad
+        mode is off: with it on, the output may be a view returned by the CPU route's autograd Function
+        (model/linear.py), which autograd forbids writing into."""
         y = sublayer(self.norm(x) if self.normalize_before else x)
-        y = y.add_(x) if y.dtype == x.dtype else x + y
+        y = y.add_(x) if y.dtype == x.dtype and not torch.is_grad_enabled() else x + y
         return y if self.normalize_before else self.norm(y)
 
 

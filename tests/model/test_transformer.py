@@ -123,17 +123,25 @@ def test_padding_does_not_change_encoder_outputs(tiny_model):
 
 @pytest.mark.parametrize("normalize_before", [False, True])
 @pytest.mark.parametrize("beam", [1, 3])
-def test_decode_step_matches_full_decode(tiny_model_config, normalize_before, beam):
+@pytest.mark.parametrize("grad", [False, True])
+def test_decode_step_matches_full_decode(tiny_model_config, normalize_before, beam, grad, cpu_matmul_route):
+    """With grad mode on too (research code, a sequence-level loss): the step's in-place shortcuts (the residual,
+    the log-softmax) must then leave autograd's tensors alone, and the step's gradient must be the full one's."""
     torch.manual_seed(1)
     model = build_model(replace(tiny_model_config, normalize_before=normalize_before)).eval()
     src, src_pad, tgt = batch()
-    enc = model.encode(src, src_pad)
-    tgt = tgt.repeat_interleave(beam, dim=0)  # rows b*K+k, as in beam search
-    full = F.log_softmax(model(src.repeat_interleave(beam, 0), src_pad.repeat_interleave(beam, 0), tgt), dim=-1)
-    cache = model.init_cache(enc, beam)
-    for t in range(tgt.shape[1]):
-        step_lp, cache = model.decode_step(tgt[:, t], cache)
-        assert (step_lp - full[:, t]).abs().max().item() <= 1e-5
+    with torch.set_grad_enabled(grad):
+        enc = model.encode(src, src_pad)
+        tgt = tgt.repeat_interleave(beam, dim=0)  # rows b*K+k, as in beam search
+        full = F.log_softmax(model(src.repeat_interleave(beam, 0), src_pad.repeat_interleave(beam, 0), tgt), dim=-1)
+        cache = model.init_cache(enc, beam)
+        for t in range(tgt.shape[1]):
+            step_lp, cache = model.decode_step(tgt[:, t], cache)
+            assert (step_lp - full[:, t]).abs().max().item() <= 1e-5
+    if grad:
+        (step_grad,) = torch.autograd.grad(step_lp.sum(), model.tgt_embed.tokens.weight)
+        (full_grad,) = torch.autograd.grad(full[:, -1].sum(), model.tgt_embed.tokens.weight)
+        torch.testing.assert_close(step_grad, full_grad, atol=1e-4, rtol=1e-4)
 
 
 def test_attention_matches_manual_formula():
