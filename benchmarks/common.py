@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SHARED = Path(os.environ.get("NMT_SHARED_DATA", ROOT.parent / "shared" / "data"))
 MULTI30K = SHARED / "multi30k"
 WORK = Path(os.environ.get("NMT_BENCH_DIR", ROOT / "work" / "bench"))
-RESULTS = ROOT / "benchmarks" / "results"
+RESULTS = Path(os.environ.get("NMT_BENCH_RESULTS", ROOT / "benchmarks" / "results"))
 NMT = [sys.executable, "-m", "nmt_cli", "--no-progress"]
 # In-process beam search as the command and the peer harness run it: beam 4, batches of 64 sentences,
 # every hypothesis forced to 24 tokens (SearchConfig fields, so that each toolkit does the same work).

@@ -167,13 +167,36 @@ def trained_copy_checkpoint(toy_data_bin, tmp_path_factory) -> Path:
     return save_dir / "checkpoint_last.pt"
 
 
-@pytest.fixture(params=["onednn", "default"])
+def _route_params() -> list[str]:
+    """The CPU matmul routes the suite runs on: both, or the one NMT_CPU_MATMUL forces (see CONTRIBUTING.md)."""
+    forced = os.environ.get("NMT_CPU_MATMUL", "auto") or "auto"
+    return ["onednn", "default"] if forced == "auto" else [forced]
+
+
+@pytest.fixture(params=_route_params())
 def cpu_matmul_route(request, monkeypatch) -> str:
     """Both CPU matmul routes of model/linear.py, whichever this machine's CPU would choose (oneDNN on AVX-512,
-    PyTorch's default on AVX2-only CPUs), so each is tested on every machine."""
+    PyTorch's default on AVX2-only CPUs), so each is tested on every machine. Set in this process and, through
+    NMT_CPU_MATMUL, in the commands a test runs as subprocesses (torchrun ranks, recipes)."""
     from nmt_cli.model import linear
 
     if request.param == "onednn" and not linear.ONEDNN_AVAILABLE:
         pytest.skip("this torch has no oneDNN linear op")
     monkeypatch.setattr(linear, "_ONEDNN", request.param == "onednn")
+    monkeypatch.setenv("NMT_CPU_MATMUL", request.param)
     return request.param
+
+
+# The packages whose tests run on both CPU matmul routes: every test module there says
+# `pytestmark = pytest.mark.usefixtures("cpu_matmul_route")`, and collection fails for one that does not.
+BOTH_ROUTES = ("model", "search", "train", "export")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        package = item.path.parent.name if item.path.parent.parent == ROOT / "tests" else None
+        if package in BOTH_ROUTES and "cpu_matmul_route" not in getattr(item, "fixturenames", ()):
+            raise pytest.UsageError(
+                f"{item.nodeid}: tests in tests/{package}/ run on both CPU matmul routes; "
+                'add pytestmark = pytest.mark.usefixtures("cpu_matmul_route") to the module'
+            )

@@ -8,6 +8,7 @@ import pytest
 from conftest import ROOT, SHARED_DATA, fake_cpuinfo, recipe_env
 
 
+@pytest.mark.slow  # runs three or more processes (10-25 s); make test-all
 @pytest.mark.skipif(
     not (SHARED_DATA / "onmt-sample" / "train.en").exists(),
     reason=f"the smoke recipe reads {SHARED_DATA}, absent on this machine",

@@ -26,6 +26,7 @@ from nmt_cli.cli.score import score
 from nmt_cli.cli.train import train
 from nmt_cli.errors import NmtError
 from nmt_cli.log import print_error, setup_logging
+from nmt_cli.model.linear import route_from_environment
 
 
 class NmtGroup(click.Group):
@@ -57,6 +58,7 @@ def cli(quiet: bool, no_progress: bool, debug: bool) -> None:
     Pipeline: preprocess -> train -> average-checkpoints -> generate -> score; export for serving, plot to see.
     """
     setup_logging(quiet, progress=not no_progress)
+    route_from_environment()  # a bad NMT_CPU_MATMUL is one error line before any work
 
 
 for command in (preprocess, train, average_checkpoints, generate, score, export, plot):

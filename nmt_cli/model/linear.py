@@ -20,6 +20,7 @@ whose weights oneDNN reorders once (on AVX2-only CPUs the products no wider out 
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -28,14 +29,39 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from nmt_cli.allocator import release_pages
+from nmt_cli.errors import ConfigError
 from nmt_cli.runtime import cpu_has_bf16
 
 # Whether this torch has oneDNN's linear op (translation's packed linears need no more).
 ONEDNN_AVAILABLE = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
-# oneDNN's float32 products beat MKL's only on CPUs with AVX-512, where MKL (choosing kernels by vendor)
-# runs AVX2 code on AMD's; on an AVX2-only CPU (AMD Zen 3) MKL was 10-45% faster on the same products
-# (bench_matmul.py), and training's products keep PyTorch's default route there.
-_ONEDNN = ONEDNN_AVAILABLE and torch.backends.cpu.get_cpu_capability().startswith("AVX512")
+# The variable that forces the route whatever the CPU: `onednn`, `default` (PyTorch's own), or `auto`.
+ROUTE_VARIABLE = "NMT_CPU_MATMUL"
+ROUTES = ("auto", "onednn", "default")
+
+
+def route_from_environment() -> str:
+    """NMT_CPU_MATMUL's value (`auto` when unset); another value is a ConfigError naming the variable."""
+    route = os.environ.get(ROUTE_VARIABLE, "auto") or "auto"
+    if route not in ROUTES:
+        raise ConfigError(f"{ROUTE_VARIABLE}={route!r}: expected one of {', '.join(ROUTES)}")
+    return route
+
+
+def _choose_onednn() -> bool:
+    """oneDNN's float32 products beat MKL's only on CPUs with AVX-512, where MKL (choosing kernels by vendor)
+    runs AVX2 code on AMD's; on an AVX2-only CPU MKL was the faster (bench_matmul.py), and training's products
+    keep PyTorch's default route there. NMT_CPU_MATMUL forces either route (the test suite runs both on every
+    machine); a bad value falls back to `auto` here and is reported by the command line at start-up."""
+    try:
+        route = route_from_environment()
+    except ConfigError:
+        route = "auto"
+    if route != "auto":
+        return route == "onednn" and ONEDNN_AVAILABLE
+    return ONEDNN_AVAILABLE and torch.backends.cpu.get_cpu_capability().startswith("AVX512")
+
+
+_ONEDNN = _choose_onednn()
 # bfloat16 through oneDNN only where the CPU has bf16 instructions (AVX512-BF16, AMX): on an AVX2-only CPU
 # (AMD Zen 3) oneDNN has no bf16 inner product and PyTorch's own bf16 matmul is the one that runs.
 _DTYPES = (torch.float32, torch.bfloat16) if cpu_has_bf16() else (torch.float32,)

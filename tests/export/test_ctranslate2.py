@@ -23,6 +23,8 @@ import numpy as np
 import pytest
 import torch
 
+pytestmark = pytest.mark.usefixtures("cpu_matmul_route")  # both CPU matmul routes on every machine (conftest.py)
+
 ctranslate2 = pytest.importorskip("ctranslate2", reason="ctranslate2 is not installed (pip install nmt[export])")
 
 from nmt_cli.config import (

@@ -12,6 +12,8 @@ from click.testing import CliRunner
 
 from nmt_cli.cli import cli
 
+pytestmark = pytest.mark.usefixtures("cpu_matmul_route")  # both CPU matmul routes on every machine (conftest.py)
+
 
 def run(*args):
     return CliRunner().invoke(cli, ["--no-progress", "export", *args])

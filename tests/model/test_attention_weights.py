@@ -10,6 +10,8 @@ from test_transformer import batch
 from nmt_cli.model.linear import pack_for_cpu_inference
 from nmt_cli.model.transformer import AttentionWeights, build_model
 
+pytestmark = pytest.mark.usefixtures("cpu_matmul_route")  # both CPU matmul routes on every machine (conftest.py)
+
 
 @pytest.mark.parametrize("key_dim", [0, 3])
 def test_recorded_weights_are_the_ones_used(tiny_model_config, key_dim):

@@ -4,6 +4,8 @@ import torch
 from nmt_cli.model.layers import Dropout
 from nmt_cli.runtime import rng_state, seed_everything, set_rng_state
 
+pytestmark = pytest.mark.usefixtures("cpu_matmul_route")  # both CPU matmul routes on every machine (conftest.py)
+
 
 def test_dropout_rate_scale_and_eval():
     seed_everything(0)

@@ -13,6 +13,8 @@ from nmt_cli.allocator import release_pages
 from nmt_cli.checkpoint import model_around_weights
 from nmt_cli.model.transformer import build_model
 
+pytestmark = pytest.mark.usefixtures("cpu_matmul_route")  # both CPU matmul routes on every machine (conftest.py)
+
 
 def resident_mb() -> float:
     return int(Path("/proc/self/statm").read_text().split()[1]) * 4096 / 2**20

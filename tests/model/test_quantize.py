@@ -12,9 +12,12 @@ from nmt_cli.errors import ConfigError
 from nmt_cli.model.quantize import Int8Linear, quantize_for_cpu_inference
 from nmt_cli.search.translate import load_translator, translate
 
-pytestmark = pytest.mark.skipif(
-    "fbgemm" not in torch.backends.quantized.supported_engines, reason="int8 kernels need fbgemm (x86)"
-)
+pytestmark = [
+    pytest.mark.skipif(
+        "fbgemm" not in torch.backends.quantized.supported_engines, reason="int8 kernels need fbgemm (x86)"
+    ),
+    pytest.mark.usefixtures("cpu_matmul_route"),  # both CPU matmul routes on every machine (conftest.py)
+]
 
 
 def test_int8_linear_is_close_to_float32():

@@ -11,6 +11,8 @@ from nmt_cli.errors import ConfigError
 from nmt_cli.model.layers import sinusoidal_positions
 from nmt_cli.model.transformer import build_model, count_parameters
 
+pytestmark = pytest.mark.usefixtures("cpu_matmul_route")  # both CPU matmul routes on every machine (conftest.py)
+
 
 def closed_form_parameters(v, n_enc, n_dec, d, d_ff, normalize_before=False, heads=1, key_dim=0):
     """Paper Table 3 bookkeeping: one tied V x D embedding, 4D^2+4D per attention, 2 D d_ff + d_ff + D per FFN,

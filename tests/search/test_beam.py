@@ -14,6 +14,8 @@ from nmt_cli.search.beam import BeamState, beam_search, candidate_block, length_
 from nmt_cli.search.greedy import greedy_search
 from nmt_cli.search.translate import Translator, translate
 
+pytestmark = pytest.mark.usefixtures("cpu_matmul_route")  # both CPU matmul routes on every machine (conftest.py)
+
 A, B = 4, 5  # two word ids; 0-3 are pad, unk, bos, eos
 V = 6
 

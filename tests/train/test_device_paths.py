@@ -19,6 +19,8 @@ from nmt_cli.train.command import train
 from nmt_cli.train.loss import CHUNK_ELEMENTS, TranslationLoss, chunk_rows
 from nmt_cli.train.prefetch import BatchLoader, prepare
 
+pytestmark = pytest.mark.usefixtures("cpu_matmul_route")  # both CPU matmul routes on every machine (conftest.py)
+
 
 def test_loss_chunks_are_sized_for_the_device():
     assert chunk_rows("cpu", 37000) == CHUNK_ELEMENTS // 37000  # a few hundred rows

@@ -9,6 +9,8 @@ from conftest import TINY
 
 from nmt_cli.checkpoint import load_checkpoint
 
+pytestmark = pytest.mark.usefixtures("cpu_matmul_route")  # both CPU matmul routes on every machine (conftest.py)
+
 COMMON = [*TINY, "--dropout", "0"]  # dropout off: ranks and processes give equal numbers
 
 
@@ -45,6 +47,7 @@ def test_two_ranks_equal_one_process_with_update_freq_2(toy_data_bin, tmp_path):
     assert two.stderr.count("train | update 1 ") == 1  # only rank 0 logs
 
 
+@pytest.mark.slow  # runs three or more processes (10-25 s); make test-all
 def test_two_ranks_resume_and_finish(toy_data_bin, tmp_path):
     nmt(toy_data_bin, tmp_path / "whole", "--max-update", "6", ranks=2)
     nmt(toy_data_bin, tmp_path / "parts", "--max-update", "3", ranks=2)
@@ -57,6 +60,7 @@ def test_two_ranks_resume_and_finish(toy_data_bin, tmp_path):
     )
 
 
+@pytest.mark.slow  # runs three or more processes (10-25 s); make test-all
 def test_two_ranks_killed_after_a_checkpoint_resume_and_finish(toy_data_bin, tmp_path):
     import signal
     import time
@@ -198,6 +202,7 @@ def descendants(pid):
     return found
 
 
+@pytest.mark.slow  # runs three or more processes (10-25 s); make test-all
 def test_every_rank_resumes_its_own_random_streams(toy_data_bin, tmp_path):
     """With dropout on, 2 ranks killed (SIGKILL) after a checkpoint and resumed end bit-identical to an
     uninterrupted run: each rank saved and restores its own random streams, not rank 0's."""

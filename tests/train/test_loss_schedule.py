@@ -5,6 +5,8 @@ import torch.nn.functional as F
 from nmt_cli.train.loss import label_smoothed_nll
 from nmt_cli.train.schedule import learning_rate
 
+pytestmark = pytest.mark.usefixtures("cpu_matmul_route")  # both CPU matmul routes on every machine (conftest.py)
+
 
 def test_label_smoothing_by_hand():
     logits = torch.tensor([[1.0, 2.0, 0.5]])

@@ -19,6 +19,8 @@ from nmt_cli.train import command as train_command
 from nmt_cli.train.command import train
 from nmt_cli.train.trainer import Trainer
 
+pytestmark = pytest.mark.usefixtures("cpu_matmul_route")  # both CPU matmul routes on every machine (conftest.py)
+
 
 def test_precision_is_resolved_once_logged_and_stored(toy_data_bin, tmp_path, caplog):
     with caplog.at_level(logging.INFO, logger="nmt_cli"):

@@ -7,12 +7,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 from click.testing import CliRunner
 from conftest import TINY
 
 from nmt_cli.checkpoint import load_checkpoint
 from nmt_cli.cli import cli
+
+pytestmark = pytest.mark.usefixtures("cpu_matmul_route")  # both CPU matmul routes on every machine (conftest.py)
 
 
 def nmt(*args):
@@ -120,6 +123,7 @@ def train_subprocess(data_bin, save_dir, *extra):
     return subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
 
 
+@pytest.mark.slow  # runs three or more processes (10-25 s); make test-all
 def test_sigkill_and_resume_is_bit_identical(toy_data_bin, tmp_path):
     ref = train_subprocess(toy_data_bin, tmp_path / "ref")
     assert ref.wait(timeout=120) == 0, ref.stderr.read()
