@@ -103,8 +103,9 @@ async def client_gone(request: Request) -> None:
         pass
 
 
-async def outcome(future: Future[list[Any]], request: Request, seconds: float) -> list[Any]:
-    """The results of a submitted request; cancels it (its queued sentences are dropped) on 504 or disconnect."""
+async def outcome(future: Future[list[Any]], request: Request, seconds: float, timeout: float) -> list[Any]:
+    """The results of a submitted request within `seconds` (what is left of `timeout`); cancels the request (its
+    queued sentences are dropped) on 504 or when the client disconnects."""
     waiter: asyncio.Future[Any] = asyncio.wrap_future(future)
     gone: asyncio.Future[Any] = asyncio.ensure_future(client_gone(request))
     try:
@@ -117,7 +118,7 @@ async def outcome(future: Future[list[Any]], request: Request, seconds: float) -
     waiter.cancel()
     if gone in done:
         raise RequestError(499, "the client closed the connection")
-    raise RequestError(504, f"the request was not done within --timeout {seconds:g} s")
+    raise RequestError(504, f"the request was not done within --timeout {timeout:g} s")
 
 
 class Server:
@@ -151,7 +152,8 @@ class Server:
         except (QueueFull, Stopping) as e:
             raise RequestError(503, str(e)) from None
         try:
-            results = await outcome(future, request, self.limits.timeout - (time.perf_counter() - start))
+            left = self.limits.timeout - (time.perf_counter() - start)
+            results = await outcome(future, request, left, self.limits.timeout)
         except RequestError:
             raise
         except Exception as e:  # the batch failed (logged with its traceback by the worker)

@@ -89,8 +89,9 @@ class Batcher:
 
     @property
     def queue_length(self) -> int:
+        """Sentences waiting, not counting those of requests already cancelled (the worker drops them)."""
         with self._cond:
-            return len(self._queue)
+            return sum(not q.job.future.done() for q in self._queue)
 
     def submit(self, key: Hashable, items: Sequence[Any], lengths: Sequence[int]) -> Future[list[Any]]:
         """Queue a request's sentences; the Future gets their results in order (or the batch's exception).
