@@ -38,7 +38,6 @@ from nmt_cli.serve.page import PAGE
 logger = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 8 << 20
-WARM_UP_TEXT = "Hello."
 
 
 class RequestError(Exception):
@@ -126,7 +125,6 @@ class Server:
 
     def __init__(self, engine: Engine, batcher: Batcher, metrics: Metrics, limits: Limits) -> None:
         self.engine, self.batcher, self.metrics, self.limits = engine, batcher, metrics, limits
-        self.ready = False
 
     async def translate(self, request: Request) -> Response:
         start = time.perf_counter()
@@ -168,7 +166,8 @@ class Server:
         return JSONResponse({"status": "ok"})
 
     async def ready_check(self, request: Request) -> Response:
-        return JSONResponse({"ready": self.ready}, status_code=200 if self.ready else 503)
+        ready = self.batcher.ready.is_set()
+        return JSONResponse({"ready": ready}, status_code=200 if ready else 503)
 
     async def info(self, request: Request) -> Response:
         return JSONResponse(self.engine.info)
@@ -179,21 +178,9 @@ class Server:
     async def page(self, request: Request) -> Response:
         return HTMLResponse(PAGE)
 
-    def warm_up(self) -> None:
-        """Translate one sentence through the batcher; /ready answers yes once it is done."""
-        sentences = self.engine.prepare([WARM_UP_TEXT])
-        future = self.batcher.submit(self.engine.search, sentences, [self.engine.length(s) for s in sentences])
-        future.add_done_callback(self._warmed)
-
-    def _warmed(self, future: Future[list[Any]]) -> None:
-        if future.exception() is None:
-            self.ready = True
-            logger.info("ready: the model is loaded and warm")
-
     @asynccontextmanager
     async def lifespan(self, app: Starlette) -> AsyncIterator[None]:
         self.batcher.start()
-        self.warm_up()
         try:
             yield
         finally:  # uvicorn has answered every request it accepted; the queue is empty or being finished
@@ -223,7 +210,7 @@ def build_app(engine: Engine, batcher: Batcher, metrics: Metrics, limits: Limits
 
 def make_app(engine: Engine, max_wait: float, max_queue: int, limits: Limits) -> Starlette:
     """The app with its own batcher and metrics: the one place they are wired together."""
-    batcher = Batcher(engine.run, engine.max_tokens, max_wait, max_queue, engine.worker_context)
+    batcher = Batcher(engine.run, engine.max_tokens, max_wait, max_queue, engine.worker_context, None, engine.warm_up)
     metrics = Metrics(lambda: batcher.queue_length)
     batcher.on_batch = metrics.batch
     return build_app(engine, batcher, metrics, limits)

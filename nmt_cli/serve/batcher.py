@@ -7,6 +7,7 @@ the oldest one's search settings (the job's `key`), packed by `batch_by_tokens` 
 its input, and the batch holding the oldest sentence taken. Empty sentences cost nothing and ride along.
 A request is answered as soon as its last sentence is done; a cancelled one (timed out, client gone) loses
 its sentences that have not started. `stop` refuses new requests, finishes the queued ones, and returns.
+Before its first batch the worker runs `warm_up` (one sentence through the model), then sets `ready`.
 """
 
 from __future__ import annotations
@@ -68,9 +69,11 @@ class Batcher:
         max_queue: int,
         worker_context: Callable[[], AbstractContextManager[Any]] = nullcontext,
         on_batch: OnBatch | None = None,
+        warm_up: Callable[[], Any] | None = None,
     ) -> None:
         self.run, self.max_tokens, self.max_wait, self.max_queue = run, max_tokens, max_wait, max_queue
-        self.worker_context, self.on_batch = worker_context, on_batch
+        self.worker_context, self.on_batch, self.warm_up = worker_context, on_batch, warm_up
+        self.ready = threading.Event()  # set once the worker has warmed up (GET /ready)
         self._queue: list[Queued] = []
         self._cond = threading.Condition()
         self._stopping = False
@@ -118,6 +121,16 @@ class Batcher:
 
     def _work(self) -> None:
         with self.worker_context():
+            if self.warm_up is not None:
+                try:
+                    self.warm_up()
+                except Exception:  # the requests will fail the same way and say why; keep serving them
+                    logger.exception("the warm-up translation failed")
+                else:
+                    logger.info("ready: the model is loaded and warm")
+                    self.ready.set()
+            else:
+                self.ready.set()
             while (batch := self._next_batch()) is not None:
                 self._run_batch(batch)
 

@@ -119,6 +119,10 @@ class Engine:
         with torch.inference_mode():
             yield
 
+    def warm_up(self) -> None:
+        """One sentence through the model, so that the first request does not pay for first-call set-up."""
+        self.run(self.search, self.prepare(["Hello, world."]))
+
     def run(self, search: Any, sentences: list[Sentence]) -> list[dict[str, Any]]:
         """Search one batch (the worker thread calls this); one JSON-ready result per sentence."""
         generator = sampling_generator(search, self.device)

@@ -47,9 +47,7 @@ def test_concurrent_requests_are_batched_together_and_each_gets_its_own(trained_
             t.join(60)
         metrics = client.get("/metrics").text
     assert [a["translations"][0]["text"] for a in answers] == expected
-    buckets = dict(
-        line.rsplit(" ", 1) for line in metrics.splitlines() if line.startswith("nmt_batch_requests_bucket")
-    )
+    buckets = dict(line.rsplit(" ", 1) for line in metrics.splitlines() if line.startswith("nmt_batch_requests_bucket"))
     # some batch held sentences of more than one request: fewer batches held one request than there were
     assert int(buckets['nmt_batch_requests_bucket{le="1"}']) < int(buckets['nmt_batch_requests_bucket{le="+Inf"}'])
     assert f"nmt_sentences_total {len(SENTENCES)}" in metrics

@@ -120,3 +120,18 @@ def test_empty_sentences_ride_along_without_taking_the_budget():
     assert future.result(timeout=10) == ["k:", "k:abc", "k:"]
     batcher.stop(timeout=10)
     assert len(run.batches) == 1
+
+
+def test_ready_is_set_after_the_warm_up_runs_in_the_worker():
+    seen = []
+    batcher = Batcher(
+        Recorder(),
+        max_tokens=10,
+        max_wait=0,
+        max_queue=10,
+        warm_up=lambda: seen.append(threading.current_thread().name),
+    )
+    assert not batcher.ready.is_set()
+    batcher.start()
+    assert batcher.ready.wait(5) and seen == ["nmt-serve-worker"]
+    batcher.stop(timeout=5)
