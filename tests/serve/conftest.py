@@ -18,7 +18,7 @@ SENTENCES = ["1 2 3", "4 5 6 7 8 9", "0", "9 9 8", "3 1 4 1 5 9 2 6", "7 7", "5 
 def serving(ckpt, *, max_wait=0.01, max_queue=256, timeout=30.0, max_request_sentences=64, search=None, **serve):
     """A TestClient of the app `nmt serve --path ckpt` builds, once /ready says the model is warm."""
     with warnings.catch_warnings():  # starlette 1.x prefers httpx2 and warns about httpx, which works
-        warnings.simplefilter("ignore", DeprecationWarning)
+        warnings.filterwarnings("ignore", message="Using `httpx` with `starlette.testclient`")
         from starlette.testclient import TestClient
 
     from nmt_cli.serve.app import Limits, make_app
