@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 TRAIN_MINUTES ?= 5
 
-.PHONY: install lint test test-all test-gpu demo bench bench-peers clean
+.PHONY: install lint test test-all test-gpu test-browser demo bench bench-peers clean
 
 install: $(STAMP)
 
@@ -33,6 +33,11 @@ test-all: lint
 # The CUDA tests; they skip themselves where no GPU is visible.
 test-gpu: install
 	$(BIN)/python -m pytest -q -m gpu
+
+# The page of `nmt serve` in headless Chromium (Debian: apt-get install chromium chromium-driver); the fast
+# suite runs it too where both are installed.
+test-browser: install
+	$(BIN)/python -m pytest -q -m browser tests/serve
 
 demo: install
 	PATH="$(abspath $(BIN)):$$PATH" TRAIN_MINUTES=$(TRAIN_MINUTES) WARMUP=$${WARMUP:-200} bash recipes/multi30k_en_de/run.sh

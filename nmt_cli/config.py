@@ -357,6 +357,36 @@ class GenerateConfig:
 
 
 @dataclass(frozen=True)
+class ServeConfig:
+    """`nmt serve` apart from the search (SearchConfig, whose defaults come from the checkpoint)."""
+
+    path: str = flag(help="Checkpoint to translate with.")
+    host: str = flag("127.0.0.1", "Address to listen on (0.0.0.0: every interface).")
+    port: int = flag(8080, "Port to listen on (0: a free one, logged at start).", min=0, max=65535)
+    max_batch_tokens: int = flag(8000, "Padded source tokens per batch, as generate's --max-tokens.", min=1)
+    max_wait_ms: float = flag(10.0, "How long a sentence waits for others to batch with.", min=0)
+    max_request_sentences: int = flag(256, "Sentences one request may hold.", min=1)
+    max_queue: int = flag(4096, "Sentences waiting at most; a request that would exceed it gets 503.", min=1)
+    timeout: float = flag(60.0, "Seconds a request may take before it gets 504.", min=0, min_open=True)
+    device: str = flag("auto", "Where to translate (auto: CUDA when available).", choices=("auto", "cpu", "cuda"))
+    threads: int = flag(0, "CPU threads (0: torch's default).", min=0)
+    precision: str | None = flag(
+        None, "fp32, bf16 or fp16 (CUDA) [default: the checkpoint's on CUDA, fp32 on CPU].", choices=PRECISIONS
+    )
+    quantize: str | None = flag(
+        None, "CPU: dynamic int8 linear layers, the output projection included [default: float32].", choices=("int8",)
+    )
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+        if self.max_request_sentences > self.max_queue:
+            raise ConfigError(
+                f"--max-request-sentences {self.max_request_sentences} exceeds --max-queue {self.max_queue}: "
+                "such a request could never be queued"
+            )
+
+
+@dataclass(frozen=True)
 class ExportConfig:
     """`nmt export`: a checkpoint as a model directory of a serving engine."""
 

@@ -59,11 +59,13 @@ def test_no_import_cycles():
             visit(node, [node])
 
 
-@pytest.mark.parametrize("command", [[], ["preprocess"], ["train"], ["average-checkpoints"], ["generate"], ["score"]])
+@pytest.mark.parametrize(
+    "command", [[], ["preprocess"], ["train"], ["average-checkpoints"], ["generate"], ["score"], ["serve"]]
+)
 def test_help_works_and_shows_defaults(command):
     result = CliRunner().invoke(cli, [*command, "--help"])
     assert result.exit_code == 0
-    if command and command[0] in ("preprocess", "train", "generate"):
+    if command and command[0] in ("preprocess", "train", "generate", "serve"):
         assert "[default:" in result.output
 
 

@@ -23,6 +23,7 @@ from nmt_cli.cli.options import CONTEXT
 from nmt_cli.cli.plot import plot
 from nmt_cli.cli.preprocess import preprocess
 from nmt_cli.cli.score import score
+from nmt_cli.cli.serve import serve
 from nmt_cli.cli.train import train
 from nmt_cli.errors import NmtError
 from nmt_cli.log import print_error, setup_logging
@@ -55,13 +56,14 @@ class NmtGroup(click.Group):
 def cli(quiet: bool, no_progress: bool, debug: bool) -> None:
     """Neural machine translation with the Transformer of "Attention Is All You Need".
 
-    Pipeline: preprocess -> train -> average-checkpoints -> generate -> score; export for serving, plot to see.
+    Pipeline: preprocess -> train -> average-checkpoints -> generate -> score; serve over HTTP, export for
+    other engines, plot to see.
     """
     setup_logging(quiet, progress=not no_progress)
     route_from_environment()  # a bad NMT_CPU_MATMUL is one error line before any work
 
 
-for command in (preprocess, train, average_checkpoints, generate, score, export, plot):
+for command in (preprocess, train, average_checkpoints, generate, score, export, plot, serve):
     cli.add_command(command)
 
 

@@ -61,7 +61,7 @@ def generate(cfg: GenerateConfig, search_overrides: dict[str, Any] | None = None
     is_parser = state.get("target_format") == "ptb-tree"
     if is_parser:
         check_parse_request(cfg)
-    search = search_settings(cfg, state, search_overrides or {}, is_parser)
+    search = search_settings(cfg.path, search_config_of(state), search_overrides or {}, is_parser)
     translator = translator_from(state, Path(cfg.path), device, AMP_DTYPES[precision], cfg.quantize)
     del state  # the model holds its own copy of the weights
     fmt = cfg.output_format or ("fairseq" if cfg.data_dir else "plain")
@@ -124,11 +124,9 @@ def check_request(cfg: GenerateConfig) -> tuple[int, int]:
     return num_shards, shard_id
 
 
-def search_settings(
-    cfg: GenerateConfig, state: dict[str, Any], overrides: dict[str, Any], is_parser: bool
-) -> SearchConfig:
-    """The checkpoint's search settings with the options given; refuse options the search would ignore."""
-    saved = search_config_of(state)
+def search_settings(path: str, saved: SearchConfig, overrides: dict[str, Any], is_parser: bool) -> SearchConfig:
+    """The checkpoint's search settings (`saved`) with the options given; refuse options the search would
+    ignore. `path` names the checkpoint in errors."""
     search = replace(saved, **overrides)
     sampling_only = [flag_name(k) for k in SAMPLING_FIELDS if k in overrides]
     if sampling_only and not search.sampling:
@@ -142,12 +140,12 @@ def search_settings(
         )
     if is_parser and search.min_len != saved.min_len:
         raise ConfigError(
-            f"{cfg.path} is a parsing model: a tree's length follows its sentence's words, so --min-len "
+            f"{path} is a parsing model: a tree's length follows its sentence's words, so --min-len "
             f"{search.min_len} cannot apply; drop it"
         )
     if is_parser and search.nbest > 1:
         raise ConfigError(
-            f"{cfg.path} is a parsing model; it writes its best tree per sentence, not --nbest {search.nbest}"
+            f"{path} is a parsing model; it writes its best tree per sentence, not --nbest {search.nbest}"
         )
     return search
 
@@ -253,20 +251,7 @@ def format_record(
         return "\n".join(vocab.decode(h.tokens) for h in hyps)
     if fmt == "jsonl":
         return json.dumps(
-            {
-                "id": i,
-                "source": source,
-                "hypotheses": [
-                    {
-                        "text": vocab.decode(h.tokens),
-                        "score": round(h.score, 4),
-                        "tokens": vocab.pieces(h.tokens),
-                        "positional_scores": [round(s, 4) for s in h.positional_scores],
-                    }
-                    for h in hyps
-                ],
-            },
-            ensure_ascii=False,
+            {"id": i, "source": source, "hypotheses": [hypothesis_record(h, vocab) for h in hyps]}, ensure_ascii=False
         )
     lines = []
     if source is not None:
@@ -278,6 +263,16 @@ def format_record(
         lines.append(f"D-{i}\t{h.score:.4f}\t{vocab.decode(h.tokens)}")
         lines.append(f"P-{i}\t{' '.join(f'{s:.4f}' for s in h.positional_scores)}")
     return "\n".join(lines)
+
+
+def hypothesis_record(h: Hypothesis, vocab: Vocab) -> dict[str, Any]:
+    """One hypothesis as jsonl output (and `nmt serve`) give it: text, score (nats), pieces, their scores."""
+    return {
+        "text": vocab.decode(h.tokens),
+        "score": round(h.score, 4),
+        "tokens": vocab.pieces(h.tokens),
+        "positional_scores": [round(s, 4) for s in h.positional_scores],
+    }
 
 
 def generate_split(

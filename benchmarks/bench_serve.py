@@ -1,0 +1,202 @@
+"""`nmt serve` under load, next to `nmt generate` on the same sentences, in one run.
+
+The server runs in a child process on loopback (127.0.0.1, a free port). Phase 1: --clients concurrent
+clients, each sending one sentence per request in a loop over keep-alive connections, until every
+sentence has been sent once or --time-limit passes; throughput and p50/p99 latency. Phase 2: one client,
+one sentence at a time (--single sentences): mean latency. Against `nmt generate` (child processes, same
+checkpoint, threads, beam): its throughput on all the sentences (its default batches), its time per batch
+of --clients sentences (`--batch-size`), and its time per sentence alone (`--batch-size 1`); generate's
+figures are its own logged translation time, without loading. Also counts the server's translations that
+differ from generate's (batching differs, so a tie broken by float rounding could; expect 0).
+
+Issue 37's targets (2 idle cores, transformer_small on Multi30k, beam 4, 32 clients): throughput >= 80%
+of generate's; p99 <= 2x generate's batch of 32; one client: <= 10 ms over generate's sentence alone.
+    .venv/bin/python benchmarks/bench_serve.py --path work/multi30k_en_de/average.pt --conditions idle
+    .venv/bin/python benchmarks/bench_serve.py --tiny --path CKPT   # a few seconds: does it all run
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import re
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from common import MULTI30K, NMT, RESULTS, ROOT, WORK, machine, run
+
+TINY_SENTENCES = ["1 2 3", "4 5 6 7 8", "9 0", "3 3 1 4", "2 7 1 8 2 8", "5", "6 6 6", "8 1 9 0 2"]
+
+
+def generate_seconds(path: Path, src: Path, args: argparse.Namespace, *extra: str) -> tuple[float, list[str]]:
+    """`nmt generate`'s own translation time (its closing log line) and its output lines."""
+    out = WORK / "bench-serve-generate.txt"
+    with out.open("w") as stdout:
+        stderr, _, _ = run(
+            NMT
+            + ["generate", "--path", str(path), "--input", str(src), "--device", args.device]
+            + ["--threads", str(args.threads), "--beam", str(args.beam), *extra],
+            stdout=stdout,
+        )
+    found = re.search(r"translated \d+ sentences \(\d+ tokens\) in ([\d.]+) s", stderr)
+    if found is None:
+        raise SystemExit(f"no timing line in generate's log:\n{stderr[-2000:]}")
+    return float(found.group(1)), out.read_text().splitlines()
+
+
+def start_server(path: Path, args: argparse.Namespace) -> tuple[subprocess.Popen, int]:
+    proc = subprocess.Popen(
+        NMT
+        + ["serve", "--path", str(path), "--port", "0", "--device", args.device, "--threads", str(args.threads)]
+        + ["--beam", str(args.beam), "--max-wait-ms", str(args.max_wait_ms), "--max-queue", "100000"],
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        line = proc.stderr.readline()
+        if found := re.search(r"on http://127\.0\.0\.1:(\d+)", line):
+            port = int(found.group(1))
+            threading.Thread(target=proc.stderr.read, daemon=True).start()  # keep its pipe drained
+            while time.monotonic() < deadline:
+                if request(port, "GET", "/ready")[0] == 200:
+                    return proc, port
+                time.sleep(0.05)
+        if not line and proc.poll() is not None:
+            break
+    proc.kill()
+    raise SystemExit("the server did not start")
+
+
+def request(port: int, method: str, path: str, body: dict | None = None, conn=None) -> tuple[int, dict]:
+    own = conn is None
+    conn = conn or http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+    try:
+        payload = None if body is None else json.dumps(body)
+        conn.request(method, path, payload, {"Content-Type": "application/json"})
+        response = conn.getresponse()
+        return response.status, json.loads(response.read())
+    except OSError:
+        return 0, {}
+    finally:
+        if own:
+            conn.close()
+
+
+def load(port: int, sentences: list[str], clients: int, time_limit: float) -> tuple[list[float], dict, float]:
+    """`clients` threads send the sentences one per request until all are sent or time runs out."""
+    latencies: list[float] = []
+    answers: dict[int, str] = {}
+    lock = threading.Lock()
+    next_index = iter(range(len(sentences)))
+    stop_at = time.monotonic() + time_limit
+
+    def client() -> None:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+        while time.monotonic() < stop_at:
+            with lock:
+                i = next(next_index, None)
+            if i is None:
+                break
+            start = time.perf_counter()
+            status, body = request(port, "POST", "/translate", {"text": sentences[i]}, conn)
+            seconds = time.perf_counter() - start
+            if status != 200:
+                raise SystemExit(f"the server answered {status}: {body}")
+            with lock:
+                latencies.append(seconds)
+                answers[i] = body["translations"][0]["text"]
+        conn.close()
+
+    start = time.perf_counter()
+    threads = [threading.Thread(target=client) for _ in range(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return latencies, answers, time.perf_counter() - start
+
+
+def report_json(name: str, rows: list[dict]) -> None:
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / f"{name}.json").write_text(json.dumps({"machine": machine(), "rows": rows}, indent=2) + "\n")
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--path", type=Path, required=True, help="Checkpoint (the issue's: transformer_small, Multi30k).")
+    ap.add_argument("--input", type=Path, default=MULTI30K / "test_2016_flickr.en")
+    ap.add_argument("--sentences", type=int, default=1000)
+    ap.add_argument("--clients", type=int, default=32)
+    ap.add_argument("--single", type=int, default=100, help="Sentences sent by the one client of phase 2.")
+    ap.add_argument("--time-limit", type=float, default=300.0, help="Seconds per load phase at most.")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--beam", type=int, default=4)
+    ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    ap.add_argument("--max-wait-ms", type=float, default=10.0)
+    ap.add_argument("--tiny", action="store_true", help="Digit sentences, 4 clients: a few seconds.")
+    ap.add_argument("--conditions", default="", help="How the machine was (idle, under load), for the record.")
+    args = ap.parse_args()
+    if args.tiny:
+        lines, args.clients, args.single, args.time_limit = TINY_SENTENCES * 3, 4, 4, 20.0
+    else:
+        lines = args.input.read_text(encoding="utf-8").splitlines()[: args.sentences]
+    WORK.mkdir(parents=True, exist_ok=True)
+    src = WORK / "bench-serve-input.txt"
+    src.write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+    gen_all, expected = generate_seconds(args.path, src, args)
+    gen_batch, _ = generate_seconds(args.path, src, args, "--batch-size", str(args.clients))
+    single_src = WORK / "bench-serve-single.txt"
+    single_src.write_text("\n".join(lines[: args.single]) + "\n", encoding="utf-8")
+    gen_one, _ = generate_seconds(args.path, single_src, args, "--batch-size", "1")
+    per_batch = gen_batch / -(-len(lines) // args.clients)
+
+    proc, port = start_server(args.path, args)
+    try:
+        latencies, answers, seconds = load(port, lines, args.clients, args.time_limit)
+        single, _, _ = load(port, lines[: args.single], 1, args.time_limit)
+        metrics = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        metrics.request("GET", "/metrics")
+        batches = re.search(
+            r"nmt_batch_sentences_sum (\S+)\nnmt_batch_sentences_count (\d+)", metrics.getresponse().read().decode()
+        )
+    finally:
+        proc.terminate()
+        proc.wait(60)
+    served = len(latencies)
+    rows = [
+        {
+            "sentences": served,
+            "clients": args.clients,
+            "serve sent/s": round(served / seconds, 1),
+            "generate sent/s": round(len(lines) / gen_all, 1),
+            "ratio": round(served / seconds / (len(lines) / gen_all), 2),
+            "p50 ms": round(percentile(latencies, 0.5) * 1000, 1),
+            "p99 ms": round(percentile(latencies, 0.99) * 1000, 1),
+            f"generate batch of {args.clients} ms": round(per_batch * 1000, 1),
+            "1 client ms": round(sum(single) / max(len(single), 1) * 1000, 1),
+            "generate 1 sentence ms": round(gen_one / len(lines[: args.single]) * 1000, 1),
+            "mean batch": round(float(batches.group(1)) / max(int(batches.group(2)), 1), 1) if batches else None,
+            "differ from generate": sum(answers[i] != expected[i] for i in answers),
+            "conditions": args.conditions or "not given",
+        }
+    ]
+    for key, value in rows[0].items():  # one row of many columns reads better down the page
+        print(f"{key:>28}  {value}")
+    if not args.tiny:
+        report_json("serve", rows)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,200 @@
+"""Dynamic batching across requests, with no HTTP in it: one worker thread drains a queue of sentences.
+
+A request (a Job) puts its sentences in the queue and gets a Future of their results, in order. The worker
+takes the oldest queued sentence, waits at most `max_wait` (from that sentence's arrival) for others to
+fill a batch of `max_tokens` padded tokens, and runs the batch: the sentences of every request that share
+the oldest one's search settings (the job's `key`), packed by `batch_by_tokens` as `nmt generate` packs
+its input, and the batch holding the oldest sentence taken. Empty sentences cost nothing and ride along.
+A request is answered as soon as its last sentence is done; a cancelled one (timed out, client gone) loses
+its sentences that have not started. `stop` refuses new requests, finishes the queued ones, and returns.
+Before its first batch the worker runs `warm_up` (one sentence through the model), then sets `ready`.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Hashable, Sequence
+from concurrent.futures import Future, InvalidStateError
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from nmt_cli.data.batching import batch_by_tokens
+
+logger = logging.getLogger(__name__)
+
+RunBatch = Callable[[Hashable, list[Any]], list[Any]]  # (key, items) -> one result per item, in order
+OnBatch = Callable[[int, int, float], None]  # (sentences, requests, seconds) of each batch run
+
+
+class QueueFull(Exception):
+    """The queue has no room for the request's sentences (HTTP 503)."""
+
+
+class Stopping(Exception):
+    """The server is shutting down and takes no new requests (HTTP 503)."""
+
+
+@dataclass(eq=False)
+class Job:
+    """One request's sentences (`items`, searched with the settings `key`) and the Future of their results."""
+
+    key: Hashable
+    items: Sequence[Any]
+    future: Future[list[Any]] = field(default_factory=Future)
+    results: list[Any] = field(default_factory=list)
+    remaining: int = 0
+    arrived: float = field(default_factory=time.monotonic)
+
+
+@dataclass(eq=False)
+class Queued:
+    job: Job
+    index: int
+    length: int  # source pieces, for the token budget; 0: an empty sentence (no search)
+
+
+class Batcher:
+    """A queue of sentences and the worker thread that batches them across requests."""
+
+    def __init__(
+        self,
+        run: RunBatch,
+        max_tokens: int,
+        max_wait: float,
+        max_queue: int,
+        worker_context: Callable[[], AbstractContextManager[Any]] = nullcontext,
+        on_batch: OnBatch | None = None,
+        warm_up: Callable[[], Any] | None = None,
+    ) -> None:
+        self.run, self.max_tokens, self.max_wait, self.max_queue = run, max_tokens, max_wait, max_queue
+        self.worker_context, self.on_batch, self.warm_up = worker_context, on_batch, warm_up
+        self.ready = threading.Event()  # set once the worker has warmed up (GET /ready)
+        self._queue: list[Queued] = []
+        self._cond = threading.Condition()
+        self._stopping = False
+        self._thread = threading.Thread(target=self._work, name="nmt-serve-worker", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, timeout: float | None = None) -> None:
+        """Take no new requests, finish every queued sentence, and end the worker (waiting `timeout` at most)."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+
+    @property
+    def queue_length(self) -> int:
+        """Sentences waiting, not counting those of requests already cancelled (the worker drops them)."""
+        with self._cond:
+            return sum(not q.job.future.done() for q in self._queue)
+
+    def submit(self, key: Hashable, items: Sequence[Any], lengths: Sequence[int]) -> Future[list[Any]]:
+        """Queue a request's sentences; the Future gets their results in order (or the batch's exception).
+
+        Raises:
+            QueueFull: they would take the queue past `max_queue` sentences.
+            Stopping: `stop` was called.
+        """
+        job = Job(key, items, results=[None] * len(items), remaining=len(items))
+        if not items:
+            job.future.set_result([])
+            return job.future
+        with self._cond:
+            if self._stopping:
+                raise Stopping("the server is shutting down")
+            if len(self._queue) + len(items) > self.max_queue:
+                raise QueueFull(
+                    f"the queue holds {len(self._queue)} sentences and takes {self.max_queue}; "
+                    f"no room for {len(items)} more, try again shortly"
+                )
+            self._queue.extend(Queued(job, i, n) for i, n in enumerate(lengths))
+            self._cond.notify()
+        return job.future
+
+    def _work(self) -> None:
+        with self.worker_context():
+            if self.warm_up is not None:
+                try:
+                    self.warm_up()
+                except Exception:  # the requests will fail the same way and say why; keep serving them
+                    logger.exception("the warm-up translation failed")
+                else:
+                    logger.info("ready: the model is loaded and warm")
+                    self.ready.set()
+            else:
+                self.ready.set()
+            while (batch := self._next_batch()) is not None:
+                self._run_batch(batch)
+
+    def _next_batch(self) -> list[Queued] | None:
+        """Wait for the oldest sentence's company (or its deadline), then take its batch; None once stopped."""
+        with self._cond:
+            while True:
+                self._queue = [q for q in self._queue if not q.job.future.done()]  # cancelled or failed
+                if not self._queue:
+                    if self._stopping:
+                        return None
+                    self._cond.wait()
+                    continue
+                first = self._queue[0]
+                left = first.job.arrived + self.max_wait - time.monotonic()
+                if self._stopping or left <= 0 or self._padded_tokens(first.job.key) >= self.max_tokens:
+                    return self._take(first.job.key)
+                self._cond.wait(left)
+
+    def _padded_tokens(self, key: Hashable) -> int:
+        """Padded tokens (EOS included) of every queued sentence searched with `key`, batched together."""
+        lengths = [q.length for q in self._queue if q.job.key == key]
+        return len(lengths) * (max(lengths) + 1)
+
+    def _take(self, key: Hashable) -> list[Queued]:
+        """Remove and return the batch of the oldest `key` sentence, packed as generate packs its input."""
+        same = [q for q in self._queue if q.job.key == key]
+        nonempty = [q for q in same if q.length > 0]
+        chosen = [q for q in same if q.length == 0]
+        if nonempty:
+            lengths = np.array([q.length for q in nonempty], dtype=np.int64)
+            budget = max(self.max_tokens, int(lengths.max()) + 1)  # as translate(): every sentence fits
+            batches, _ = batch_by_tokens(lengths, lengths, budget, None)
+            oldest = next(b for b in batches if 0 in b)
+            chosen += [nonempty[i] for i in oldest.tolist()]
+        taken = set(map(id, chosen))
+        self._queue = [q for q in self._queue if id(q) not in taken]
+        return chosen
+
+    def _run_batch(self, batch: list[Queued]) -> None:
+        jobs = list({id(q.job): q.job for q in batch}.values())
+        start = time.perf_counter()
+        try:
+            results = self.run(batch[0].job.key, [q.job.items[q.index] for q in batch])
+        except Exception as e:  # a bug or a device error: fail these requests, keep serving the others
+            logger.exception("a batch of %d sentences failed", len(batch))
+            for job in jobs:
+                settle(job.future, exception=e)
+            return
+        for q, result in zip(batch, results):
+            q.job.results[q.index] = result
+            q.job.remaining -= 1
+            if q.job.remaining == 0:
+                settle(q.job.future, result=q.job.results)
+        if self.on_batch is not None:
+            self.on_batch(len(batch), len(jobs), time.perf_counter() - start)
+
+
+def settle(future: Future[list[Any]], result: list[Any] | None = None, exception: Exception | None = None) -> None:
+    """Set a Future's outcome unless it was cancelled meanwhile (its request timed out or went away)."""
+    try:
+        if exception is not None:
+            future.set_exception(exception)
+        else:
+            future.set_result(result if result is not None else [])
+    except InvalidStateError:
+        pass

@@ -1,0 +1,171 @@
+"""What `nmt serve` translates with: the checkpoint loaded as `nmt generate` loads it, requests' texts
+checked and encoded, their search settings checked as generate checks its options, and a batch of
+sentences searched with generate's own driver (search/translate.py, or parsing's for a parser).
+
+A batch handed to `translate` fits its token budget, so `translate` runs it as one batch: a request's
+sentences get what generate writes for the same sentences batched the same way.
+"""
+
+from __future__ import annotations
+
+import logging
+import typing
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from nmt_cli import __version__
+from nmt_cli.checkpoint import load_checkpoint, search_config_of
+from nmt_cli.config import SearchConfig, ServeConfig
+from nmt_cli.data import WORD_MARK
+from nmt_cli.errors import DataError
+from nmt_cli.parsing.generate import parse_sentences, ptb_words, tree_constraint
+from nmt_cli.runtime import AMP_DTYPES, choose_device
+from nmt_cli.search.command import generation_precision, hypothesis_record, search_settings
+from nmt_cli.search.translate import Translator, sampling_generator, translate, translator_from
+
+logger = logging.getLogger(__name__)
+
+SEARCH_TYPES = typing.get_type_hints(SearchConfig)
+SEARCH_FIELDS = tuple(f.name for f in fields(SearchConfig))
+
+
+@dataclass(frozen=True)
+class Sentence:
+    """One text of a request, encoded: its pieces (cut to the model's positions) and, for a parser, its words."""
+
+    ids: np.ndarray
+    pieces: int  # before the cut
+    words: list[str] | None = None
+
+
+class Engine:
+    """A loaded checkpoint and the settings every request starts from."""
+
+    def __init__(self, cfg: ServeConfig, search_overrides: dict[str, Any]) -> None:
+        self.path = cfg.path
+        self.device = choose_device(cfg.device)
+        state = load_checkpoint(Path(cfg.path))
+        self.precision = generation_precision(cfg.precision, self.device, state)
+        self.is_parser = state.get("target_format") == "ptb-tree"
+        self.search = search_settings(cfg.path, search_config_of(state), search_overrides, self.is_parser)
+        amp_dtype = AMP_DTYPES[self.precision]
+        self.tr: Translator = translator_from(state, Path(cfg.path), self.device, amp_dtype, cfg.quantize)
+        self.constraint = tree_constraint(self.tr.vocab, self.tr.vocab.padded_size) if self.is_parser else None
+        self.max_tokens = cfg.max_batch_tokens
+        self.threads = torch.get_num_threads()  # as set_threads left it in the main thread
+        self.limit = self.tr.model.max_positions - 1
+        self.info = self._info(state, cfg)
+
+    def _info(self, state: dict[str, Any], cfg: ServeConfig) -> dict[str, Any]:
+        model = dict(state["model_config"])
+        return {
+            "source_lang": state.get("source_lang"),
+            "target_lang": state.get("target_lang"),
+            "task": "parsing" if self.is_parser else "translation",
+            "checkpoint": str(Path(cfg.path).resolve()),
+            "update": state.get("update"),
+            "model": model,
+            "vocab_size": self.tr.vocab.n_pieces,
+            "max_positions": self.tr.model.max_positions,
+            "search": asdict(self.search),
+            "device": str(self.device),
+            "precision": self.precision,
+            "quantize": cfg.quantize,
+            "max_batch_tokens": cfg.max_batch_tokens,
+            "max_wait_ms": cfg.max_wait_ms,
+            "max_request_sentences": cfg.max_request_sentences,
+            "nmt_version": __version__,
+        }
+
+    def search_config(self, fields_given: dict[str, Any]) -> SearchConfig:
+        """The server's search settings with a request's own; ConfigError names a field that does not fit."""
+        overrides = {name: typed(name, value) for name, value in fields_given.items()}
+        return search_settings(self.path, self.search, overrides, self.is_parser)
+
+    def prepare(self, texts: list[str]) -> list[Sentence]:
+        """Encode a request's texts with the checkpoint's sentencepiece model (a parser's as treebank words)."""
+        for i, text in enumerate(texts):
+            check_text(i, text)
+        if not self.is_parser:
+            return [Sentence(np.asarray(ids, dtype=np.int64), len(ids)) for ids in self.tr.vocab.encode(texts)]
+        words = [ptb_words(text) for text in texts]
+        encoded = self.tr.vocab.encode([" ".join(w) for w in words])
+        return [Sentence(np.asarray(ids, dtype=np.int64), len(ids), w) for ids, w in zip(encoded, words)]
+
+    def length(self, sentence: Sentence) -> int:
+        """The pieces the search sees (a parser's sentence without words is not searched)."""
+        if sentence.words is not None and not sentence.words:
+            return 0
+        return min(sentence.pieces, self.limit)
+
+    def warning(self, sentence: Sentence) -> str | None:
+        if sentence.pieces <= self.limit:
+            return None
+        return (
+            f"the text has {sentence.pieces} pieces, more than the model's {self.limit} positions; "
+            f"it was truncated to {self.limit}"
+        )
+
+    @contextmanager
+    def worker_context(self) -> Iterator[None]:
+        """The worker thread's settings: its own intra-op threads (they are per thread) and inference mode."""
+        torch.set_num_threads(self.threads)
+        with torch.inference_mode():
+            yield
+
+    def warm_up(self) -> None:
+        """One sentence through the model, so that the first request does not pay for first-call set-up."""
+        self.run(self.search, self.prepare(["Hello, world."]))
+
+    def run(self, search: Any, sentences: list[Sentence]) -> list[dict[str, Any]]:
+        """Search one batch (the worker thread calls this); one JSON-ready result per sentence."""
+        generator = sampling_generator(search, self.device)
+        if self.constraint is not None:
+            words = [s.words or [] for s in sentences]
+            trees, _ = parse_sentences(self.tr, self.constraint, words, search, self.max_tokens, 0, generator)
+            return [{"text": "" if tree is None else str(tree)} for tree in trees]
+        results = translate(self.tr, [s.ids for s in sentences], search, self.max_tokens, 0, generator)
+        return [self._translation(hyps, search.nbest) for hyps in results]
+
+    def _translation(self, hyps: list[Any], nbest: int) -> dict[str, Any]:
+        records = [hypothesis_record(h, self.tr.vocab) for h in hyps]
+        best = {"text": records[0]["text"], "score": records[0]["score"]}
+        return {**best, "nbest": records} if nbest > 1 else best
+
+
+def typed(name: str, value: Any) -> Any:
+    """A request's search field, which must be one of SearchConfig's, of its type (JSON's true is no number)."""
+    if name not in SEARCH_TYPES:
+        raise DataError(f"unknown field {name!r}; the search fields are {', '.join(SEARCH_FIELDS)}")
+    want = SEARCH_TYPES[name]
+    ok = {
+        bool: isinstance(value, bool),
+        int: isinstance(value, int) and not isinstance(value, bool),
+        float: isinstance(value, (int, float)) and not isinstance(value, bool),
+        str: isinstance(value, str),
+    }[want]
+    if not ok:
+        raise DataError(f"{name!r} must be {'a number' if want is float else want.__name__}, not {value!r}")
+    return float(value) if want is float else value
+
+
+def check_text(i: int, text: str) -> None:
+    """A text is one line of raw text, as a line of generate's --input."""
+    where = f"texts[{i}]"
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise DataError(f"{where}: not valid Unicode (an unpaired surrogate at character {e.start})") from None
+    if "\n" in text or "\r" in text:
+        raise DataError(f"{where}: holds a line break; send one sentence per text")
+    if WORD_MARK in text:
+        raise DataError(
+            f"{where}: holds sentencepiece pieces ({WORD_MARK}); send raw text, which the server encodes with the "
+            "checkpoint's own sentencepiece model"
+        )

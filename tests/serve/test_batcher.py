@@ -1,0 +1,137 @@
+"""The batching core of `nmt serve` without HTTP or a model: a recording run function stands in for search."""
+
+import threading
+import time
+
+import pytest
+
+from nmt_cli.serve.batcher import Batcher, QueueFull, Stopping
+
+
+class Recorder:
+    """Runs a batch by echoing its items, and remembers every batch (key, items)."""
+
+    def __init__(self, delay=0.0, fail_on=None):
+        self.batches = []
+        self.delay = delay
+        self.fail_on = fail_on
+
+    def __call__(self, key, items):
+        self.batches.append((key, list(items)))
+        if self.fail_on is not None and self.fail_on in items:
+            raise RuntimeError("boom")
+        time.sleep(self.delay)
+        return [f"{key}:{item}" for item in items]
+
+
+def submit(batcher, key, items, lengths=None):
+    return batcher.submit(key, items, lengths or [len(i) for i in items])
+
+
+def test_sentences_of_concurrent_requests_share_a_batch_and_come_back_in_order():
+    run = Recorder()
+    batcher = Batcher(run, max_tokens=1000, max_wait=0.3, max_queue=100)
+    batcher.start()
+    futures = [None] * 4
+    barrier = threading.Barrier(4)
+
+    def client(k):
+        barrier.wait()
+        futures[k] = submit(batcher, "cfg", [f"r{k}s{j}" for j in range(3)])
+
+    threads = [threading.Thread(target=client, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    results = [f.result(timeout=10) for f in futures]
+    batcher.stop(timeout=10)
+    assert results == [[f"cfg:r{k}s{j}" for j in range(3)] for k in range(4)]
+    requests_per_batch = [len({item[:2] for item in items}) for _, items in run.batches]
+    assert max(requests_per_batch) > 1
+
+
+def test_a_batch_keeps_to_the_token_budget_and_to_one_search_setting():
+    run = Recorder()
+    batcher = Batcher(run, max_tokens=12, max_wait=0.2, max_queue=100)
+    a = submit(batcher, "a", ["xx", "xxx", "x", "xxxxx", "xx"])
+    b = submit(batcher, "b", ["yy", "y"])
+    batcher.start()
+    assert a.result(timeout=10) == ["a:xx", "a:xxx", "a:x", "a:xxxxx", "a:xx"]
+    assert b.result(timeout=10) == ["b:yy", "b:y"]
+    batcher.stop(timeout=10)
+    for key, items in run.batches:
+        assert len({item[0] for item in items}) == 1  # a's and b's never mixed
+        assert len(items) * (max(map(len, items)) + 1) <= 12
+    assert sorted(i for _, items in run.batches for i in items) == sorted(["xx", "xxx", "x", "xxxxx", "xx", "yy", "y"])
+
+
+def test_the_oldest_sentence_waits_at_most_max_wait_for_company():
+    run = Recorder()
+    batcher = Batcher(run, max_tokens=10_000, max_wait=0.05, max_queue=100)
+    batcher.start()
+    start = time.monotonic()
+    assert submit(batcher, "k", ["alone"]).result(timeout=5) == ["k:alone"]
+    assert time.monotonic() - start < 2
+    batcher.stop(timeout=5)
+
+
+def test_a_full_queue_refuses_and_a_stopped_batcher_finishes_what_is_queued():
+    run = Recorder(delay=0.01)
+    batcher = Batcher(run, max_tokens=4, max_wait=10, max_queue=5)
+    first = submit(batcher, "k", ["a", "b", "c"])
+    with pytest.raises(QueueFull):
+        submit(batcher, "k", ["d", "e", "f"])
+    second = submit(batcher, "k", ["d", "e"])
+    batcher.start()
+    batcher.stop(timeout=10)  # does not wait the 10 s for company: stopping runs what is queued at once
+    assert first.result(timeout=0) == ["k:a", "k:b", "k:c"] and second.result(timeout=0) == ["k:d", "k:e"]
+    with pytest.raises(Stopping):
+        submit(batcher, "k", ["g"])
+
+
+def test_a_cancelled_request_loses_its_queued_sentences():
+    run = Recorder()
+    batcher = Batcher(run, max_tokens=1000, max_wait=0.2, max_queue=100)
+    gone = submit(batcher, "k", ["gone1", "gone2"])
+    kept = submit(batcher, "k", ["kept"])
+    assert gone.cancel()
+    batcher.start()
+    assert kept.result(timeout=10) == ["k:kept"]
+    batcher.stop(timeout=10)
+    assert all("gone" not in item for _, items in run.batches for item in items)
+
+
+def test_a_failing_batch_fails_its_requests_and_the_worker_goes_on():
+    run = Recorder(fail_on="bad")
+    batcher = Batcher(run, max_tokens=1000, max_wait=0.0, max_queue=100)
+    batcher.start()
+    with pytest.raises(RuntimeError, match="boom"):
+        submit(batcher, "k", ["bad"]).result(timeout=10)
+    assert submit(batcher, "k", ["good"]).result(timeout=10) == ["k:good"]
+    batcher.stop(timeout=10)
+
+
+def test_empty_sentences_ride_along_without_taking_the_budget():
+    run = Recorder()
+    batcher = Batcher(run, max_tokens=4, max_wait=0.1, max_queue=100)
+    future = batcher.submit("k", ["", "abc", ""], [0, 3, 0])
+    batcher.start()
+    assert future.result(timeout=10) == ["k:", "k:abc", "k:"]
+    batcher.stop(timeout=10)
+    assert len(run.batches) == 1
+
+
+def test_ready_is_set_after_the_warm_up_runs_in_the_worker():
+    seen = []
+    batcher = Batcher(
+        Recorder(),
+        max_tokens=10,
+        max_wait=0,
+        max_queue=10,
+        warm_up=lambda: seen.append(threading.current_thread().name),
+    )
+    assert not batcher.ready.is_set()
+    batcher.start()
+    assert batcher.ready.wait(5) and seen == ["nmt-serve-worker"]
+    batcher.stop(timeout=5)

@@ -1,0 +1,90 @@
+"""A parsing checkpoint served: trees, exactly as `nmt generate` writes them for the same sentences."""
+
+import pytest
+from click.testing import CliRunner
+
+from nmt_cli.cli import cli
+from tests.serve.conftest import serving
+
+pytest.importorskip("starlette")
+pytest.importorskip("httpx")
+
+TREES = [
+    "((S (NP-SBJ (DT The) (NN cat)) (VP (VBZ sits) (PP-LOC (IN on) (NP (DT the) (NN mat)))) (. .)))",
+    "((S (NP-SBJ (PRP It)) (VP (VBD ran) (ADVP (RB away))) (. .)))",
+    "((FRAG (NP (DT A) (JJ big) (NN dog)) (. .)))",
+]
+SENTENCES = ["The cat sits on the mat .", "Dogs bark", "", "x ( y )"]
+
+
+def invoke(*args):
+    result = CliRunner().invoke(cli, [str(a) for a in args])
+    assert result.exit_code == 0, result.output
+    return result
+
+
+def test_a_parser_answers_the_trees_generate_writes(tmp_path):
+    from nmt_cli.parsing.tree import clean, parse_tree
+
+    trees = [TREES[i % len(TREES)] for i in range(30)]
+    (tmp_path / "train.tree").write_text("\n".join(trees) + "\n")
+    (tmp_path / "train.words").write_text("\n".join(" ".join(clean(parse_tree(t)).words()) for t in trees) + "\n")
+    invoke(
+        "preprocess",
+        "-s",
+        "words",
+        "-t",
+        "tree",
+        "--target-format",
+        "ptb-tree",
+        "--trainpref",
+        tmp_path / "train",
+        "--destdir",
+        tmp_path / "bin",
+        "--vocab-size",
+        "60",
+    )
+    invoke(
+        "train",
+        tmp_path / "bin",
+        "--save-dir",
+        tmp_path / "ck",
+        "--arch",
+        "transformer_tiny",
+        "--max-tokens",
+        "400",
+        "--max-update",
+        "2",
+        "--warmup-updates",
+        "2",
+        "--threads",
+        "1",
+        "--device",
+        "cpu",
+    )
+    ckpt = tmp_path / "ck" / "checkpoint_last.pt"
+    (tmp_path / "in.words").write_text("\n".join(SENTENCES) + "\n")
+    expected = invoke(
+        "generate",
+        "--path",
+        ckpt,
+        "--input",
+        tmp_path / "in.words",
+        "--beam",
+        "3",
+        "--max-len-b",
+        "12",
+        "--device",
+        "cpu",
+        "--threads",
+        "1",
+    ).stdout.splitlines()
+    with serving(ckpt, search={"beam": 3, "max_len_b": 12}) as client:
+        answer = client.post("/translate", json={"texts": SENTENCES})
+        refused = client.post("/translate", json={"text": "Dogs bark", "nbest": 2, "beam": 3})
+        info = client.get("/info").json()
+    assert answer.status_code == 200, answer.text
+    assert [t["text"] for t in answer.json()["translations"]] == expected
+    assert expected[0].startswith("(TOP") and expected[2] == ""
+    assert refused.status_code == 400 and "parsing model" in refused.json()["error"]
+    assert info["task"] == "parsing"
