@@ -2,7 +2,7 @@
 
 The only package that imports click. Every subcommand parses options into a typed config and calls one
 core function. Errors the user can fix (NmtError) become one red `error:` line and exit 1; click's usage
-errors exit 2; `--debug` shows tracebacks.
+errors exit 2; `--debug` shows tracebacks. Every command writes to stdout through cli/output.py.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from nmt_cli.cli.average import average_checkpoints
 from nmt_cli.cli.export import export
 from nmt_cli.cli.generate import generate
 from nmt_cli.cli.options import CONTEXT
+from nmt_cli.cli.output import StdoutError, finish_stdout, guard_stdout
 from nmt_cli.cli.plot import plot
 from nmt_cli.cli.preprocess import preprocess
 from nmt_cli.cli.score import score
@@ -71,4 +72,16 @@ def main() -> None:
     # 32 was as fast as 64 (bf16 small and base, float32 small; generation in the peer benchmark).
     os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "32")
     tune_allocator()
-    cli(prog_name="nmt")
+    guard_stdout()  # before any file is opened: a closed stdout's descriptor must not become one of them
+    try:
+        try:
+            cli(prog_name="nmt")
+        finally:
+            finish_stdout()  # a failure here replaces the command's exit 0
+    except StdoutError as e:  # outside a command (--help, --version) or at the final flush
+        print_error(str(e))
+        sys.exit(1)
+    except BrokenPipeError:  # the final flush, the reader gone: quiet, as inside a command
+        with contextlib.suppress(OSError, ValueError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(1)
