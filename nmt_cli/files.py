@@ -39,7 +39,11 @@ class BusyError(NmtError):
 
 
 class Interrupted(NmtError):
-    """SIGINT or SIGTERM stopped a write; its temporary was removed."""
+    """SIGINT or SIGTERM stopped a write; its temporary was removed. Exits 128 + the signal, as `train` does."""
+
+    def __init__(self, message: str, signum: int) -> None:
+        super().__init__(message)
+        self.exit_code = 128 + signum
 
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
@@ -91,7 +95,7 @@ def stop_on_signals(message: str) -> Iterator[None]:
     def stop(signum: int, frame: Any) -> None:
         if not received:
             received.append(signum)
-            raise Interrupted(f"stopped by {signal.Signals(signum).name}; {message}")
+            raise Interrupted(f"stopped by {signal.Signals(signum).name}; {message}", signum)
 
     for s in ours:
         signal.signal(s, stop)

@@ -37,7 +37,7 @@ class NmtGroup(click.Group):
             if ctx.params.get("debug"):
                 raise
             print_error(str(e))
-            ctx.exit(1)
+            ctx.exit(getattr(e, "exit_code", 1))  # 1, or 128 + the signal that stopped a write (files.Interrupted)
         except BrokenPipeError:  # `nmt generate ... | head`: the reader has gone, so stop quietly
             # no second error at exit; stdout may have no file descriptor (tests)
             with contextlib.suppress(OSError, ValueError, AttributeError):

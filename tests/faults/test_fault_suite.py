@@ -830,6 +830,7 @@ def test_a_signal_while_averaging_stops_cleanly(signal_name, work):
         SIGNAL_IN_TORCH_SAVE, signal_name, "average-checkpoints", "--inputs", *inputs, "--output", work / "avg.pt"
     )
     assert_clean_failure(r.returncode, r.stderr.decode(), f"stopped by {signal_name}", work, before)
+    assert r.returncode == 128 + getattr(signal, signal_name), "exits as an interrupted program does"
     assert "inline_container" not in r.stderr.decode()
     assert not (work / "avg.pt").exists()
 
