@@ -131,9 +131,12 @@ def _atomic_file(path: Path, mode: str, what: str, kept: str | None) -> Iterator
     A `path.tmp` a killed run left is replaced; SIGINT and SIGTERM in the block stop it cleanly.
     """
     tmp = tmp_path_of(path)
-    kept = kept or (f"the previous {what} is intact" if path.exists() else "nothing was written")
+    existed = path.exists()
+    kept = kept or (f"the previous {what} is intact" if existed else "nothing was written")
     try:
-        with stop_on_signals(f"{what} {path} was not written; {kept}"):
+        with stop_on_signals(
+            f"{what} {path} was not written" + (f"; the previous {what} is intact" if existed else "")
+        ):
             try:
                 with tmp.open(mode, encoding=None if "b" in mode else "utf-8") as f:
                     yield f
@@ -241,10 +244,11 @@ def directory_in_place(path: Path, what: str, command: str) -> Iterator[Path]:
     where = path.resolve()  # `.` names the current directory: its lock goes beside it, not in it
     with run_lock(where.parent / f".{where.name}.lock", command, path):
         remove_stale_temporaries(where.parent, (f".{glob.escape(where.name)}.tmp-*",))
-        kept = "nothing was replaced" if path.exists() else "nothing was written"
+        existed = path.exists()
+        kept = "nothing was replaced" if existed else "nothing was written"
         tmp = temp_dir_beside(path, what)
         try:
-            with stop_on_signals(f"{what} {path} was not written; {kept}"):
+            with stop_on_signals(f"{what} {path} was not written" + ("; the earlier one is intact" if existed else "")):
                 try:
                     yield tmp
                 except BaseException:
