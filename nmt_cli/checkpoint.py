@@ -346,9 +346,10 @@ def checkpoints_to_average(paths: list[Path], num_update_checkpoints: int | None
     return paths
 
 
-def check_average_output(output: Path, inputs: list[Path]) -> None:
-    """Refuse to overwrite an input, the file a save directory resumes from or keeps as its best, or anything
-    but a checkpoint (an earlier average); create the output's directory."""
+def check_average_output(output: Path, inputs: list[Path], force: bool = False) -> None:
+    """Refuse to overwrite an input, the file a save directory resumes from or keeps as its best, a checkpoint
+    holding a training state (unless `force`), or anything but a checkpoint (an earlier average is replaced);
+    create the output's directory."""
     if any(output.resolve() == p.resolve() or (output.exists() and output.samefile(p)) for p in inputs):
         raise ConfigError(f"--output {output} is one of the checkpoints being averaged; write elsewhere")
     if output.name in (LAST, BEST) or re.fullmatch(r"checkpoint_\d+\.pt", output.name):
@@ -358,10 +359,15 @@ def check_average_output(output: Path, inputs: list[Path]) -> None:
         )
     if output.exists():
         try:
-            load_checkpoint(output)
+            existing = load_checkpoint(output)
         except CheckpointError:
             raise ConfigError(
                 f"--output {output} exists and is not an nmt checkpoint; averaging replaces only an earlier "
                 "checkpoint, so give a new file"
             ) from None
+        if any(k in existing for k in TRAINING_KEYS) and not force:  # any part of one: never lost unasked
+            raise ConfigError(
+                f"--output {output} holds a training state (optimizer, update {existing.get('update')}) that a run "
+                "can resume from, and an average has weights only; give a new file, or --force to replace it"
+            )
     make_parent(output, "--output")

@@ -1,18 +1,22 @@
 """Files that are never left half-written: atomic writes through a sibling temporary, one-process locks on
 run directories, the clean-up of temporaries a killed run left behind, and checked paths.
 
-Every writer here turns a full disk into one NmtError line and removes its temporary; a file that
-existed before the write is untouched until the final rename.
+Every writer here turns a full disk into one NmtError line, and SIGINT or SIGTERM during the write into a
+clean stop (`Interrupted`), and removes its temporary; a file that existed before the write is untouched
+until the final rename. A temporary that SIGKILL left is removed by the next run that writes the same path.
 """
 
 from __future__ import annotations
 
 import errno
 import fcntl
+import glob
 import logging
 import os
 import shutil
+import signal
 import tempfile
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -34,22 +38,72 @@ class BusyError(NmtError):
     """Another nmt process holds the lock on a run directory."""
 
 
+class Interrupted(NmtError):
+    """SIGINT or SIGTERM stopped a write; its temporary was removed. Exits 128 + the signal, as `train` does."""
+
+    def __init__(self, message: str, signum: int) -> None:
+        super().__init__(message)
+        self.exit_code = 128 + signum
+
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
 def tmp_path_of(path: Path) -> Path:
     return path.with_name(path.name + TMP_SUFFIX)
 
 
-def is_disk_full(error: BaseException) -> bool:
-    """True when `error` or an exception it was raised from is ENOSPC (torch chains several on a full disk)."""
+def causes(error: BaseException) -> Iterator[BaseException]:
+    """`error` and the exceptions it was raised from or while handling (torch chains several)."""
     seen: set[int] = set()
     e: BaseException | None = error
     while e is not None and id(e) not in seen:
         seen.add(id(e))
-        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
-            return True
-        if "No space left on device" in str(e):
-            return True
+        yield e
         e = e.__cause__ or e.__context__
-    return False
+
+
+def is_disk_full(error: BaseException) -> bool:
+    """True when `error` or an exception it was raised from is ENOSPC (torch chains several on a full disk)."""
+    return any(
+        (isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT)) or "No space left on device" in str(e)
+        for e in causes(error)
+    )
+
+
+def interruption(error: BaseException) -> Interrupted | None:
+    """The Interrupted a signal raised, when `error` is it or came from it: a signal inside torch.save ends in
+    torch's own RuntimeError (`enforce fail at inline_container.cc`) raised while handling ours."""
+    return next((e for e in causes(error) if isinstance(e, Interrupted)), None)
+
+
+@contextmanager
+def stop_on_signals(message: str) -> Iterator[None]:
+    """In the block, SIGINT and SIGTERM raise Interrupted("stopped by SIGNAL; `message`"), so that the writer's
+    clean-up runs instead of a traceback or a kill; a second signal during that clean-up is ignored.
+
+    Signals a command already handles (train saves, then stops) and any set to be ignored are left alone,
+    as is every signal off the main thread (only it may set handlers).
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {s: signal.getsignal(s) for s in STOP_SIGNALS}
+    ours = [s for s, h in previous.items() if h in (signal.default_int_handler, signal.SIG_DFL)]
+    received: list[int] = []
+
+    def stop(signum: int, frame: Any) -> None:
+        if not received:
+            received.append(signum)
+            raise Interrupted(f"stopped by {signal.Signals(signum).name}; {message}", signum)
+
+    for s in ours:
+        signal.signal(s, stop)
+    try:
+        yield
+    finally:
+        for s in ours:
+            signal.signal(s, previous[s])
 
 
 def fsync_dir(directory: Path) -> None:
@@ -72,23 +126,46 @@ def make_parent(path: Path, what: str) -> None:
 
 @contextmanager
 def _atomic_file(path: Path, mode: str, what: str, kept: str | None) -> Iterator[IO[Any]]:
-    """`path.tmp` opened in `mode` for the block; fsynced and renamed over `path` when the block succeeds."""
+    """`path.tmp` opened in `mode` for the block; fsynced and renamed over `path` when the block succeeds.
+
+    A `path.tmp` a killed run left is replaced; SIGINT and SIGTERM in the block stop it cleanly.
+    """
     tmp = tmp_path_of(path)
+    existed = path.exists()
+    kept = kept or (f"the previous {what} is intact" if existed else "nothing was written")
     try:
-        with tmp.open(mode, encoding=None if "b" in mode else "utf-8") as f:
-            yield f
-            f.flush()
-            os.fsync(f.fileno())
+        with stop_on_signals(
+            f"{what} {path} was not written" + (f"; the previous {what} is intact" if existed else "")
+        ):
+            try:
+                with tmp.open(mode, encoding=None if "b" in mode else "utf-8") as f:
+                    yield f
+                    f.flush()
+                    os.fsync(f.fileno())
+            except BaseException:
+                tmp.unlink(missing_ok=True)  # here, where a second signal is ignored
+                raise
         os.replace(tmp, path)
     except BaseException as e:
         tmp.unlink(missing_ok=True)
-        if is_disk_full(e):
-            kept = kept or (f"the previous {what} is intact" if path.exists() else "nothing was written")
-            raise DiskFullError(f"no space left on device writing {path}; {kept}") from None
-        if isinstance(e, OSError):
-            raise NmtError(f"cannot write {what} {path}: {e.strerror or e}") from None
-        raise
+        error = user_error(e, str(path), kept, what)
+        if error is e:
+            raise
+        raise error from None
     fsync_dir(path.parent)
+
+
+def user_error(e: BaseException, where: str, kept: str, what: str = "") -> BaseException:
+    """What a failed write of `where` (a path, or an option and its path) raises: the signal that stopped it,
+    or a full disk or another OSError as one NmtError line; anything else (a bug) as it was."""
+    stopped = interruption(e)
+    if stopped is not None:
+        return stopped
+    if is_disk_full(e):
+        return DiskFullError(f"no space left on device writing {where}; {kept}")
+    if isinstance(e, OSError):
+        return NmtError(f"cannot write {what + ' ' if what else ''}{where}: {e.strerror or e}")
+    return e
 
 
 def atomic_write(path: Path, write: Callable[[BinaryIO], object], what: str = "file", kept: str | None = None) -> None:
@@ -148,6 +225,42 @@ def rename_dir_into_place(tmp: Path, path: Path) -> None:
     path.rename(old)
     tmp.rename(path)
     shutil.rmtree(old)
+
+
+@contextmanager
+def directory_in_place(path: Path, what: str, command: str) -> Iterator[Path]:
+    """A temporary directory beside `path` for the block to build `path` in, renamed to `path` when the block
+    succeeds (an earlier `path` the caller accepted to replace goes only then).
+
+    One writer at a time: a lock beside `path` (`.NAME.lock`), under which the temporary directories of
+    killed runs (`.NAME.tmp-*`) are removed first. SIGINT and SIGTERM stop the block cleanly. On any error
+    the temporary directory is removed; a full disk is a DiskFullError.
+    """
+    try:
+        path.resolve().parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        reason = "a parent of it is a file" if isinstance(e, (FileExistsError, NotADirectoryError)) else e.strerror
+        raise NmtError(f"cannot write {what} {path}: {reason}") from None
+    where = path.resolve()  # `.` names the current directory: its lock goes beside it, not in it
+    with run_lock(where.parent / f".{where.name}.lock", command, path):
+        remove_stale_temporaries(where.parent, (f".{glob.escape(where.name)}.tmp-*",))
+        existed = path.exists()
+        kept = "nothing was replaced" if existed else "nothing was written"
+        tmp = temp_dir_beside(path, what)
+        try:
+            with stop_on_signals(f"{what} {path} was not written" + ("; the earlier one is intact" if existed else "")):
+                try:
+                    yield tmp
+                except BaseException:
+                    shutil.rmtree(tmp, ignore_errors=True)  # here, where a second signal is ignored
+                    raise
+            rename_dir_into_place(tmp, path)
+        except BaseException as e:
+            shutil.rmtree(tmp, ignore_errors=True)
+            error = user_error(e, f"{what} {path}", kept)
+            if error is e:
+                raise
+            raise error from None
 
 
 def remove_stale_temporaries(directory: Path, patterns: tuple[str, ...] = (f"*{TMP_SUFFIX}",)) -> list[Path]:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import sacrebleu
 
-from nmt_cli.data import WORD_MARK, split_lines
+from nmt_cli.data import BOM, WORD_MARK, split_lines
 from nmt_cli.errors import ConfigError, DataError
 
 METRICS = ("sacrebleu", "chrf", "tok-bleu", "tok-bleu-compound")
@@ -94,7 +94,9 @@ def read_text(path: Path) -> list[str]:
     if not path.exists():
         raise DataError(f"file {path} does not exist")
     try:
-        return split_lines(path.read_text(encoding="utf-8"))
+        # bytes decoded, not read_text: text mode would also end a line at a lone "\r", which generate (and
+        # sacreBLEU) keep inside it. A byte-order mark (Windows editors write one) is not text to score.
+        return split_lines(path.read_bytes().decode("utf-8").removeprefix(BOM))
     except UnicodeDecodeError as e:
         line = path.read_bytes()[: e.start].count(b"\n") + 1
         raise DataError(f"{path}:{line}: invalid UTF-8") from None

@@ -2,7 +2,7 @@
 
 The only package that imports click. Every subcommand parses options into a typed config and calls one
 core function. Errors the user can fix (NmtError) become one red `error:` line and exit 1; click's usage
-errors exit 2; `--debug` shows tracebacks.
+errors exit 2; `--debug` shows tracebacks. Every command writes to stdout through cli/output.py.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from nmt_cli.cli.average import average_checkpoints
 from nmt_cli.cli.export import export
 from nmt_cli.cli.generate import generate
 from nmt_cli.cli.options import CONTEXT
+from nmt_cli.cli.output import StdoutError, finish_stdout, guard_stdout
 from nmt_cli.cli.plot import plot
 from nmt_cli.cli.preprocess import preprocess
 from nmt_cli.cli.score import score
@@ -38,7 +39,7 @@ class NmtGroup(click.Group):
             if ctx.params.get("debug"):
                 raise
             print_error(str(e))
-            ctx.exit(1)
+            ctx.exit(getattr(e, "exit_code", 1))  # 1, or 128 + the signal that stopped a write (files.Interrupted)
         except BrokenPipeError:  # `nmt generate ... | head`: the reader has gone, so stop quietly
             # no second error at exit; stdout may have no file descriptor (tests)
             with contextlib.suppress(OSError, ValueError, AttributeError):
@@ -75,4 +76,16 @@ def main() -> None:
     # 32 was as fast as 64 (bf16 small and base, float32 small; generation in the peer benchmark).
     os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "32")
     tune_allocator()
-    cli(prog_name="nmt")
+    guard_stdout()  # before any file is opened: a closed stdout's descriptor must not become one of them
+    try:
+        try:
+            cli(prog_name="nmt")
+        finally:
+            finish_stdout()  # a failure here replaces the command's exit 0
+    except StdoutError as e:  # outside a command (--help, --version) or at the final flush
+        print_error(str(e))
+        sys.exit(1)
+    except BrokenPipeError:  # the final flush, the reader gone: quiet, as inside a command
+        with contextlib.suppress(OSError, ValueError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(1)

@@ -26,15 +26,25 @@ logger = logging.getLogger(__name__)
     help="Average the last N checkpoint_<update>.pt of the directory.",
 )
 @click.option("--output", required=True, type=click.Path(dir_okay=False, path_type=Path))
+@click.option(
+    "--force",
+    is_flag=True,
+    help="Replace an --output that holds a training state (a run resumes from it); an earlier average is "
+    "replaced without it.",
+)
 @click.argument("more_inputs", nargs=-1, type=click.Path(exists=True, dir_okay=False, path_type=Path))
 def average_checkpoints(
-    inputs: tuple[Path, ...], num_update_checkpoints: int | None, output: Path, more_inputs: tuple[Path, ...]
+    inputs: tuple[Path, ...],
+    num_update_checkpoints: int | None,
+    output: Path,
+    force: bool,
+    more_inputs: tuple[Path, ...],
 ) -> None:
     """Average the weights of several checkpoints (the paper averaged the last 5 or 20)."""
     from nmt_cli.checkpoint import average_checkpoints as average
     from nmt_cli.checkpoint import check_average_output, checkpoints_to_average, save_checkpoint
 
     paths = checkpoints_to_average(list(inputs) + list(more_inputs), num_update_checkpoints)
-    check_average_output(output, paths)
+    check_average_output(output, paths, force)
     save_checkpoint(average(paths), output)
     logger.info("averaged %d checkpoints into %s: %s", len(paths), output, ", ".join(p.name for p in paths))

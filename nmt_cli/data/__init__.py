@@ -3,6 +3,8 @@
 # Sentencepiece's mark on a piece that starts a word: text holding it is already split into pieces. Here, not
 # in vocab.py, so that `nmt score` checks for it without importing sentencepiece and numpy.
 WORD_MARK = "\u2581"
+# A byte-order mark some editors put at the start of a UTF-8 file: not text, so `score` and `generate` drop it.
+BOM = "\ufeff"
 
 
 def split_lines(text: str) -> list[str]:

@@ -41,6 +41,11 @@ def load_meta(data_dir: Path) -> dict[str, Any]:
             f"{meta.get('nmt_version', '?')}); this nmt {__version__} reads up to "
             f"{META_FORMAT_VERSION}; upgrade nmt"
         )
+    if not isinstance(meta.get("checksums"), dict):  # written before nmt recorded them (format 0)
+        raise DataError(
+            f"{meta_path} records no checksums of its offsets files (an older data directory), so a corrupted one "
+            f'would go unnoticed; re-run "nmt preprocess" to remake {data_dir}'
+        )
     return meta
 
 
@@ -70,6 +75,17 @@ def check_ids(array: TokenArray, n_pieces: int, path: Path) -> None:
     )
 
 
+def checksum_of(data_dir: Path, meta: dict[str, Any], name: str) -> str:
+    """The sha256 meta.json recorded for the offsets file `name`; DataError when it recorded none."""
+    checksum = meta["checksums"].get(name)
+    if not isinstance(checksum, str):
+        raise DataError(
+            f"{data_dir / META_FILE} records no checksum of {name}, so a corrupted file would go unnoticed; "
+            're-run "nmt preprocess"'
+        )
+    return checksum
+
+
 class ParallelDataset:
     """Pairs of token-id arrays (no EOS) for one split; lengths are exposed for batching."""
 
@@ -78,10 +94,9 @@ class ParallelDataset:
         if split not in meta["splits"]:
             raise DataError(f"{data_dir} has no split {split!r}; it has {', '.join(meta['splits'])}")
         self.split = split
-        checksums = meta.get("checksums", {})
         src, tgt = f"{split}.{meta['source_lang']}", f"{split}.{meta['target_lang']}"
-        self.src = TokenArray(data_dir / src, checksums.get(f"{src}.idx.npy"))
-        self.tgt = TokenArray(data_dir / tgt, checksums.get(f"{tgt}.idx.npy"))
+        self.src = TokenArray(data_dir / src, checksum_of(data_dir, meta, f"{src}.idx.npy"))
+        self.tgt = TokenArray(data_dir / tgt, checksum_of(data_dir, meta, f"{tgt}.idx.npy"))
         if len(self.src) != len(self.tgt):
             raise DataError(
                 f"{data_dir}: split {split} has {len(self.src)} source and {len(self.tgt)} "

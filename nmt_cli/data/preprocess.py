@@ -6,14 +6,9 @@ failed or interrupted run never leaves a half-written data directory.
 
 from __future__ import annotations
 
-import glob
 import json
 import logging
-import shutil
-import signal
-import threading
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import asdict
 from functools import partial
 from pathlib import Path
@@ -26,7 +21,7 @@ from nmt_cli.data.binarize import TokenWriter, check_text_file, file_sha256, rea
 from nmt_cli.data.dataset import META_FILE, META_FORMAT_VERSION, SPM_FILE
 from nmt_cli.data.vocab import Vocab, train_spm
 from nmt_cli.errors import ConfigError, DataError
-from nmt_cli.files import is_disk_full, remove_stale_temporaries, rename_dir_into_place, run_lock, temp_dir_beside
+from nmt_cli.files import directory_in_place
 from nmt_cli.log import progress
 
 logger = logging.getLogger(__name__)
@@ -186,37 +181,6 @@ def check_destdir(dest: Path) -> None:
         raise DataError(f"--destdir {dest} already exists and is not empty; remove it or choose another")
 
 
-@contextmanager
-def destdir_lock(dest: Path) -> Iterator[None]:
-    """One preprocess per --destdir: a lock file beside it; temporaries of killed runs are removed under it."""
-    try:
-        dest.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        reason = "a parent of it is a file" if isinstance(e, (FileExistsError, NotADirectoryError)) else e.strerror
-        raise DataError(f"cannot write --destdir {dest}: {reason}") from None
-    where = dest.resolve()  # `--destdir .` names the current directory: its lock goes beside it, not in it
-    with run_lock(where.parent / f".{where.name}.lock", "preprocess", dest):
-        remove_stale_temporaries(where.parent, (f".{glob.escape(where.name)}.tmp-*",))
-        yield
-
-
-@contextmanager
-def sigterm_as_error(dest: Path) -> Iterator[None]:
-    """SIGTERM unwinds like an error (so the temporary directory is removed) instead of killing outright."""
-
-    def handler(signum: int, frame: Any) -> None:
-        raise DataError(f"stopped by SIGTERM; --destdir {dest} was not written")
-
-    if threading.current_thread() is not threading.main_thread():  # only the main thread may set handlers
-        yield
-        return
-    previous = signal.signal(signal.SIGTERM, handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
 def file_checksums(directory: Path) -> dict[str, str]:
     """sha256 of every offsets file: a corrupted one would silently shift sentence boundaries."""
     return {p.name: file_sha256(p) for p in sorted(directory.glob("*.idx.npy"))}
@@ -241,10 +205,7 @@ def preprocess(cfg: PreprocessConfig, contents: Contents | None = None) -> dict[
         contents = partial(text_contents, splits=splits, n_lines=n_lines)
     dest = Path(cfg.destdir)
     check_destdir(dest)
-    with destdir_lock(dest), sigterm_as_error(dest):
-        check_destdir(dest)  # again, now that no other preprocess can be writing it
-        meta = build(cfg, dest, contents)
-    return meta
+    return build(cfg, dest, contents)
 
 
 def text_contents(
@@ -257,9 +218,10 @@ def text_contents(
 
 
 def build(cfg: PreprocessConfig, dest: Path, contents: Contents) -> dict[str, Any]:
-    """Write everything into a temporary directory beside `dest`, then rename it to `dest`."""
-    tmp = temp_dir_beside(dest, "--destdir")
-    try:
+    """Write everything into a temporary directory beside `dest`, then rename it to `dest` (files.py's
+    `directory_in_place`: one preprocess per --destdir, a clean stop on SIGINT or SIGTERM)."""
+    with directory_in_place(dest, "--destdir", "preprocess") as tmp:
+        check_destdir(dest)  # again, now that no other preprocess can be writing it
         vocab, stats, task_meta = contents(cfg, tmp)
         vocab.write_vocab(tmp / "vocab.txt")
         meta = {
@@ -279,11 +241,5 @@ def build(cfg: PreprocessConfig, dest: Path, contents: Contents) -> dict[str, An
         (tmp / META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
         if dest.is_dir() and any(dest.iterdir()):  # checked empty at the start; files arrived since
             raise DataError(f"--destdir {dest} is no longer empty; nothing was written")
-        rename_dir_into_place(tmp, dest)
-    except BaseException as e:
-        shutil.rmtree(tmp, ignore_errors=True)
-        if is_disk_full(e):
-            raise DataError(f"no space left on device writing --destdir {dest}; nothing was written") from None
-        raise
     logger.info("wrote %s (vocabulary of %d pieces, padded to %d)", dest, vocab.n_pieces, vocab.padded_size)
     return meta

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import io
 import re
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -84,10 +85,13 @@ def train_spm(
 
     `control_symbols` get ids of their own (after eos) that encoding text never produces (tree tokens).
     """
+    # The model comes back in memory (model_writer) and is written here: sentencepiece's own file writing
+    # ignores a full disk and leaves a truncated model, which had been reported as "not a sentencepiece model".
+    trained = io.BytesIO()
     try:
         spm.SentencePieceTrainer.train(
             input=",".join(str(p) for p in input_paths),
-            model_prefix=str(model_prefix),
+            model_writer=trained,
             vocab_size=vocab_size,
             model_type=model_type,
             character_coverage=character_coverage,
@@ -111,8 +115,7 @@ def train_spm(
                 f"sentencepiece allows at most {too_high.group(2)}"
             ) from None
         raise DataError(f"sentencepiece training failed: {message.splitlines()[-1]}") from None
-    model = Path(f"{model_prefix}.model")
-    model.write_bytes(without_run_details(model.read_bytes()))
+    Path(f"{model_prefix}.model").write_bytes(without_run_details(trained.getvalue()))
 
 
 # A ModelProto's trainer_spec (field 2) records where and how a model was trained as well as what it encodes:

@@ -7,12 +7,11 @@ and its absence is a one-line error rather than an ImportError at start-up.
 from __future__ import annotations
 
 import logging
-import shutil
 from pathlib import Path
 
 from nmt_cli.config import ExportConfig
 from nmt_cli.errors import ExportError
-from nmt_cli.files import DiskFullError, is_disk_full, rename_dir_into_place, temp_dir_beside
+from nmt_cli.files import directory_in_place
 
 logger = logging.getLogger(__name__)
 
@@ -67,16 +66,11 @@ def export_checkpoint(cfg: ExportConfig) -> Path:
         if "ctranslate2" not in str(e):
             raise
         raise ExportError(INSTALL_HINT) from None
-    # Written beside --output and renamed over it when complete: a failed export leaves an earlier one intact.
-    tmp = temp_dir_beside(output_dir, "--output")
-    try:
+    # Written beside --output and renamed over it when complete: a failed or stopped export leaves an earlier one
+    # intact and no temporary (one a killed export left is removed here); the earlier export (checked above)
+    # goes once the new one is in place.
+    with directory_in_place(output_dir, "--output", "export") as tmp:
         convert(checkpoint_path, tmp, quantization)
-    except BaseException as e:
-        shutil.rmtree(tmp, ignore_errors=True)
-        if is_disk_full(e):
-            raise DiskFullError(f"no space left on device writing {output_dir}; nothing was replaced") from None
-        raise
-    rename_dir_into_place(tmp, output_dir)  # the earlier export (checked above) goes once the new one is in place
     logger.info(
         "wrote the CTranslate2 model %s (quantization %s) from %s",
         output_dir,

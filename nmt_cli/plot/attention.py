@@ -1,9 +1,10 @@
 """Attention maps of one sentence, as the paper's figures 3-5 draw them, from the model's real forward pass.
 
-The source is encoded, translated greedily (beam 1, the checkpoint's length limits), and the translation is
-teacher-forced through `Transformer.forward` with an `AttentionWeights` recorder, so every weight drawn is
-one the model used. Query rows of the decoder maps are labelled with the piece that position predicts;
-key columns with the piece at that position.
+The source is encoded, translated greedily (beam 1, the checkpoint's length limits; a parser's tree under the
+tree constraint, as `nmt generate` parses), and the translation is teacher-forced through
+`Transformer.forward` with an `AttentionWeights` recorder, so every weight drawn is one the model used.
+Query rows of the decoder maps are labelled with the piece that position predicts; key columns with the
+piece at that position.
 """
 
 from __future__ import annotations
@@ -17,10 +18,13 @@ import torch
 from torch import Tensor
 
 from nmt_cli.checkpoint import load_checkpoint, model_around_weights, model_config_of, search_config_of, vocab_of
-from nmt_cli.data.vocab import BOS, EOS
+from nmt_cli.config import SearchConfig
+from nmt_cli.data.vocab import BOS, EOS, Vocab
 from nmt_cli.errors import ConfigError, DataError
-from nmt_cli.model.transformer import AttentionWeights
+from nmt_cli.model.transformer import AttentionWeights, EncoderOut, Transformer
+from nmt_cli.parsing.generate import ptb_words, tree_constraint
 from nmt_cli.plot import check_output, pyplot, save_figure
+from nmt_cli.search.beam import max_lengths
 from nmt_cli.search.greedy import greedy_search
 
 logger = logging.getLogger(__name__)
@@ -68,7 +72,9 @@ def sentence_attention(checkpoint_path: Path, sentence: str) -> SentenceAttentio
     model = model_around_weights(model_config_of(state, checkpoint_path), state["model"], checkpoint_path)
     model.eval()
     vocab = vocab_of(state, checkpoint_path)
-    src_ids = vocab.encode([sentence])[0]
+    # a parser reads the words as the treebank writes them, as `nmt generate` parses (parsing/generate.py)
+    words = ptb_words(sentence) if state.get("target_format") == "ptb-tree" else None
+    src_ids = vocab.encode([sentence if words is None else " ".join(words)])[0]
     if not src_ids:
         raise DataError("--input is empty; give a sentence to translate")
     limit = model.max_positions - 1
@@ -78,16 +84,39 @@ def sentence_attention(checkpoint_path: Path, sentence: str) -> SentenceAttentio
     src = torch.tensor([src_ids + [EOS]])
     src_pad = torch.zeros_like(src, dtype=torch.bool)
     cfg = replace(search_config_of(state), beam=1, sampling=False, nbest=1)
-    hyp = greedy_search(model, model.encode(src, src_pad), torch.tensor([len(src_ids)]), cfg)[0][0]
+    tokens = greedy_output(model, vocab, model.encode(src, src_pad), len(src_ids), cfg, words)
     weights = AttentionWeights()
-    model(src, src_pad, torch.tensor([[BOS] + hyp.tokens]), weights)
-    logger.info("translation (greedy): %s", vocab.decode(hyp.tokens))
+    model(src, src_pad, torch.tensor([[BOS] + tokens]), weights)
+    if words is None:
+        logger.info("translation (greedy): %s", vocab.decode(tokens))
+    else:
+        logger.info("tree (greedy): %s", " ".join(vocab.pieces(tokens)))
     return SentenceAttention(
         vocab.pieces(src_ids) + ["</s>"],
-        ["<s>"] + vocab.pieces(hyp.tokens),
-        vocab.pieces(hyp.tokens) + ["</s>"],
+        ["<s>"] + vocab.pieces(tokens),
+        vocab.pieces(tokens) + ["</s>"],
         {kind: [w[0].float() for w in getattr(weights, kind)] for kind in KINDS},
     )
+
+
+def greedy_output(
+    model: Transformer, vocab: Vocab, enc: EncoderOut, src_len: int, cfg: SearchConfig, words: list[str] | None
+) -> list[int]:
+    """The greedy translation's ids; for a parser (`words` given), the greedy tree of exactly those words under
+    the tree constraint, as generate searches: unconstrained, a parser runs on to the length limit (input
+    length + 300, a picture of thousands of rows)."""
+    src_lens = torch.tensor([src_len])
+    if words is None:
+        return greedy_search(model, enc, src_lens, cfg)[0][0].tokens
+    if int(max_lengths(src_lens, cfg, model.max_positions)[0]) < len(words) + 2:
+        raise DataError(
+            f"--input has {len(words)} words: no tree of them fits the checkpoint's length limit; give a shorter "
+            "sentence"
+        )
+    constraint = tree_constraint(vocab, vocab.padded_size)
+    n_leaves = torch.tensor([len(words)])
+    hyps = greedy_search(model, enc, src_lens, cfg, None, vocab.n_pieces, constraint=constraint, n_leaves=n_leaves)
+    return hyps[0][0].tokens
 
 
 def attention_figure(checkpoint_path: Path, sentence: str, layer: int | None, head: int | None, output: Path) -> Any:

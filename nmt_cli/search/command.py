@@ -19,7 +19,7 @@ import torch
 
 from nmt_cli.checkpoint import check_same_data, load_checkpoint, search_config_of
 from nmt_cli.config import GenerateConfig, SearchConfig, changed_flags, flag_name
-from nmt_cli.data import WORD_MARK
+from nmt_cli.data import BOM, WORD_MARK
 from nmt_cli.data.dataset import load_meta, load_vocab
 from nmt_cli.data.vocab import Vocab
 from nmt_cli.errors import ConfigError, DataError
@@ -219,8 +219,9 @@ def read_lines(stream: Iterable[bytes], buffer_size: int, name: str, first_line:
     """
     chunk: list[str] = []
     for number, raw in enumerate(stream, start=first_line):
-        try:
-            chunk.append(raw.decode("utf-8").rstrip("\r\n"))
+        try:  # a line as `nmt score` reads one (data.split_lines): "\n" ends it, one "\r" before it is dropped
+            text = raw.decode("utf-8").removesuffix("\n").removesuffix("\r")
+            chunk.append(text.removeprefix(BOM) if number == 1 else text)
         except UnicodeDecodeError as e:
             raise DataError(
                 f"{name}:{number}: invalid UTF-8 (byte {e.start} of the line); fix or re-encode the input"

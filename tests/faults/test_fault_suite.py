@@ -430,7 +430,13 @@ IN_PROCESS = [
         "corrupted-idx-without-checksums",
         lambda w: break_offsets_without_checksums(w / "data"),
         "generate {w}/data --path {w}/run/checkpoint_last.pt --gen-subset train",
-        "train.src.idx.npy ends at token",
+        "records no checksums of its offsets files",  # had read on, and noticed only the last offset
+    ),
+    (
+        "meta-without-checksums",  # a corrupted offsets file that stays monotone would go unnoticed
+        lambda w: edit_meta(w / "data", checksums=None),
+        NEW_RUN,
+        're-run "nmt preprocess" to remake',
     ),
     (
         "meta-from-a-newer-nmt",
@@ -737,3 +743,213 @@ def test_torture_random_sigkills_resume_bit_identical(toy_data_bin, tmp_path):
         ma = torch.load(tmp_path / "ref" / f"checkpoint_{u}.pt", weights_only=True)["model"]
         mb = torch.load(save / f"checkpoint_{u}.pt", weights_only=True)["model"]
         assert all(torch.equal(ma[k], mb[k]) for k in ma), u
+
+
+# ---- standard output: one way for every command -------------------------------------------------------------
+@pytest.mark.parametrize("redirect,expected", [(" >/dev/full", "No space left on device"), (" >&-", "is closed")])
+@pytest.mark.parametrize("command", ["help", "score", "generate"])
+def test_a_closed_or_full_stdout_is_one_error_line(command, redirect, expected, tiny_checkpoint, tmp_path):
+    (tmp_path / "text").write_text("1 2 3\n4 5\n")
+    args = {
+        "help": ["--help"],
+        "score": ["score", "--sys", tmp_path / "text", "--ref", tmp_path / "text"],
+        "generate": ["generate", "--path", tiny_checkpoint, "--input", tmp_path / "text", "--threads", 1],
+    }[command]
+    r = nmt_subprocess(*args, shell_suffix=redirect)
+    assert_clean_failure(r.returncode, r.stderr.decode(), "standard output", tmp_path)
+    assert expected in r.stderr.decode()
+
+
+def test_a_closed_stdout_is_no_error_for_a_command_that_prints_nothing(work):
+    inputs = [work / "run" / "checkpoint_4.pt", work / "run" / "checkpoint_6.pt"]
+    r = nmt_subprocess("average-checkpoints", "--inputs", *inputs, "--output", work / "avg.pt", shell_suffix=" >&-")
+    assert r.returncode == 0, r.stderr.decode()
+    assert torch.load(work / "avg.pt", weights_only=True)["averaged_from"] == [str(p) for p in inputs]
+
+
+# ---- signals while a big file is written, and what a killed run left ----------------------------------------
+# `nmt` run by a driver that sends the process a signal at a chosen moment of a write: `hook` is Python that
+# patches the writer (with os, signal, sys, torch, time and SIG imported), then the CLI runs as `nmt` does.
+DRIVER = """
+import os, signal, sys, time
+import torch
+SIG = getattr(signal, sys.argv.pop(1))
+{hook}
+from nmt_cli.cli import main
+sys.argv[0] = "nmt"
+main()
+"""
+
+# torch.save into a file whose first write signals the process: the signal arrives inside torch's zip writer
+SIGNAL_IN_TORCH_SAVE = """
+real_save = torch.save
+class Signalling:
+    def __init__(self, f): self.f = f
+    def write(self, data):
+        n = self.f.write(data)
+        os.kill(os.getpid(), SIG)
+        time.sleep(0.2)
+        return n
+    def flush(self): self.f.flush()
+torch.save = lambda obj, f, *a, **k: real_save(obj, Signalling(f), *a, **k)
+"""
+
+# the converter writes part of the export, then the process is signalled
+SIGNAL_IN_EXPORT = """
+import nmt_cli.export.to_ctranslate2 as ct2
+def convert(path, out, quantization):
+    (out / "model.bin").write_bytes(b"half a model")
+    os.kill(os.getpid(), SIG)
+    time.sleep(5)
+ct2.convert = convert
+"""
+
+# translating the first buffer signals the process (the results file is open, half written)
+SIGNAL_IN_GENERATE = """
+import nmt_cli.search.command as command
+real_translate = command.translate
+def translate(*args, **kwargs):
+    os.kill(os.getpid(), SIG)
+    time.sleep(5)
+command.translate = translate
+"""
+
+
+def driven(hook, signal_name, *args):
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    code = DRIVER.format(hook=hook)
+    cmd = [sys.executable, "-c", code, signal_name, "--no-progress", *map(str, args)]
+    return subprocess.run(cmd, capture_output=True, env=env, timeout=120, stdin=subprocess.DEVNULL)
+
+
+@pytest.mark.parametrize("signal_name", ["SIGINT", "SIGTERM"])
+def test_a_signal_while_averaging_stops_cleanly(signal_name, work):
+    before = snapshot(work)
+    inputs = [work / "run" / "checkpoint_4.pt", work / "run" / "checkpoint_6.pt"]
+    r = driven(
+        SIGNAL_IN_TORCH_SAVE, signal_name, "average-checkpoints", "--inputs", *inputs, "--output", work / "avg.pt"
+    )
+    assert_clean_failure(r.returncode, r.stderr.decode(), f"stopped by {signal_name}", work, before)
+    assert r.returncode == 128 + getattr(signal, signal_name), "exits as an interrupted program does"
+    assert "inline_container" not in r.stderr.decode()
+    assert not (work / "avg.pt").exists()
+
+
+@pytest.mark.parametrize("signal_name", ["SIGINT", "SIGTERM"])
+def test_a_signal_while_exporting_stops_cleanly(signal_name, tiny_checkpoint, tmp_path):
+    r = driven(SIGNAL_IN_EXPORT, signal_name, "export", "--path", tiny_checkpoint, "--output", tmp_path / "ct2")
+    assert_clean_failure(r.returncode, r.stderr.decode(), f"stopped by {signal_name}", tmp_path)
+    assert list(tmp_path.iterdir()) == [], "the export's temporary directory or lock was left"
+
+
+def test_a_signal_while_generating_into_results_path_stops_cleanly(work):
+    results = work / "results"
+    r = driven(
+        SIGNAL_IN_GENERATE,
+        "SIGTERM",
+        *("generate", work / "data", "--path", work / "run" / "checkpoint_last.pt", "--results-path", results),
+    )
+    assert_clean_failure(r.returncode, r.stderr.decode(), "stopped by SIGTERM", work)
+    assert list(results.iterdir()) == []
+
+
+def test_export_removes_what_a_killed_export_left(tiny_checkpoint, tmp_path):
+    pytest.importorskip("ctranslate2")
+    out = tmp_path / "ct2"
+    assert nmt("export", "--path", tiny_checkpoint, "--output", out).exit_code == 0
+    stale = tmp_path / ".ct2.tmp-abc123"  # what SIGKILL leaves: the unrenamed temporary directory
+    stale.mkdir()
+    (stale / "model.bin").write_bytes(b"\0" * 100)
+    r = nmt("export", "--path", tiny_checkpoint, "--output", out, "--force")
+    assert r.exit_code == 0, r.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ct2"]
+    assert "left by an interrupted run" in r.output
+
+
+# ---- average-checkpoints never replaces a training state unasked --------------------------------------------
+def test_average_keeps_a_resumable_checkpoint_unless_forced(work):
+    backup = work / "backup.pt"
+    shutil.copy(work / "run" / "checkpoint_last.pt", backup)
+    before = snapshot(work)
+    inputs = ["--inputs", work / "run" / "checkpoint_4.pt", work / "run" / "checkpoint_6.pt"]
+    r = nmt("average-checkpoints", *inputs, "--output", backup)
+    assert_clean_failure(r.exit_code, r.output, f"--output {backup} holds a training state", work, before, r.exception)
+    assert "--force" in error_lines(r.output)[0]
+    assert nmt("average-checkpoints", *inputs, "--output", backup, "--force").exit_code == 0
+    assert "optimizer" not in torch.load(backup, weights_only=True)
+    assert nmt("average-checkpoints", *inputs, "--output", backup).exit_code == 0, "an average is replaced freely"
+
+
+# ---- plot attention on a parser draws the tree the parser would write -----------------------------------------
+@pytest.fixture(scope="module")
+def tiny_parser(tmp_path_factory):
+    tree = "((S (NP-SBJ (DT The) (NN cat)) (VP (VBZ sits) (PP-LOC (IN on) (NP (DT the) (NN mat)))) (. .)))"
+    root = tmp_path_factory.mktemp("parser")
+    (root / "train.tree").write_text((tree + "\n") * 20)
+    (root / "train.words").write_text("The cat sits on the mat .\n" * 20)
+    tree_args = ["-s", "words", "-t", "tree", "--target-format", "ptb-tree", "--vocab-size", "40"]
+    assert nmt("preprocess", *tree_args, "--trainpref", root / "train", "--destdir", root / "bin").exit_code == 0
+    r = nmt("train", root / "bin", "--save-dir", root / "ck", *TINY, "--max-update", 2)
+    assert r.exit_code == 0, r.output
+    return root / "ck" / "checkpoint_last.pt"
+
+
+def test_plot_attention_on_a_parser_draws_a_tree_of_the_words(tiny_parser):
+    from nmt_cli.parsing.linearize import delinearize
+    from nmt_cli.plot.attention import sentence_attention
+
+    words = ["A", "dog", "sits", "on", "the", "mat", "."]
+    att = sentence_attention(tiny_parser, " ".join(words))
+    tree_pieces = att.tgt_out_pieces[:-1]  # without </s>
+    assert len(tree_pieces) <= 4 * len(words) + 4, len(tree_pieces)  # had run on to the input length + 300
+    delinearize(tree_pieces, words)  # a tree of exactly these words, as generate would parse
+
+
+# ---- score reads lines as generate does ----------------------------------------------------------------------
+def test_score_drops_a_byte_order_mark(tmp_path):
+    text = "the cat sat on the mat\nand then it left\n"
+    (tmp_path / "bom").write_bytes("\ufeff".encode() + text.encode())
+    (tmp_path / "plain").write_text(text)
+    for sys_file, ref_file in (("bom", "bom"), ("bom", "plain"), ("plain", "bom")):
+        r = nmt("score", "--sys", tmp_path / sys_file, "--ref", tmp_path / ref_file, "--metric", "sacrebleu", "--json")
+        assert r.exit_code == 0, r.output
+        assert json.loads(r.stdout)["score"] == 100.0, (sys_file, ref_file, r.stdout)
+
+
+def test_score_ends_lines_at_newlines_only_as_generate_does(tmp_path):
+    from nmt_cli.search.command import read_lines
+
+    (tmp_path / "hyp").write_bytes(b"a b c\nd \r e f\ng h\n")  # a lone carriage return inside line 2
+    (tmp_path / "ref").write_text("a b c\nd e f\ng h\n")
+    with (tmp_path / "hyp").open("rb") as f:
+        assert len([line for chunk in read_lines(f, 100, "hyp") for line in chunk]) == 3
+    r = nmt("score", "--sys", tmp_path / "hyp", "--ref", tmp_path / "ref", "--metric", "sacrebleu")
+    assert r.exit_code == 0, r.output
+
+
+# ---- a disk that fills while sentencepiece trains -------------------------------------------------------------
+def test_full_disk_while_sentencepiece_trains(work, toy_corpus, monkeypatch):
+    """The disk fills during training: sentencepiece's own writer ignores that and leaves an empty model
+    (truncated here as it does); every later write of data fails as on a full disk."""
+    import sentencepiece as spm
+
+    real_train, real_write_bytes, full = spm.SentencePieceTrainer.train, Path.write_bytes, []
+
+    def train(**kwargs):
+        real_train(**kwargs)
+        if kwargs.get("model_prefix"):  # sentencepiece wrote the model file itself
+            os.truncate(f"{kwargs['model_prefix']}.model", 0)
+        full.append(True)
+
+    def write_bytes(self, data):
+        if full and data:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_write_bytes(self, data)
+
+    monkeypatch.setattr(spm.SentencePieceTrainer, "train", train)
+    monkeypatch.setattr(Path, "write_bytes", write_bytes)
+    r = nmt(*preprocess_args(toy_corpus / "train", work / "dest"))
+    assert_clean_failure(
+        r.exit_code, r.output, f"no space left on device writing --destdir {work / 'dest'}", work, exception=r.exception
+    )
+    assert not (work / "dest").exists()
