@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from tests.serve.conftest import SENTENCES, generate_jsonl, serving
+from tests.serve.serving import SENTENCES, generate_jsonl, serving
 
 pytest.importorskip("starlette")
 pytest.importorskip("httpx")

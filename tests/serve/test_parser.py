@@ -4,7 +4,7 @@ import pytest
 from click.testing import CliRunner
 
 from nmt_cli.cli import cli
-from tests.serve.conftest import serving
+from tests.serve.serving import serving
 
 pytest.importorskip("starlette")
 pytest.importorskip("httpx")
