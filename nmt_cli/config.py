@@ -287,6 +287,11 @@ class TrainConfig:
     compile: bool = flag(
         False, "Compile the training forward with torch.compile (the first updates are slow; not saved)."
     )
+    cudnn_attention: bool = flag(
+        False,
+        "CUDA: let attention use cuDNN's kernels, which build a plan for every new batch shape (slow with "
+        "token batches; not saved) [default: flash, memory-efficient or math].",
+    )
 
     def __post_init__(self) -> None:
         check_fields(self)
@@ -350,6 +355,11 @@ class GenerateConfig:
     shard_id: int = flag(0, "Which shard to translate.", min=0)
     quantize: str | None = flag(
         None, "CPU: dynamic int8 linear layers, the output projection included [default: float32].", choices=("int8",)
+    )
+    cudnn_attention: bool = flag(
+        False,
+        "CUDA: let attention use cuDNN's kernels, which build a plan for every new batch shape (slow with "
+        "token batches; not saved) [default: flash, memory-efficient or math].",
     )
 
     def __post_init__(self) -> None:
