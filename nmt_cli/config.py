@@ -285,7 +285,7 @@ class TrainConfig:
     reset_lr_scheduler: bool = flag(False, "Restart the lr schedule (the update count goes on).")
     reset_dataloader: bool = flag(False, "Restart the epoch's data order.")
     compile: bool = flag(
-        False, "Compile the training forward with torch.compile (the first updates are slow; not saved)."
+        False, "Compile each encoder and decoder layer with torch.compile (the first updates are slow; not saved)."
     )
     cudnn_attention: bool = flag(
         False,
