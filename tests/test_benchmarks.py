@@ -33,11 +33,12 @@ def test_gpu_check_sh_is_valid_bash():
 
 def test_gpu_check_table_reads_what_the_steps_leave(tmp_path):
     """The closing table from the files the steps write (their formats as bench_gpu.py and profile_gpu.py
-    write them; tests/test_benchmarks.py::test_gpu_check_dry_run runs them all)."""
-    (tmp_path / "times").write_text("tests 75 0\nbench 62 0\nprofile 20 0\nrecipe 170 0\ncompile 90 124\n")
-    (tmp_path / "env.log").write_text("NVIDIA H100\ntorch 2.11.0+cu130 cuda 13.0 NVIDIA H100 80GB HBM3\n")
-    (tmp_path / "tests.log").write_text("....F....\n1 failed, 8 passed in 75.2s\n")
-    bench = [
+    write them; test_gpu_check_dry_run runs them all)."""
+    out, work = tmp_path / "out", tmp_path / "work"
+    (work / "multi30k").mkdir(parents=True)
+    out.mkdir()
+    results = [
+        {"step": "tests", "seconds": 75, "rc": 0},
         {
             "what": "train transformer_base",
             "target_tok_s": 270198,
@@ -46,16 +47,20 @@ def test_gpu_check_table_reads_what_the_steps_leave(tmp_path):
             "peak_gib": 8.1,
         },
         {"what": "generate transformer_base beam 4", "sentences": 3000, "seconds": 3.35, "tokens_s": 26347},
+        {"step": "bench", "seconds": 62, "rc": 0},
+        {"what": "profile transformer_base", "wall_ms_per_update": 87.3, "gpu_busy": 0.58},
+        {"step": "profile", "seconds": 20, "rc": 0},
+        {"step": "recipe", "seconds": 170, "rc": 0},
+        {"step": "compile", "seconds": 90, "rc": 124},
     ]
-    (tmp_path / "bench.jsonl").write_text("".join(json.dumps({**b, "precision": "bf16"}) + "\n" for b in bench))
-    profile = {"what": "profile transformer_base", "wall_ms_per_update": 87.3, "gpu_busy": 0.58}
-    profile.update(kernels_ms=[[9.1, "nvjet_sm90_tst_128x128"]], host_ops_ms=[[4.1, "aten::mm", 141]])
-    (tmp_path / "profile.jsonl").write_text(json.dumps(profile) + "\n")
-    (tmp_path / "multi30k").mkdir()
-    (tmp_path / "multi30k" / "score.txt").write_text("BLEU = 35.05 67.9/43.2/30.1/21.1 (BP = 0.949)\n")
-    (tmp_path / "multi30k" / "train.jsonl").write_text('{"event": "train", "update": 1594}\n')
+    results[4].update(kernels_ms=[[9.1, "nvjet_sm90_tst_128x128"]], host_ops_ms=[[4.1, "aten::mm", 141]])
+    (out / "results.jsonl").write_text("".join(json.dumps({**r, "precision": "bf16"}) + "\n" for r in results))
+    (out / "env.log").write_text("NVIDIA H100\ntorch 2.11.0+cu130 cuda 13.0 NVIDIA H100 80GB HBM3\n")
+    (out / "tests.log").write_text("....F....\n1 failed, 8 passed in 75.2s\n")
+    (work / "multi30k" / "score.txt").write_text("BLEU = 35.05 67.9/43.2/30.1/21.1 (BP = 0.949)\n")
+    (work / "multi30k" / "train.jsonl").write_text('{"event": "train", "update": 1594}\n')
     r = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "gpu_check_table.py"), str(tmp_path), "417"],
+        [sys.executable, str(ROOT / "benchmarks" / "gpu_check_table.py"), str(out), str(work), "417"],
         capture_output=True,
         text=True,
     )
@@ -81,8 +86,10 @@ def test_gpu_check_dry_run(tmp_path):
         timeout=600,
     )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert len(list((tmp_path / "out").iterdir())) <= 8  # what the device tool brings back from $OUT
     summary = (tmp_path / "out" / "summary.md").read_text()
     assert "| GPU tests | " in summary and " skipped" in summary  # collected, and skipped without CUDA
     assert "| train transformer_tiny (fp32) |" in summary and "| generate transformer_tiny beam 4 (fp32) |" in summary
     assert "| profile transformer_tiny |" in summary
     assert "+ nmt train" in (tmp_path / "out" / "recipe.log").read_text()
+    assert "| compile step | skipped: dry run" in summary
