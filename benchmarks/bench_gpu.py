@@ -1,9 +1,11 @@
 """GPU throughput: training target tokens/s, MFU and peak memory for transformer_base and _big, and beam-4 generation.
 
-    python benchmarks/bench_gpu.py [--peak-tflops 989] [--max-tokens 25000] [--updates 30]
+    python benchmarks/bench_gpu.py [--peak-tflops 989] [--max-tokens 25000] [--updates 30] [--results FILE]
+    python benchmarks/bench_gpu.py --device cpu     # tiny sizes, a few seconds: checks that the script runs
 
-Skips (exit 0) without CUDA. Training runs the real Trainer (`nmt train`'s update: bf16 autocast,
-fused loss, fused AdamW, background batches) on a synthetic data directory: a 37,000-piece vocabulary
+Skips (exit 0) without CUDA unless --device cpu. --results appends one JSON line per figure. Training runs
+the real Trainer (`nmt train`'s update: bf16 autocast, fused loss, fused AdamW, background batches, attention
+backends as `nmt train` sets them) on a synthetic data directory: a 37,000-piece vocabulary
 and news-like sentence lengths (WMT14 EN-DE: ~27 pieces on average), about 25k target tokens per
 update as in the paper. Generation: beam 4 over 3,000 such sentences with a transformer_base in bf16;
 an untrained model does not stop on its own, so every output is forced to end at 1.1 x its source
@@ -38,7 +40,9 @@ sys.path.insert(0, str(ROOT))
 
 from nmt_cli.config import ARCHITECTURES, PreprocessConfig, SearchConfig, TrainConfig  # noqa: E402
 from nmt_cli.data.dataset import ParallelDataset  # noqa: E402
-from nmt_cli.data.preprocess import preprocess  # noqa: E402
+from nmt_cli.data.preprocess import file_checksums, preprocess  # noqa: E402
+from nmt_cli.data.vocab import Vocab  # noqa: E402
+from nmt_cli.runtime import choose_attention_backends  # noqa: E402
 from nmt_cli.search.translate import Translator, translate  # noqa: E402
 
 PEAK_BF16_TFLOPS = {
@@ -55,6 +59,44 @@ PEAK_BF16_TFLOPS = {
     "RTX 4090": 165.0,
 }
 VOCAB = 37000
+# --device cpu: sizes that run in a few seconds on 2 cores (a check that the script works, not a figure).
+CPU_DEFAULTS = dict(
+    archs="transformer_tiny",
+    precision="fp32",
+    max_tokens=512,
+    updates=2,
+    warmup=1,
+    train_sentences=300,
+    sentences=20,
+    gen_arch="transformer_tiny",
+    gen_max_tokens=512,
+    vocab=1000,
+)
+GPU_DEFAULTS = dict(
+    archs="transformer_base,transformer_big",
+    precision="bf16",
+    max_tokens=25000,
+    updates=30,
+    warmup=5,
+    train_sentences=200_000,
+    sentences=3000,
+    gen_arch="transformer_base",
+    gen_max_tokens=16000,
+    vocab=VOCAB,
+)
+
+
+class SyntheticVocab(Vocab):
+    """A data directory's sentencepiece model standing for a vocabulary of `n` pieces (random ids below n):
+    search reads only its size."""
+
+    def __init__(self, model_path: Path, n: int) -> None:
+        super().__init__(model_path.read_bytes(), str(model_path))
+        self.n = n
+
+    @property
+    def n_pieces(self) -> int:
+        return self.n
 
 
 def peak_tflops(name: str, override: float | None) -> float:
@@ -72,7 +114,8 @@ def news_lengths(n: int, rng: np.random.Generator) -> np.ndarray:
 
 
 def synthetic_data_dir(root: Path, n_train: int, vocab: int, seed: int = 1) -> Path:
-    """A data directory in `nmt preprocess`'s layout with random ids below `vocab` (a tiny real one, rewritten)."""
+    """A data directory in `nmt preprocess`'s layout with random ids below `vocab` (a tiny real one, rewritten:
+    its token files, and in meta.json the vocabulary's size and the offsets files' checksums)."""
     text = root / "text"
     text.mkdir(parents=True)
     for lang in ("src", "tgt"):
@@ -91,7 +134,7 @@ def synthetic_data_dir(root: Path, n_train: int, vocab: int, seed: int = 1) -> P
         np.save(dest / f"train.{lang}.bin.npy", tokens)
         np.save(dest / f"train.{lang}.idx.npy", np.concatenate([[0], np.cumsum(lens)]).astype(np.int64))
     meta = json.loads((dest / "meta.json").read_text())
-    meta.update(vocab_size=vocab, dtype="uint16")
+    meta.update(vocab_size=vocab, n_pieces=vocab, dtype="uint16", checksums=file_checksums(dest))
     meta["splits"] = {"train": meta["splits"]["train"]}
     (dest / "meta.json").write_text(json.dumps(meta))
     return dest
@@ -125,6 +168,8 @@ def bench_training(arch: str, data_dir: Path, args, device: torch.device, peak: 
         device=device.type,
         precision=args.precision,
         warmup_updates=4000,
+        threads=1 if device.type == "cpu" else 0,
+        cudnn_attention=args.cudnn_attention,
     )
     trainer = prepare(cfg, ARCHITECTURES[arch], SearchConfig())
     model_cfg = trainer.model_cfg
@@ -149,30 +194,39 @@ def bench_training(arch: str, data_dir: Path, args, device: torch.device, peak: 
     if device.type == "cuda":
         torch.cuda.synchronize()
     seconds = time.perf_counter() - start
-    peak_gb = torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else float("nan")
+    peak_gb = torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else 0.0
     mfu = flops / seconds / (peak * 1e12)
     print(
         f"train {arch:18s} {args.precision}: {n_tokens / seconds:>10,.0f} target tok/s  "
-        f"({n_tokens / len(timed):,.0f} target tokens/update, {len(timed)} updates)  MFU {mfu:6.1%}  "
-        f"peak memory {peak_gb:.1f} GiB",
+        f"({n_tokens / len(timed):,.0f} target tokens/update, {len(timed)} updates, "
+        f"{1000 * seconds / len(timed):.1f} ms/update)  MFU {mfu:6.1%}  peak memory {peak_gb:.1f} GiB",
         flush=True,
+    )
+    record(
+        args,
+        what=f"train {arch}",
+        target_tok_s=round(n_tokens / seconds),
+        ms_per_update=round(1000 * seconds / len(timed), 1),
+        mfu=round(mfu, 4),
+        peak_gib=round(peak_gb, 1),
     )
     del trainer
     if device.type == "cuda":
         torch.cuda.empty_cache()
 
 
-def bench_generation(args, device: torch.device, peak: float) -> None:
+def bench_generation(args, data_dir: Path, device: torch.device, peak: float) -> None:
     from nmt_cli.model.transformer import build_model
 
-    model_cfg = replace(ARCHITECTURES[args.gen_arch], vocab_size=VOCAB)
+    model_cfg = replace(ARCHITECTURES[args.gen_arch], vocab_size=args.vocab)
     torch.manual_seed(1)
     model = build_model(model_cfg).to(device).eval()
     rng = np.random.default_rng(2)
     lens = news_lengths(args.sentences, rng)
-    sources = [rng.integers(4, VOCAB, n) for n in lens]
+    sources = [rng.integers(4, args.vocab, n) for n in lens]
     cfg = SearchConfig(beam=4, max_len_a=1.1, max_len_b=0, min_len=0)
-    tr = Translator(model, None, device, torch.bfloat16 if args.precision == "bf16" else None)  # type: ignore[arg-type]
+    amp = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(args.precision)
+    tr = Translator(model, SyntheticVocab(data_dir / "spm.model", args.vocab), device, amp)
     translate(tr, sources[:200], cfg, args.gen_max_tokens)  # warm-up
     if device.type == "cuda":
         torch.cuda.synchronize()
@@ -188,7 +242,7 @@ def bench_generation(args, device: torch.device, peak: float) -> None:
     # Forward FLOPs: the encoder once per sentence, the decoder and projection for K beams per output token.
     flops = (
         2 * p_enc * s.sum()
-        + 4 * 2 * (p_dec + d * VOCAB) * out.sum()
+        + 4 * 2 * (p_dec + d * args.vocab) * out.sum()
         + 2 * 4 * d * model_cfg.encoder_layers * (s * s).sum()
         + 4 * 4 * d * ld * (s * out).sum()
         + 4 * 2 * d * ld * (out * out).sum()
@@ -199,37 +253,71 @@ def bench_generation(args, device: torch.device, peak: float) -> None:
         f"{len(sources) / seconds:,.0f} sentences/s, {out.sum() / seconds:,.0f} tokens/s  MFU {mfu:6.2%}",
         flush=True,
     )
+    record(
+        args,
+        what=f"generate {args.gen_arch} beam 4",
+        sentences=len(sources),
+        seconds=round(seconds, 2),
+        tokens_s=round(out.sum() / seconds),
+        mfu=round(mfu, 5),
+    )
+
+
+def record(args, **figures) -> None:
+    """Append one figure to --results as a JSON line (gpu_check.sh builds its table from them)."""
+    if args.results:
+        with open(args.results, "a") as f:
+            f.write(json.dumps({**figures, "precision": args.precision, "device": args.device_name}) + "\n")
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--peak-tflops", type=float, help="the device's dense bf16 peak, if not in the table")
+    parser.add_argument(
+        "--device", default="cuda", choices=("cuda", "cpu"), help="cpu: tiny sizes, only checks that the script runs"
+    )
+    parser.add_argument("--archs", help=f"[default: {GPU_DEFAULTS['archs']}; cpu: {CPU_DEFAULTS['archs']}]")
+    parser.add_argument("--precision", choices=("bf16", "fp16", "fp32"), help="[default: bf16; cpu: fp32]")
+    parser.add_argument("--max-tokens", type=int, help="per update (one batch) [default: 25000]")
+    parser.add_argument("--updates", type=int, help="timed updates [default: 30]")
+    parser.add_argument("--warmup", type=int, help="untimed updates first [default: 5]")
+    parser.add_argument("--train-sentences", type=int, help="[default: 200000]")
+    parser.add_argument("--sentences", type=int, help="translated [default: 3000]")
+    parser.add_argument("--gen-arch", help="[default: transformer_base]")
+    parser.add_argument("--gen-max-tokens", type=int, help="source tokens per search batch [default: 16000]")
+    parser.add_argument("--vocab", type=int, help=f"pieces [default: {VOCAB}]")
+    parser.add_argument("--skip-generation", action="store_true")
+    parser.add_argument("--cudnn-attention", action="store_true", help="let attention use cuDNN (as before issue 33)")
+    parser.add_argument("--results", help="append each figure to this file as a JSON line")
+    args = parser.parse_args()
+    for key, value in (CPU_DEFAULTS if args.device == "cpu" else GPU_DEFAULTS).items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    return args
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--peak-tflops", type=float, help="the device's dense bf16 peak, if not in the table")
-    parser.add_argument("--archs", default="transformer_base,transformer_big")
-    parser.add_argument("--precision", default="bf16", choices=("bf16", "fp16", "fp32"))
-    parser.add_argument("--max-tokens", type=int, default=25000, help="per update (one batch)")
-    parser.add_argument("--updates", type=int, default=30)
-    parser.add_argument("--warmup", type=int, default=5)
-    parser.add_argument("--train-sentences", type=int, default=200_000)
-    parser.add_argument("--sentences", type=int, default=3000)
-    parser.add_argument("--gen-arch", default="transformer_base")
-    parser.add_argument("--gen-max-tokens", type=int, default=16000)
-    parser.add_argument(
-        "--device", default="cuda", choices=("cuda", "cpu"), help="cpu only checks that the script runs (tiny sizes)"
-    )
-    args = parser.parse_args()
+    args = parse_args()
     if args.device == "cuda" and not torch.cuda.is_available():
         print("bench_gpu: no CUDA device; skipped")
         return
     device = torch.device(args.device)
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    peak = peak_tflops(name, args.peak_tflops) if device.type == "cuda" else (args.peak_tflops or 1.0)
-    print(f"device: {name}  (dense bf16 peak {peak:g} TFLOP/s for MFU)  torch {torch.__version__}", flush=True)
+    args.device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    peak = peak_tflops(args.device_name, args.peak_tflops) if device.type == "cuda" else (args.peak_tflops or 1.0)
+    print(
+        f"device: {args.device_name}  (dense bf16 peak {peak:g} TFLOP/s for MFU)  torch {torch.__version__}",
+        flush=True,
+    )
+    choose_attention_backends(device, args.cudnn_attention)  # as nmt train and nmt generate start
+    if device.type == "cpu":
+        torch.set_num_threads(1)  # the check's tiny products: more threads only wait on each other
     with tempfile.TemporaryDirectory(prefix="bench-gpu-") as tmp:
-        data_dir = synthetic_data_dir(Path(tmp), args.train_sentences, VOCAB)
+        data_dir = synthetic_data_dir(Path(tmp), args.train_sentences, args.vocab)
         assert len(ParallelDataset(data_dir, "train")) == args.train_sentences
         for arch in args.archs.split(","):
             bench_training(arch, data_dir, args, device, peak)
-    bench_generation(args, device, peak)
+        if not args.skip_generation:
+            bench_generation(args, data_dir, device, peak)
 
 
 if __name__ == "__main__":

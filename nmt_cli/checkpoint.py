@@ -52,7 +52,7 @@ MODEL_KEYS = (
     "model",
 )
 # Train options about how a run computes, not what it trains: not saved, so a resumed run may change them.
-RUNTIME_OPTIONS = ("compile",)
+RUNTIME_OPTIONS = ("compile", "cudnn_attention")
 TRAINING_KEYS = ("optimizer", "scheduler", "grad_scaler", "train_state", "world_size", "rng")
 
 

@@ -285,7 +285,12 @@ class TrainConfig:
     reset_lr_scheduler: bool = flag(False, "Restart the lr schedule (the update count goes on).")
     reset_dataloader: bool = flag(False, "Restart the epoch's data order.")
     compile: bool = flag(
-        False, "Compile the training forward with torch.compile (the first updates are slow; not saved)."
+        False, "Compile each encoder and decoder layer with torch.compile (the first updates are slow; not saved)."
+    )
+    cudnn_attention: bool = flag(
+        False,
+        "CUDA: let attention use cuDNN's kernels, which build a plan for every new batch shape (slow with "
+        "token batches; not saved) [default: flash, memory-efficient or math].",
     )
 
     def __post_init__(self) -> None:
@@ -350,6 +355,11 @@ class GenerateConfig:
     shard_id: int = flag(0, "Which shard to translate.", min=0)
     quantize: str | None = flag(
         None, "CPU: dynamic int8 linear layers, the output projection included [default: float32].", choices=("int8",)
+    )
+    cudnn_attention: bool = flag(
+        False,
+        "CUDA: let attention use cuDNN's kernels, which build a plan for every new batch shape (slow with "
+        "token batches; not saved) [default: flash, memory-efficient or math].",
     )
 
     def __post_init__(self) -> None:

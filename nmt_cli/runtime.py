@@ -87,6 +87,31 @@ def set_threads(n_threads: int | None) -> None:
         torch.set_num_threads(n_threads)
 
 
+def choose_attention_backends(device: torch.device, cudnn_attention: bool) -> None:
+    """Which kernels F.scaled_dot_product_attention may run on CUDA, set once where a command starts.
+
+    Flash, memory-efficient and math always; cuDNN's only with --cudnn-attention. PyTorch prefers cuDNN's
+    attention on Hopper, and cuDNN builds an execution plan for every new (batch, length) shape: with
+    token-based batches, whose shape changes almost every update, that made transformer_base training 4.5x
+    slower and beam search 9x slower on an H200 (GPU busy 12% against 58%; ../shared/gpu-runs/2026-11-26-h200).
+    The flags are process-wide and do nothing on CPU, where attention is written out (model/attention.py);
+    they are set on every device so that one code path runs everywhere, and logged only on CUDA.
+    """
+    torch.backends.cuda.enable_flash_sdp(True)
+    torch.backends.cuda.enable_mem_efficient_sdp(True)
+    torch.backends.cuda.enable_math_sdp(True)
+    torch.backends.cuda.enable_cudnn_sdp(cudnn_attention)
+    if device.type != "cuda":
+        return
+    if cudnn_attention:
+        logger.info(
+            "attention may use cuDNN (--cudnn-attention): it plans each new batch shape once, which pays only "
+            "where shapes repeat"
+        )
+    else:
+        logger.info("attention runs on flash, memory-efficient or math kernels (cuDNN's: --cudnn-attention)")
+
+
 AMP_DTYPES: dict[str, torch.dtype | None] = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 

@@ -1,12 +1,16 @@
-"""The benchmark scripts that have a tiny mode run in the fast suite, so that none can rot unseen: each runs as a
-user runs it (a child process), at sizes that take seconds, and must print its table."""
+"""The benchmark scripts that have a tiny mode run in the fast suite, so that none can rot unseen between the
+sessions that run them for figures (issue 33: bench_gpu.py crashed on the first GPU run before its first figure):
+each runs as a user runs it (a child process) at sizes that take seconds. bench_serve.py's tiny mode and
+gpu_check.sh's CPU dry run take longer and are slow tests."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 
+import pytest
 from conftest import ROOT
 
 
@@ -31,3 +35,88 @@ def test_bench_matmul_prints_both_routes_for_every_product(tmp_path):
     assert [" ".join(r.split()[:3]) for r in rows] == ["512 x 1536", "512 x 512", "512 x 2048", "2048 x 512"]
     assert "training's float32 products take" in out
     assert (tmp_path / "results" / "matmul.json").exists()
+
+
+def test_bench_gpu_runs_on_cpu(tmp_path):
+    results = tmp_path / "bench.jsonl"
+    r = subprocess.run(
+        [sys.executable, "benchmarks/bench_gpu.py", "--device", "cpu", "--results", str(results)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "train transformer_tiny" in r.stdout and "generate transformer_tiny beam 4" in r.stdout, r.stdout
+    figures = [json.loads(line) for line in results.read_text().splitlines()]
+    assert [f["what"] for f in figures] == ["train transformer_tiny", "generate transformer_tiny beam 4"]
+    assert figures[0]["target_tok_s"] > 0 and figures[1]["sentences"] == 20
+
+
+def test_gpu_check_sh_is_valid_bash():
+    r = subprocess.run(["bash", "-n", str(ROOT / "benchmarks" / "gpu_check.sh")], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+
+
+def test_gpu_check_table_reads_what_the_steps_leave(tmp_path):
+    """The closing table from the files the steps write (their formats as bench_gpu.py and profile_gpu.py
+    write them; test_gpu_check_dry_run runs them all)."""
+    out, work = tmp_path / "out", tmp_path / "work"
+    (work / "multi30k").mkdir(parents=True)
+    out.mkdir()
+    results = [
+        {"step": "tests", "seconds": 75, "rc": 0},
+        {
+            "what": "train transformer_base",
+            "target_tok_s": 270198,
+            "ms_per_update": 75.6,
+            "mfu": 0.102,
+            "peak_gib": 8.1,
+        },
+        {"what": "generate transformer_base beam 4", "sentences": 3000, "seconds": 3.35, "tokens_s": 26347},
+        {"step": "bench", "seconds": 62, "rc": 0},
+        {"what": "profile transformer_base", "wall_ms_per_update": 87.3, "gpu_busy": 0.58},
+        {"step": "profile", "seconds": 20, "rc": 0},
+        {"step": "recipe", "seconds": 170, "rc": 0},
+        {"step": "compile", "seconds": 90, "rc": 124},
+    ]
+    results[4].update(kernels_ms=[[9.1, "nvjet_sm90_tst_128x128"]], host_ops_ms=[[4.1, "aten::mm", 141]])
+    (out / "results.jsonl").write_text("".join(json.dumps({**r, "precision": "bf16"}) + "\n" for r in results))
+    (out / "env.log").write_text("NVIDIA H100\ntorch 2.11.0+cu130 cuda 13.0 NVIDIA H100 80GB HBM3\n")
+    (out / "tests.log").write_text("....F....\n1 failed, 8 passed in 75.2s\n")
+    (work / "multi30k" / "score.txt").write_text("BLEU = 35.05 67.9/43.2/30.1/21.1 (BP = 0.949)\n")
+    (work / "multi30k" / "train.jsonl").write_text('{"event": "train", "update": 1594}\n')
+    r = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "gpu_check_table.py"), str(out), str(work), "417"],
+        capture_output=True,
+        text=True,
+    )
+    assert r.returncode == 0, r.stderr
+    table = r.stdout
+    assert "| device | torch 2.11.0+cu130 cuda 13.0 NVIDIA H100 80GB HBM3 |" in table
+    assert "| GPU tests | 1 failed, 8 passed in 75.2s (75 s) |" in table
+    assert "270,198 target tok/s, 75.6 ms/update, MFU 10.2%, 8.1 GiB" in table
+    assert "3,000 sentences in 3.35 s (26,347 tokens/s)" in table
+    assert "GPU busy 58%" in table and "sacreBLEU 35.05 on test_2016_flickr after 1594 updates (170 s)" in table
+    assert "| compile step | failed: exit 124 after 90 s |" in table and "| gpu_check.sh in all | 417 s |" in table
+
+
+@pytest.mark.slow
+def test_gpu_check_dry_run(tmp_path):
+    """DRY_RUN=1: every step of gpu_check.sh on the CPU at tiny sizes (the recipe only prints its commands),
+    then the table. About 30 s of CPU, up to 2 minutes of wall clock on 2 busy cores."""
+    r = subprocess.run(
+        ["bash", str(ROOT / "benchmarks" / "gpu_check.sh"), str(tmp_path / "out")],
+        env={**os.environ, "DRY_RUN": "1", "PYTHON": sys.executable},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert len(list((tmp_path / "out").iterdir())) <= 8  # what the device tool brings back from $OUT
+    summary = (tmp_path / "out" / "summary.md").read_text()
+    assert "| GPU tests | " in summary and " skipped" in summary  # collected, and skipped without CUDA
+    assert "| train transformer_tiny (fp32) |" in summary and "| generate transformer_tiny beam 4 (fp32) |" in summary
+    assert "| profile transformer_tiny |" in summary
+    assert "+ nmt train" in (tmp_path / "out" / "recipe.log").read_text()
+    assert "| compile step | skipped: dry run" in summary

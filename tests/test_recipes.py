@@ -159,3 +159,28 @@ def test_a_data_dir_without_training_files_is_named(tmp_path):
         ["bash", str(ROOT / "recipes" / "wmt14_en_de" / "01_download.sh")], env=env, capture_output=True, text=True
     )
     assert run.returncode == 1 and f"DATA_DIR {data} lacks train.en train.de" in run.stderr, run.stderr
+
+
+@pytest.mark.parametrize(("gpu", "minutes"), [(True, "2"), (False, "60")])
+def test_the_multi30k_recipe_trains_two_minutes_where_there_is_a_gpu(tmp_path, gpu, minutes):
+    """On a GPU 2 minutes of training stand for the CPU's 60 (nvidia-smi -L lists a GPU; faked here)."""
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "nvidia-smi").write_text(
+        "#!/bin/sh\necho 'GPU 0: NVIDIA H100 80GB HBM3'\n" if gpu else "#!/bin/sh\nexit 9\n"
+    )
+    (fake / "nvidia-smi").chmod(0o755)
+    env = recipe_env(DRY_RUN="1", WORK_DIR=str(tmp_path / "w"), SHOW="0")
+    env["PATH"] = f"{fake}:{env['PATH']}"
+    env.pop("TRAIN_MINUTES", None)
+    run = subprocess.run(
+        ["bash", str(ROOT / "recipes" / "multi30k_en_de" / "run.sh")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert run.returncode == 0, run.stderr
+    train = next(line for line in run.stderr.splitlines() if line.startswith("+ nmt train "))
+    assert f"--max-time-minutes {minutes} " in train
+    assert ("a GPU is present" in run.stderr) == gpu

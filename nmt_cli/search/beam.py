@@ -20,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -155,7 +156,9 @@ def finish(
 ) -> None:
     """Move EOS candidates ranked within the top K into the finished slots, best first, while slots remain.
 
-    All K top candidates are written, those that do not finish into the spare slot K: no host sync.
+    All K top candidates are written, those that do not finish into the spare slot K: no host sync. The step's
+    numbers are written as device tensors: a Python number written through tensor indices becomes a CPU
+    tensor that PyTorch copies to the device with a blocking copy (two host syncs a step on CUDA).
     """
     b, k = state.scores.shape
     is_final = (tokens[:, :k] == EOS) & torch.isfinite(scores[:, :k])  # [B, K]
@@ -165,10 +168,10 @@ def finish(
     sent, src_beam = state.sent_ids[:, None].expand(b, k), beams[:, :k]
     rows = torch.arange(b, device=beams.device)[:, None]
     fin.tokens[sent, dest, :step] = state.tokens[rows, src_beam]
-    fin.tokens[sent, dest, step] = EOS
+    fin.tokens[sent, dest, step] = dest.new_full((), EOS)
     fin.step_scores[sent, dest, :step] = state.step_scores[rows, src_beam]
     fin.step_scores[sent, dest, step] = log_probs.view(b, k, -1)[rows, src_beam, EOS]
-    fin.lengths[sent, dest] = step + 1
+    fin.lengths[sent, dest] = dest.new_full((), step + 1)
     fin.scores[sent, dest] = scores[:, :k] / length_penalty(step + 1, cfg.lenpen, cfg.lenpen_style)
     fin.count.index_add_(0, state.sent_ids, write.long().sum(1))
 
@@ -191,19 +194,25 @@ def survive(
     return new, rows
 
 
+def per_beam(x: Tensor, k: int) -> Tensor:
+    """[B] -> [B*K], each entry K times (x.repeat_interleave(k) without its host sync on CUDA)."""
+    return x[:, None].expand(-1, k).reshape(-1)
+
+
 def keep_sentences(state: BeamState, keep: Tensor) -> BeamState:
     return BeamState(state.tokens[keep], state.scores[keep], state.step_scores[keep], state.sent_ids[keep])
 
 
 def collect(fin: Finished, nbest: int) -> list[list[Hypothesis]]:
-    """Each sentence's `nbest` finished hypotheses, best first (read on the host, copied there once)."""
-    scores = fin.scores[:, :-1].cpu()  # without the spare slot
-    tokens, step_scores, lengths = fin.tokens.cpu(), fin.step_scores.cpu(), fin.lengths.cpu()
-    order = scores.argsort(dim=1, descending=True)[:, :nbest]
+    """Each sentence's `nbest` finished hypotheses, best first (copied to the host once: four copies a batch,
+    then read there with NumPy)."""
+    scores = fin.scores[:, :-1].cpu().numpy()  # without the spare slot
+    tokens, step_scores, lengths = fin.tokens.cpu().numpy(), fin.step_scores.cpu().numpy(), fin.lengths.cpu().numpy()
+    order = np.argsort(-scores, axis=1, kind="stable")[:, :nbest]
     results = []
     for s in range(scores.shape[0]):
         hyps = []
-        for j in order[s].tolist():
+        for j in order[s]:
             n = int(lengths[s, j])
             hyps.append(Hypothesis(tokens[s, j, : n - 1].tolist(), float(scores[s, j]), step_scores[s, j, :n].tolist()))
         results.append(hyps)
@@ -255,21 +264,21 @@ def beam_search(
         For each sentence, `cfg.nbest` hypotheses, best first.
     """
     k, device, b0 = cfg.beam, enc.memory.device, enc.memory.shape[0]
-    host_max_len = max_lengths(src_lens.cpu(), cfg, model.max_positions)  # [B0], known on the host
+    host_max_len = max_lengths(src_lens.cpu(), cfg, model.max_positions)  # [B0]; translate's lengths are on the host
     max_len = host_max_len.to(device)
-    n_steps, first_max = int(host_max_len.max()) + 1, int(host_max_len.min())
+    n_steps, first_max = int(host_max_len.numpy().max()) + 1, int(host_max_len.numpy().min())
     state, fin = start(b0, k, n_steps, device)
-    row_max_len = max_len.repeat_interleave(k)  # [B*K]
+    row_max_len = per_beam(max_len, k)  # [B*K]
     cache = model.init_cache(enc, 1)  # all beams start equal: step 0 runs once per sentence
     prev = torch.full((b0,), BOS, dtype=torch.long, device=device)
     tree: Any = None
     if constraint is not None:
         assert n_leaves is not None, "a constraint needs n_leaves"
-        tree = constraint.start(n_leaves.to(device).repeat_interleave(k))
+        tree = constraint.start(per_beam(n_leaves.to(device), k))
     for step in range(n_steps):
         log_probs, cache = model.decode_step(prev, cache)  # [B*K, V]
         if step == 0:
-            to_beams = torch.arange(b0, device=device).repeat_interleave(k)
+            to_beams = per_beam(torch.arange(b0, device=device), k)
             log_probs, cache = log_probs[to_beams], cache.select_rows(to_beams)
         log_probs = constrain(log_probs, step, row_max_len, cfg, n_pieces, may_reach_max=step >= first_max)
         if constraint is not None:
@@ -286,7 +295,7 @@ def beam_search(
             rows = rows.view(-1, k)[keep].view(-1)
             state = keep_sentences(state, keep)
             cache = cache.select_sentences(keep, rows)
-            row_max_len = max_len[state.sent_ids].repeat_interleave(k)
+            row_max_len = per_beam(max_len[state.sent_ids], k)
         else:
             cache = cache.select_rows(rows)
         prev = state.tokens[:, :, -1].reshape(-1)

@@ -25,7 +25,7 @@ from nmt_cli.data.vocab import Vocab
 from nmt_cli.errors import ConfigError, DataError
 from nmt_cli.files import atomic_text_output, require_file
 from nmt_cli.parsing.generate import check_parse_request, generate_trees
-from nmt_cli.runtime import AMP_DTYPES, choose_device, resolve_precision, set_threads
+from nmt_cli.runtime import AMP_DTYPES, choose_attention_backends, choose_device, resolve_precision, set_threads
 from nmt_cli.search.hypothesis import Hypothesis
 from nmt_cli.search.translate import Summary, Translator, sampling_generator, translate, translator_from
 
@@ -52,6 +52,7 @@ def generate(cfg: GenerateConfig, search_overrides: dict[str, Any] | None = None
     num_shards, shard_id = check_request(cfg)
     set_threads(cfg.threads)
     device = choose_device(cfg.device, int(os.environ.get("LOCAL_RANK", "0")))
+    choose_attention_backends(device, cfg.cudnn_attention)
     state = load_checkpoint(Path(cfg.path))
     precision = generation_precision(cfg.precision, device, state)
     if cfg.data_dir is not None:

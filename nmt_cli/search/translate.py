@@ -71,16 +71,17 @@ def search_batch(
     n, n_pieces = len(sources), tr.vocab.n_pieces
     src = pad_sources([np.asarray(s, dtype=np.int64) for s in sources]).to(tr.device)
     lengths = [len(s) for s in sources]
-    src_lens = torch.tensor(lengths, device=tr.device)
+    src_lens = torch.tensor(lengths)  # on the host, where the searches read them (no copy back from the device)
     # On CUDA a batch of equal lengths passes no mask, so SDPA may choose its Flash kernel (known on the host).
     no_padding = tr.device.type == "cuda" and min(lengths) == max(lengths)
     with torch.inference_mode(), autocast(tr.device, tr.amp_dtype):
         enc = tr.model.encode(src, None if no_padding else src.eq(PAD))
         if cfg.sampling or cfg.beam == 1:
             if cfg.nbest > 1:  # independent samples: repeat each sentence nbest times
-                rep = torch.arange(n, device=tr.device).repeat_interleave(cfg.nbest)
-                mask = None if enc.src_pad_mask is None else enc.src_pad_mask[rep]
-                enc = type(enc)(enc.memory[rep], mask)
+                rep = torch.arange(n).repeat_interleave(cfg.nbest)
+                on_device = rep.to(tr.device)
+                mask = None if enc.src_pad_mask is None else enc.src_pad_mask[on_device]
+                enc = type(enc)(enc.memory[on_device], mask)
                 hyps = greedy_search(tr.model, enc, src_lens[rep], cfg, generator, n_pieces)
                 return [[h[0] for h in hyps[i * cfg.nbest : (i + 1) * cfg.nbest]] for i in range(n)]
             return greedy_search(tr.model, enc, src_lens, cfg, generator, n_pieces)
@@ -118,7 +119,8 @@ def translate(
     results: list[list[Hypothesis]] = [[Hypothesis([], 0.0, []) for _ in range(cfg.nbest)] for _ in sources]
     generator = generator or sampling_generator(cfg, tr.device)
     nonempty = np.flatnonzero(lengths > 0)
-    n_short = int((max_lengths(torch.from_numpy(lengths[nonempty]), cfg, tr.model.max_positions) < cfg.min_len).sum())
+    allowed = max_lengths(torch.from_numpy(lengths[nonempty]), cfg, tr.model.max_positions).numpy()
+    n_short = int(np.count_nonzero(allowed < cfg.min_len))
     if n_short:
         logger.warning(
             "%d input(s) allow fewer than --min-len %d pieces (--max-len-a/--max-len-b or the model's positions); "

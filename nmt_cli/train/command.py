@@ -30,7 +30,14 @@ from nmt_cli.errors import CheckpointError, ConfigError, DataError, NmtError
 from nmt_cli.files import LOCK_FILE, TMP_SUFFIX, atomic_write_text, make_parent, remove_stale_temporaries, run_lock
 from nmt_cli.log import print_table
 from nmt_cli.model.transformer import count_parameters
-from nmt_cli.runtime import init_distributed, resolve_precision, seed_everything, set_threads, shutdown_distributed
+from nmt_cli.runtime import (
+    choose_attention_backends,
+    init_distributed,
+    resolve_precision,
+    seed_everything,
+    set_threads,
+    shutdown_distributed,
+)
 from nmt_cli.train.distributed import collective_failure
 from nmt_cli.train.loop import train_loop
 from nmt_cli.train.state import reset_flags
@@ -92,6 +99,7 @@ def prepare(cfg: TrainConfig, model_cfg: ModelConfig, search_cfg: SearchConfig) 
     if not info.is_main:  # one voice: rank 0 logs, other ranks only warn
         logging.getLogger("nmt_cli").setLevel(logging.WARNING)
     set_threads(cfg.threads)
+    choose_attention_backends(device, cfg.cudnn_attention)
     precision = resolve_precision(device, cfg.precision)
     if precision != "fp16" and "--min-loss-scale" in changed_flags(cfg):
         raise ConfigError(f"--min-loss-scale bounds fp16's loss scaling; this run trains in {precision}")

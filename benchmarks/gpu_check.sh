@@ -1,0 +1,108 @@
+#!/usr/bin/env bash
+# The whole GPU verification in one command, for anyone with a CUDA GPU (a user trying nmt on a new card, or a
+# session lent one for a few minutes). About 7 minutes on an H100; every step has a time limit and the whole
+# stays under 8 minutes (DEADLINE seconds, 470 by default).
+#
+#     bash benchmarks/gpu_check.sh [OUT_DIR]          # logs into OUT_DIR, else $OUT, else gpu-check-DATE
+#     DRY_RUN=1 bash benchmarks/gpu_check.sh DIR      # on the CPU at tiny sizes: checks the script itself
+#
+# OUT_DIR receives 8 files: env.log, tests.log, bench.log, profile.log, recipe.log, compile.log, results.jsonl
+# (every figure and step time) and summary.md (the table). The recipe's data, checkpoints and the `nmt` shim
+# go to WORK (a temporary directory unless given). Multi30k is read from RAW_DIR (default
+# ../shared/data/multi30k beside the checkout; the recipe step is skipped where it is absent: no downloads).
+#
+# Steps (a failing step is reported and the others still run; the exit status is 1 if any failed):
+#   1. tests      python -m pytest -m gpu tests/test_gpu.py (what `make test-gpu` runs)
+#   2. bench      benchmarks/bench_gpu.py: train transformer_base and _big (bf16, ~25k target tokens an update),
+#                 beam-4 generation of 3,000 sentences
+#   3. profile    benchmarks/profile_gpu.py: GPU busy %, the 10 costliest kernels, host time of the top ops
+#   4. recipe     recipes/multi30k_en_de trained for TRAIN_MINUTES (2) on the GPU, its sacreBLEU
+#   5. compile    --compile's warm-up for transformer_base (8 updates), if time is left before DEADLINE
+# then a table (OUT_DIR/summary.md). Runs from this checkout with the packages of a CUDA PyTorch image (torch,
+# numpy, sentencepiece, sacrebleu, click, rich, pytest): nothing is installed, `nmt` is `python3 -m nmt_cli`.
+set -uo pipefail
+repo=$(cd "$(dirname "$0")/.." && pwd)
+OUT_DIR=${1:-${OUT:-$repo/gpu-check-$(date +%Y%m%d-%H%M%S)}}
+PYTHON=${PYTHON:-python3}
+DRY_RUN=${DRY_RUN:-0}
+DEADLINE=${DEADLINE:-470}
+TRAIN_MINUTES=${TRAIN_MINUTES:-2}
+RAW_DIR=${RAW_DIR:-$(cd "$repo/.." && pwd)/shared/data/multi30k}
+mkdir -p "$OUT_DIR"
+OUT_DIR=$(cd "$OUT_DIR" && pwd)
+[ -n "${WORK:-}" ] || { WORK=$(mktemp -d "${TMPDIR:-/tmp}/gpu-check-XXXXXX"); made_work=1; }
+mkdir -p "$WORK/bin"
+export PYTHONPATH="$repo${PYTHONPATH:+:$PYTHONPATH}"
+# `nmt` for the recipe, without installing the package
+printf '#!/bin/sh\nexec %s -m nmt_cli "$@"\n' "$PYTHON" > "$WORK/bin/nmt"
+chmod +x "$WORK/bin/nmt"
+RESULTS=$OUT_DIR/results.jsonl
+start=$SECONDS
+failed=()
+
+skipped() {  # skipped NAME REASON
+    echo "== $1 skipped: $2" | tee "$OUT_DIR/$1.log"
+    echo "{\"step\": \"$1\", \"skipped\": \"$2\"}" >> "$RESULTS"
+}
+
+# step NAME LIMIT_SECONDS COMMAND...: run it with its log in OUT_DIR/NAME.log and its seconds in results.jsonl
+step() {
+    local name=$1 limit=$2
+    shift 2
+    local left=$((DEADLINE - (SECONDS - start)))
+    if [ "$left" -lt 20 ]; then
+        skipped "$name" "$left s left before the $DEADLINE s deadline"
+        return
+    fi
+    [ "$limit" -gt "$left" ] && limit=$left
+    echo "== $name (at most $limit s): $*"
+    local t0=$SECONDS
+    (cd "$repo" && timeout -k 10 "$limit" "$@") > "$OUT_DIR/$name.log" 2>&1
+    local rc=$?
+    echo "{\"step\": \"$name\", \"seconds\": $((SECONDS - t0)), \"rc\": $rc}" >> "$RESULTS"
+    tail -n 4 "$OUT_DIR/$name.log" | sed 's/^/   /'
+    [ "$rc" = 0 ] || { echo "   $name FAILED (exit $rc; 124: out of time)"; failed+=("$name"); }
+}
+
+: > "$RESULTS"
+{
+    date -u
+    git -C "$repo" log -1 --format='commit %H %s' 2>/dev/null
+    nvidia-smi 2>/dev/null || echo "no nvidia-smi"
+    "$PYTHON" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda,
+        torch.cuda.get_device_name() if torch.cuda.is_available() else "no CUDA device")'
+} > "$OUT_DIR/env.log" 2>&1
+cat "$OUT_DIR/env.log"
+
+if [ "$DRY_RUN" = 1 ]; then  # the same steps at tiny sizes on the CPU (gpu tests skip themselves there)
+    step tests 120 "$PYTHON" -m pytest -q -p no:cacheprovider -m gpu tests/test_gpu.py
+    step bench 120 "$PYTHON" benchmarks/bench_gpu.py --device cpu --results "$RESULTS"
+    step profile 120 "$PYTHON" benchmarks/profile_gpu.py --device cpu --results "$RESULTS"
+    step recipe 60 env DRY_RUN=1 PATH="$WORK/bin:$PATH" WORK_DIR="$WORK/multi30k" RAW_DIR="$RAW_DIR" \
+        TRAIN_MINUTES="$TRAIN_MINUTES" bash recipes/multi30k_en_de/run.sh
+    skipped compile "dry run (tests/test_compile.py's slow test compiles on the CPU)"
+else
+    step tests 150 "$PYTHON" -m pytest -q -p no:cacheprovider -m gpu tests/test_gpu.py
+    step bench 150 "$PYTHON" benchmarks/bench_gpu.py --results "$RESULTS"
+    step profile 60 "$PYTHON" benchmarks/profile_gpu.py --results "$RESULTS"
+    if [ -f "$RAW_DIR/train.en" ]; then
+        step recipe 200 env PATH="$WORK/bin:$PATH" WORK_DIR="$WORK/multi30k" RAW_DIR="$RAW_DIR" \
+            TRAIN_MINUTES="$TRAIN_MINUTES" THREADS=8 SHOW=0 bash recipes/multi30k_en_de/run.sh
+    else
+        skipped recipe "no Multi30k at RAW_DIR=$RAW_DIR (give RAW_DIR=DIR with train, valid, test_2016_flickr .en/.de)"
+        failed+=(recipe)
+    fi
+    if [ $((DEADLINE - (SECONDS - start))) -ge 90 ]; then  # whole or not at all: a cut-short warm-up says nothing
+        step compile 90 "$PYTHON" benchmarks/profile_gpu.py --compile-warmup --results "$RESULTS"
+    else
+        skipped compile "less than 90 s left before the $DEADLINE s deadline"
+    fi
+fi
+
+"$PYTHON" "$repo/benchmarks/gpu_check_table.py" "$OUT_DIR" "$WORK" $((SECONDS - start)) | tee "$OUT_DIR/summary.md"
+[ -z "${made_work:-}" ] || rm -rf "$WORK"
+if [ "${#failed[@]}" -gt 0 ]; then
+    echo "failed: ${failed[*]} (logs in $OUT_DIR)"
+    exit 1
+fi
+echo "all steps passed (logs in $OUT_DIR)"

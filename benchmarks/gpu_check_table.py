@@ -1,0 +1,107 @@
+"""gpu_check.sh's closing table, in Markdown, from what its steps left: OUT_DIR's results.jsonl (each figure
+and step time), env.log and tests.log, and the recipe's score and log in WORK/multi30k.
+
+    python benchmarks/gpu_check_table.py OUT_DIR WORK SECONDS
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+
+
+def read_lines(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def step_times(results: list[dict]) -> dict[str, str]:
+    """Each step's 'N s' (or 'failed: exit C after N s', 'skipped: why')."""
+    times = {}
+    for r in results:
+        if "step" not in r:
+            continue
+        if "skipped" in r:
+            times[r["step"]] = f"skipped: {r['skipped']}"
+        else:
+            ok = r["rc"] == 0
+            times[r["step"]] = f"{r['seconds']} s" if ok else f"failed: exit {r['rc']} after {r['seconds']} s"
+    return times
+
+
+def test_result(out: Path) -> str:
+    log = out / "tests.log"
+    lines = log.read_text().splitlines() if log.exists() else []
+    summary = [line for line in lines if re.search(r"\d+ (passed|failed|skipped|deselected|error)", line)]
+    return summary[-1].strip("= ") if summary else "no result"
+
+
+def bench_rows(results: list[dict]) -> list[tuple[str, str]]:
+    rows = []
+    for r in results:
+        if not r.get("what", "").startswith(("train", "generate")):
+            continue
+        if r["what"].startswith("train"):
+            rows.append(
+                (
+                    f"{r['what']} ({r['precision']})",
+                    f"{r['target_tok_s']:,} target tok/s, {r['ms_per_update']} ms/update, MFU {r['mfu']:.1%}, "
+                    f"{r['peak_gib']} GiB",
+                )
+            )
+        else:
+            rows.append(
+                (
+                    f"{r['what']} ({r['precision']})",
+                    f"{r['sentences']:,} sentences in {r['seconds']} s ({r['tokens_s']:,} tokens/s)",
+                )
+            )
+    return rows
+
+
+def profile_rows(results: list[dict]) -> list[tuple[str, str]]:
+    rows = []
+    for r in (r for r in results if r.get("what", "").startswith("profile")):
+        busy = "n/a" if r["gpu_busy"] is None else f"{r['gpu_busy']:.0%}"
+        top = r["kernels_ms"][0][1][:60] if r["kernels_ms"] else "none"
+        host = r["host_ops_ms"][0] if r["host_ops_ms"] else [0, "none", 0]
+        rows.append(
+            (
+                r["what"],
+                f"{r['wall_ms_per_update']} ms/update, GPU busy {busy}; costliest kernel {top}; "
+                f"top host op {host[1]} {host[0]} ms",
+            )
+        )
+    for r in (r for r in results if r.get("what", "").startswith("compile")):
+        rows.append((r["what"], f"8 warm-up updates {r['warmup_s']} s, then {r['steady_ms_per_update']} ms/update"))
+    return rows
+
+
+def recipe_row(work: Path) -> tuple[str, str]:
+    score = work / "score.txt"
+    bleu = re.search(r"BLEU = ([\d.]+)", score.read_text()) if score.exists() else None
+    updates = [r["update"] for r in read_lines(work / "train.jsonl") if "update" in r]
+    if bleu is None:
+        return ("Multi30k recipe", "no score (see recipe.log)")
+    return ("Multi30k recipe", f"sacreBLEU {bleu.group(1)} on test_2016_flickr after {max(updates, default=0)} updates")
+
+
+def main() -> None:
+    out, work, seconds = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
+    env = (out / "env.log").read_text().splitlines() if (out / "env.log").exists() else []
+    torch_line = next((line for line in env if line.startswith("torch ")), "torch: unknown")
+    results = read_lines(out / "results.jsonl")
+    times = step_times(results)
+    rows = [("device", torch_line), ("GPU tests", f"{test_result(out)} ({times.get('tests', 'not run')})")]
+    rows += bench_rows(results) + [("bench time", times.get("bench", "not run"))]
+    rows += profile_rows(results) + [("profile time", times.get("profile", "not run"))]
+    rows += [("recipe", f"{recipe_row(work / 'multi30k')[1]} ({times.get('recipe', 'not run')})")]
+    rows += [("compile step", times.get("compile", "not run")), ("gpu_check.sh in all", f"{seconds} s")]
+    print("| what | measured |\n|---|---|")
+    for what, value in rows:
+        print(f"| {what} | {value} |")
+
+
+if __name__ == "__main__":
+    main()

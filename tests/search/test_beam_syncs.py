@@ -1,0 +1,64 @@
+"""Beam search waits for the device once a step: counted on the CPU with tests/host_syncs.py's twin of
+`torch.cuda.set_sync_debug_mode` (the GPU count is tests/test_gpu.py's)."""
+
+from collections import Counter
+
+import torch
+from host_syncs import SyncLog
+
+from nmt_cli.config import SearchConfig
+from nmt_cli.data.dataset import ParallelDataset
+from nmt_cli.search.translate import load_translator, translate
+
+# What a batch waits for besides its steps, as (call, function): collect() copies the finished hypotheses'
+# tokens, step scores, lengths and scores to the host (four copies), and beam_search reads the source lengths
+# on the host (`src_lens.cpu()`: translate passes them from the host, so on CUDA this copies nothing).
+# The twin does not see copies to the device: on CUDA a batch also sends its padded sources and its
+# maximum lengths there (tests/test_gpu.py allows for them).
+PER_BATCH = Counter({("cpu", "collect"): 4, ("cpu", "beam_search"): 1})
+# The one wait of a step: int(done.sum()), how many sentences are done (beam_search).
+PER_STEP = ("__int__", "beam_search")
+
+
+def syncs_and_steps(tr, sources, cfg):
+    """The waits of one translate call as (call, function), and the decoder steps it ran."""
+    steps = []
+    decode_step = tr.model.decode_step
+    tr.model.decode_step = lambda *a: steps.append(1) or decode_step(*a)
+    try:
+        with SyncLog() as log:
+            translate(tr, sources, cfg, 10000)
+    finally:
+        del tr.model.decode_step
+    return Counter((call, where.rsplit(" in ", 1)[1]) for call, where in log.syncs), len(steps)
+
+
+def test_beam_search_waits_for_the_device_once_a_step(tiny_checkpoint, toy_data_bin):
+    sources = [ParallelDataset(toy_data_bin, "test").src[i] for i in range(30)]
+    tr, _ = load_translator(tiny_checkpoint, torch.device("cpu"), None)
+    for n in (10, 20):  # forced: exactly n + 1 steps, one batch
+        syncs, steps = syncs_and_steps(tr, sources, SearchConfig(beam=4, max_len_a=0, max_len_b=n, min_len=n))
+        assert steps == n + 1
+        assert syncs == PER_BATCH + Counter({PER_STEP: n + 1}), syncs
+    # Natural lengths: sentences finish at different steps and leave the batch (select_sentences).
+    syncs, steps = syncs_and_steps(tr, sources, SearchConfig(beam=4))
+    assert syncs == PER_BATCH + Counter({PER_STEP: steps}), syncs
+
+
+def test_the_twin_sees_what_would_wait():
+    x, idx = torch.arange(6.0), torch.tensor([1, 2])
+    with SyncLog() as log:
+        x[idx] = 3.0  # a Python number through tensor indices: a blocking copy to the device
+        x[idx] = x.new_full((), 3.0)  # a device tensor: no wait
+        x[x > 2]  # a boolean mask: a shape that depends on values
+        x.nonzero()
+        bool(x[0])
+        x.repeat_interleave(torch.tensor([1, 1, 1, 1, 1, 2]))
+        x[:, None].expand(-1, 2).reshape(-1)  # no wait
+    assert [call for call, _ in log.syncs] == [
+        "__setitem__",
+        "__getitem__",
+        "nonzero",
+        "__bool__",
+        "repeat_interleave",
+    ]
