@@ -3,12 +3,15 @@
 
 from collections import Counter
 
+import pytest
 import torch
 from host_syncs import SyncLog
 
 from nmt_cli.config import SearchConfig
 from nmt_cli.data.dataset import ParallelDataset
 from nmt_cli.search.translate import load_translator, translate
+
+pytestmark = pytest.mark.usefixtures("cpu_matmul_route")  # both CPU matmul routes on every machine (conftest.py)
 
 # What a batch waits for besides its steps, as (call, function): collect() copies the finished hypotheses'
 # tokens, step scores, lengths and scores to the host (four copies), and beam_search reads the source lengths
