@@ -46,7 +46,7 @@ def test_parameter_count_with_a_key_size(heads, key_dim):
 
 
 def test_paper_sizes():
-    # Table 3: base 65M, big 213M with a 37k joint vocabulary; ours are 63.1M and 214.2M (see README).
+    # Table 3: base 65M, big 213M with a 37k joint vocabulary; ours are 63.1M and 214.2M (see docs/guide.md).
     with torch.device("meta"):
         base = build_model(model_config("transformer_base", vocab_size=37000))
         big = build_model(model_config("transformer_big", vocab_size=37000))
