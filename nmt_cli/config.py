@@ -287,6 +287,11 @@ class TrainConfig:
     compile: bool = flag(
         False, "Compile the training forward with torch.compile (the first updates are slow; not saved)."
     )
+    bucket_shapes: bool = flag(
+        False,
+        "Pad each batch's lengths to multiples of 8 (at most 4 sizes per doubling) and take sentence counts from "
+        "a grid alike, so that batch shapes repeat; the padding added is logged at each epoch.",
+    )
 
     def __post_init__(self) -> None:
         check_fields(self)

@@ -23,7 +23,7 @@ import torch
 
 from nmt_cli.checkpoint import make_checkpoint
 from nmt_cli.config import ModelConfig, SearchConfig, TrainConfig
-from nmt_cli.data.batching import Batch, batch_by_tokens, collate, epoch_batches
+from nmt_cli.data.batching import Batch, batch_by_tokens, bucket_limit, collate, compare_padding, epoch_batches
 from nmt_cli.data.dataset import ParallelDataset
 from nmt_cli.data.vocab import BOS, EOS, PAD, Vocab
 from nmt_cli.errors import DataError, NmtError
@@ -80,8 +80,12 @@ class Trainer:
         self.amp_dtype = AMP_DTYPES[cfg.precision or "fp32"]
         # fp16: fairseq's initial loss scale, 2^7 (the loss is a sum over tokens; PyTorch's 2^16 overflows at first)
         self.scaler = torch.amp.GradScaler(device.type, init_scale=2.0**7) if self.amp_dtype == torch.float16 else None
+        # --bucket-shapes: the longest a side is padded to (0: each batch to its longest sentence)
+        self.bucket_limit = bucket_limit(cfg.max_tokens, model_cfg.max_positions) if cfg.bucket_shapes else 0
         # On CUDA a background thread collates and pins the next batches; on CPU collation stays inline.
-        self.loader = BatchLoader(self.train_data, device, background=device.type == "cuda")
+        self.loader = BatchLoader(
+            self.train_data, device, background=device.type == "cuda", bucket_limit=self.bucket_limit
+        )
         checksums = [meta.get("checksums", {}).get(f"train.{lang}.idx.npy") for lang in self.languages()]
         train_data = " ".join(checksums) if all(checksums) else ""  # "" for data directories without checksums
         self.state = TrainState(train_data=train_data, best_metric=cfg.best_checkpoint_metric)
@@ -95,19 +99,15 @@ class Trainer:
     def epoch_batches(self) -> list[np.ndarray]:
         epoch = self.state.epoch
         if self._epoch_cache is None or self._epoch_cache[0] != epoch:
-            batches = epoch_batches(
-                self.train_data.src_lens,
-                self.train_data.tgt_lens,
-                self.cfg.max_tokens,
-                self.cfg.seed,
-                epoch,
-                self.info.rank,
-                self.info.world_size,
-                self.model_cfg.max_positions,
-            )
+            data, c, info = self.train_data, self.cfg, self.info
+            args = (data.src_lens, data.tgt_lens, c.max_tokens, c.seed, epoch, info.rank, info.world_size)
+            batches = epoch_batches(*args, self.model_cfg.max_positions, c.bucket_shapes)
             if not batches:
                 raise DataError(f"no training pair of {self.cfg.data_dir} fits --max-tokens {self.cfg.max_tokens}")
             self._epoch_cache = (epoch, batches)
+            if self.bucket_limit:  # what the shapes cost this epoch, against the plain batches
+                plain = epoch_batches(*args, self.model_cfg.max_positions)
+                logger.info("epoch %d: %s", epoch, compare_padding(batches, plain, *args[:2], self.bucket_limit))
         return self._epoch_cache[1]
 
     # ---- one update -------------------------------------------------------------------------------
