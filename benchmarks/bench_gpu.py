@@ -18,6 +18,10 @@ P_enc / P_dec: parameters of the encoder / decoder layers (embeddings excluded),
 L layers, s_i / t_i the sentences' source / target lengths (with EOS), n_src / n_tgt their sums.
 Generation MFU uses the forward terms only (a third), with incremental decoding's attention over the prefix.
 MFU = model FLOP/s / the device's dense bf16 peak (table below, or --peak-tflops).
+
+Also per architecture: GPU busy % (the union of the kernels' time over the wall time of --busy-updates more
+updates under torch.profiler; the kernels of overlapping streams count once) and the padding of the timed
+batches (positions that are not tokens or EOS, source and target together; --bucket-shapes pads more).
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from nmt_cli.config import ARCHITECTURES, PreprocessConfig, SearchConfig, TrainConfig  # noqa: E402
+from nmt_cli.data.batching import padding_stats  # noqa: E402
 from nmt_cli.data.dataset import ParallelDataset  # noqa: E402
 from nmt_cli.data.preprocess import preprocess  # noqa: E402
 from nmt_cli.search.translate import Translator, translate  # noqa: E402
@@ -113,6 +118,29 @@ def training_flops(model, cfg, s: np.ndarray, t: np.ndarray) -> float:
     return float(dense + attention)
 
 
+def gpu_busy(trainer, batches: list[np.ndarray], first: int) -> float:
+    """The share of the wall time of len(batches) updates in which some kernel ran (torch.profiler)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        start = time.perf_counter()
+        for i, ids in enumerate(batches):
+            trainer.train_step([ids])
+            trainer.state.batch_in_epoch = first + i + 1
+        torch.cuda.synchronize()
+        wall_us = (time.perf_counter() - start) * 1e6
+    spans = sorted(
+        (e.time_range.start, e.time_range.end) for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA
+    )
+    busy, end = 0.0, float("-inf")
+    for a, b in spans:  # the union of the kernels' intervals
+        if b > end:
+            busy += b - max(a, end)
+            end = b
+    return busy / wall_us
+
+
 def bench_training(arch: str, data_dir: Path, args, device: torch.device, peak: float) -> None:
     from nmt_cli.train.command import prepare
 
@@ -125,6 +153,7 @@ def bench_training(arch: str, data_dir: Path, args, device: torch.device, peak: 
         device=device.type,
         precision=args.precision,
         warmup_updates=4000,
+        bucket_shapes=args.bucket_shapes,
     )
     trainer = prepare(cfg, ARCHITECTURES[arch], SearchConfig())
     model_cfg = trainer.model_cfg
@@ -155,6 +184,16 @@ def bench_training(arch: str, data_dir: Path, args, device: torch.device, peak: 
         f"train {arch:18s} {args.precision}: {n_tokens / seconds:>10,.0f} target tok/s  "
         f"({n_tokens / len(timed):,.0f} target tokens/update, {len(timed)} updates)  MFU {mfu:6.1%}  "
         f"peak memory {peak_gb:.1f} GiB",
+        flush=True,
+    )
+    padding = padding_stats(timed, data.src_lens, data.tgt_lens, trainer.bucket_limit)
+    first = n_warm + len(timed)
+    profiled = batches[first : first + args.busy_updates]
+    busy = gpu_busy(trainer, profiled, first) if device.type == "cuda" and profiled else float("nan")
+    print(
+        f"train {arch:18s} {args.precision}: GPU busy {busy:.0%} of {len(profiled)} profiled updates; padding "
+        f"{padding.padding():.1%} of the timed batches' positions in {len(padding.shapes)} shapes"
+        f"{' (--bucket-shapes)' if args.bucket_shapes else ''}",
         flush=True,
     )
     del trainer
@@ -209,6 +248,8 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=25000, help="per update (one batch)")
     parser.add_argument("--updates", type=int, default=30)
     parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--busy-updates", type=int, default=3, help="updates profiled for GPU busy %% (0: none)")
+    parser.add_argument("--bucket-shapes", action="store_true", help="train with `nmt train --bucket-shapes`")
     parser.add_argument("--train-sentences", type=int, default=200_000)
     parser.add_argument("--sentences", type=int, default=3000)
     parser.add_argument("--gen-arch", default="transformer_base")
@@ -224,6 +265,7 @@ def main() -> None:
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     peak = peak_tflops(name, args.peak_tflops) if device.type == "cuda" else (args.peak_tflops or 1.0)
     print(f"device: {name}  (dense bf16 peak {peak:g} TFLOP/s for MFU)  torch {torch.__version__}", flush=True)
+    print(__doc__[__doc__.index("Model FLOPs") : __doc__.index("Also per architecture")].rstrip(), flush=True)
     with tempfile.TemporaryDirectory(prefix="bench-gpu-") as tmp:
         data_dir = synthetic_data_dir(Path(tmp), args.train_sentences, VOCAB)
         assert len(ParallelDataset(data_dir, "train")) == args.train_sentences
