@@ -130,7 +130,9 @@ class Trainer:
         start = time.perf_counter()
         self.model.train()
         self.loader.plan(self.epoch_batches(), self.state.batch_in_epoch)
-        totals = all_reduce_sum(self.accumulate(group), self.info)
+        with self.update_region():
+            totals = self.accumulate(group)
+        totals = all_reduce_sum(totals, self.info)
         if self.scaler:
             self.scaler.unscale_(self.optimizer)
         # DDP averages the ranks' gradients; the update wants their sum over the global token count.
@@ -203,10 +205,17 @@ class Trainer:
                 Batch(np.zeros(1, dtype=np.int64), one, one.eq(PAD), torch.full_like(one, BOS), one, 1),
                 self.synced_objective,
             )
-            (loss * 0.0).backward()
+            self.backward(loss * 0.0)
+
+    def update_region(self) -> AbstractContextManager:
+        """One autocast region over the update's batches: autocast keeps each weight's bf16 (fp16) copy until its
+        outermost region ends, so the weights are cast once per update instead of once per batch."""
+        return autocast(self.device, self.amp_dtype)
 
     def backward(self, loss: torch.Tensor) -> None:
-        (self.scaler.scale(loss) if self.scaler else loss).backward()
+        """Backward, with autocast off: it runs inside train_step's autocast region (kept for its cache)."""
+        with torch.autocast(self.device.type, enabled=False):
+            (self.scaler.scale(loss) if self.scaler else loss).backward()
 
     def no_sync(self) -> AbstractContextManager:
         """Accumulate this batch's gradients locally; the update's last batch syncs them all."""
