@@ -135,15 +135,16 @@ def batch_by_shapes(
     src = np.asarray(src_lens, dtype=np.int64) + 1
     tgt = np.asarray(tgt_lens, dtype=np.int64) + 1
     fits = (src <= limit) & (tgt <= limit)
-    src_b = np.array([bucket_length(n, limit) for n in src.tolist()], dtype=np.int64)
-    tgt_b = np.array([bucket_length(n, limit) for n in tgt.tolist()], dtype=np.int64)
+    grid = np.array([bucket_length(n, limit) for n in range(limit + 1)], dtype=np.int64)  # by length, to limit
+    src_b, tgt_b = grid[src.clip(max=limit)], grid[tgt.clip(max=limit)]
     order = rng.permutation(len(src)) if rng is not None else np.arange(len(src))
     order = order[np.lexsort((src_b[order], tgt_b[order]))]
     order = order[fits[order]]
+    sorted_src, sorted_tgt = src_b[order].tolist(), tgt_b[order].tolist()
     batches: list[np.ndarray] = []
     start = 0
     while start < len(order):
-        n = bucket_count(_n_fitting(src_b, tgt_b, order, start, max_tokens))
+        n = bucket_count(_n_fitting(sorted_src, sorted_tgt, start, max_tokens))
         batches.append(order[start : start + n])
         start += n
     if rng is not None:
@@ -151,12 +152,11 @@ def batch_by_shapes(
     return batches, int((~fits).sum())
 
 
-def _n_fitting(src_b: np.ndarray, tgt_b: np.ndarray, order: np.ndarray, start: int, max_tokens: int) -> int:
-    """How many sentences from order[start] on fit the budget at their bucketed lengths (at least one)."""
-    max_src = max_tgt = 0
-    n = 0
-    for i in order[start:].tolist():
-        max_src, max_tgt = max(max_src, src_b[i]), max(max_tgt, tgt_b[i])
+def _n_fitting(src: list[int], tgt: list[int], start: int, max_tokens: int) -> int:
+    """How many sentences from position `start` of the sorted bucketed lengths on fit the budget (at least one)."""
+    max_src = max_tgt = n = 0
+    while start + n < len(src):
+        max_src, max_tgt = max(max_src, src[start + n]), max(max_tgt, tgt[start + n])
         if (n + 1) * max_src > max_tokens or (n + 1) * max_tgt > max_tokens:
             break
         n += 1
