@@ -290,7 +290,7 @@ class TrainConfig:
     bucket_shapes: bool = flag(
         False,
         "Pad each batch's lengths to multiples of 8 (at most 4 sizes per doubling) and take sentence counts from "
-        "a grid alike, so that batch shapes repeat; the padding added is logged at each epoch.",
+        "a grid alike, so that batch shapes repeat; the padding added is logged at the start.",
     )
 
     def __post_init__(self) -> None:

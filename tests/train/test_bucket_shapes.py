@@ -1,5 +1,7 @@
 """`nmt train --bucket-shapes`: the same loss on bucketed batches, exact resume, the padding logged."""
 
+import logging
+
 import numpy as np
 import torch
 from click.testing import CliRunner
@@ -36,11 +38,16 @@ def test_a_bucketed_batch_has_the_loss_and_gradient_of_the_plain_one(tiny_model,
         torch.testing.assert_close(b, a, atol=1e-5 * a.abs().max().item(), rtol=1e-4)  # float32 sums in other orders
 
 
-def test_bucketed_training_resumes_exactly_across_epochs(toy_data_bin, tmp_path, monkeypatch):
+def test_bucketed_training_resumes_exactly_across_epochs(toy_data_bin, tmp_path, monkeypatch, caplog):
     model = ARCHITECTURES["transformer_tiny"]
     cfg = dict(max_tokens=4096, bucket_shapes=True)
-    inline = train(tiny_train_config(toy_data_bin, tmp_path / "inline", max_update=14, **cfg), model, SearchConfig())
+    with caplog.at_level(logging.INFO):
+        inline = train(
+            tiny_train_config(toy_data_bin, tmp_path / "inline", max_update=14, **cfg), model, SearchConfig()
+        )
     assert inline.state.epoch > 1 and inline.bucket_limit == 256  # the model's positions
+    # the padding against plain batches: once a run (plain batching costs host time the GPU would wait for)
+    assert [r.getMessage()[:8] for r in caplog.records if "more positions" in r.getMessage()] == ["epoch 1:"]
     # the resumed run prepares its batches in the background thread, as on CUDA
     monkeypatch.setattr(
         trainer_module,
