@@ -20,6 +20,10 @@ P_enc / P_dec: parameters of the encoder / decoder layers (embeddings excluded),
 L layers, s_i / t_i the sentences' source / target lengths (with EOS), n_src / n_tgt their sums.
 Generation MFU uses the forward terms only (a third), with incremental decoding's attention over the prefix.
 MFU = model FLOP/s / the device's dense bf16 peak (table below, or --peak-tflops).
+
+Also per architecture: GPU busy % (the union of the kernels' time over the wall time of --busy-updates more
+updates under torch.profiler; the kernels of overlapping streams count once) and the padding of the timed
+batches (positions that are not tokens or EOS, source and target together; --bucket-shapes pads more).
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from nmt_cli.config import ARCHITECTURES, PreprocessConfig, SearchConfig, TrainConfig  # noqa: E402
+from nmt_cli.data.batching import padding_stats  # noqa: E402
 from nmt_cli.data.dataset import ParallelDataset  # noqa: E402
 from nmt_cli.data.preprocess import file_checksums, preprocess  # noqa: E402
 from nmt_cli.data.vocab import Vocab  # noqa: E402
@@ -156,6 +161,29 @@ def training_flops(model, cfg, s: np.ndarray, t: np.ndarray) -> float:
     return float(dense + attention)
 
 
+def gpu_busy(trainer, batches: list[np.ndarray], first: int) -> float:
+    """The share of the wall time of len(batches) updates in which some kernel ran (torch.profiler)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        start = time.perf_counter()
+        for i, ids in enumerate(batches):
+            trainer.train_step([ids])
+            trainer.state.batch_in_epoch = first + i + 1
+        torch.cuda.synchronize()
+        wall_us = (time.perf_counter() - start) * 1e6
+    spans = sorted(
+        (e.time_range.start, e.time_range.end) for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA
+    )
+    busy, end = 0.0, float("-inf")
+    for a, b in spans:  # the union of the kernels' intervals
+        if b > end:
+            busy += b - max(a, end)
+            end = b
+    return busy / wall_us
+
+
 def bench_training(arch: str, data_dir: Path, args, device: torch.device, peak: float) -> None:
     from nmt_cli.train.command import prepare
 
@@ -170,6 +198,7 @@ def bench_training(arch: str, data_dir: Path, args, device: torch.device, peak: 
         warmup_updates=4000,
         threads=1 if device.type == "cpu" else 0,
         cudnn_attention=args.cudnn_attention,
+        bucket_shapes=args.bucket_shapes,
     )
     trainer = prepare(cfg, ARCHITECTURES[arch], SearchConfig())
     model_cfg = trainer.model_cfg
@@ -202,6 +231,17 @@ def bench_training(arch: str, data_dir: Path, args, device: torch.device, peak: 
         f"{1000 * seconds / len(timed):.1f} ms/update)  MFU {mfu:6.1%}  peak memory {peak_gb:.1f} GiB",
         flush=True,
     )
+    padding = padding_stats(timed, data.src_lens, data.tgt_lens, trainer.bucket_limit)
+    first = n_warm + len(timed)
+    profiled = batches[first : first + args.busy_updates]
+    busy = gpu_busy(trainer, profiled, first) if device.type == "cuda" and profiled else float("nan")
+    print(
+        f"train {arch:18s} {args.precision}: GPU busy "
+        f"{f'{busy:.0%} of {len(profiled)} profiled updates' if busy == busy else 'not measured (no CUDA)'}; padding "
+        f"{padding.padding():.1%} of the timed batches' positions in {len(padding.shapes)} shapes"
+        f"{' (--bucket-shapes)' if args.bucket_shapes else ''}",
+        flush=True,
+    )
     record(
         args,
         what=f"train {arch}",
@@ -209,6 +249,8 @@ def bench_training(arch: str, data_dir: Path, args, device: torch.device, peak: 
         ms_per_update=round(1000 * seconds / len(timed), 1),
         mfu=round(mfu, 4),
         peak_gib=round(peak_gb, 1),
+        padding=round(padding.padding(), 4),
+        gpu_busy=None if busy != busy else round(busy, 3),
     )
     del trainer
     if device.type == "cuda":
@@ -289,6 +331,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--skip-generation", action="store_true")
     parser.add_argument("--cudnn-attention", action="store_true", help="let attention use cuDNN (as before issue 33)")
     parser.add_argument("--results", help="append each figure to this file as a JSON line")
+    parser.add_argument("--busy-updates", type=int, default=3, help="updates profiled for GPU busy %% (0: none)")
+    parser.add_argument("--bucket-shapes", action="store_true", help="train with `nmt train --bucket-shapes`")
     args = parser.parse_args()
     for key, value in (CPU_DEFAULTS if args.device == "cpu" else GPU_DEFAULTS).items():
         if getattr(args, key) is None:
@@ -311,6 +355,7 @@ def main() -> None:
     choose_attention_backends(device, args.cudnn_attention)  # as nmt train and nmt generate start
     if device.type == "cpu":
         torch.set_num_threads(1)  # the check's tiny products: more threads only wait on each other
+    print(__doc__[__doc__.index("Model FLOPs") : __doc__.index("Also per architecture")].rstrip(), flush=True)
     with tempfile.TemporaryDirectory(prefix="bench-gpu-") as tmp:
         data_dir = synthetic_data_dir(Path(tmp), args.train_sentences, args.vocab)
         assert len(ParallelDataset(data_dir, "train")) == args.train_sentences

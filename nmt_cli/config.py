@@ -292,6 +292,11 @@ class TrainConfig:
         "CUDA: let attention use cuDNN's kernels, which build a plan for every new batch shape (slow with "
         "token batches; not saved) [default: flash, memory-efficient or math].",
     )
+    bucket_shapes: bool = flag(
+        False,
+        "Pad each batch's lengths to multiples of 8 (at most 4 sizes per doubling) and take sentence counts from "
+        "a grid alike, so that batch shapes repeat; the padding added is logged at the start.",
+    )
 
     def __post_init__(self) -> None:
         check_fields(self)

@@ -3,11 +3,16 @@
 A batch's budget counts padded tokens including the EOS each side gets: with `n` sentences,
 `n * (max_src_len + 1) <= max_tokens` and `n * (max_tgt_len + 1) <= max_tokens`. A pair that cannot
 fit on its own is skipped and counted, never truncated.
+
+With shapes bucketed (`nmt train --bucket-shapes`), both sides are padded to a length from a small grid
+(`bucket_length`) and batches hold a count of sentences from another (`bucket_count`), so that the same few
+[B, S] and [B, T] shapes come back all epoch (what CUDA graphs and per-shape kernels need); the padding that
+adds is counted by `padding_stats`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -91,6 +96,121 @@ def batch_by_tokens(
     return batches, n_skipped
 
 
+def bucket_limit(max_tokens: int, max_positions: int) -> int:
+    """The longest a bucketed side may be padded to: the budget, and the model's positions (0: no limit)."""
+    return min(max_tokens, max_positions) if max_positions else max_tokens
+
+
+def bucket_length(n: int, limit: int = 0) -> int:
+    """n positions rounded up to the length grid: multiples of 4, at most four sizes per doubling
+    (4, 8, 12, ..., 32, 40, 48, 56, 64, 80, ...), so at most 25% padding above 16; capped at `limit`
+    (0: none) when n fits it, so that padding never makes a pair exceed --max-tokens or the model's positions.
+
+    Multiples of 8 up to 32 had 17% more positions to train than batches padded to their longest on Multi30k
+    (sentences of ~14 pieces), these 5% (--max-tokens 4096, 8k pieces; 32 shapes against 108 unbucketed)."""
+    n = int(n)  # a NumPy integer has no bit_length
+    step = max(4, 1 << max(0, (n - 1).bit_length() - 3))
+    size = -(-n // step) * step
+    return min(size, limit) if limit and n <= limit else size
+
+
+def bucket_count(n: int) -> int:
+    """The largest sentence count of the count grid not above n (n >= 1): 1-8, then four per doubling
+    (10, 12, 14, 16, 20, 24, 28, 32, 40, ...)."""
+    n = int(n)
+    step = 1 << max(0, n.bit_length() - 3)
+    return n // step * step
+
+
+def batch_by_shapes(
+    src_lens: np.ndarray, tgt_lens: np.ndarray, max_tokens: int, rng: np.random.Generator | None, max_positions: int = 0
+) -> tuple[list[np.ndarray], int]:
+    """`batch_by_tokens` with bucketed shapes: each side's length is its `bucket_length` (EOS included) and
+    each batch's size a `bucket_count`, within the same budget. The same pairs are skipped.
+
+    Sentences are sorted by bucketed (target, source) length, ties broken randomly, then packed
+    greedily; a batch that stops at a count off the grid gives its last sentences to the next one.
+    """
+    limit = bucket_limit(max_tokens, max_positions)
+    src = np.asarray(src_lens, dtype=np.int64) + 1
+    tgt = np.asarray(tgt_lens, dtype=np.int64) + 1
+    fits = (src <= limit) & (tgt <= limit)
+    grid = np.array([bucket_length(n, limit) for n in range(limit + 1)], dtype=np.int64)  # by length, to limit
+    src_b, tgt_b = grid[src.clip(max=limit)], grid[tgt.clip(max=limit)]
+    order = rng.permutation(len(src)) if rng is not None else np.arange(len(src))
+    order = order[np.lexsort((src_b[order], tgt_b[order]))]
+    order = order[fits[order]]
+    sorted_src, sorted_tgt = src_b[order].tolist(), tgt_b[order].tolist()
+    batches: list[np.ndarray] = []
+    start = 0
+    while start < len(order):
+        n = bucket_count(_n_fitting(sorted_src, sorted_tgt, start, max_tokens))
+        batches.append(order[start : start + n])
+        start += n
+    if rng is not None:
+        batches = [batches[j] for j in rng.permutation(len(batches))]
+    return batches, int((~fits).sum())
+
+
+def _n_fitting(src: list[int], tgt: list[int], start: int, max_tokens: int) -> int:
+    """How many sentences from position `start` of the sorted bucketed lengths on fit the budget (at least one)."""
+    max_src = max_tgt = n = 0
+    while start + n < len(src):
+        max_src, max_tgt = max(max_src, src[start + n]), max(max_tgt, tgt[start + n])
+        if (n + 1) * max_src > max_tokens or (n + 1) * max_tgt > max_tokens:
+            break
+        n += 1
+    return max(n, 1)
+
+
+@dataclass
+class PaddingStats:
+    """Source and target positions of a set of batches, real (tokens + EOS) and as trained (padded), and the
+    shapes seen as (sentences, source length, target length)."""
+
+    real: int = 0
+    trained: int = 0
+    shapes: set[tuple[int, int, int]] = field(default_factory=set)
+
+    def padding(self) -> float:
+        """Padded positions as a share of those trained."""
+        return 1.0 - self.real / self.trained if self.trained else 0.0
+
+
+def padding_stats(
+    batches: list[np.ndarray], src_lens: np.ndarray, tgt_lens: np.ndarray, bucket_limit: int = 0
+) -> PaddingStats:
+    """Source and target positions of `batches` together, padded as `collate` pads them with `bucket_limit`."""
+    stats = PaddingStats()
+    for ids in batches:
+        src, tgt = np.asarray(src_lens)[ids] + 1, np.asarray(tgt_lens)[ids] + 1
+        s, t = padded_lengths(int(src.max()), int(tgt.max()), bucket_limit)
+        stats.real += int(src.sum() + tgt.sum())
+        stats.trained += len(ids) * (s + t)
+        stats.shapes.add((len(ids), s, t))
+    return stats
+
+
+def compare_padding(
+    bucketed: list[np.ndarray], plain: list[np.ndarray], src_lens: np.ndarray, tgt_lens: np.ndarray, bucket_limit: int
+) -> str:
+    """One line on bucketed batches against the plain ones of the same pairs: batches, shapes and padding."""
+    ours, theirs = padding_stats(bucketed, src_lens, tgt_lens, bucket_limit), padding_stats(plain, src_lens, tgt_lens)
+    return (
+        f"{len(bucketed)} batches in {len(ours.shapes)} shapes, {100 * ours.padding():.1f}% of their source and "
+        f"target positions padding; unbucketed {len(plain)} batches in {len(theirs.shapes)} shapes, "
+        f"{100 * theirs.padding():.1f}% padding: bucketing trains {100 * (ours.trained / theirs.trained - 1):.1f}% "
+        "more positions"
+    )
+
+
+def padded_lengths(src_len: int, tgt_len: int, bucket_limit: int) -> tuple[int, int]:
+    """A batch's [S, T] from its longest positions (EOS included): those, or with bucket_limit their buckets."""
+    if not bucket_limit:
+        return src_len, tgt_len
+    return bucket_length(src_len, bucket_limit), bucket_length(tgt_len, bucket_limit)
+
+
 def epoch_batches(
     src_lens: np.ndarray,
     tgt_lens: np.ndarray,
@@ -100,34 +220,44 @@ def epoch_batches(
     rank: int = 0,
     world_size: int = 1,
     max_positions: int = 0,
+    bucket_shapes: bool = False,
 ) -> list[np.ndarray]:
     """This rank's batches for `epoch`: a deterministic function of (seed, epoch).
 
     Ranks take disjoint, interleaved batches; the last `len % world_size` batches of the shuffled
-    order are left out this epoch so that every rank gets the same number.
+    order are left out this epoch so that every rank gets the same number. bucket_shapes: `batch_by_shapes`.
     """
     rng = np.random.default_rng([seed, epoch])
-    batches, _ = batch_by_tokens(src_lens, tgt_lens, max_tokens, rng, max_positions=max_positions)
+    make = batch_by_shapes if bucket_shapes else batch_by_tokens
+    batches, _ = make(src_lens, tgt_lens, max_tokens, rng, max_positions=max_positions)
     per_rank = len(batches) // world_size
     return batches[rank::world_size][:per_rank]
 
 
-def pad_sources(sources: list[np.ndarray]) -> torch.Tensor:
-    """[B, S] source ids + EOS, right-padded with PAD: the encoder's input in training and in search."""
-    src_tokens = np.full((len(sources), max(len(s) for s in sources) + 1), PAD, dtype=np.int64)
+def pad_sources(sources: list[np.ndarray], length: int = 0) -> torch.Tensor:
+    """[B, S] source ids + EOS, right-padded with PAD to the longest (or to `length`, when given): the encoder's
+    input in training and in search."""
+    src_tokens = np.full((len(sources), length or max(len(s) for s in sources) + 1), PAD, dtype=np.int64)
     for row, s in enumerate(sources):
         src_tokens[row, : len(s)] = s
         src_tokens[row, len(s)] = EOS
     return torch.from_numpy(src_tokens)
 
 
-def collate(dataset: ParallelDataset, ids: np.ndarray, max_positions: int | None = None) -> Batch:
-    """Pad a batch; sequences longer than `max_positions` (valid/test only) are cut to fit."""
+def collate(
+    dataset: ParallelDataset, ids: np.ndarray, max_positions: int | None = None, bucket_limit: int = 0
+) -> Batch:
+    """Pad a batch; sequences longer than `max_positions` (valid/test only) are cut to fit.
+
+    bucket_limit: 0 pads each side to its longest sentence; else to that length's `bucket_length` (capped at
+    bucket_limit, which `batch_by_shapes` got as min(max_tokens, max_positions)).
+    """
     limit = (max_positions - 1) if max_positions else None
     tgts = [np.asarray(dataset.tgt[i][:limit], dtype=np.int64) for i in ids]
-    src_t = pad_sources([np.asarray(dataset.src[i][:limit], dtype=np.int64) for i in ids])
+    srcs = [np.asarray(dataset.src[i][:limit], dtype=np.int64) for i in ids]
+    src_len, tgt_len = padded_lengths(max(len(s) for s in srcs) + 1, max(len(t) for t in tgts) + 1, bucket_limit)
+    src_t = pad_sources(srcs, src_len)
     n = len(ids)
-    tgt_len = max(len(t) for t in tgts) + 1
     tgt_in = np.full((n, tgt_len), PAD, dtype=np.int64)
     tgt_out = np.full((n, tgt_len), PAD, dtype=np.int64)
     for row, t in enumerate(tgts):

@@ -12,10 +12,16 @@ gradient was summed in the transposed [D, V] layout (below), 2^21 and 2^22 measu
 2^23 on 2 Zen 5 cores (loss forward+gradient, 3,600 tokens, V 8,000, D 256 and 512, float32 and bf16).
 On CUDA: as large as memory comfortably allows (a 3k-token micro-batch at a 37k vocabulary is one
 chunk), since every chunk re-reads and re-writes the float32 [V, D] weight gradient.
+
+The softmax's element-wise passes over a chunk's logits (`_softmax_blocks`) are PyTorch operations on CPU and
+one Triton kernel on CUDA (train/triton_loss.py), which reads the bf16 logits twice instead of about ten
+float32 passes; the same sums in float32, so the two routes agree to float32 rounding.
 """
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -39,6 +45,32 @@ def _compute_dtype(device_type: str) -> torch.dtype:
     if torch.is_autocast_enabled(device_type):
         return torch.get_autocast_dtype(device_type)
     return torch.float32
+
+
+RowsKernel = Callable[[Tensor, Tensor, float, bool], tuple[Tensor, Tensor]]
+
+
+@functools.cache
+def _triton_kernel() -> RowsKernel | None:
+    """train/triton_loss.py's kernel, or None where triton does not import (a CPU-only PyTorch)."""
+    try:
+        from nmt_cli.train.triton_loss import smoothed_ce_rows
+    except ImportError:
+        return None
+    return smoothed_ce_rows
+
+
+def fused_kernel(z: Tensor) -> RowsKernel | None:
+    """The kernel that replaces `_softmax_blocks` for logits z: Triton's on CUDA, None (PyTorch's passes) elsewhere."""
+    return _triton_kernel() if z.device.type == "cuda" else None
+
+
+def _smoothed_ce(z: Tensor, t: Tensor, epsilon: float, need_grad: bool) -> tuple[Tensor, Tensor]:
+    """Loss and NLL sums of logits z [n, V] against targets t [n]; with need_grad, z becomes their gradient."""
+    kernel = fused_kernel(z)
+    if kernel is not None:
+        return kernel(z, t, epsilon, need_grad)
+    return _softmax_blocks(z, t[:, None], epsilon, need_grad)
 
 
 def _softmax_blocks(z: Tensor, t: Tensor, epsilon: float, need_grad: bool) -> tuple[Tensor, Tensor]:
@@ -101,9 +133,8 @@ class _LinearLabelSmoothedCE(torch.autograd.Function):
                 n = h.shape[0]
                 if padded:
                     h = pad_rows(h)
-                t = target[start : start + chunk, None]
                 z_all = matmul_nt(h, w)  # [c, V] in the compute dtype, rows past n are padding
-                chunk_loss, chunk_nll = _softmax_blocks(z_all[:n], t, epsilon, need_grad)
+                chunk_loss, chunk_nll = _smoothed_ce(z_all[:n], target[start : start + chunk], epsilon, need_grad)
                 loss += chunk_loss
                 nll_sum += chunk_nll
                 if need_grad:  # z_all now holds the logits' gradient

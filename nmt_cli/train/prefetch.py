@@ -26,9 +26,10 @@ from nmt_cli.data.dataset import ParallelDataset
 from nmt_cli.data.vocab import PAD
 
 
-def prepare(dataset: ParallelDataset, ids: np.ndarray, device: torch.device) -> Batch:
-    """collate(), plus, for CUDA, the host-side target positions, no mask without padding, pinned memory."""
-    batch = collate(dataset, ids)
+def prepare(dataset: ParallelDataset, ids: np.ndarray, device: torch.device, bucket_limit: int = 0) -> Batch:
+    """collate() (to bucketed lengths with bucket_limit), plus, for CUDA, the host-side target positions,
+    no mask without padding, pinned memory."""
+    batch = collate(dataset, ids, bucket_limit=bucket_limit)
     if device.type != "cuda":
         return batch
     index = torch.from_numpy(np.flatnonzero(batch.tgt_out.numpy().reshape(-1) != PAD))
@@ -55,6 +56,7 @@ def pin(batch: Batch) -> Batch:
 def _work(
     dataset: ParallelDataset,
     device: torch.device,
+    bucket_limit: int,
     order: list[np.ndarray],
     start: int,
     out: queue.Queue,
@@ -63,7 +65,7 @@ def _work(
     """Prepare order[start:] into `out` until the end of the order or until told to stop."""
     for ids in order[start:]:
         try:
-            item: tuple[np.ndarray, Batch | BaseException] = (ids, prepare(dataset, ids, device))
+            item: tuple[np.ndarray, Batch | BaseException] = (ids, prepare(dataset, ids, device, bucket_limit))
         except BaseException as e:  # handed to the loop, which raises it where collate would have
             item = (ids, e)
         while not stop.is_set():
@@ -77,10 +79,16 @@ def _work(
 
 
 class BatchLoader:
-    """Prepared batches in the loop's order; background=False collates inline (the CPU default)."""
+    """Prepared batches in the loop's order; background=False collates inline (the CPU default).
 
-    def __init__(self, dataset: ParallelDataset, device: torch.device, background: bool, depth: int = 4) -> None:
+    bucket_limit: pad to bucketed lengths (`collate`), for batches made by `batch_by_shapes`.
+    """
+
+    def __init__(
+        self, dataset: ParallelDataset, device: torch.device, background: bool, depth: int = 4, bucket_limit: int = 0
+    ) -> None:
         self.dataset, self.device, self.background, self.depth = dataset, device, background, depth
+        self.bucket_limit = bucket_limit
         self._order: list[np.ndarray] | None = None
         self._next = 0
         self._queue: queue.Queue | None = None
@@ -97,7 +105,7 @@ class BatchLoader:
         self._order, self._next, self._queue = order, start, queue.Queue(maxsize=self.depth)
         threading.Thread(
             target=_work,
-            args=(self.dataset, self.device, order, start, self._queue, stop),
+            args=(self.dataset, self.device, self.bucket_limit, order, start, self._queue, stop),
             daemon=True,
             name="nmt-batches",
         ).start()
@@ -107,7 +115,7 @@ class BatchLoader:
         order, n = self._order, self._next
         if self._queue is None or order is None or n >= len(order) or order[n] is not ids:
             self._order = None  # off the plan: the next plan() restarts the thread
-            return prepare(self.dataset, ids, self.device)
+            return prepare(self.dataset, ids, self.device, self.bucket_limit)
         self._next += 1
         planned_ids, batch = self._queue.get()
         assert planned_ids is ids

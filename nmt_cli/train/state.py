@@ -108,7 +108,8 @@ def restart_data_if_rebatched(
 ) -> None:
     """--reset-dataloader, or batches made differently, restart the data at the start of the saved epoch.
 
-    The epoch's batches follow from the ranks, --max-tokens, --seed and the training split's lengths: with any
+    The epoch's batches follow from the ranks, --max-tokens, --seed, --bucket-shapes and the training split's
+    lengths: with any
     of them changed, the saved position points into other batches.
     """
     if cfg.reset_dataloader:
@@ -116,7 +117,7 @@ def restart_data_if_rebatched(
     saved_world, saved_cfg = ckpt.get("world_size", 1), ckpt.get("train_config", {})
     rebatched = [
         f"{flag_name(name)} {getattr(cfg, name)} (was {saved_cfg[name]})"
-        for name in ("max_tokens", "seed")
+        for name in ("max_tokens", "seed", "bucket_shapes")
         if name in saved_cfg and saved_cfg[name] != getattr(cfg, name)
     ]
     if saved_world != info.world_size:

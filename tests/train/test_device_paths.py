@@ -73,7 +73,9 @@ def background_loader(monkeypatch):
     monkeypatch.setattr(
         trainer_module,
         "BatchLoader",
-        lambda data, device, background: BatchLoader(data, device, background=True, depth=2),
+        lambda data, device, background, bucket_limit: BatchLoader(
+            data, device, background=True, depth=2, bucket_limit=bucket_limit
+        ),
     )
 
 
