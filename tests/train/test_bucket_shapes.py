@@ -3,6 +3,7 @@
 import logging
 
 import numpy as np
+import pytest
 import torch
 from click.testing import CliRunner
 from conftest import TINY, tiny_train_config
@@ -16,6 +17,8 @@ from nmt_cli.train import trainer as trainer_module
 from nmt_cli.train.command import train
 from nmt_cli.train.loss import TranslationLoss
 from nmt_cli.train.prefetch import BatchLoader
+
+pytestmark = pytest.mark.usefixtures("cpu_matmul_route")  # both CPU matmul routes on every machine (conftest.py)
 
 
 def test_a_bucketed_batch_has_the_loss_and_gradient_of_the_plain_one(tiny_model, toy_data_bin):

@@ -13,6 +13,8 @@ import torch.nn.functional as F
 from nmt_cli.train import loss as loss_module
 from nmt_cli.train.loss import label_smoothed_nll
 
+pytestmark = pytest.mark.usefixtures("cpu_matmul_route")  # both CPU matmul routes on every machine (conftest.py)
+
 
 @pytest.fixture(scope="module")
 def kernels():

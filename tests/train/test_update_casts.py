@@ -2,6 +2,7 @@
 
 from contextlib import nullcontext
 
+import pytest
 import torch
 from conftest import tiny_train_config
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -10,6 +11,8 @@ from nmt_cli.config import ARCHITECTURES, SearchConfig
 from nmt_cli.model import linear
 from nmt_cli.train.command import prepare, train
 from nmt_cli.train.trainer import Trainer
+
+pytestmark = pytest.mark.usefixtures("cpu_matmul_route")  # both CPU matmul routes on every machine (conftest.py)
 
 
 class WeightCasts(TorchDispatchMode):
