@@ -157,7 +157,7 @@ def training_flops(model, cfg, s: np.ndarray, t: np.ndarray) -> float:
 
 
 def bench_training(arch: str, data_dir: Path, args, device: torch.device, peak: float) -> None:
-    from nmt_cli.train.command import prepare
+    from nmt_cli.commands.train import prepare
 
     save = Path(tempfile.mkdtemp(prefix=f"bench-{arch}-"))
     cfg = TrainConfig(

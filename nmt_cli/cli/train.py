@@ -26,7 +26,7 @@ EVAL_SEARCH_FIELDS = ("beam", "lenpen", "lenpen_style", "max_len_a", "max_len_b"
 @config_options(SearchConfig, prefix=EVAL_PREFIX, only=EVAL_SEARCH_FIELDS)
 def train(arch: str, **values: Any) -> None:
     """Train a Transformer on a data directory made by `nmt preprocess`."""
-    from nmt_cli.train.command import train as train_model
+    from nmt_cli.commands.train import train as train_model
 
     values["precision"] = precision_from(values)
     model = model_config(arch, **take(ModelConfig, values, drop_none=True))

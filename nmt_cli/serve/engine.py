@@ -21,12 +21,12 @@ import torch
 
 from nmt_cli import __version__
 from nmt_cli.checkpoint import load_checkpoint, search_config_of
+from nmt_cli.commands.generate import generation_precision, hypothesis_record, search_settings
 from nmt_cli.config import SearchConfig, ServeConfig
 from nmt_cli.data import WORD_MARK
 from nmt_cli.errors import DataError
 from nmt_cli.parsing.generate import parse_sentences, ptb_words, tree_constraint
 from nmt_cli.runtime import AMP_DTYPES, choose_device
-from nmt_cli.search.command import generation_precision, hypothesis_record, search_settings
 from nmt_cli.search.translate import Translator, sampling_generator, translate, translator_from
 
 logger = logging.getLogger(__name__)
