@@ -8,7 +8,7 @@ from typing import Any
 import click
 
 from nmt_cli.cli.options import CONTEXT, config_options
-from nmt_cli.config import PreprocessConfig
+from nmt_cli.config import PreprocessConfig, parses_trees
 
 
 @click.command(context_settings=CONTEXT)
@@ -19,5 +19,5 @@ def preprocess(**values: Any) -> None:
     from nmt_cli.parsing.preprocess import preprocess_trees
 
     cfg = PreprocessConfig(**values)
-    meta = preprocess_trees(cfg) if cfg.target_format == "ptb-tree" else preprocess_data(cfg)
+    meta = preprocess_trees(cfg) if parses_trees(cfg.target_format) else preprocess_data(cfg)
     click.echo(json.dumps({k: meta[k] for k in ("source_lang", "target_lang", "vocab_size", "splits")}))

@@ -22,6 +22,7 @@ from nmt_cli.config import (
     TrainConfig,
     changed_flags,
     config_to_dict,
+    parses_trees,
     shape_differences,
 )
 from nmt_cli.data.batching import count_too_long
@@ -109,12 +110,13 @@ def prepare(cfg: TrainConfig, model_cfg: ModelConfig, search_cfg: SearchConfig) 
     meta = load_meta(data_dir)
     vocab = load_vocab(data_dir, meta)
     model_cfg = replace(model_cfg, vocab_size=meta["vocab_size"])
-    if meta.get("target_format") == "ptb-tree" and cfg.eval_bleu:
+    parser = parses_trees(meta.get("target_format"))
+    if parser and cfg.eval_bleu:
         raise ConfigError(
             f"{data_dir} holds trees (a parser's data): --eval-bleu would score linearized trees as text; parse "
             "the valid words with `nmt generate --input`, then `nmt score --metric bracket-f1`"
         )
-    if meta.get("target_format") == "ptb-tree" and search_cfg == SearchConfig():
+    if parser and search_cfg == SearchConfig():
         search_cfg = PARSE_SEARCH  # a parser's generate defaults: the paper's beam 21, alpha 0.3, |x| + 300
     save_dir = Path(cfg.save_dir)
     if cfg.log_file and info.is_main:
