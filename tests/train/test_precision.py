@@ -11,12 +11,12 @@ import torch
 from conftest import tiny_train_config
 
 from nmt_cli.checkpoint import load_checkpoint
+from nmt_cli.commands import train as train_command
 from nmt_cli.commands.train import train
 from nmt_cli.config import ARCHITECTURES, SearchConfig
 from nmt_cli.errors import ConfigError, NmtError
 from nmt_cli.runtime import resolve_precision
 from nmt_cli.search.settings import generation_precision
-from nmt_cli.train import command as train_command
 from nmt_cli.train.trainer import Trainer
 
 pytestmark = pytest.mark.usefixtures("cpu_matmul_route")  # both CPU matmul routes on every machine (conftest.py)
