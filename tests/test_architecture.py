@@ -164,6 +164,22 @@ def test_the_task_is_asked_in_one_place():
     assert not outside and compares, compares
 
 
+def test_train_counters_move_only_through_train_state():
+    """The update count and the epoch cursor are TrainState's to advance (advance_update, next_epoch, ...)."""
+    counters = {"update", "epoch", "batch_in_epoch", "lr_start"}
+    assigned = [
+        f"{path.relative_to(PACKAGE.parent)}:{node.lineno}"
+        for path in MODULES
+        if path.relative_to(PACKAGE).as_posix() != "train/state.py"
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, (ast.Assign, ast.AugAssign))
+        for target in (node.targets if isinstance(node, ast.Assign) else [node.target])
+        for part in (target.elts if isinstance(target, ast.Tuple) else [target])
+        if isinstance(part, ast.Attribute) and part.attr in counters
+    ]
+    assert not assigned, assigned
+
+
 def test_no_import_cycles():
     """Imports go one way: the graph of nmt_cli modules (imports inside functions included) has no cycle."""
     known = {module_name(p) for p in MODULES}

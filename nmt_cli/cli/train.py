@@ -31,6 +31,6 @@ def train(arch: str, **values: Any) -> None:
     values["precision"] = precision_from(values)
     model = model_config(arch, **take(ModelConfig, values, drop_none=True))
     search = SearchConfig(**take(SearchConfig, values, prefix=EVAL_PREFIX))
-    trainer = train_model(TrainConfig(**take(TrainConfig, values)), model, search)
-    if trainer.stopped_by:  # checkpoint_last.pt is saved; exit as an interrupted program does (130, 143)
-        raise SystemExit(128 + trainer.stopped_by)
+    stopped = train_model(TrainConfig(**take(TrainConfig, values)), model, search)
+    if stopped.exit_status:  # stopped by a signal, checkpoint_last.pt saved: 130 or 143
+        raise SystemExit(stopped.exit_status)

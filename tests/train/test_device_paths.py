@@ -81,13 +81,13 @@ def test_background_batches_change_nothing_even_across_epochs_and_a_resume(toy_d
     model = ARCHITECTURES["transformer_tiny"]
     inline = train(
         tiny_train_config(toy_data_bin, tmp_path / "inline", max_update=14, max_tokens=4096), model, SearchConfig()
-    )
+    ).trainer
     assert inline.state.epoch > 1  # the run crossed an epoch boundary
     background_loader(monkeypatch)
     train(tiny_train_config(toy_data_bin, tmp_path / "bg", max_update=5, max_tokens=4096), model, SearchConfig())
     resumed = train(
         tiny_train_config(toy_data_bin, tmp_path / "bg", max_update=14, max_tokens=4096), model, SearchConfig()
-    )
+    ).trainer
     assert resumed.loader.background
     for (name, a), b in zip(inline.model.state_dict().items(), resumed.model.state_dict().values()):
         torch.testing.assert_close(a, b, rtol=0, atol=0, msg=name)

@@ -106,7 +106,7 @@ def test_fp16_overflows_are_skipped_counted_and_halve_the_scale(
             tiny_train_config(toy_data_bin, tmp_path, max_update=5, precision="fp16", log_interval=1),
             ARCHITECTURES["transformer_tiny"],
             SearchConfig(),
-        )
+        ).trainer
     ckpt = load_checkpoint(tmp_path / "checkpoint_last.pt")
     n = ckpt["train_state"]["n_overflows"]
     assert ckpt["update"] == 5 and n >= 3  # the 3 injected, and any real CPU float16 overflow
