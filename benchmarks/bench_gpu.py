@@ -185,7 +185,7 @@ def gpu_busy(trainer, batches: list[np.ndarray], first: int) -> float:
 
 
 def bench_training(arch: str, data_dir: Path, args, device: torch.device, peak: float) -> None:
-    from nmt_cli.train.command import prepare
+    from nmt_cli.commands.train import prepare
 
     save = Path(tempfile.mkdtemp(prefix=f"bench-{arch}-"))
     cfg = TrainConfig(

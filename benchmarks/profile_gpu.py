@@ -23,8 +23,8 @@ from pathlib import Path
 import torch
 from bench_gpu import synthetic_data_dir
 
+from nmt_cli.commands.train import prepare
 from nmt_cli.config import ARCHITECTURES, SearchConfig, TrainConfig
-from nmt_cli.train.command import prepare
 from nmt_cli.train.trainer import Trainer
 
 

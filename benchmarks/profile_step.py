@@ -25,11 +25,11 @@ import torch
 from common import data_bin, precisions, report
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from nmt_cli.commands.train import prepare  # noqa: E402
 from nmt_cli.config import ModelConfig, SearchConfig, TrainConfig, model_config  # noqa: E402
 from nmt_cli.data.batching import collate  # noqa: E402
 from nmt_cli.model.linear import Linear  # noqa: E402
 from nmt_cli.runtime import AMP_DTYPES, autocast  # noqa: E402
-from nmt_cli.train.command import prepare  # noqa: E402
 from nmt_cli.train.trainer import Trainer  # noqa: E402
 
 GROUPS = (  # the first group whose key is in the operator's name takes it

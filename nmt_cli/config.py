@@ -198,8 +198,15 @@ class PreprocessConfig:
                 f"{' and '.join(spm_training)} train a sentencepiece model, and --spm-model gives one; "
                 "drop one or the other"
             )
-        if self.target_format != "ptb-tree" and "--tree-leaves" in changed:
+        if not parses_trees(self.target_format) and "--tree-leaves" in changed:
             raise ConfigError("--tree-leaves is for --target-format ptb-tree")
+
+
+def parses_trees(target_format: str | None) -> bool:
+    """The one test of the task: a target of bracketed trees (a constituency parser, nmt_cli/parsing) rather
+    than text. A data directory's meta.json and a checkpoint record `target_format`; the modules that load
+    them ask here once and hand the answer down."""
+    return target_format == "ptb-tree"
 
 
 @dataclass(frozen=True)

@@ -130,8 +130,6 @@ def score_files(sys_path: Path, ref_paths: Sequence[Path], metrics: Sequence[str
     metric; several references score as sacreBLEU's multi-reference BLEU and chrF."""
     hyps = read_hypotheses(sys_path)
     streams = [check_references(sys_path, len(hyps), path) for path in ref_paths]
-    from nmt_cli.parsing.tree import looks_like_trees
-
     if looks_like_trees(hyps) and looks_like_trees(streams[0]):
         raise DataError(
             f"{sys_path} and {ref_paths[0]} hold bracketed trees (a parsing model's output?); "
@@ -160,3 +158,9 @@ def check_references(sys_path: Path, n_hyps: int, ref_path: Path) -> list[str]:
                 "text (such as the files preprocess read)"
             )
     return refs
+
+
+def looks_like_trees(lines: Sequence[str]) -> bool:
+    """True when every non-empty line is bracketed like a tree (to catch trees given to BLEU)."""
+    nonempty = [line.strip() for line in lines if line.strip()]
+    return bool(nonempty) and all(line.startswith("(") and line.endswith(")") for line in nonempty)

@@ -133,7 +133,7 @@ def tiny_train_config(data_bin: Path, save_dir: Path, **kw) -> TrainConfig:
 @pytest.fixture(scope="session")
 def tiny_checkpoint(toy_data_bin, tmp_path_factory) -> Path:
     """A transformer_tiny trained for a few updates on the copy corpus (fast, not converged)."""
-    from nmt_cli.train.command import train
+    from nmt_cli.commands.train import train
 
     save_dir = tmp_path_factory.mktemp("ckpt")
     train(
@@ -148,7 +148,7 @@ def tiny_checkpoint(toy_data_bin, tmp_path_factory) -> Path:
 def trained_copy_checkpoint(toy_data_bin, tmp_path_factory) -> Path:
     """A transformer_tiny that has learned the copy task well enough for non-trivial, decisive beams
     (300 updates; about 10 s on a free core). Used by the export parity and int8 tests."""
-    from nmt_cli.train.command import train
+    from nmt_cli.commands.train import train
 
     save_dir = tmp_path_factory.mktemp("trained")
     train(

@@ -1,5 +1,6 @@
-"""Module boundaries (../shared/STYLE.md): only the cli package imports click, only log.py imports rich,
-data never imports model, and no two modules import each other (directly or through others)."""
+"""Module boundaries (../shared/STYLE.md, CONTRIBUTING.md "Where things live"): packages sit in layers and import
+only downwards (imports inside functions included), the same-layer imports allowed are listed with their reason,
+only the cli package imports click, only log.py imports rich, and no two modules import each other."""
 
 import ast
 from pathlib import Path
@@ -11,6 +12,40 @@ from nmt_cli.cli import cli
 
 PACKAGE = Path(__file__).resolve().parents[1] / "nmt_cli"
 MODULES = sorted(PACKAGE.rglob("*.py"))
+
+# Each top-level module or subpackage of nmt_cli and its layer, bottom to top. A package imports from lower layers;
+# from its own layer only along an edge of SAME_LAYER. "nmt_cli" is the package's __init__ (the version).
+LAYERS = {
+    "nmt_cli": 0,
+    "errors": 1,
+    "log": 1,
+    "files": 1,
+    "allocator": 1,
+    "config": 2,
+    "runtime": 2,
+    "data": 3,
+    "model": 4,
+    "checkpoint": 5,
+    "metrics": 5,
+    "search": 6,
+    "train": 6,
+    "parsing": 6,
+    "export": 6,
+    "plot": 6,
+    "serve": 6,
+    "commands": 7,
+    "cli": 8,
+    "__main__": 9,
+}
+SAME_LAYER = {
+    ("files", "errors"): "a file that cannot be read or written is the user's error (errors.py)",
+    ("parsing", "search"): "parsing plugs its tree constraint into the search",
+    ("train", "search"): "validation translates the valid split with the search driver to score BLEU",
+    ("serve", "search"): "serve translates with generate's search driver and settings",
+    ("serve", "parsing"): "serve parses with a parsing checkpoint, as generate does",
+    ("plot", "search"): "plot attention draws the model's own greedy translation",
+    ("plot", "parsing"): "plot attention reads a parser's sentence as the treebank writes it",
+}
 
 
 def imports(path):
@@ -27,6 +62,85 @@ def module_name(path):
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
+def package_of(module):
+    """The layer unit of an nmt_cli module name: `nmt_cli.search.beam` -> "search", `nmt_cli` -> "nmt_cli"."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else parts[0]
+
+
+def package_imports():
+    """{(importer, imported): first module:line that makes the edge}, over every import in every module."""
+    edges = {}
+    for path in MODULES:
+        here = package_of(module_name(path))
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            if isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module]
+            for name in names:
+                there = package_of(name)
+                if name.split(".")[0] == "nmt_cli" and there != here:
+                    edges.setdefault((here, there), f"{path.relative_to(PACKAGE.parent)}:{node.lineno}")
+    return edges
+
+
+def test_every_package_has_a_layer():
+    packages = {package_of(module_name(p)) for p in MODULES}
+    assert not packages - LAYERS.keys(), "give each new package its layer in LAYERS (and CONTRIBUTING.md)"
+    assert not LAYERS.keys() - packages, "a package of LAYERS is gone: drop it there (and from CONTRIBUTING.md)"
+
+
+def test_imports_go_down_the_layers():
+    """No upward import and no same-layer import outside SAME_LAYER, at module level or inside a function."""
+    wrong = [
+        f"{where}: {here} (layer {LAYERS[here]}) imports {there} (layer {LAYERS[there]})"
+        for (here, there), where in sorted(package_imports().items())
+        if LAYERS[there] > LAYERS[here] or (LAYERS[there] == LAYERS[here] and (here, there) not in SAME_LAYER)
+    ]
+    assert not wrong, "\n".join(wrong)
+
+
+def test_same_layer_edges_are_used_and_acyclic():
+    """Every allowed same-layer edge is still needed (else drop it) and they make no package cycle."""
+    edges = package_imports()
+    assert not [edge for edge in SAME_LAYER if edge not in edges]
+    assert not [(a, b) for (a, b) in SAME_LAYER if (b, a) in SAME_LAYER]
+    assert all(LAYERS[a] == LAYERS[b] for a, b in SAME_LAYER)
+
+
+def test_no_package_cycle():
+    """The packages' import graph, imports inside functions included, has no cycle (what the layers imply)."""
+    graph = {}
+    for here, there in package_imports():
+        graph.setdefault(here, set()).add(there)
+    assert find_cycle(graph) is None, "package import cycle: " + " -> ".join(find_cycle(graph) or [])
+
+
+def find_cycle(graph):
+    """A cycle of `graph` ({node: successors}) as a list of nodes, first repeated last; None when there is none."""
+    state = {}
+
+    def visit(node, stack):
+        state[node] = "open"
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == "open":
+                return stack[stack.index(nxt) :] + [nxt]
+            if nxt not in state and (cycle := visit(nxt, stack + [nxt])):
+                return cycle
+        state[node] = "done"
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (cycle := visit(node, [node])):
+            return cycle
+    return None
+
+
+def test_find_cycle_finds_one():
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": {"c"}}) is None
+
+
 @pytest.mark.parametrize("path", MODULES, ids=lambda p: str(p.relative_to(PACKAGE)))
 def test_import_boundaries(path):
     names = set(imports(path))
@@ -35,28 +149,42 @@ def test_import_boundaries(path):
         assert not any(n == "click" or n.startswith("click.") or n.startswith("nmt_cli.cli") for n in names)
     if rel != "log.py":
         assert not any(n == "rich" or n.startswith("rich.") for n in names)
-    if rel.startswith("data/"):
-        assert not any(n.startswith(("nmt_cli.model", "nmt_cli.train", "nmt_cli.search")) for n in names)
+
+
+def test_the_task_is_asked_in_one_place():
+    """`target_format == "ptb-tree"` is written in config.parses_trees (and parsing/); other modules ask it."""
+    compares = [
+        f"{path.relative_to(PACKAGE.parent)}:{node.lineno}"
+        for path in MODULES
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Compare)
+        and any(isinstance(c, ast.Constant) and c.value == "ptb-tree" for c in [node.left, *node.comparators])
+    ]
+    outside = [c for c in compares if not c.startswith(("nmt_cli/config.py:", "nmt_cli/parsing/"))]
+    assert not outside and compares, compares
+
+
+def test_train_counters_move_only_through_train_state():
+    """The update count and the epoch cursor are TrainState's to advance (advance_update, next_epoch, ...)."""
+    counters = {"update", "epoch", "batch_in_epoch", "lr_start"}
+    assigned = [
+        f"{path.relative_to(PACKAGE.parent)}:{node.lineno}"
+        for path in MODULES
+        if path.relative_to(PACKAGE).as_posix() != "train/state.py"
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, (ast.Assign, ast.AugAssign))
+        for target in (node.targets if isinstance(node, ast.Assign) else [node.target])
+        for part in (target.elts if isinstance(target, ast.Tuple) else [target])
+        if isinstance(part, ast.Attribute) and part.attr in counters
+    ]
+    assert not assigned, assigned
 
 
 def test_no_import_cycles():
     """Imports go one way: the graph of nmt_cli modules (imports inside functions included) has no cycle."""
     known = {module_name(p) for p in MODULES}
     graph = {module_name(p): {n for n in imports(p) if n in known and n != module_name(p)} for p in MODULES}
-    state = {}
-
-    def visit(node, stack):
-        state[node] = "open"
-        for nxt in graph[node]:
-            if state.get(nxt) == "open":
-                pytest.fail("import cycle: " + " -> ".join(stack[stack.index(nxt) :] + [nxt]))
-            if nxt not in state:
-                visit(nxt, stack + [nxt])
-        state[node] = "done"
-
-    for node in sorted(graph):
-        if node not in state:
-            visit(node, [node])
+    assert find_cycle(graph) is None, "import cycle: " + " -> ".join(find_cycle(graph) or [])
 
 
 @pytest.mark.parametrize(

@@ -25,7 +25,7 @@ def test_a_compiled_trainer_saves_the_plain_modules_state(toy_data_bin, tmp_path
     """No `_orig_mod.` prefixes, and no trace of --compile in the checkpoint (building compiles nothing yet)."""
     import torch
 
-    from nmt_cli.train.command import prepare
+    from nmt_cli.commands.train import prepare
 
     (tmp_path / "run").mkdir()
     trainer = prepare(

@@ -16,11 +16,11 @@ import torch
 from conftest import tiny_train_config
 
 from nmt_cli.checkpoint import load_checkpoint
+from nmt_cli.commands.train import prepare, train
 from nmt_cli.config import ARCHITECTURES, SearchConfig
 from nmt_cli.data.dataset import ParallelDataset
 from nmt_cli.runtime import choose_attention_backends
 from nmt_cli.search.translate import Translator, load_translator, translate
-from nmt_cli.train.command import prepare, train
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 

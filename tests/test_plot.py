@@ -154,8 +154,8 @@ def test_plot_curves_draws_the_logged_numbers(tmp_path):
 def test_plot_curves_of_a_real_log(toy_data_bin, tmp_path):
     from conftest import tiny_train_config
 
+    from nmt_cli.commands.train import train
     from nmt_cli.config import SearchConfig, model_config
-    from nmt_cli.train.command import train
 
     log = tmp_path / "run.jsonl"
     train(

@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 
 import click
 
 from nmt_cli.cli.options import CONTEXT
-
-logger = logging.getLogger(__name__)
 
 
 @click.command("average-checkpoints", context_settings=CONTEXT)
@@ -41,10 +38,6 @@ def average_checkpoints(
     more_inputs: tuple[Path, ...],
 ) -> None:
     """Average the weights of several checkpoints (the paper averaged the last 5 or 20)."""
-    from nmt_cli.checkpoint import average_checkpoints as average
-    from nmt_cli.checkpoint import check_average_output, checkpoints_to_average, save_checkpoint
+    from nmt_cli.commands.average import average
 
-    paths = checkpoints_to_average(list(inputs) + list(more_inputs), num_update_checkpoints)
-    check_average_output(output, paths, force)
-    save_checkpoint(average(paths), output)
-    logger.info("averaged %d checkpoints into %s: %s", len(paths), output, ", ".join(p.name for p in paths))
+    average(list(inputs) + list(more_inputs), num_update_checkpoints, output, force)

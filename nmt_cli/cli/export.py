@@ -14,6 +14,6 @@ from nmt_cli.config import ExportConfig
 @config_options(ExportConfig)
 def export(**values: Any) -> None:
     """Write a checkpoint as a CTranslate2 model directory, the sentencepiece model beside it."""
-    from nmt_cli.export.run import export_checkpoint
+    from nmt_cli.commands.export import export_checkpoint
 
     click.echo(str(export_checkpoint(ExportConfig(**values))))

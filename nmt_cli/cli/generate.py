@@ -16,7 +16,7 @@ from nmt_cli.config import GenerateConfig, SearchConfig
 @config_options(SearchConfig, default_note=lambda f: f"the checkpoint's, else {f.default}")
 def generate(**values: Any) -> None:
     """Translate a binarized split (DATA_DIR) or raw text (--input) with beam search."""
-    from nmt_cli.search.command import generate as generate_translations
+    from nmt_cli.commands.generate import generate as generate_translations
 
     values["precision"] = precision_from(values)
     search_overrides = take(SearchConfig, values, drop_none=True)

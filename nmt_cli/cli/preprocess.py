@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import click
@@ -15,9 +14,6 @@ from nmt_cli.config import PreprocessConfig
 @config_options(PreprocessConfig)
 def preprocess(**values: Any) -> None:
     """Train a joint sentencepiece model and binarize train/valid/test."""
-    from nmt_cli.data.preprocess import preprocess as preprocess_data
-    from nmt_cli.parsing.preprocess import preprocess_trees
+    from nmt_cli.commands.preprocess import preprocess as preprocess_command
 
-    cfg = PreprocessConfig(**values)
-    meta = preprocess_trees(cfg) if cfg.target_format == "ptb-tree" else preprocess_data(cfg)
-    click.echo(json.dumps({k: meta[k] for k in ("source_lang", "target_lang", "vocab_size", "splits")}))
+    click.echo(preprocess_command(PreprocessConfig(**values)))

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import click
 
 from nmt_cli.cli.options import CONTEXT, EXISTING_FILE
-from nmt_cli.errors import ConfigError
 
 
 @click.command(context_settings=CONTEXT)
@@ -41,26 +39,7 @@ def score(
     sys_path: Path, ref_paths: tuple[Path, ...], metrics: tuple[str, ...], lang: str, as_json: bool, verbose: bool
 ) -> None:
     """Score translations: sacreBLEU (with its signature) and chrF; tokenized BLEU on request; trees: bracket-f1."""
-    from nmt_cli.metrics import score_files
+    from nmt_cli.commands.score import score as score_command
 
-    if lang != "en" and not any(m.startswith("tok-bleu") for m in metrics):
-        raise ConfigError(f"--lang {lang} sets the Moses tokenizer of tok-bleu metrics; give one with --metric")
-    if verbose and "bracket-f1" not in metrics:
-        raise ConfigError("--verbose adds EVALB's line per sentence to --metric bracket-f1; give that metric")
-    if "bracket-f1" in metrics:  # constituency trees (nmt_cli/parsing/evalb.py)
-        from nmt_cli.parsing.evalb import COLLINS, format_report, report_json, score_tree_files
-
-        if len(set(metrics)) > 1:
-            raise ConfigError("--metric bracket-f1 scores trees; give it alone")
-        if len(ref_paths) > 1:
-            raise ConfigError("--metric bracket-f1 compares with one gold tree file; give one --ref")
-        result = score_tree_files(sys_path, ref_paths[0])
-        report = report_json(result, COLLINS, verbose) if as_json else None
-        click.echo(json.dumps(report) if report else format_report(result, COLLINS, verbose))
-        return
-
-    for s in score_files(sys_path, ref_paths, metrics or ("sacrebleu", "chrf"), lang):
-        if as_json:
-            click.echo(json.dumps({"metric": s.metric, "score": round(s.score, 2), "signature": s.signature}))
-        else:
-            click.echo(f"{s.text}  [{s.signature}]" if s.metric in ("sacrebleu", "chrf") else s.text)
+    for line in score_command(sys_path, ref_paths, metrics, lang, as_json, verbose):
+        click.echo(line)

@@ -16,7 +16,7 @@ from nmt_cli.config import SearchConfig, ServeConfig
 @config_options(SearchConfig, default_note=lambda f: f"the checkpoint's, else {f.default}")
 def serve(**values: Any) -> None:
     """Translate over HTTP (POST /translate, a page at /), batching sentences across requests (needs nmt[serve])."""
-    from nmt_cli.serve.command import serve as run_server
+    from nmt_cli.commands.serve import serve as run_server
 
     values["precision"] = precision_from(values)
     search_overrides = take(SearchConfig, values, drop_none=True)

@@ -26,11 +26,11 @@ EVAL_SEARCH_FIELDS = ("beam", "lenpen", "lenpen_style", "max_len_a", "max_len_b"
 @config_options(SearchConfig, prefix=EVAL_PREFIX, only=EVAL_SEARCH_FIELDS)
 def train(arch: str, **values: Any) -> None:
     """Train a Transformer on a data directory made by `nmt preprocess`."""
-    from nmt_cli.train.command import train as train_model
+    from nmt_cli.commands.train import train as train_model
 
     values["precision"] = precision_from(values)
     model = model_config(arch, **take(ModelConfig, values, drop_none=True))
     search = SearchConfig(**take(SearchConfig, values, prefix=EVAL_PREFIX))
-    trainer = train_model(TrainConfig(**take(TrainConfig, values)), model, search)
-    if trainer.stopped_by:  # checkpoint_last.pt is saved; exit as an interrupted program does (130, 143)
-        raise SystemExit(128 + trainer.stopped_by)
+    stopped = train_model(TrainConfig(**take(TrainConfig, values)), model, search)
+    if stopped.exit_status:  # stopped by a signal, checkpoint_last.pt saved: 130 or 143
+        raise SystemExit(stopped.exit_status)

@@ -24,7 +24,7 @@ import torch
 from ctranslate2.specs import attention_spec, common_spec, transformer_spec
 
 from nmt_cli.checkpoint import load_checkpoint, model_around_weights, model_config_of, vocab_of
-from nmt_cli.config import ModelConfig
+from nmt_cli.config import ModelConfig, parses_trees
 from nmt_cli.data.vocab import BOS, EOS, UNK, Vocab
 from nmt_cli.errors import ExportError
 from nmt_cli.model.transformer import Transformer
@@ -156,7 +156,7 @@ class NmtConverter(ctranslate2.converters.Converter):
 
     def _load(self) -> transformer_spec.TransformerSpec:
         state = load_checkpoint(self.checkpoint_path)
-        if state.get("target_format") == "ptb-tree":
+        if parses_trees(state.get("target_format")):
             raise ExportError(
                 f"{self.checkpoint_path} is a parsing model: its trees come from `nmt generate --input`, which "
                 "keeps the brackets balanced and puts the words back at the leaves; CTranslate2 would give the "

@@ -7,7 +7,7 @@ A tree is `(LABEL child ...)`; a preterminal is `(TAG word)`. The treebank's unl
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -175,9 +175,3 @@ def split_mrg(text: str) -> list[str]:
     if current:
         raise DataError("a tree in the .mrg text is not closed")
     return trees
-
-
-def looks_like_trees(lines: Sequence[str]) -> bool:
-    """True when every non-empty line is bracketed like a tree (to catch trees given to BLEU)."""
-    nonempty = [line.strip() for line in lines if line.strip()]
-    return bool(nonempty) and all(line.startswith("(") and line.endswith(")") for line in nonempty)

@@ -18,7 +18,7 @@ import torch
 from torch import Tensor
 
 from nmt_cli.checkpoint import load_checkpoint, model_around_weights, model_config_of, search_config_of, vocab_of
-from nmt_cli.config import SearchConfig
+from nmt_cli.config import SearchConfig, parses_trees
 from nmt_cli.data.vocab import BOS, EOS, Vocab
 from nmt_cli.errors import ConfigError, DataError
 from nmt_cli.model.transformer import AttentionWeights, EncoderOut, Transformer
@@ -73,7 +73,7 @@ def sentence_attention(checkpoint_path: Path, sentence: str) -> SentenceAttentio
     model.eval()
     vocab = vocab_of(state, checkpoint_path)
     # a parser reads the words as the treebank writes them, as `nmt generate` parses (parsing/generate.py)
-    words = ptb_words(sentence) if state.get("target_format") == "ptb-tree" else None
+    words = ptb_words(sentence) if parses_trees(state.get("target_format")) else None
     src_ids = vocab.encode([sentence if words is None else " ".join(words)])[0]
     if not src_ids:
         raise DataError("--input is empty; give a sentence to translate")

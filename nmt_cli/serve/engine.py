@@ -21,12 +21,13 @@ import torch
 
 from nmt_cli import __version__
 from nmt_cli.checkpoint import load_checkpoint, search_config_of
-from nmt_cli.config import SearchConfig, ServeConfig
+from nmt_cli.config import SearchConfig, ServeConfig, parses_trees
 from nmt_cli.data import WORD_MARK
 from nmt_cli.errors import DataError
 from nmt_cli.parsing.generate import parse_sentences, ptb_words, tree_constraint
 from nmt_cli.runtime import AMP_DTYPES, choose_device
-from nmt_cli.search.command import generation_precision, hypothesis_record, search_settings
+from nmt_cli.search.hypothesis import hypothesis_record
+from nmt_cli.search.settings import generation_precision, search_settings
 from nmt_cli.search.translate import Translator, sampling_generator, translate, translator_from
 
 logger = logging.getLogger(__name__)
@@ -52,7 +53,7 @@ class Engine:
         self.device = choose_device(cfg.device)
         state = load_checkpoint(Path(cfg.path))
         self.precision = generation_precision(cfg.precision, self.device, state)
-        self.is_parser = state.get("target_format") == "ptb-tree"
+        self.is_parser = parses_trees(state.get("target_format"))
         self.search = search_settings(cfg.path, search_config_of(state), search_overrides, self.is_parser)
         amp_dtype = AMP_DTYPES[self.precision]
         self.tr: Translator = translator_from(state, Path(cfg.path), self.device, amp_dtype, cfg.quantize)

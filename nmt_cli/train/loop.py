@@ -214,12 +214,12 @@ def train_loop(trainer: Trainer) -> int:
             batches = trainer.epoch_batches()
             if s.batch_in_epoch >= len(batches):  # end of epoch: the checkpoint points at the next one
                 logger.info("end of epoch %d", s.epoch)
-                s.epoch, s.batch_in_epoch = s.epoch + 1, 0
+                s.next_epoch()
                 signalled = validate_and_save(r, numbered=False)
             else:
                 group = batches[s.batch_in_epoch : s.batch_in_epoch + c.update_freq]
                 stats = trainer.train_step(group)
-                s.batch_in_epoch += len(group)
+                s.consume_batches(len(group))
                 signalled = after_update(r, stats)
                 bar.update(task, **progress_fields(r))
             reason = trainer.stop_reason()

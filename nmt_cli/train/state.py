@@ -47,6 +47,32 @@ class TrainState:
         next one (where a resumed run starts), but the validation and save that follow belong to the last."""
         return self.epoch - 1 if self.batch_in_epoch == 0 and self.epoch > 1 else self.epoch
 
+    # The counters move only through these methods (trainer.py, loop.py and resume call them).
+    @classmethod
+    def from_saved(cls, saved: dict[str, Any]) -> TrainState:
+        """A checkpoint's `train_state`; a field an older checkpoint lacks keeps its default."""
+        return cls(**{f.name: saved[f.name] for f in fields(cls) if f.name in saved})
+
+    def advance_update(self) -> None:
+        """An update was applied (a skipped one does not count)."""
+        self.update += 1
+
+    def consume_batches(self, n: int) -> None:
+        """This rank trained on the epoch's next n batches."""
+        self.batch_in_epoch += n
+
+    def next_epoch(self) -> None:
+        """Every batch of the epoch is consumed: point at the next epoch's first batch, where a resume starts."""
+        self.epoch, self.batch_in_epoch = self.epoch + 1, 0
+
+    def restart_epoch(self) -> None:
+        """Start this epoch's batches again (they changed, or --reset-dataloader)."""
+        self.batch_in_epoch = 0
+
+    def restart_schedule(self) -> None:
+        """The lr schedule starts again at this update (--reset-lr-scheduler); the update count goes on."""
+        self.lr_start = self.update
+
 
 def restore_training(
     ckpt: dict[str, Any],
@@ -69,11 +95,11 @@ def restore_training(
     """
     load_model_weights(model, ckpt["model"], path)
     saved = ckpt["train_state"]
-    state = TrainState(**{f.name: saved[f.name] for f in fields(TrainState) if f.name in saved})
+    state = TrainState.from_saved(saved)
     restore_optimizer(ckpt, optimizer, scaler, cfg)
     if cfg.reset_lr_scheduler:
         logger.info("--reset-lr-scheduler: the lr schedule restarts; the update count goes on from %d", state.update)
-        state.lr_start = state.update
+        state.restart_schedule()
     restart_data_if_rebatched(state, ckpt, cfg, info, train_data)
     keep_best_if_comparable(state, ckpt, cfg, search_cfg)
     rngs = ckpt["rng"]  # by rank
@@ -132,7 +158,7 @@ def restart_data_if_rebatched(
                 ", ".join(rebatched),
                 state.epoch,
             )
-        state.batch_in_epoch = 0
+        state.restart_epoch()
 
 
 def keep_best_if_comparable(

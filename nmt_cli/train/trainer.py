@@ -90,7 +90,6 @@ class Trainer:
         train_data = " ".join(checksums) if all(checksums) else ""  # "" for data directories without checksums
         self.state = TrainState(train_data=train_data, best_metric=cfg.best_checkpoint_metric)
         self._epoch_cache: tuple[int, list[np.ndarray]] | None = None
-        self.stopped_by = 0  # the signal that stopped train_loop (the command exits 128 + it), or 0
 
     # ---- data -------------------------------------------------------------------------------------
     def languages(self) -> tuple[str, str]:
@@ -235,7 +234,7 @@ class Trainer:
         if self.scaler:
             self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
-        self.state.update += 1
+        self.state.advance_update()
         return StepStats(loss_sum / n_tokens, nll_sum / n_tokens, n_tokens, grad_norm, seconds)
 
     def skip_nonfinite(self, loss_sum: float, grad_norm: float) -> None:

@@ -27,11 +27,11 @@ pytestmark = pytest.mark.usefixtures("cpu_matmul_route")  # both CPU matmul rout
 
 ctranslate2 = pytest.importorskip("ctranslate2", reason="ctranslate2 is not installed (pip install nmt[export])")
 
+from nmt_cli.commands.export import export_checkpoint  # noqa: E402
 from nmt_cli.config import (
     ExportConfig,
     SearchConfig,  # noqa: E402
 )
-from nmt_cli.export.run import export_checkpoint  # noqa: E402
 from nmt_cli.search.translate import load_translator, translate  # noqa: E402
 
 SCORE_TOL = 1e-3  # nats, summed over a sentence: different float32 kernels, same arithmetic

@@ -103,8 +103,8 @@ def test_export_cli_writes_a_loadable_model(toy_data_bin, tmp_path, normalize_be
     ctranslate2 = pytest.importorskip("ctranslate2", reason="ctranslate2 is not installed (pip install nmt[export])")
     from conftest import tiny_train_config
 
+    from nmt_cli.commands.train import train
     from nmt_cli.config import SearchConfig, model_config
-    from nmt_cli.train.command import train
 
     train(
         tiny_train_config(toy_data_bin, tmp_path / "ck", max_update=1),
@@ -130,8 +130,8 @@ def test_a_key_size_ctranslate2_cannot_hold_is_refused(toy_data_bin, tmp_path):
     pytest.importorskip("ctranslate2", reason="ctranslate2 is not installed (pip install nmt[export])")
     from conftest import tiny_train_config
 
+    from nmt_cli.commands.train import train
     from nmt_cli.config import SearchConfig, model_config
-    from nmt_cli.train.command import train
 
     train(
         tiny_train_config(toy_data_bin, tmp_path / "ck", max_update=1),

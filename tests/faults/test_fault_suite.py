@@ -806,7 +806,7 @@ ct2.convert = convert
 
 # translating the first buffer signals the process (the results file is open, half written)
 SIGNAL_IN_GENERATE = """
-import nmt_cli.search.command as command
+import nmt_cli.commands.generate as command
 real_translate = command.translate
 def translate(*args, **kwargs):
     os.kill(os.getpid(), SIG)
@@ -917,7 +917,7 @@ def test_score_drops_a_byte_order_mark(tmp_path):
 
 
 def test_score_ends_lines_at_newlines_only_as_generate_does(tmp_path):
-    from nmt_cli.search.command import read_lines
+    from nmt_cli.commands.generate import read_lines
 
     (tmp_path / "hyp").write_bytes(b"a b c\nd \r e f\ng h\n")  # a lone carriage return inside line 2
     (tmp_path / "ref").write_text("a b c\nd e f\ng h\n")

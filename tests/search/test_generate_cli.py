@@ -217,7 +217,7 @@ def test_a_split_is_translated_in_chunks_with_the_same_output(tiny_checkpoint, t
     order (oneDNN chooses its kernel and blocking by the row count; attention runs over the batch's padded
     length). Scores then differ in their last bits, which can move a printed 4th decimal; a hypothesis changes
     only where two candidates tie to within those bits, which this toy model's do not."""
-    from nmt_cli.search import command
+    from nmt_cli.commands import generate as command
 
     whole = nmt("generate", toy_data_bin, "--path", tiny_checkpoint, "--max-len-b", 4)
     monkeypatch.setattr(command, "SPLIT_CHUNK", 7)

@@ -19,7 +19,7 @@ import time
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
-import nmt_cli.train.command as command
+import nmt_cli.commands.train as command
 import nmt_cli.train.loop as loop
 from nmt_cli.cli import main
 from nmt_cli.train.trainer import Trainer

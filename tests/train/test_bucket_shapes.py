@@ -10,11 +10,11 @@ from conftest import TINY, tiny_train_config
 
 from nmt_cli.checkpoint import load_checkpoint
 from nmt_cli.cli import cli
+from nmt_cli.commands.train import train
 from nmt_cli.config import ARCHITECTURES, SearchConfig
 from nmt_cli.data.batching import collate
 from nmt_cli.data.dataset import ParallelDataset
 from nmt_cli.train import trainer as trainer_module
-from nmt_cli.train.command import train
 from nmt_cli.train.loss import TranslationLoss
 from nmt_cli.train.prefetch import BatchLoader
 
@@ -47,7 +47,7 @@ def test_bucketed_training_resumes_exactly_across_epochs(toy_data_bin, tmp_path,
     with caplog.at_level(logging.INFO):
         inline = train(
             tiny_train_config(toy_data_bin, tmp_path / "inline", max_update=14, **cfg), model, SearchConfig()
-        )
+        ).trainer
     assert inline.state.epoch > 1 and inline.bucket_limit == 256  # the model's positions
     # the padding against plain batches: once a run (plain batching costs host time the GPU would wait for)
     assert [r.getMessage()[:8] for r in caplog.records if "more positions" in r.getMessage()] == ["epoch 1:"]
@@ -60,13 +60,15 @@ def test_bucketed_training_resumes_exactly_across_epochs(toy_data_bin, tmp_path,
         ),
     )
     train(tiny_train_config(toy_data_bin, tmp_path / "bg", max_update=5, **cfg), model, SearchConfig())
-    resumed = train(tiny_train_config(toy_data_bin, tmp_path / "bg", max_update=14, **cfg), model, SearchConfig())
+    resumed = train(
+        tiny_train_config(toy_data_bin, tmp_path / "bg", max_update=14, **cfg), model, SearchConfig()
+    ).trainer
     assert resumed.loader.background and resumed.loader.bucket_limit == 256
     for (name, a), b in zip(inline.model.state_dict().items(), resumed.model.state_dict().values()):
         torch.testing.assert_close(a, b, rtol=0, atol=0, msg=name)
     plain = train(
         tiny_train_config(toy_data_bin, tmp_path / "plain", max_update=14, max_tokens=4096), model, SearchConfig()
-    )
+    ).trainer
     assert not torch.equal(plain.model.output.weight, inline.model.output.weight)  # other batches were trained on
 
 

@@ -9,13 +9,13 @@ import torch
 import torch.nn.functional as F
 from conftest import tiny_train_config
 
+from nmt_cli.commands.train import train
 from nmt_cli.config import ARCHITECTURES, SearchConfig
 from nmt_cli.data.batching import collate
 from nmt_cli.data.dataset import ParallelDataset
 from nmt_cli.data.vocab import PAD
 from nmt_cli.model.layers import Dropout
 from nmt_cli.train import trainer as trainer_module
-from nmt_cli.train.command import train
 from nmt_cli.train.loss import CHUNK_ELEMENTS, TranslationLoss, chunk_rows
 from nmt_cli.train.prefetch import BatchLoader, prepare
 
@@ -83,13 +83,13 @@ def test_background_batches_change_nothing_even_across_epochs_and_a_resume(toy_d
     model = ARCHITECTURES["transformer_tiny"]
     inline = train(
         tiny_train_config(toy_data_bin, tmp_path / "inline", max_update=14, max_tokens=4096), model, SearchConfig()
-    )
+    ).trainer
     assert inline.state.epoch > 1  # the run crossed an epoch boundary
     background_loader(monkeypatch)
     train(tiny_train_config(toy_data_bin, tmp_path / "bg", max_update=5, max_tokens=4096), model, SearchConfig())
     resumed = train(
         tiny_train_config(toy_data_bin, tmp_path / "bg", max_update=14, max_tokens=4096), model, SearchConfig()
-    )
+    ).trainer
     assert resumed.loader.background
     for (name, a), b in zip(inline.model.state_dict().items(), resumed.model.state_dict().values()):
         torch.testing.assert_close(a, b, rtol=0, atol=0, msg=name)
@@ -98,7 +98,7 @@ def test_background_batches_change_nothing_even_across_epochs_and_a_resume(toy_d
 def test_one_host_synchronisation_per_update(toy_data_bin, tmp_path, monkeypatch):
     """Counted on the CPU as conversions of tensors to Python values inside train_step, outside the optimizer's
     step (the CPU AdamW reads its step count with .item(); CUDA's fused AdamW does not)."""
-    from nmt_cli.train.command import prepare as prepare_trainer
+    from nmt_cli.commands.train import prepare as prepare_trainer
 
     trainer = prepare_trainer(
         tiny_train_config(toy_data_bin, tmp_path, max_update=3, update_freq=3),

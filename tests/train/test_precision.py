@@ -11,12 +11,12 @@ import torch
 from conftest import tiny_train_config
 
 from nmt_cli.checkpoint import load_checkpoint
+from nmt_cli.commands import train as train_command
+from nmt_cli.commands.train import train
 from nmt_cli.config import ARCHITECTURES, SearchConfig
 from nmt_cli.errors import ConfigError, NmtError
 from nmt_cli.runtime import resolve_precision
-from nmt_cli.search.command import generation_precision
-from nmt_cli.train import command as train_command
-from nmt_cli.train.command import train
+from nmt_cli.search.settings import generation_precision
 from nmt_cli.train.trainer import Trainer
 
 pytestmark = pytest.mark.usefixtures("cpu_matmul_route")  # both CPU matmul routes on every machine (conftest.py)
@@ -106,7 +106,7 @@ def test_fp16_overflows_are_skipped_counted_and_halve_the_scale(
             tiny_train_config(toy_data_bin, tmp_path, max_update=5, precision="fp16", log_interval=1),
             ARCHITECTURES["transformer_tiny"],
             SearchConfig(),
-        )
+        ).trainer
     ckpt = load_checkpoint(tmp_path / "checkpoint_last.pt")
     n = ckpt["train_state"]["n_overflows"]
     assert ckpt["update"] == 5 and n >= 3  # the 3 injected, and any real CPU float16 overflow

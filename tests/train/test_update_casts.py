@@ -7,9 +7,9 @@ import torch
 from conftest import tiny_train_config
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from nmt_cli.commands.train import prepare, train
 from nmt_cli.config import ARCHITECTURES, SearchConfig
 from nmt_cli.model import linear
-from nmt_cli.train.command import prepare, train
 from nmt_cli.train.trainer import Trainer
 
 pytestmark = pytest.mark.usefixtures("cpu_matmul_route")  # both CPU matmul routes on every machine (conftest.py)
@@ -51,7 +51,7 @@ def test_weights_are_cast_once_per_update(toy_data_bin, tmp_path, monkeypatch):
 def test_casting_once_per_update_trains_the_same_weights(toy_data_bin, tmp_path, monkeypatch, cpu_matmul_route):
     def run(name):
         cfg = tiny_train_config(toy_data_bin, tmp_path / name, precision="bf16", update_freq=3, max_update=3)
-        return train(cfg, ARCHITECTURES["transformer_tiny"], SearchConfig()).model.state_dict()
+        return train(cfg, ARCHITECTURES["transformer_tiny"], SearchConfig()).trainer.model.state_dict()
 
     once = run("once")
     monkeypatch.setattr(Trainer, "update_region", lambda self: nullcontext())

@@ -7,7 +7,7 @@ import logging
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +22,7 @@ from nmt_cli.config import (
     TrainConfig,
     changed_flags,
     config_to_dict,
+    parses_trees,
     shape_differences,
 )
 from nmt_cli.data.batching import count_too_long
@@ -31,6 +32,7 @@ from nmt_cli.files import LOCK_FILE, TMP_SUFFIX, atomic_write_text, make_parent,
 from nmt_cli.log import print_table
 from nmt_cli.model.transformer import count_parameters
 from nmt_cli.runtime import (
+    DistInfo,
     choose_attention_backends,
     init_distributed,
     resolve_precision,
@@ -49,11 +51,27 @@ SAVE_DIR_TEMPORARIES = (f"checkpoint*.pt{TMP_SUFFIX}", f"config.json{TMP_SUFFIX}
 logger = logging.getLogger(__name__)
 
 
-def train(cfg: TrainConfig, model_cfg: ModelConfig, search_cfg: SearchConfig) -> Trainer:
-    """Run `nmt train` to its stopping rule; returns the trainer (for tests and benchmarks).
+@dataclass(frozen=True)
+class Stopped:
+    """How `nmt train` ended: at a stopping rule (signal 0), or by a signal (SIGINT, SIGTERM) with
+    checkpoint_last.pt saved; and the trainer (for tests and benchmarks)."""
+
+    trainer: Trainer
+    signal: int = 0
+
+    @property
+    def exit_status(self) -> int:
+        """0, or 128 + the signal, as an interrupted program exits (130, 143): a script stops instead of going
+        on with a half-trained model."""
+        return 128 + self.signal if self.signal else 0
+
+
+def train(cfg: TrainConfig, model_cfg: ModelConfig, search_cfg: SearchConfig) -> Stopped:
+    """Run `nmt train` to its stopping rule or a signal; returns how it stopped.
 
     model_cfg's vocab_size is taken from the data directory.
     """
+    signalled = 0
     try:
         with save_dir_lock(Path(cfg.save_dir)):
             trainer = prepare(cfg, model_cfg, search_cfg)
@@ -66,7 +84,7 @@ def train(cfg: TrainConfig, model_cfg: ModelConfig, search_cfg: SearchConfig) ->
                         f"nmt train ({count_parameters(trainer.model):,} parameters)",
                         {**asdict(trainer.model_cfg), **asdict(trainer.cfg)},
                     )
-                trainer.stopped_by = train_loop(trainer)
+                signalled = train_loop(trainer)
             trainer.close()  # drop DDP before the process group goes
         shutdown_distributed()
     except (torch.distributed.DistError, RuntimeError) as e:
@@ -75,7 +93,7 @@ def train(cfg: TrainConfig, model_cfg: ModelConfig, search_cfg: SearchConfig) ->
             raise
         rank = os.environ.get("RANK", "0")
         raise NmtError(f"rank {rank}: a collective operation failed ({reason}); see the other ranks' logs") from None
-    return trainer
+    return Stopped(trainer, signalled)
 
 
 @contextmanager
@@ -95,72 +113,98 @@ def save_dir_lock(save_dir: Path) -> Iterator[None]:
 
 def prepare(cfg: TrainConfig, model_cfg: ModelConfig, search_cfg: SearchConfig) -> Trainer:
     """Build the trainer, resuming from checkpoint_last.pt when the save directory has one."""
-    info, device = init_distributed(cfg.device)
-    if not info.is_main:  # one voice: rank 0 logs, other ranks only warn
-        logging.getLogger("nmt_cli").setLevel(logging.WARNING)
-    set_threads(cfg.threads)
-    choose_attention_backends(device, cfg.cudnn_attention)
-    precision = resolve_precision(device, cfg.precision)
-    if precision != "fp16" and "--min-loss-scale" in changed_flags(cfg):
-        raise ConfigError(f"--min-loss-scale bounds fp16's loss scaling; this run trains in {precision}")
-    cfg = replace(cfg, precision=precision)
+    info, device = start_runtime(cfg)
+    cfg = with_precision(cfg, device)
     logger.info("training on %s in %s", device, cfg.precision)
     data_dir = Path(cfg.data_dir)
     meta = load_meta(data_dir)
     vocab = load_vocab(data_dir, meta)
     model_cfg = replace(model_cfg, vocab_size=meta["vocab_size"])
-    if meta.get("target_format") == "ptb-tree" and cfg.eval_bleu:
-        raise ConfigError(
-            f"{data_dir} holds trees (a parser's data): --eval-bleu would score linearized trees as text; parse "
-            "the valid words with `nmt generate --input`, then `nmt score --metric bracket-f1`"
-        )
-    if meta.get("target_format") == "ptb-tree" and search_cfg == SearchConfig():
-        search_cfg = PARSE_SEARCH  # a parser's generate defaults: the paper's beam 21, alpha 0.3, |x| + 300
-    save_dir = Path(cfg.save_dir)
+    search_cfg = task_search(cfg, search_cfg, meta)
     if cfg.log_file and info.is_main:
         make_parent(Path(cfg.log_file), "--log-file")
         check_log_file(Path(cfg.log_file))
-    last = save_dir / LAST
-    ckpt = load_checkpoint(last) if last.exists() else None
-    if ckpt is not None:
-        check_same_data(
-            ckpt,
-            last,
-            data_dir,
-            meta,
-            vocab.model_bytes,
-            "resume on its data directory, or train anew in another --save-dir",
-        )
-        check_resumable(ckpt, model_cfg, cfg, last)
-    elif resets := reset_flags(cfg):
-        logger.warning("%s: %s has no %s to reset; the run starts afresh", " and ".join(resets), save_dir, LAST)
+    last = Path(cfg.save_dir) / LAST
+    ckpt = checkpoint_to_resume(last, cfg, model_cfg, meta, vocab.model_bytes)
     seed_everything(cfg.seed)
     trainer = Trainer(cfg, model_cfg, search_cfg, vocab, meta, info, device)
     report_long_pairs(trainer)
     check_validation(trainer)
     if ckpt is not None:
-        trainer.restore(ckpt, last)
-        logger.info(
-            "resuming from %s at update %d (epoch %d, batch %d)",
-            last,
-            trainer.state.update,
-            trainer.state.epoch,
-            trainer.state.batch_in_epoch,
-        )
+        resume(trainer, ckpt, last)
     if info.is_main:
-        atomic_write_text(
-            save_dir / "config.json",
-            json.dumps(
-                {
-                    "model": config_to_dict(model_cfg),
-                    "train": config_to_dict(cfg),
-                    "search": config_to_dict(search_cfg),
-                },
-                indent=2,
-            )
-            + "\n",
-        )
+        write_run_config(Path(cfg.save_dir), model_cfg, cfg, search_cfg)
     return trainer
+
+
+def start_runtime(cfg: TrainConfig) -> tuple[DistInfo, torch.device]:
+    """The process group (torchrun) and this rank's device; threads and attention backends set."""
+    info, device = init_distributed(cfg.device)
+    if not info.is_main:  # one voice: rank 0 logs, other ranks only warn
+        logging.getLogger("nmt_cli").setLevel(logging.WARNING)
+    set_threads(cfg.threads)
+    choose_attention_backends(device, cfg.cudnn_attention)
+    return info, device
+
+
+def with_precision(cfg: TrainConfig, device: torch.device) -> TrainConfig:
+    """cfg with --precision resolved for the device; refuse --min-loss-scale outside fp16."""
+    precision = resolve_precision(device, cfg.precision)
+    if precision != "fp16" and "--min-loss-scale" in changed_flags(cfg):
+        raise ConfigError(f"--min-loss-scale bounds fp16's loss scaling; this run trains in {precision}")
+    return replace(cfg, precision=precision)
+
+
+def task_search(cfg: TrainConfig, search_cfg: SearchConfig, meta: dict[str, Any]) -> SearchConfig:
+    """The search settings to save: a parser's data (trees) refuses --eval-bleu and saves a parser's defaults."""
+    if not parses_trees(meta.get("target_format")):
+        return search_cfg
+    if cfg.eval_bleu:
+        raise ConfigError(
+            f"{cfg.data_dir} holds trees (a parser's data): --eval-bleu would score linearized trees as text; parse "
+            "the valid words with `nmt generate --input`, then `nmt score --metric bracket-f1`"
+        )
+    # a parser's generate defaults: the paper's beam 21, alpha 0.3, |x| + 300
+    return PARSE_SEARCH if search_cfg == SearchConfig() else search_cfg
+
+
+def checkpoint_to_resume(
+    last: Path, cfg: TrainConfig, model_cfg: ModelConfig, meta: dict[str, Any], spm_model: bytes
+) -> dict[str, Any] | None:
+    """checkpoint_last.pt of --save-dir, checked to continue this run on this data; None to start afresh."""
+    if not last.exists():
+        if resets := reset_flags(cfg):
+            logger.warning("%s: %s has no %s to reset; the run starts afresh", " and ".join(resets), last.parent, LAST)
+        return None
+    ckpt = load_checkpoint(last)
+    check_same_data(
+        ckpt,
+        last,
+        Path(cfg.data_dir),
+        meta,
+        spm_model,
+        "resume on its data directory, or train anew in another --save-dir",
+    )
+    check_resumable(ckpt, model_cfg, cfg, last)
+    return ckpt
+
+
+def resume(trainer: Trainer, ckpt: dict[str, Any], last: Path) -> None:
+    """Put the checkpoint's weights, optimizer, counters and random streams into the trainer; say where it goes on."""
+    trainer.restore(ckpt, last)
+    logger.info(
+        "resuming from %s at update %d (epoch %d, batch %d)",
+        last,
+        trainer.state.update,
+        trainer.state.epoch,
+        trainer.state.batch_in_epoch,
+    )
+
+
+def write_run_config(save_dir: Path, model_cfg: ModelConfig, cfg: TrainConfig, search_cfg: SearchConfig) -> None:
+    """config.json beside the checkpoints, for people (the checkpoint stays the source of truth)."""
+    run = {"model": config_to_dict(model_cfg), "train": config_to_dict(cfg), "search": config_to_dict(search_cfg)}
+    atomic_write_text(save_dir / "config.json", json.dumps(run, indent=2) + "\n")
 
 
 def check_log_file(path: Path) -> None:

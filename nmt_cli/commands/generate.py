@@ -10,29 +10,27 @@ import sys
 import time
 from collections.abc import Iterable, Iterator
 from contextlib import ExitStack
-from dataclasses import replace
 from pathlib import Path
 from typing import Any, TextIO
 
 import numpy as np
-import torch
 
 from nmt_cli.checkpoint import check_same_data, load_checkpoint, search_config_of
-from nmt_cli.config import GenerateConfig, SearchConfig, changed_flags, flag_name
+from nmt_cli.config import GenerateConfig, SearchConfig, changed_flags, parses_trees
 from nmt_cli.data import BOM, WORD_MARK
 from nmt_cli.data.dataset import load_meta, load_vocab
 from nmt_cli.data.vocab import Vocab
 from nmt_cli.errors import ConfigError, DataError
 from nmt_cli.files import atomic_text_output, require_file
 from nmt_cli.parsing.generate import check_parse_request, generate_trees
-from nmt_cli.runtime import AMP_DTYPES, choose_attention_backends, choose_device, resolve_precision, set_threads
-from nmt_cli.search.hypothesis import Hypothesis
+from nmt_cli.runtime import AMP_DTYPES, choose_attention_backends, choose_device, set_threads
+from nmt_cli.search.hypothesis import Hypothesis, hypothesis_record
+from nmt_cli.search.settings import generation_precision, search_settings
 from nmt_cli.search.translate import Summary, Translator, sampling_generator, translate, translator_from
 
 # Sentences of a DATA_DIR split translated (and written) at a time: memory bounded and output steady on a
 # training set of millions (distillation, back-translation) instead of every hypothesis held to the end.
 SPLIT_CHUNK = 10_000
-SAMPLING_FIELDS = ("sampling_topk", "sampling_topp", "temperature", "seed")  # options that only sampling reads
 
 logger = logging.getLogger(__name__)
 
@@ -59,7 +57,7 @@ def generate(cfg: GenerateConfig, search_overrides: dict[str, Any] | None = None
         data_dir = Path(cfg.data_dir)
         meta = load_meta(data_dir)
         check_same_data(state, Path(cfg.path), data_dir, meta, load_vocab(data_dir, meta).model_bytes)
-    is_parser = state.get("target_format") == "ptb-tree"
+    is_parser = parses_trees(state.get("target_format"))
     if is_parser:
         check_parse_request(cfg)
     search = search_settings(cfg.path, search_config_of(state), search_overrides or {}, is_parser)
@@ -125,32 +123,6 @@ def check_request(cfg: GenerateConfig) -> tuple[int, int]:
     return num_shards, shard_id
 
 
-def search_settings(path: str, saved: SearchConfig, overrides: dict[str, Any], is_parser: bool) -> SearchConfig:
-    """The checkpoint's search settings (`saved`) with the options given; refuse options the search would
-    ignore. `path` names the checkpoint in errors."""
-    search = replace(saved, **overrides)
-    sampling_only = [flag_name(k) for k in SAMPLING_FIELDS if k in overrides]
-    if sampling_only and not search.sampling:
-        raise ConfigError(
-            f"--sampling is off, so {' and '.join(sampling_only)} would be ignored; add --sampling or drop them"
-        )
-    if search.sampling and "beam" in overrides and search.beam > 1:
-        raise ConfigError(
-            f"--sampling draws one token at a time, so --beam {search.beam} would be ignored; "
-            f"for {search.beam} samples of each sentence give --nbest {search.beam}"
-        )
-    if is_parser and search.min_len != saved.min_len:
-        raise ConfigError(
-            f"{path} is a parsing model: a tree's length follows its sentence's words, so --min-len "
-            f"{search.min_len} cannot apply; drop it"
-        )
-    if is_parser and search.nbest > 1:
-        raise ConfigError(
-            f"{path} is a parsing model; it writes its best tree per sentence, not --nbest {search.nbest}"
-        )
-    return search
-
-
 def log_summary(summary: Summary, search: SearchConfig) -> None:
     if search.sampling:
         how = f"sampling, top-k {search.sampling_topk}, top-p {search.sampling_topp:g}, T {search.temperature:g}"
@@ -165,13 +137,6 @@ def log_summary(summary: Summary, search: SearchConfig) -> None:
         summary.n_tokens / max(summary.seconds, 1e-9),
         how,
     )
-
-
-def generation_precision(precision: str | None, device: torch.device, state: dict[str, Any]) -> str:
-    """--precision, else the checkpoint's training precision on CUDA; fp32 on CPU (its fastest float path)."""
-    if precision is None:
-        precision = state["train_config"].get("precision") if device.type == "cuda" else "fp32"
-    return resolve_precision(device, precision)
 
 
 def open_output(cfg: GenerateConfig, stack: ExitStack, num_shards: int, shard_id: int) -> TextIO:
@@ -265,16 +230,6 @@ def format_record(
         lines.append(f"D-{i}\t{h.score:.4f}\t{vocab.decode(h.tokens)}")
         lines.append(f"P-{i}\t{' '.join(f'{s:.4f}' for s in h.positional_scores)}")
     return "\n".join(lines)
-
-
-def hypothesis_record(h: Hypothesis, vocab: Vocab) -> dict[str, Any]:
-    """One hypothesis as jsonl output (and `nmt serve`) give it: text, score (nats), pieces, their scores."""
-    return {
-        "text": vocab.decode(h.tokens),
-        "score": round(h.score, 4),
-        "tokens": vocab.pieces(h.tokens),
-        "positional_scores": [round(s, 4) for s in h.positional_scores],
-    }
 
 
 def generate_split(

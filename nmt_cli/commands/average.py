@@ -1,0 +1,149 @@
+"""`nmt average-checkpoints`: average the weights of the last N (or the given) checkpoints of one model into a
+checkpoint without training state (checkpoint.py keeps the format this reads and writes)."""
+
+from __future__ import annotations
+
+import logging
+import re
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from nmt_cli import __version__
+from nmt_cli.checkpoint import (
+    BEST,
+    LAST,
+    MODEL_KEYS,
+    TRAINING_KEYS,
+    load_checkpoint,
+    model_config_of,
+    numbered_checkpoints,
+    save_checkpoint,
+)
+from nmt_cli.config import shape_differences
+from nmt_cli.errors import CheckpointError, ConfigError
+from nmt_cli.files import make_parent
+
+logger = logging.getLogger(__name__)
+
+
+def average(inputs: list[Path], num_update_checkpoints: int | None, output: Path, force: bool) -> None:
+    """Average the checkpoints `inputs` name (files, or one directory's newest N) into `output`."""
+    paths = checkpoints_to_average(inputs, num_update_checkpoints)
+    check_average_output(output, paths, force)
+    save_checkpoint(average_checkpoints(paths), output)
+    logger.info("averaged %d checkpoints into %s: %s", len(paths), output, ", ".join(p.name for p in paths))
+
+
+TASK_KEYS = ("source_lang", "target_lang", "target_format", "tree_leaves")
+
+
+def _task_in_words(task: tuple) -> str:
+    """(source_lang, target_lang, target_format, tree_leaves) in words, e.g. "en->de" or "words->ptb-tree (pos)"."""
+    source, target, target_format, leaves = task
+    return f"{source}->{target}" + (f" as {target_format} ({leaves})" if target_format not in (None, "text") else "")
+
+
+def average_checkpoints(paths: list[Path]) -> dict[str, Any]:
+    """Average the weights of several checkpoints of one model (float32 or wider accumulation).
+
+    Returns a checkpoint without optimizer state, recording which inputs it averaged.
+    """
+    if not paths:
+        raise CheckpointError("no checkpoints to average")
+    first = load_checkpoint(paths[0])
+    sums = {k: v.double() if v.is_floating_point() else v.clone() for k, v in first["model"].items()}
+    by_update = {first.get("update"): [paths[0]]}  # to refuse the same weights twice
+    for path in paths[1:]:
+        state = load_checkpoint(path)
+        if shape_differences(model_config_of(first, paths[0]), model_config_of(state, path)):
+            raise CheckpointError(
+                f"{path} has another model config than {paths[0]}; only checkpoints of one model can be averaged"
+            )
+        if bytes(state["spm_model"]) != bytes(first["spm_model"]):
+            raise CheckpointError(
+                f"{path} has another sentencepiece model than {paths[0]}; only checkpoints of one vocabulary "
+                "can be averaged"
+            )
+        task, first_task = (tuple(c.get(k) for k in TASK_KEYS) for c in (state, first))
+        if task != first_task:
+            raise CheckpointError(
+                f"{path} was trained for {_task_in_words(task)}, {paths[0]} for {_task_in_words(first_task)}; "
+                "only checkpoints of one task can be averaged"
+            )
+        if set(state["model"]) != set(sums):
+            raise CheckpointError(f"{path} has other parameter names than {paths[0]}")
+        # checkpoint_last.pt is also the newest checkpoint_<update>.pt: given both, that update would count twice
+        # (the earlier one is loaded again, memory-mapped, only then: no input stays mapped while averaging)
+        update = state.get("update")
+        for other in by_update.setdefault(update, []):
+            weights = load_checkpoint(other)["model"]
+            if all(torch.equal(v, weights[k]) for k, v in state["model"].items()):
+                same = f"{path} is given twice" if path.samefile(other) else f"{path} and {other} hold the same weights"
+                raise CheckpointError(f"{same} (update {update}); averaging would count that update twice")
+        by_update[update].append(path)
+        for k, v in state["model"].items():
+            if v.shape != sums[k].shape:
+                raise CheckpointError(f"{path}: {k} has shape {tuple(v.shape)}, {paths[0]} has {tuple(sums[k].shape)}")
+            if v.is_floating_point():
+                sums[k] += v.double()
+    averaged: dict[str, torch.Tensor] = {}
+    by_storage: dict[int, torch.Tensor] = {}  # tied weights (one tensor under several names) stay tied
+    for k, v in sums.items():
+        ptr = first["model"][k].untyped_storage().data_ptr()
+        if ptr not in by_storage:
+            by_storage[ptr] = (v / len(paths)).to(first["model"][k].dtype) if v.is_floating_point() else v
+        averaged[k] = by_storage[ptr]
+    out = {k: first[k] for k in MODEL_KEYS if k in first}
+    out.update(model=averaged, averaged_from=[str(p) for p in paths], nmt_version=__version__)
+    return out
+
+
+def checkpoints_to_average(paths: list[Path], num_update_checkpoints: int | None) -> list[Path]:
+    """The files to average: the given ones, or the newest N numbered checkpoints of one directory."""
+    if len(paths) == 1 and paths[0].is_dir():
+        if not num_update_checkpoints:
+            raise ConfigError(f"--inputs {paths[0]} is a directory; give --num-update-checkpoints N")
+        found = numbered_checkpoints(paths[0])
+        if len(found) < num_update_checkpoints:
+            raise CheckpointError(
+                f"{paths[0]} has {len(found)} numbered checkpoints, fewer than "
+                f"--num-update-checkpoints {num_update_checkpoints}"
+            )
+        return found[-num_update_checkpoints:]
+    if any(p.is_dir() for p in paths):
+        raise ConfigError("--inputs takes either one directory or checkpoint files")
+    if num_update_checkpoints:
+        raise ConfigError(
+            "--num-update-checkpoints picks the newest checkpoints of one --inputs directory; "
+            "with checkpoint files, the files given are averaged"
+        )
+    return paths
+
+
+def check_average_output(output: Path, inputs: list[Path], force: bool = False) -> None:
+    """Refuse to overwrite an input, the file a save directory resumes from or keeps as its best, a checkpoint
+    holding a training state (unless `force`), or anything but a checkpoint (an earlier average is replaced);
+    create the output's directory."""
+    if any(output.resolve() == p.resolve() or (output.exists() and output.samefile(p)) for p in inputs):
+        raise ConfigError(f"--output {output} is one of the checkpoints being averaged; write elsewhere")
+    if output.name in (LAST, BEST) or re.fullmatch(r"checkpoint_\d+\.pt", output.name):
+        raise ConfigError(
+            f"--output {output}: {output.name} is a name training writes and resumes from; "
+            "choose another name, e.g. average.pt"
+        )
+    if output.exists():
+        try:
+            existing = load_checkpoint(output)
+        except CheckpointError:
+            raise ConfigError(
+                f"--output {output} exists and is not an nmt checkpoint; averaging replaces only an earlier "
+                "checkpoint, so give a new file"
+            ) from None
+        if any(k in existing for k in TRAINING_KEYS) and not force:  # any part of one: never lost unasked
+            raise ConfigError(
+                f"--output {output} holds a training state (optimizer, update {existing.get('update')}) that a run "
+                "can resume from, and an average has weights only; give a new file, or --force to replace it"
+            )
+    make_parent(output, "--output")
