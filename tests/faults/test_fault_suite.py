@@ -665,6 +665,7 @@ def train_process(data, save, *extra):
     )
 
 
+@pytest.mark.slow  # three training processes, one SIGKILLed (12 s); make test-all
 def test_two_trains_on_one_save_dir_then_a_killed_one(toy_data_bin, tmp_path):
     save = tmp_path / "run"
     first = train_process(toy_data_bin, save, "--max-update", 100000, "--save-interval-updates", 1)

@@ -115,6 +115,7 @@ def faulty_run(data_bin, save_dir, fault, *extra, timeout_minutes="30"):
     return subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
 
 
+@pytest.mark.slow  # torchrun fault handling, 6-10 s a route; make test-all
 @pytest.mark.parametrize(
     "fault, message", [("oom:1:3", "rank 1 ran out of memory on a batch"), ("nan:1:3", "non-finite loss")]
 )
@@ -126,6 +127,7 @@ def test_a_failing_rank_makes_every_rank_skip_the_update(toy_data_bin, tmp_path,
     assert ckpt["update"] == 5 and ckpt["train_state"]["n_skipped_updates"] == 1
 
 
+@pytest.mark.slow  # torchrun fault handling, 6-10 s a route; make test-all
 def test_no_ddp_wrapper_outlives_the_process_group(toy_data_bin, tmp_path):
     """Rank teardown: the DDP reducer must not be the process group's last owner (it would join gloo's
     threads holding the GIL, a deadlock at exit in about one run in twenty), so it is gone by then."""
@@ -134,6 +136,7 @@ def test_no_ddp_wrapper_outlives_the_process_group(toy_data_bin, tmp_path):
     assert result.stderr.count("ddp wrappers alive at shutdown: 0") == 2, result.stderr[-3000:]
 
 
+@pytest.mark.slow  # torchrun fault handling, 6-10 s a route; make test-all
 def test_out_of_memory_in_the_synchronising_backward_stops_every_rank(toy_data_bin, tmp_path):
     result = faulty_run(toy_data_bin, tmp_path, "oom-backward:1:3", "--max-update", "5")
     assert result.returncode != 0
@@ -162,6 +165,7 @@ def test_ranks_stop_together_on_rank_0s_clock(toy_data_bin, tmp_path):
     assert [p.name for p in tmp_path.glob("checkpoint_[0-9]*.pt")] == ["checkpoint_6.pt"]  # no timed saves
 
 
+@pytest.mark.slow  # torchrun fault handling, 6-10 s a route; make test-all
 def test_a_collective_timeout_names_the_rank(toy_data_bin, tmp_path):
     result = faulty_run(toy_data_bin, tmp_path, "hang:1:3", "--max-update", "5", timeout_minutes="0.05")
     assert result.returncode != 0
