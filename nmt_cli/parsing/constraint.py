@@ -51,7 +51,8 @@ class TreeConstraint:
 
     @classmethod
     def from_pieces(cls, pieces: Sequence[str], leaf_tokens: Sequence[str], vocab_size: int) -> TreeConstraint:
-        """Classes from the vocabulary's pieces (id order); rows beyond them (padding) are OTHER."""
+        """Classes from the tree token of every id (id order; anything else, e.g. "" for a text piece, is
+        OTHER); rows beyond them (padding) are OTHER."""
         leaves = set(leaf_tokens)
         token_class = torch.full((vocab_size,), OTHER, dtype=torch.long)
         for i, piece in enumerate(pieces):

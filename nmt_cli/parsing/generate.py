@@ -30,6 +30,7 @@ from nmt_cli.parsing.linearize import (
     TOP,
     delinearize,
     is_open,
+    piece_token,
     tag_punctuation,
     with_top,
 )
@@ -50,11 +51,17 @@ def ptb_words(line: str) -> list[str]:
     return line.translate(PTB_ESCAPES).split()
 
 
+def tree_tokens(vocab: Vocab) -> list[str]:
+    """The tree token of every id ("" for a text piece): tree tokens are the vocabulary's control symbols
+    after EOS, spelt `<TOKEN>` (parsing/preprocess.py puts them there; linearize.piece_token)."""
+    sp = vocab.sp
+    return [piece_token(sp.id_to_piece(i)) if i > EOS and sp.is_control(i) else "" for i in range(vocab.n_pieces)]
+
+
 def tree_constraint(vocab: Vocab, vocab_size: int) -> TreeConstraint:
-    """Tree tokens are the vocabulary's control symbols after EOS (parsing/preprocess.py puts them there)."""
-    pieces = [vocab.sp.id_to_piece(i) for i in range(vocab.n_pieces)]
-    leaves = [p for i, p in enumerate(pieces) if i > EOS and vocab.sp.is_control(i) and not is_open(p) and p != CLOSE]
-    return TreeConstraint.from_pieces(pieces, leaves, vocab_size)
+    tokens = tree_tokens(vocab)
+    leaves = [t for t in tokens if t and not is_open(t) and t != CLOSE]
+    return TreeConstraint.from_pieces(tokens, leaves, vocab_size)
 
 
 def flat_tree(words: Sequence[str]) -> Tree:
@@ -99,6 +106,7 @@ def parse_sentences(
 ) -> tuple[list[Tree | None], int]:
     """Trees for tokenised sentences, in input order (None for an empty one); also the fallback count.
     Sampling (cfg.sampling) draws from `generator`, one for every chunk of a run (`sampling_generator`)."""
+    tokens_of = tree_tokens(tr.vocab)
     limit = tr.model.max_positions - 1
     sources = [np.asarray(ids[:limit], dtype=np.int64) for ids in tr.vocab.encode([" ".join(w) for w in words])]
     src_lens = torch.tensor([len(s) for s in sources])
@@ -113,7 +121,8 @@ def parse_sentences(
         best = search_trees(tr, constraint, [sources[i] for i in ids], [len(words[i]) for i in ids], cfg, generator)
         for i, tokens in zip(ids, best):
             try:
-                trees[i] = with_top(tag_punctuation(delinearize(tr.vocab.pieces(tokens), words[i])))
+                tree = delinearize([tokens_of[t] for t in tokens], words[i])
+                trees[i] = with_top(tag_punctuation(tree))
             except ValueError:  # the constraint rules this out; keep the output usable if it ever fails
                 n_fallback += 1
     return trees, n_fallback

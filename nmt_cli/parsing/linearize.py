@@ -48,6 +48,19 @@ def is_open(token: str) -> bool:
     return len(token) > 1 and token.startswith("(")
 
 
+def token_piece(token: str) -> str:
+    """A tree token's spelling in the vocabulary, `<TOKEN>`: a sentencepiece control symbol, spelt apart from
+    text. A piece's string names one piece only, so a control symbol spelt `,` (the comma's tag) had left the
+    character `,` no piece of its own: every comma, full stop, `$`, `#` and `:` of the sentences was `<unk>`."""
+    return f"<{token}>"
+
+
+def piece_token(piece: str) -> str:
+    """The tree token a control piece spells (`token_piece`'s inverse); a bare piece is returned as it is (data
+    directories and checkpoints made before tree tokens were spelt `<TOKEN>` hold them bare)."""
+    return piece[1:-1] if len(piece) > 2 and piece.startswith("<") and piece.endswith(">") else piece
+
+
 def leaf_token(tag: str, leaves: str) -> str:
     return tag if leaves == "pos" or tag in KEPT_TAGS else SLOT
 
