@@ -17,13 +17,13 @@ from pathlib import Path
 from typing import Any
 
 from nmt_cli.config import PreprocessConfig
-from nmt_cli.data import split_lines
+from nmt_cli.data import WORD_MARK, split_lines
 from nmt_cli.data.binarize import TokenWriter, check_text_file, token_dtype
 from nmt_cli.data.dataset import SPM_FILE
 from nmt_cli.data.preprocess import preprocess, split_prefixes
 from nmt_cli.data.vocab import UNK, Vocab, train_spm
 from nmt_cli.errors import DataError
-from nmt_cli.parsing.linearize import linearize, token_piece
+from nmt_cli.parsing.linearize import CLOSE, is_open, linearize, token_piece
 from nmt_cli.parsing.tree import TreeSyntaxError, clean, parse_tree
 
 logger = logging.getLogger(__name__)
@@ -111,6 +111,31 @@ def tree_vocab(cfg: PreprocessConfig, examples: dict[str, list[Example]], out_di
     return Vocab.load(out_dir / SPM_FILE)
 
 
+def word_spans(vocab: Vocab, ids: list[int]) -> list[list[int]]:
+    """A sentence's pieces grouped by word: a word begins with a piece that begins with ▁."""
+    words: list[list[int]] = []
+    for i in ids:
+        if vocab.sp.id_to_piece(i).startswith(WORD_MARK) or not words:
+            words.append([])
+        words[-1].append(i)
+    return words
+
+
+def with_words(vocab: Vocab, src: list[int], tokens: list[str], where: str) -> list[int]:
+    """Tree token ids with each word's pieces put before its leaf (`--tree-leaves words`, copy_constraint.py)."""
+    words = word_spans(vocab, src)
+    n_leaves = sum(1 for t in tokens if not is_open(t) and t != CLOSE)
+    if len(words) != n_leaves:
+        raise DataError(f"{where}: the sentence's pieces make {len(words)} words, its tree has {n_leaves} leaves")
+    spans = iter(words)
+    out: list[int] = []
+    for tok in tokens:
+        if not is_open(tok) and tok != CLOSE:
+            out += next(spans)
+        out.append(vocab.sp.piece_to_id(token_piece(tok)))
+    return out
+
+
 def binarize_trees(
     cfg: PreprocessConfig, vocab: Vocab, split: str, examples: list[Example], out_dir: Path
 ) -> dict[str, Any]:
@@ -119,6 +144,11 @@ def binarize_trees(
     writers = [TokenWriter(out_dir / f"{split}.{lang}", dtype) for lang in (cfg.source_lang, cfg.target_lang)]
     src_ids = vocab.encode([" ".join(words) for words, _ in examples], cfg.workers)
     tgt_ids = [[vocab.sp.piece_to_id(token_piece(tok)) for tok in tokens] for _, tokens in examples]
+    if cfg.tree_leaves == "words":
+        tgt_ids = [
+            with_words(vocab, s, tokens, f"{split} tree {n}")
+            for n, (s, (_, tokens)) in enumerate(zip(src_ids, examples), start=1)
+        ]
     n_unk = sum(ids.count(UNK) for ids in src_ids)
     if n_unk:  # characters the vocabulary cannot spell (a --spm-model trained elsewhere, or unseen ones)
         logger.warning("%s: %d of the words' %d pieces are <unk>", split, n_unk, sum(map(len, src_ids)))

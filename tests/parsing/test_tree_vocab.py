@@ -39,7 +39,7 @@ def test_punctuation_words_are_spelt_and_tags_are_single_target_symbols(tmp_path
         assert tokens.count(tag) == 1
     data = ParallelDataset(tmp_path / "bin", "train")
     first_tree = [tokens[i] for i in data.tgt[0]]
-    assert first_tree == "(S (NP NNP NNP ) (VP VBZ (NP $ CD ) ) . )".split()
+    assert first_tree == ["(S", "(NP", "NNP", "NNP", ")", "(VP", "VBZ", "(NP", "$", "CD", ")", ")", ".", ")"]
 
 
 def test_bare_tree_tokens_of_older_vocabularies_are_still_read(tmp_path):
