@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 
 from nmt_cli.data.vocab import EOS, UNK
-from nmt_cli.parsing.constraint import NEG_INF, OTHER, TreeConstraint, TreeState
+from nmt_cli.parsing.constraint import MAX_OPEN_RUN, NEG_INF, OTHER, TreeConstraint, TreeState
 
 
 @dataclass
@@ -78,11 +78,12 @@ class CopyingTreeConstraint:
         next_piece = state.pieces.gather(1, state.pos[:, None])[:, 0]
         next_starts = state.starts.gather(1, state.pos[:, None])[:, 0]
         continues = state.copying & (to_copy > 0) & ~next_starts
+        short_run = tree.open_run < MAX_OPEN_RUN
         begins = free & (d >= 1) & (left >= 1) & (to_copy > 0) & (to_copy - 1 + left + d <= room)
         by_class = torch.stack(
             [
                 torch.zeros_like(free),
-                free & (left >= 1) & ((d >= 1) | ~tree.started) & (to_copy + left + d + 1 <= room),
+                free & (left >= 1) & ((d >= 1) | ~tree.started) & (to_copy + left + d + 1 <= room) & short_run,
                 free & (d >= 1) & ~tree.last_open & ((d >= 2) | (left == 0)),
                 state.copying & ~continues,
                 free & tree.started & (d == 0),

@@ -10,11 +10,12 @@ DATA=${DATA:-$here/../../../shared/data/ptb-sample}
 WORK_DIR=${WORK_DIR:-$here/../../work/ptb_parsing}
 QUICK=${QUICK:-0}
 THREADS=${THREADS:-2}
-LEAVES=${LEAVES:-pos}                 # pos: the decoder predicts POS tags; slot: XX (punctuation tags kept)
+LEAVES=${LEAVES:-words}               # words: each word's pieces (copied) then its POS tag; pos: the tags alone;
+                                      # slot: XX (punctuation tags kept). See README.md
 TRAIN_TREES=${TRAIN_TREES:-0}         # train on the first N trees only (0: all 3,068): the learning curve
 if [ "$QUICK" = 1 ]; then
     ARCH=${ARCH:-transformer_tiny}; TRAIN_MINUTES=${TRAIN_MINUTES:-0.25}; VALID_LINES=${VALID_LINES:-40}
-    BEAM=${BEAM:-2}; MAX_LEN_B=${MAX_LEN_B:-20}; WARMUP=${WARMUP:-50}; VOCAB=${VOCAB:-1000}; PRECISION=${PRECISION-}
+    BEAM=${BEAM:-2}; MAX_LEN_B=${MAX_LEN_B:-100}; WARMUP=${WARMUP:-50}; VOCAB=${VOCAB:-1000}; PRECISION=${PRECISION-}
 else
     ARCH=${ARCH:-transformer_small}; TRAIN_MINUTES=${TRAIN_MINUTES:-30}; VALID_LINES=${VALID_LINES:-0}
     BEAM=${BEAM:-21}; MAX_LEN_B=${MAX_LEN_B:-300}; WARMUP=${WARMUP:-200}; VOCAB=${VOCAB:-4000}
@@ -38,10 +39,11 @@ for kind in tree words; do
     run sh -c "$(first "$VALID_LINES") '$DATA/valid.$kind' > '$WORK_DIR/valid.$kind'"
 done
 
-# 2. Sentences -> linearised trees; tree tokens are single vocabulary items.
+# 2. Sentences -> linearised trees; tree tokens are single vocabulary items (words: the words' pieces too, so
+#    --max-len counts both; no training tree is longer than 600).
 [ -f "$WORK_DIR/data-bin/meta.json" ] || run nmt preprocess -s words -t tree --target-format ptb-tree \
     --tree-leaves "$LEAVES" --trainpref "$WORK_DIR/train" --validpref "$WORK_DIR/valid" \
-    --destdir "$WORK_DIR/data-bin" --vocab-size "$VOCAB" --workers "$THREADS"
+    --destdir "$WORK_DIR/data-bin" --vocab-size "$VOCAB" --workers "$THREADS" --max-len 1000
 
 # 3. Train for TRAIN_MINUTES of wall clock (shared CPU: see README.md).
 run nmt train "$WORK_DIR/data-bin" --save-dir "$WORK_DIR/checkpoints" --arch "$ARCH" --dropout "$DROPOUT" \

@@ -92,3 +92,13 @@ def test_search_on_a_random_model_copies_each_sentence(tiny_model, beam):
     for s, n, h in zip(sentences, n_words.tolist(), hyps):
         assert [t for t in h[0].tokens if t > 8 or t == UNK] == s
         assert sum(t in (7, 8) for t in h[0].tokens) == n
+
+
+def test_opening_brackets_in_a_row_are_bounded_when_copying_too():
+    from nmt_cli.parsing.constraint import MAX_OPEN_RUN
+
+    constraint = copying([[9, 10]])
+    state = constraint.start(torch.tensor([2]))
+    for _ in range(MAX_OPEN_RUN):
+        state = constraint.advance(state, torch.tensor([5]))
+    assert allowed_ids(constraint, state, MAX_OPEN_RUN, 100) == {9}

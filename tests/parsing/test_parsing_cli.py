@@ -284,10 +284,15 @@ def test_a_parser_that_copies_its_words_writes_trees_over_the_input(tmp_path):
     vocab, data = load_vocab(tmp_path / "bin"), ParallelDataset(tmp_path / "bin", "train")
     target = vocab.pieces(data.tgt[0])
     assert target[:2] == ["<(S>", "<(NP>"] and target[-3:] == ["▁.", "<.>", "<)>"]
-    assert (
-        "".join(p for p in target if not p.startswith("<")).replace("▁", " ").split()
-        == ["The", "cat", "sits", "on", "the", "mat", "."]
-    )
+    assert "".join(p for p in target if not p.startswith("<")).replace("▁", " ").split() == [
+        "The",
+        "cat",
+        "sits",
+        "on",
+        "the",
+        "mat",
+        ".",
+    ]
     args = ["--arch", "transformer_tiny", "--max-tokens", "400", "--max-update", "2", "--warmup-updates", "2"]
     train = ["train", str(tmp_path / "bin"), "--save-dir", str(tmp_path / "ck"), *args, "--threads", "1"]
     assert CliRunner().invoke(cli, [*train, "--device", "cpu"]).exit_code == 0
