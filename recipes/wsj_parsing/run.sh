@@ -17,7 +17,7 @@ WORK_DIR=${WORK_DIR:-$here/../../work/wsj_parsing$([ "$SMOKE" = 1 ] && echo _smo
 GPUS=${GPUS:-1}
 MAX_TOKENS=${MAX_TOKENS:-4096}
 DROPOUT=${DROPOUT:-0.3}                 # the paper chose dropout, lr and beam on section 22
-LEAVES=${LEAVES:-pos}
+LEAVES=${LEAVES:-pos}                   # the paper's target; words: each word's pieces, then its tag (README.md)
 N_AVERAGE=${N_AVERAGE:-5}
 PRECISION=${PRECISION:-}
 if [ "$SMOKE" = 1 ]; then
@@ -55,7 +55,7 @@ done
 # 2. Linearised trees, tree tokens as single vocabulary items.
 [ -f "$WORK_DIR/data-bin/meta.json" ] || run nmt preprocess -s words -t tree --target-format ptb-tree \
     --tree-leaves "$LEAVES" --trainpref "$WORK_DIR/raw/train" --validpref "$WORK_DIR/raw/dev" \
-    --testpref "$WORK_DIR/raw/test" --destdir "$WORK_DIR/data-bin" --vocab-size "$VOCAB"
+    --testpref "$WORK_DIR/raw/test" --destdir "$WORK_DIR/data-bin" --vocab-size "$VOCAB" --max-len 1000
 
 # 3. Train transformer_parse (the base model's optimizer, schedule and label smoothing).
 run $TRAIN_CMD "$WORK_DIR/data-bin" --save-dir "$WORK_DIR/checkpoints" --arch transformer_parse \
