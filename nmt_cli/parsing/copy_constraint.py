@@ -52,7 +52,8 @@ class CopyingTreeConstraint:
         self.base = base
         self.pieces = torch.cat([pieces, pieces.new_zeros(pieces.shape[0], 1)], dim=1)  # a column past the end
         self.n_pieces = n_pieces
-        self.starts = word_start.to(pieces.device)[self.pieces]
+        self.word_start = word_start.to(pieces.device)
+        self.starts = self.word_start[self.pieces]
         self.starts[torch.arange(self.pieces.shape[1], device=pieces.device) >= n_pieces[:, None]] = False
 
     def start(self, n_leaves: Tensor) -> CopyState:
@@ -71,12 +72,17 @@ class CopyingTreeConstraint:
     def allowed(self, state: CopyState, step: int, max_len: Tensor) -> Tensor:
         """[N, V] True where a token keeps the row completable: every piece still to copy, every tag and
         every open bracket's `)` needs one token more before EOS."""
+        return self._allowed(state, step, max_len)[0]
+
+    def _allowed(self, state: CopyState, step: int, max_len: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """(allowed [N, V], the next piece to copy [N], rows that continue a word [N], rows that may begin one [N])."""
         tree, free = state.tree, ~state.copying
         d, left = tree.depth, tree.leaves_left
         room = max_len - (step + 1)
         to_copy = state.n_pieces - state.pos
-        next_piece = state.pieces.gather(1, state.pos[:, None])[:, 0]
-        next_starts = state.starts.gather(1, state.pos[:, None])[:, 0]
+        at = state.pos.clamp(max=state.pieces.shape[1] - 1)[:, None]  # (a dead beam's tokens may run past the end)
+        next_piece = state.pieces.gather(1, at)[:, 0]
+        next_starts = state.starts.gather(1, at)[:, 0]
         continues = state.copying & (to_copy > 0) & ~next_starts
         short_run = tree.open_run < MAX_OPEN_RUN
         begins = free & (d >= 1) & (left >= 1) & (to_copy > 0) & (to_copy - 1 + left + d <= room)
@@ -91,11 +97,22 @@ class CopyingTreeConstraint:
             dim=1,
         )  # [N, 5]: OTHER, OPEN, CLOSE_CLASS, LEAF, END (constraint.py)
         allowed = by_class[:, self.base.token_class.to(d.device)]  # [N, V]
-        return allowed.scatter_(1, next_piece[:, None], (continues | begins)[:, None])
+        allowed = allowed.scatter_(1, next_piece[:, None], (continues | begins)[:, None])
+        return allowed, next_piece, continues, begins
 
     def mask(self, log_probs: Tensor, state: CopyState, step: int, max_len: Tensor) -> Tensor:
-        """log_probs [N, V] with every token that would break the tree or the copy set to -inf."""
-        return log_probs.masked_fill(~self.allowed(state, step, max_len), NEG_INF)
+        """log_probs [N, V] with every token that would break the tree or the copy set to -inf, and the copied
+        pieces scored as the choices they are: beginning a word has the probability of beginning any word (the
+        sum over the pieces that begin one), continuing it probability 1. Scored as themselves, words the model
+        did not expect lost to any opening bracket, and undertrained models wrote (NP (NP (NP ... before each."""
+        allowed, next_piece, continues, begins = self._allowed(state, step, max_len)
+        any_start = log_probs.masked_fill(~self.word_start[: log_probs.shape[1]], NEG_INF).logsumexp(-1)  # [N]
+        current = log_probs.gather(1, next_piece[:, None])[:, 0]
+        copied = torch.where(continues, torch.zeros_like(current), torch.where(begins, any_start, current))
+        out = log_probs.masked_fill(~allowed, NEG_INF)
+        return out.scatter_(
+            1, next_piece[:, None], torch.where(allowed.gather(1, next_piece[:, None])[:, 0], copied, NEG_INF)[:, None]
+        )
 
     def advance(self, state: CopyState, tokens: Tensor) -> CopyState:
         """The state after each row emitted tokens [N] (EOS and padding leave it unchanged)."""

@@ -102,3 +102,18 @@ def test_opening_brackets_in_a_row_are_bounded_when_copying_too():
     for _ in range(MAX_OPEN_RUN):
         state = constraint.advance(state, torch.tensor([5]))
     assert allowed_ids(constraint, state, MAX_OPEN_RUN, 100) == {9}
+
+
+def test_copied_pieces_are_scored_as_beginning_any_word_and_then_certain():
+    """Scored as themselves, the words an undertrained model did not expect lost to any opening bracket:
+    it wrote (NP (NP (NP ... before every word (F1 6.9 against 33.0 on 100 valid sentences, 450 updates)."""
+    constraint = copying([[9, 11]])
+    state = constraint.start(torch.tensor([1]))
+    state = constraint.advance(state, torch.tensor([4]))  # (S
+    log_probs = torch.randn(1, V).log_softmax(-1)
+    masked = constraint.mask(log_probs.clone(), state, 1, torch.tensor([30]))
+    assert torch.allclose(masked[0, 9], log_probs[0, [9, 10]].logsumexp(0))  # any of the word-start pieces
+    assert torch.equal(masked[0, [4, 5]], log_probs[0, [4, 5]]) and torch.isinf(masked[0, [6, 7, 8, 10, 11]]).all()
+    state = constraint.advance(state, torch.tensor([9]))
+    masked = constraint.mask(log_probs.clone(), state, 2, torch.tensor([30]))
+    assert masked[0, 11] == 0 and torch.isinf(masked[0, :11]).all()
