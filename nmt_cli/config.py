@@ -183,8 +183,9 @@ class PreprocessConfig:
     )
     tree_leaves: str = flag(
         "pos",
-        "ptb-tree: the target's leaves are the POS tags, or the placeholder XX (punctuation tags kept).",
-        choices=("pos", "slot"),
+        "ptb-tree: the target's leaves are the POS tags, the placeholder XX (punctuation tags kept), or "
+        "each word's own pieces followed by its POS tag (words).",
+        choices=("pos", "slot", "words"),
     )
 
     def __post_init__(self) -> None:

@@ -58,6 +58,7 @@ def generate(cfg: GenerateConfig, search_overrides: dict[str, Any] | None = None
         meta = load_meta(data_dir)
         check_same_data(state, Path(cfg.path), data_dir, meta, load_vocab(data_dir, meta).model_bytes)
     is_parser = parses_trees(state.get("target_format"))
+    tree_leaves = state.get("tree_leaves")
     if is_parser:
         check_parse_request(cfg)
     search = search_settings(cfg.path, search_config_of(state), search_overrides or {}, is_parser)
@@ -84,7 +85,7 @@ def generate(cfg: GenerateConfig, search_overrides: dict[str, Any] | None = None
             buffer_size = cfg.buffer_size or (1 if interactive else 1000)
             lines = read_lines(raw_lines, buffer_size, "stdin" if cfg.input == "-" else str(cfg.input), first_line)
             if is_parser:  # one bracketed tree per input line (nmt_cli/parsing)
-                summary = generate_trees(translator, lines, search, cfg.max_tokens, cfg.batch_size, out)
+                summary = generate_trees(translator, lines, search, cfg.max_tokens, cfg.batch_size, out, tree_leaves)
             else:
                 summary = generate_text(translator, lines, search, cfg.max_tokens, cfg.batch_size, fmt, out)
     log_summary(summary, search)

@@ -3,14 +3,19 @@
 Shapes: N rows (sentences x beams), V vocabulary.
 
 Token classes: OPEN `(LABEL`, CLOSE `)`, LEAF (a POS tag or XX), EOS, OTHER (never allowed). A row's
-state is its open-bracket depth, its leaves still to place, whether the root was opened and whether
-the last token was an opening one. With t tokens emitted and at most M before EOS, a token is allowed
+state is its open-bracket depth, its leaves still to place, whether the root was opened and how many
+opening brackets came in a row just before. With t tokens emitted and at most M before EOS, a token is allowed
 only if the tree can still be finished in time (each leaf and each open bracket needs one more token):
 
-    OPEN   leaves_left >= 1, (depth >= 1 or root not opened), t + 1 + leaves_left + depth + 1 <= M
+    OPEN   leaves_left >= 1, (depth >= 1 or root not opened), t + 1 + leaves_left + depth + 1 <= M,
+           fewer than MAX_OPEN_RUN opening brackets in a row before it
     LEAF   depth >= 1, leaves_left >= 1,                      t + 1 + leaves_left - 1 + depth <= M
     CLOSE  depth >= 1, last token not OPEN (no empty constituent), depth >= 2 or leaves_left == 0
     EOS    root opened and depth == 0 (so every leaf is placed)
+
+MAX_OPEN_RUN (8) bounds chains like `(S (S (NP (NP (NP ...`: no tree of the treebank sample opens more
+than 6 brackets in a row, and an undertrained model's search had filled the whole length budget (|x| + 300)
+with them, slowly (beam 21 took over 13 minutes for 433 sentences).
 
 If M >= |x| + 2 at the start, some token is always allowed, and at t = M only EOS is: the search
 cannot produce a malformed tree or one with another number of leaves.
@@ -28,6 +33,7 @@ from nmt_cli.data.vocab import EOS
 from nmt_cli.parsing.linearize import CLOSE, is_open
 
 OTHER, OPEN, CLOSE_CLASS, LEAF, END = 0, 1, 2, 3, 4
+MAX_OPEN_RUN = 8
 NEG_INF = float("-inf")
 
 
@@ -36,11 +42,15 @@ class TreeState:
     depth: Tensor  # [N] open brackets
     leaves_left: Tensor  # [N] words still to place
     started: Tensor  # [N] bool, the root bracket was opened
-    last_open: Tensor  # [N] bool, the last token was an opening bracket
+    open_run: Tensor  # [N] opening brackets in a row just before (0: the last token was no opening bracket)
+
+    @property
+    def last_open(self) -> Tensor:
+        return self.open_run > 0
 
     def select(self, rows: Tensor) -> TreeState:
         """Reorder or subset rows [N'] (beams reordered, finished sentences removed)."""
-        return TreeState(self.depth[rows], self.leaves_left[rows], self.started[rows], self.last_open[rows])
+        return TreeState(self.depth[rows], self.leaves_left[rows], self.started[rows], self.open_run[rows])
 
 
 class TreeConstraint:
@@ -51,7 +61,8 @@ class TreeConstraint:
 
     @classmethod
     def from_pieces(cls, pieces: Sequence[str], leaf_tokens: Sequence[str], vocab_size: int) -> TreeConstraint:
-        """Classes from the vocabulary's pieces (id order); rows beyond them (padding) are OTHER."""
+        """Classes from the tree token of every id (id order; anything else, e.g. "" for a text piece, is
+        OTHER); rows beyond them (padding) are OTHER."""
         leaves = set(leaf_tokens)
         token_class = torch.full((vocab_size,), OTHER, dtype=torch.long)
         for i, piece in enumerate(pieces):
@@ -67,7 +78,7 @@ class TreeConstraint:
     def start(self, n_leaves: Tensor) -> TreeState:
         """The state before the first token, one row per entry of n_leaves [N]."""
         zeros = torch.zeros_like(n_leaves)
-        return TreeState(zeros, n_leaves.clone(), zeros.bool(), zeros.bool())
+        return TreeState(zeros, n_leaves.clone(), zeros.bool(), zeros.clone())
 
     def allowed(self, state: TreeState, step: int, max_len: Tensor) -> Tensor:
         """[N, V] True where a token keeps the row completable; max_len [N] tokens allowed before EOS."""
@@ -76,7 +87,7 @@ class TreeConstraint:
         by_class = torch.stack(
             [
                 torch.zeros_like(state.started),
-                (left >= 1) & ((d >= 1) | ~state.started) & (left + d + 1 <= room),
+                (left >= 1) & ((d >= 1) | ~state.started) & (left + d + 1 <= room) & (state.open_run < MAX_OPEN_RUN),
                 (d >= 1) & ~state.last_open & ((d >= 2) | (left == 0)),
                 (d >= 1) & (left >= 1) & (left - 1 + d <= room),
                 state.started & (d == 0),
@@ -97,5 +108,5 @@ class TreeConstraint:
             state.depth + opened.long() - closed.long(),
             state.leaves_left - (cls == LEAF).long(),
             state.started | opened,
-            opened,
+            (state.open_run + 1) * opened.long(),
         )

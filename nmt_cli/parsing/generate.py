@@ -17,12 +17,15 @@ from typing import TextIO
 
 import numpy as np
 import torch
+from torch import Tensor
 
 from nmt_cli.config import GenerateConfig, SearchConfig
+from nmt_cli.data import WORD_MARK
 from nmt_cli.data.batching import batch_by_tokens, pad_sources
 from nmt_cli.data.vocab import EOS, PAD, Vocab
 from nmt_cli.errors import ConfigError
 from nmt_cli.parsing.constraint import TreeConstraint
+from nmt_cli.parsing.copy_constraint import CopyingTreeConstraint
 from nmt_cli.parsing.linearize import (
     BRACKET_ESCAPES,
     CLOSE,
@@ -30,6 +33,7 @@ from nmt_cli.parsing.linearize import (
     TOP,
     delinearize,
     is_open,
+    piece_token,
     tag_punctuation,
     with_top,
 )
@@ -50,17 +54,31 @@ def ptb_words(line: str) -> list[str]:
     return line.translate(PTB_ESCAPES).split()
 
 
+def tree_tokens(vocab: Vocab) -> list[str]:
+    """The tree token of every id ("" for a text piece): tree tokens are the vocabulary's control symbols
+    after EOS, spelt `<TOKEN>` (parsing/preprocess.py puts them there; linearize.piece_token)."""
+    sp = vocab.sp
+    return [piece_token(sp.id_to_piece(i)) if i > EOS and sp.is_control(i) else "" for i in range(vocab.n_pieces)]
+
+
 def tree_constraint(vocab: Vocab, vocab_size: int) -> TreeConstraint:
-    """Tree tokens are the vocabulary's control symbols after EOS (parsing/preprocess.py puts them there)."""
-    pieces = [vocab.sp.id_to_piece(i) for i in range(vocab.n_pieces)]
-    leaves = [p for i, p in enumerate(pieces) if i > EOS and vocab.sp.is_control(i) and not is_open(p) and p != CLOSE]
-    return TreeConstraint.from_pieces(pieces, leaves, vocab_size)
+    tokens = tree_tokens(vocab)
+    leaves = [t for t in tokens if t and not is_open(t) and t != CLOSE]
+    return TreeConstraint.from_pieces(tokens, leaves, vocab_size)
 
 
 def flat_tree(words: Sequence[str]) -> Tree:
     """The fallback when no tree fits the length limit: every word under one S, punctuation tagged as the
     treebank tags it (EVALB drops punctuation by its tag: an XX comma would make the sentence an error)."""
     return tag_punctuation(Tree(TOP, [Tree("S", [Tree(SLOT, word=w) for w in words])]))
+
+
+def word_starts(vocab: Vocab) -> Tensor:
+    """[padded vocabulary] True at the text pieces that begin a word (sentencepiece's ▁)."""
+    starts = torch.zeros(vocab.padded_size, dtype=torch.bool)
+    for i in range(EOS + 1, vocab.n_pieces):
+        starts[i] = not vocab.sp.is_control(i) and vocab.sp.id_to_piece(i).startswith(WORD_MARK)
+    return starts
 
 
 def search_trees(
@@ -70,20 +88,33 @@ def search_trees(
     n_words: list[int],
     cfg: SearchConfig,
     generator: torch.Generator | None = None,
+    starts: Tensor | None = None,
 ) -> list[list[int]]:
-    """The best tree-token ids for one batch of encoded sentences (sampled with `generator` under cfg.sampling)."""
+    """The best tree-token ids for one batch of encoded sentences (sampled with `generator` under cfg.sampling).
+    starts: `word_starts` for a model whose trees copy their words (--tree-leaves words), else None."""
     src = pad_sources([np.asarray(s, dtype=np.int64) for s in sources]).to(tr.device)
     src_lens = torch.tensor([len(s) for s in sources], device=tr.device)
     n_leaves = torch.tensor(n_words, device=tr.device)
+    search_constraint: TreeConstraint | CopyingTreeConstraint = constraint
+    if starts is not None:
+        pieces = src.masked_fill(src.eq(EOS), PAD)
+        search_constraint = CopyingTreeConstraint(constraint, pieces, src_lens, starts)
     with torch.inference_mode(), autocast(tr.device, tr.amp_dtype):
         enc = tr.model.encode(src, src.eq(PAD))
         if cfg.sampling or cfg.beam == 1:
             hyps = greedy_search(
-                tr.model, enc, src_lens, cfg, generator, tr.vocab.n_pieces, constraint=constraint, n_leaves=n_leaves
+                tr.model,
+                enc,
+                src_lens,
+                cfg,
+                generator,
+                tr.vocab.n_pieces,
+                constraint=search_constraint,
+                n_leaves=n_leaves,
             )
         else:
             hyps = beam_search(
-                tr.model, enc, src_lens, cfg, tr.vocab.n_pieces, constraint=constraint, n_leaves=n_leaves
+                tr.model, enc, src_lens, cfg, tr.vocab.n_pieces, constraint=search_constraint, n_leaves=n_leaves
             )
     return [h[0].tokens for h in hyps]
 
@@ -96,13 +127,19 @@ def parse_sentences(
     max_tokens: int,
     batch_size: int,
     generator: torch.Generator | None = None,
+    starts: Tensor | None = None,
 ) -> tuple[list[Tree | None], int]:
     """Trees for tokenised sentences, in input order (None for an empty one); also the fallback count.
-    Sampling (cfg.sampling) draws from `generator`, one for every chunk of a run (`sampling_generator`)."""
+    Sampling (cfg.sampling) draws from `generator`, one for every chunk of a run (`sampling_generator`).
+    starts: `word_starts` when the trees copy their words (then a tree needs a token per piece too)."""
+    tokens_of = tree_tokens(tr.vocab)
     limit = tr.model.max_positions - 1
     sources = [np.asarray(ids[:limit], dtype=np.int64) for ids in tr.vocab.encode([" ".join(w) for w in words])]
     src_lens = torch.tensor([len(s) for s in sources])
-    fits = max_lengths(src_lens, cfg, tr.model.max_positions) >= torch.tensor([len(w) + 2 for w in words])
+    need = [len(w) + 2 + (len(s) if starts is not None else 0) for w, s in zip(words, sources)]
+    fits = max_lengths(src_lens, cfg, tr.model.max_positions) >= torch.tensor(need)
+    if starts is not None:  # and the pieces make one word per word (not so when cut to the model's positions)
+        fits &= torch.tensor([int(starts[torch.from_numpy(s)].sum()) == len(w) for w, s in zip(words, sources)])
     trees: list[Tree | None] = [None if not w else flat_tree(w) for w in words]
     todo = np.flatnonzero(np.array([bool(w) for w in words]) & fits.numpy())
     n_fallback = sum(1 for i, w in enumerate(words) if w and not bool(fits[i]))
@@ -110,26 +147,37 @@ def parse_sentences(
     budget = max(max_tokens, int(lengths.max(initial=0)) + 1)  # every sentence fits: none is skipped
     for batch in batch_by_tokens(lengths, lengths, budget, None, batch_size)[0]:
         ids = todo[batch]
-        best = search_trees(tr, constraint, [sources[i] for i in ids], [len(words[i]) for i in ids], cfg, generator)
+        best = search_trees(
+            tr, constraint, [sources[i] for i in ids], [len(words[i]) for i in ids], cfg, generator, starts
+        )
         for i, tokens in zip(ids, best):
-            try:
-                trees[i] = with_top(tag_punctuation(delinearize(tr.vocab.pieces(tokens), words[i])))
+            try:  # (copied pieces are no tree tokens)
+                tree = delinearize([tokens_of[t] for t in tokens if tokens_of[t]], words[i])
+                trees[i] = with_top(tag_punctuation(tree))
             except ValueError:  # the constraint rules this out; keep the output usable if it ever fails
                 n_fallback += 1
     return trees, n_fallback
 
 
 def generate_trees(
-    tr: Translator, chunks: Iterable[list[str]], cfg: SearchConfig, max_tokens: int, batch_size: int, out: TextIO
+    tr: Translator,
+    chunks: Iterable[list[str]],
+    cfg: SearchConfig,
+    max_tokens: int,
+    batch_size: int,
+    out: TextIO,
+    leaves: str | None = "pos",
 ) -> Summary:
-    """Parse raw sentences one buffer (chunk of lines) at a time; one tree (or an empty line) per input line."""
+    """Parse raw sentences one buffer (chunk of lines) at a time; one tree (or an empty line) per input line.
+    leaves: the checkpoint's --tree-leaves ("words": its trees copy their words, copy_constraint.py)."""
     constraint = tree_constraint(tr.vocab, tr.vocab.padded_size)
+    starts = word_starts(tr.vocab) if leaves == "words" else None
     generator = sampling_generator(cfg, tr.device)  # one for every chunk
     summary, n_fallback, n_empty = Summary(), 0, 0
     for chunk in chunks:
         start = time.perf_counter()
         words = [ptb_words(line) for line in chunk]
-        trees, fallback = parse_sentences(tr, constraint, words, cfg, max_tokens, batch_size, generator)
+        trees, fallback = parse_sentences(tr, constraint, words, cfg, max_tokens, batch_size, generator, starts)
         n_fallback += fallback
         n_empty += sum(t is None for t in trees)
         summary.n_sentences += len(chunk)

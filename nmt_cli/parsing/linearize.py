@@ -5,11 +5,13 @@ a word is one leaf token. `(S (NP (DT The) (NN cat)) (VP (VBZ sits)) (. .))` bec
 
     leaves="pos":   (S (NP DT NN ) (VP VBZ ) . )
     leaves="slot":  (S (NP XX XX ) (VP XX ) . )
+    leaves="words": as "pos"; preprocess puts each word's pieces before its tag (copy_constraint.py)
 
 With "slot" every POS tag is the placeholder XX except the punctuation tags EVALB deletes
 (, : `` '' . and the brackets' -LRB- -RRB- and # $), which stay, so that the scorer removes the same words
-from both trees. Words never appear on the target side: `delinearize` puts the input's own words
-back at the leaves, in order, as `(TAG word)` preterminals.
+from both trees. Words are not tree tokens (with "words" they are copied pieces, dropped before
+`delinearize`): `delinearize` puts the input's own words back at the leaves, in order, as `(TAG word)`
+preterminals.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from nmt_cli.parsing.tree import Tree
 CLOSE = ")"
 SLOT = "XX"
 TOP = "TOP"
-LEAF_MODES = ("pos", "slot")
+LEAF_MODES = ("pos", "slot", "words")
 KEPT_TAGS = frozenset({",", ":", "``", "''", ".", "-LRB-", "-RRB-", "#", "$"})
 # Punctuation words whose Penn Treebank tag is fixed by the word itself ("'" is left out: POS or '').
 PUNCTUATION_TAGS = {
@@ -48,8 +50,21 @@ def is_open(token: str) -> bool:
     return len(token) > 1 and token.startswith("(")
 
 
+def token_piece(token: str) -> str:
+    """A tree token's spelling in the vocabulary, `<TOKEN>`: a sentencepiece control symbol, spelt apart from
+    text. A piece's string names one piece only, so a control symbol spelt `,` (the comma's tag) had left the
+    character `,` no piece of its own: every comma, full stop, `$`, `#` and `:` of the sentences was `<unk>`."""
+    return f"<{token}>"
+
+
+def piece_token(piece: str) -> str:
+    """The tree token a control piece spells (`token_piece`'s inverse); a bare piece is returned as it is (data
+    directories and checkpoints made before tree tokens were spelt `<TOKEN>` hold them bare)."""
+    return piece[1:-1] if len(piece) > 2 and piece.startswith("<") and piece.endswith(">") else piece
+
+
 def leaf_token(tag: str, leaves: str) -> str:
-    return tag if leaves == "pos" or tag in KEPT_TAGS else SLOT
+    return SLOT if leaves == "slot" and tag not in KEPT_TAGS else tag
 
 
 def linearize(tree: Tree, leaves: str) -> list[str]:

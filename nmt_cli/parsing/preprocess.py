@@ -3,9 +3,10 @@
 The target file holds one bracketed tree per line; the source file (the tree's words, one sentence
 per line) is optional and, when given, must match the tree's words exactly. Trees are cleaned
 (function tags, -NONE-, empty constituents; tree.clean) and linearised (linearize.py). Every tree
-token (`(NP`, `)`, a POS tag or XX) is a sentencepiece control symbol: one id each, never produced
-when encoding text, so source words are never confused with labels. Sentencepiece is trained on
-the source words only.
+token (`(NP`, `)`, a POS tag or XX) is a sentencepiece control symbol spelt `<TOKEN>` (linearize.token_piece):
+one id each, on the target side only, never produced when encoding text, and taking no string that text
+needs (spelt bare, `,` `.` `$` `#` `:` had been `<unk>` in every sentence). Sentencepiece is trained on
+the source words only (--character-coverage 1, the default, gives every character of them a piece).
 """
 
 from __future__ import annotations
@@ -16,13 +17,13 @@ from pathlib import Path
 from typing import Any
 
 from nmt_cli.config import PreprocessConfig
-from nmt_cli.data import split_lines
+from nmt_cli.data import WORD_MARK, split_lines
 from nmt_cli.data.binarize import TokenWriter, check_text_file, token_dtype
 from nmt_cli.data.dataset import SPM_FILE
 from nmt_cli.data.preprocess import preprocess, split_prefixes
 from nmt_cli.data.vocab import UNK, Vocab, train_spm
 from nmt_cli.errors import DataError
-from nmt_cli.parsing.linearize import linearize
+from nmt_cli.parsing.linearize import CLOSE, is_open, linearize, token_piece
 from nmt_cli.parsing.tree import TreeSyntaxError, clean, parse_tree
 
 logger = logging.getLogger(__name__)
@@ -65,22 +66,26 @@ def read_examples(tree_path: Path, words_path: Path | None, leaves: str) -> list
             )
             raise DataError(f"{words_path}:{n}: the words do not match the tree's in {tree_path}:{n} ({differ})")
         tokens = linearize(tree, leaves)
-        reserved = sorted(RESERVED_PIECES.intersection(tokens))
+        reserved = sorted(t for t in tokens if token_piece(t) in RESERVED_PIECES)
         if reserved:  # the tag would be read as that special id (</s> ends the tree)
-            raise DataError(f"{tree_path}:{n}: the tag {reserved[0]} is one of sentencepiece's special pieces")
+            raise DataError(
+                f"{tree_path}:{n}: the tag {reserved[0]} is spelt {token_piece(reserved[0])} in the vocabulary, "
+                "one of sentencepiece's special pieces"
+            )
         examples.append((words, tokens))
     return examples
 
 
 def tree_vocab(cfg: PreprocessConfig, examples: dict[str, list[Example]], out_dir: Path) -> Vocab:
     """Train sentencepiece on the training words with every tree token as a control symbol (or reuse one)."""
-    symbols = sorted({tok for split in examples.values() for _, tokens in split for tok in tokens})
+    symbols = sorted({token_piece(tok) for split in examples.values() for _, tokens in split for tok in tokens})
     if cfg.spm_model:
         vocab = Vocab.load(Path(cfg.spm_model))
-        missing = [s for s in symbols if vocab.sp.piece_to_id(s) == UNK]
+        missing = [s for s in symbols if not vocab.sp.is_control(vocab.sp.piece_to_id(s))]
         if missing:
             raise DataError(
-                f"--spm-model {cfg.spm_model} lacks the tree tokens {missing[:5]}; let preprocess train one"
+                f"--spm-model {cfg.spm_model} lacks the tree tokens {missing[:5]} (as control symbols); "
+                "let preprocess train one"
             )
         (out_dir / SPM_FILE).write_bytes(vocab.model_bytes)
         return vocab
@@ -106,6 +111,31 @@ def tree_vocab(cfg: PreprocessConfig, examples: dict[str, list[Example]], out_di
     return Vocab.load(out_dir / SPM_FILE)
 
 
+def word_spans(vocab: Vocab, ids: list[int]) -> list[list[int]]:
+    """A sentence's pieces grouped by word: a word begins with a piece that begins with ▁."""
+    words: list[list[int]] = []
+    for i in ids:
+        if vocab.sp.id_to_piece(i).startswith(WORD_MARK) or not words:
+            words.append([])
+        words[-1].append(i)
+    return words
+
+
+def with_words(vocab: Vocab, src: list[int], tokens: list[str], where: str) -> list[int]:
+    """Tree token ids with each word's pieces put before its leaf (`--tree-leaves words`, copy_constraint.py)."""
+    words = word_spans(vocab, src)
+    n_leaves = sum(1 for t in tokens if not is_open(t) and t != CLOSE)
+    if len(words) != n_leaves:
+        raise DataError(f"{where}: the sentence's pieces make {len(words)} words, its tree has {n_leaves} leaves")
+    spans = iter(words)
+    out: list[int] = []
+    for tok in tokens:
+        if not is_open(tok) and tok != CLOSE:
+            out += next(spans)
+        out.append(vocab.sp.piece_to_id(token_piece(tok)))
+    return out
+
+
 def binarize_trees(
     cfg: PreprocessConfig, vocab: Vocab, split: str, examples: list[Example], out_dir: Path
 ) -> dict[str, Any]:
@@ -113,7 +143,15 @@ def binarize_trees(
     dtype = token_dtype(vocab.padded_size)
     writers = [TokenWriter(out_dir / f"{split}.{lang}", dtype) for lang in (cfg.source_lang, cfg.target_lang)]
     src_ids = vocab.encode([" ".join(words) for words, _ in examples], cfg.workers)
-    tgt_ids = [[vocab.sp.piece_to_id(tok) for tok in tokens] for _, tokens in examples]
+    tgt_ids = [[vocab.sp.piece_to_id(token_piece(tok)) for tok in tokens] for _, tokens in examples]
+    if cfg.tree_leaves == "words":
+        tgt_ids = [
+            with_words(vocab, s, tokens, f"{split} tree {n}")
+            for n, (s, (_, tokens)) in enumerate(zip(src_ids, examples), start=1)
+        ]
+    n_unk = sum(ids.count(UNK) for ids in src_ids)
+    if n_unk:  # characters the vocabulary cannot spell (a --spm-model trained elsewhere, or unseen ones)
+        logger.warning("%s: %d of the words' %d pieces are <unk>", split, n_unk, sum(map(len, src_ids)))
     keep = [split != "train" or (len(s) <= cfg.max_len and len(t) <= cfg.max_len) for s, t in zip(src_ids, tgt_ids)]
     writers[0].add([s for s, k in zip(src_ids, keep) if k])
     writers[1].add([t for t, k in zip(tgt_ids, keep) if k])

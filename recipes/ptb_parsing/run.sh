@@ -10,10 +10,12 @@ DATA=${DATA:-$here/../../../shared/data/ptb-sample}
 WORK_DIR=${WORK_DIR:-$here/../../work/ptb_parsing}
 QUICK=${QUICK:-0}
 THREADS=${THREADS:-2}
-LEAVES=${LEAVES:-pos}                 # pos: the decoder predicts POS tags; slot: XX (punctuation tags kept)
+LEAVES=${LEAVES:-words}               # words: each word's pieces (copied) then its POS tag; pos: the tags alone;
+                                      # slot: XX (punctuation tags kept). See README.md
+TRAIN_TREES=${TRAIN_TREES:-0}         # train on the first N trees only (0: all 3,068): the learning curve
 if [ "$QUICK" = 1 ]; then
     ARCH=${ARCH:-transformer_tiny}; TRAIN_MINUTES=${TRAIN_MINUTES:-0.25}; VALID_LINES=${VALID_LINES:-40}
-    BEAM=${BEAM:-2}; MAX_LEN_B=${MAX_LEN_B:-20}; WARMUP=${WARMUP:-50}; VOCAB=${VOCAB:-1000}; PRECISION=${PRECISION-}
+    BEAM=${BEAM:-2}; MAX_LEN_B=${MAX_LEN_B:-100}; WARMUP=${WARMUP:-50}; VOCAB=${VOCAB:-1000}; PRECISION=${PRECISION-}
 else
     ARCH=${ARCH:-transformer_small}; TRAIN_MINUTES=${TRAIN_MINUTES:-30}; VALID_LINES=${VALID_LINES:-0}
     BEAM=${BEAM:-21}; MAX_LEN_B=${MAX_LEN_B:-300}; WARMUP=${WARMUP:-200}; VOCAB=${VOCAB:-4000}
@@ -27,17 +29,21 @@ run() { echo "+ $*" >&2; [ "${DRY_RUN:-0}" = 1 ] || "$@"; }
 [ -f "$DATA/valid.tree" ] || { echo "error: DATA $DATA has no valid.tree; give the treebank sample's directory" >&2; exit 1; }
 
 mkdir -p "$WORK_DIR"
-# 1. The valid split (its first VALID_LINES sentences in QUICK mode).
-check_settings "$WORK_DIR/data.settings" "DATA=$DATA VALID_LINES=$VALID_LINES VOCAB=$VOCAB LEAVES=$LEAVES"
+# 1. The splits: the first TRAIN_TREES training trees (0: all; the learning curve), the first VALID_LINES
+#    valid sentences (0: all; QUICK mode takes 40).
+check_settings "$WORK_DIR/data.settings" \
+    "DATA=$DATA TRAIN_TREES=$TRAIN_TREES VALID_LINES=$VALID_LINES VOCAB=$VOCAB LEAVES=$LEAVES"
+first() { if [ "$1" -gt 0 ]; then echo "head -n $1"; else echo cat; fi; }
 for kind in tree words; do
-    if [ "$VALID_LINES" -gt 0 ]; then take="head -n $VALID_LINES"; else take=cat; fi
-    run sh -c "$take '$DATA/valid.$kind' > '$WORK_DIR/valid.$kind'"
+    run sh -c "$(first "$TRAIN_TREES") '$DATA/train.$kind' > '$WORK_DIR/train.$kind'"
+    run sh -c "$(first "$VALID_LINES") '$DATA/valid.$kind' > '$WORK_DIR/valid.$kind'"
 done
 
-# 2. Sentences -> linearised trees; tree tokens are single vocabulary items.
+# 2. Sentences -> linearised trees; tree tokens are single vocabulary items (words: the words' pieces too, so
+#    --max-len counts both; no training tree is longer than 600).
 [ -f "$WORK_DIR/data-bin/meta.json" ] || run nmt preprocess -s words -t tree --target-format ptb-tree \
-    --tree-leaves "$LEAVES" --trainpref "$DATA/train" --validpref "$WORK_DIR/valid" \
-    --destdir "$WORK_DIR/data-bin" --vocab-size "$VOCAB" --workers "$THREADS"
+    --tree-leaves "$LEAVES" --trainpref "$WORK_DIR/train" --validpref "$WORK_DIR/valid" \
+    --destdir "$WORK_DIR/data-bin" --vocab-size "$VOCAB" --workers "$THREADS" --max-len 1000
 
 # 3. Train for TRAIN_MINUTES of wall clock (shared CPU: see README.md).
 run nmt train "$WORK_DIR/data-bin" --save-dir "$WORK_DIR/checkpoints" --arch "$ARCH" --dropout "$DROPOUT" \
@@ -58,8 +64,12 @@ run sh -c "nmt score --metric bracket-f1 --sys '$WORK_DIR/valid.hyp.tree' --ref 
     > '$WORK_DIR/evalb.txt.tmp' && mv '$WORK_DIR/evalb.txt.tmp' '$WORK_DIR/evalb.txt'"
 run sh -c "nmt score --metric bracket-f1 --sys '$WORK_DIR/valid.baseline.tree' --ref '$WORK_DIR/valid.tree' \
     > '$WORK_DIR/evalb.baseline.txt.tmp' && mv '$WORK_DIR/evalb.baseline.txt.tmp' '$WORK_DIR/evalb.baseline.txt'"
-f1() { grep -m1 "Bracketing FMeasure" "$1" | awk '{ print $NF }'; }
+field() { grep -m1 "^$2 " "$1" | awk '{ print $NF }'; }  # the summary's first (all sentences) value
+summary() {
+    echo "bracket F1 = $(field "$1" "Bracketing FMeasure"), complete match = $(field "$1" "Complete match")," \
+        "tagging accuracy = $(field "$1" "Tagging accuracy")"
+}
 [ "${DRY_RUN:-0}" = 1 ] || {
-    echo "model: bracket F1 = $(f1 "$WORK_DIR/evalb.txt") (EVALB COLLINS.prm, all sentences; $ARCH, $TRAIN_MINUTES min)"
-    echo "right-branching baseline: bracket F1 = $(f1 "$WORK_DIR/evalb.baseline.txt")"
+    echo "model: $(summary "$WORK_DIR/evalb.txt") (EVALB COLLINS.prm, all sentences; $ARCH, $TRAIN_MINUTES min)"
+    echo "right-branching baseline: $(summary "$WORK_DIR/evalb.baseline.txt")"
 } | tee "$WORK_DIR/score.txt"

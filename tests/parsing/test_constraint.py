@@ -110,3 +110,13 @@ def test_constrained_search_on_a_random_model_gives_trees(tiny_model, beam):
         tree = delinearize([PIECES[t] for t in h[0].tokens], [f"w{i}" for i in range(n)])
         assert tree.words() == [f"w{i}" for i in range(n)]
         assert len(h[0].tokens) <= 6 + 8
+
+
+def test_opening_brackets_in_a_row_are_bounded(constraint):
+    """An undertrained model filled the length budget with (NP (NP (NP ... chains."""
+    from nmt_cli.parsing.constraint import MAX_OPEN_RUN
+
+    state = run(constraint, [4] + [5] * (MAX_OPEN_RUN - 1), 2)
+    assert allowed_ids(constraint, state, MAX_OPEN_RUN, 100) == {7, 8}
+    state = run(constraint, [4] + [5] * (MAX_OPEN_RUN - 1) + [7], 2)  # a leaf ends the run
+    assert {4, 5} <= allowed_ids(constraint, state, MAX_OPEN_RUN + 1, 100)

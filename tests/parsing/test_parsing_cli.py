@@ -209,7 +209,7 @@ def test_a_parser_is_not_exported(parser_checkpoint, tmp_path):
         ("((S (NN a)))\n", "a b\n", "(2 words vs 1 leaves)"),
         ("((S (NN a)))\n\n", "a\n\n", "train.tree:2: empty line"),
         ("((S (-NONE- *)))\n", "\n", "train.tree:1: the tree has no words"),
-        ("((S (NN a)))\n((S (</s> b)))\n", "a\nb\n", "train.tree:2: the tag </s> is one of sentencepiece's special"),
+        ("((S (NN a)))\n((S (/s b)))\n", "a\nb\n", "train.tree:2: the tag /s is spelt </s> in the vocabulary, one of"),
         ("((S ( (NN a))))\n", "a\n", "train.tree:1: a bracket without a label inside the tree"),
     ],
 )
@@ -273,3 +273,37 @@ def test_bracket_scoring_json_has_the_short_sentences_and_with_verbose_each_one(
     assert report["f1"] == report["len<=40"]["f1"] == 100.0 and "per_sentence" not in report
     report = json.loads(CliRunner().invoke(cli, [*args, "--json", "--verbose"]).stdout)
     assert [r["line"] for r in report["per_sentence"]] == [1, 2] and report["per_sentence"][0]["status"] == 0
+
+
+def test_a_parser_that_copies_its_words_writes_trees_over_the_input(tmp_path):
+    """--tree-leaves words: the target spells each word's pieces before its tag; the search copies them."""
+    write_split(tmp_path / "train", 40)
+    assert preprocess(tmp_path, "--tree-leaves", "words").exit_code == 0
+    from nmt_cli.data.dataset import ParallelDataset, load_vocab
+
+    vocab, data = load_vocab(tmp_path / "bin"), ParallelDataset(tmp_path / "bin", "train")
+    target = vocab.pieces(data.tgt[0])
+    assert target[:2] == ["<(S>", "<(NP>"] and target[-3:] == ["▁.", "<.>", "<)>"]
+    assert "".join(p for p in target if not p.startswith("<")).replace("▁", " ").split() == [
+        "The",
+        "cat",
+        "sits",
+        "on",
+        "the",
+        "mat",
+        ".",
+    ]
+    args = ["--arch", "transformer_tiny", "--max-tokens", "400", "--max-update", "2", "--warmup-updates", "2"]
+    train = ["train", str(tmp_path / "bin"), "--save-dir", str(tmp_path / "ck"), *args, "--threads", "1"]
+    assert CliRunner().invoke(cli, [*train, "--device", "cpu"]).exit_code == 0
+    (tmp_path / "in.words").write_text("The cat sits on the mat .\nDogs bark\nzebras , unseen ( words )\n")
+    ckpt = str(tmp_path / "ck" / "checkpoint_last.pt")
+    gen = ["generate", "--path", ckpt, "--input", str(tmp_path / "in.words"), "--beam", "3", "--max-len-b", "40"]
+    result = CliRunner().invoke(cli, gen)
+    assert result.exit_code == 0, result.output
+    from nmt_cli.parsing.tree import parse_tree
+
+    lines = result.stdout.splitlines()
+    expected = ["The cat sits on the mat .", "Dogs bark", "zebras , unseen -LRB- words -RRB-"]  # z: <unk>
+    assert [parse_tree(line).words() for line in lines] == [e.split() for e in expected]
+    assert "no tree within the maximum length" not in result.output

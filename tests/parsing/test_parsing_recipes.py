@@ -8,6 +8,7 @@ from conftest import ROOT, SHARED_DATA, recipe_env
 
 
 @pytest.mark.skipif(not (SHARED_DATA / "ptb-sample" / "train.tree").exists(), reason="ptb-sample is absent")
+@pytest.mark.slow  # the whole recipe at QUICK sizes: preprocess, train, parse, score (25-55 s); make test-all
 def test_ptb_parsing_quick(tmp_path):
     env = recipe_env(QUICK="1", WORK_DIR=str(tmp_path / "w"), THREADS="1", DATA=str(SHARED_DATA / "ptb-sample"))
     assert shutil.which("nmt", path=env["PATH"]), "the nmt command is not installed beside this python"
@@ -24,6 +25,18 @@ def test_ptb_parsing_quick(tmp_path):
         assert parse_tree(hyp).words() == sentence.split()
     score = (tmp_path / "w" / "score.txt").read_text()
     assert "model: bracket F1 = " in score and "right-branching baseline: bracket F1 = " in score
+    assert score.count("complete match = ") == 2 and "tagging accuracy = 100.00" in score  # the baseline's
+
+
+def test_ptb_parsing_learning_curve_takes_the_first_train_trees(tmp_path):
+    env = recipe_env(DRY_RUN="1", TRAIN_TREES="766", WORK_DIR=str(tmp_path / "w"), DATA=str(tmp_path))
+    (tmp_path / "valid.tree").write_text("((S (NN a)))\n")
+    run = subprocess.run(
+        ["bash", str(ROOT / "recipes" / "ptb_parsing" / "run.sh")], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert run.returncode == 0, run.stderr
+    assert f"head -n 766 '{tmp_path}/train.tree' > '{tmp_path}/w/train.tree'" in run.stderr
+    assert f"--trainpref {tmp_path}/w/train " in run.stderr
 
 
 def test_wsj_parsing_dry_run(tmp_path):
@@ -40,6 +53,22 @@ def test_wsj_parsing_dry_run(tmp_path):
     assert any("--beam 21 --lenpen 0.3 --max-len-a 1 --max-len-b 300" in line for line in lines)
     assert any("--metric bracket-f1" in line for line in lines)
     assert not (tmp_path / "w").exists()
+
+
+def test_wsj_parsing_smoke_runs_the_papers_model_on_the_sample(tmp_path):
+    env = recipe_env(DRY_RUN="1", SMOKE="1", WORK_DIR=str(tmp_path / "w"), DATA="/sample")
+    run = subprocess.run(
+        ["bash", str(ROOT / "recipes" / "wsj_parsing" / "run.sh")], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert run.returncode == 0, run.stderr
+    lines = run.stderr.splitlines()
+    assert f"+ cp /sample/train.tree {tmp_path}/w/raw/train.tree" in lines
+    assert f"+ cp /sample/valid.words {tmp_path}/w/raw/test.words" in lines
+    assert not any("nmt_cli.parsing.treebank" in line for line in lines)
+    train = next(line for line in lines if " train " in line)
+    assert "--arch transformer_parse" in train and "--max-update 600" in train
+    assert "--save-interval-updates 100" in train
+    assert any("--beam 21 --lenpen 0.3 --max-len-a 1 --max-len-b 300" in line for line in lines)
 
 
 def test_wsj_parsing_needs_the_treebank(tmp_path):
