@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from typing import TextIO
 
 import numpy as np
@@ -21,7 +22,6 @@ from torch import Tensor
 
 from nmt_cli.config import GenerateConfig, SearchConfig
 from nmt_cli.data import WORD_MARK
-from nmt_cli.data.batching import batch_by_tokens, pad_sources
 from nmt_cli.data.vocab import EOS, PAD, Vocab
 from nmt_cli.errors import ConfigError
 from nmt_cli.parsing.constraint import TreeConstraint
@@ -38,10 +38,8 @@ from nmt_cli.parsing.linearize import (
     with_top,
 )
 from nmt_cli.parsing.tree import Tree
-from nmt_cli.runtime import autocast
-from nmt_cli.search.beam import beam_search, max_lengths
-from nmt_cli.search.greedy import greedy_search
-from nmt_cli.search.translate import Summary, Translator, sampling_generator
+from nmt_cli.search.beam import max_lengths
+from nmt_cli.search.translate import Summary, Translator, sampling_generator, translate
 
 logger = logging.getLogger(__name__)
 
@@ -81,82 +79,75 @@ def word_starts(vocab: Vocab) -> Tensor:
     return starts
 
 
-def search_trees(
-    tr: Translator,
-    constraint: TreeConstraint,
-    sources: Sequence[np.ndarray],
-    n_words: list[int],
-    cfg: SearchConfig,
-    generator: torch.Generator | None = None,
-    starts: Tensor | None = None,
-) -> list[list[int]]:
-    """The best tree-token ids for one batch of encoded sentences (sampled with `generator` under cfg.sampling).
-    starts: `word_starts` for a model whose trees copy their words (--tree-leaves words), else None."""
-    src = pad_sources([np.asarray(s, dtype=np.int64) for s in sources]).to(tr.device)
-    src_lens = torch.tensor([len(s) for s in sources], device=tr.device)
-    n_leaves = torch.tensor(n_words, device=tr.device)
-    search_constraint: TreeConstraint | CopyingTreeConstraint = constraint
-    if starts is not None:
+@dataclass
+class TreeSearch:
+    """The parser's rules for `translate` (search/translate.py's SearchConstraint): the tree constraint, each
+    sentence's word count (its leaves), and for trees that copy their words (`starts` given) the copying."""
+
+    constraint: TreeConstraint
+    n_words: Sequence[int]
+    starts: Tensor | None = None
+
+    def for_batch(
+        self, src: Tensor, src_lens: Tensor, ids: np.ndarray
+    ) -> tuple[TreeConstraint | CopyingTreeConstraint, Tensor]:
+        n_leaves = torch.tensor([self.n_words[i] for i in ids], device=src.device)
+        if self.starts is None:
+            return self.constraint, n_leaves
         pieces = src.masked_fill(src.eq(EOS), PAD)
-        search_constraint = CopyingTreeConstraint(constraint, pieces, src_lens, starts)
-    with torch.inference_mode(), autocast(tr.device, tr.amp_dtype):
-        enc = tr.model.encode(src, src.eq(PAD))
-        if cfg.sampling or cfg.beam == 1:
-            hyps = greedy_search(
-                tr.model,
-                enc,
-                src_lens,
-                cfg,
-                generator,
-                tr.vocab.n_pieces,
-                constraint=search_constraint,
-                n_leaves=n_leaves,
-            )
-        else:
-            hyps = beam_search(
-                tr.model, enc, src_lens, cfg, tr.vocab.n_pieces, constraint=search_constraint, n_leaves=n_leaves
-            )
-    return [h[0].tokens for h in hyps]
+        return CopyingTreeConstraint(self.constraint, pieces, src_lens.to(src.device), self.starts), n_leaves
 
 
-def parse_sentences(
-    tr: Translator,
-    constraint: TreeConstraint,
-    words: list[list[str]],
-    cfg: SearchConfig,
-    max_tokens: int,
-    batch_size: int,
-    generator: torch.Generator | None = None,
-    starts: Tensor | None = None,
-) -> tuple[list[Tree | None], int]:
-    """Trees for tokenised sentences, in input order (None for an empty one); also the fallback count.
-    Sampling (cfg.sampling) draws from `generator`, one for every chunk of a run (`sampling_generator`).
-    starts: `word_starts` when the trees copy their words (then a tree needs a token per piece too)."""
-    tokens_of = tree_tokens(tr.vocab)
-    limit = tr.model.max_positions - 1
-    sources = [np.asarray(ids[:limit], dtype=np.int64) for ids in tr.vocab.encode([" ".join(w) for w in words])]
-    src_lens = torch.tensor([len(s) for s in sources])
-    need = [len(w) + 2 + (len(s) if starts is not None else 0) for w, s in zip(words, sources)]
-    fits = max_lengths(src_lens, cfg, tr.model.max_positions) >= torch.tensor(need)
-    if starts is not None:  # and the pieces make one word per word (not so when cut to the model's positions)
-        fits &= torch.tensor([int(starts[torch.from_numpy(s)].sum()) == len(w) for w, s in zip(words, sources)])
-    trees: list[Tree | None] = [None if not w else flat_tree(w) for w in words]
-    todo = np.flatnonzero(np.array([bool(w) for w in words]) & fits.numpy())
-    n_fallback = sum(1 for i, w in enumerate(words) if w and not bool(fits[i]))
-    lengths = np.array([len(sources[i]) for i in todo], dtype=np.int64)
-    budget = max(max_tokens, int(lengths.max(initial=0)) + 1)  # every sentence fits: none is skipped
-    for batch in batch_by_tokens(lengths, lengths, budget, None, batch_size)[0]:
-        ids = todo[batch]
-        best = search_trees(
-            tr, constraint, [sources[i] for i in ids], [len(words[i]) for i in ids], cfg, generator, starts
-        )
-        for i, tokens in zip(ids, best):
+@dataclass
+class TreeParser:
+    """A parsing checkpoint's search, built once: the tree constraint, the tree token of every id, and for
+    `--tree-leaves words` the pieces that begin a word. generate, serve and plot attention all parse through it."""
+
+    tr: Translator
+    constraint: TreeConstraint
+    tokens_of: list[str]
+    starts: Tensor | None
+
+    @classmethod
+    def of(cls, tr: Translator, leaves: str | None) -> TreeParser:
+        """leaves: the checkpoint's --tree-leaves ("words": its trees copy their words, copy_constraint.py)."""
+        starts = word_starts(tr.vocab) if leaves == "words" else None
+        return cls(tr, tree_constraint(tr.vocab, tr.vocab.padded_size), tree_tokens(tr.vocab), starts)
+
+    def rules(self, n_words: Sequence[int]) -> TreeSearch:
+        """The search's rules for sentences of these word counts (in the order they are given to the search)."""
+        return TreeSearch(self.constraint, n_words, self.starts)
+
+    def parse(
+        self,
+        words: list[list[str]],
+        cfg: SearchConfig,
+        max_tokens: int,
+        batch_size: int,
+        generator: torch.Generator | None = None,
+    ) -> tuple[list[Tree | None], int]:
+        """Trees for tokenised sentences, in input order (None for an empty one); also the fallback count.
+        Sampling (cfg.sampling) draws from `generator`, one for every chunk of a run (`sampling_generator`)."""
+        tr, starts = self.tr, self.starts
+        limit = tr.model.max_positions - 1
+        sources = [np.asarray(ids[:limit], dtype=np.int64) for ids in tr.vocab.encode([" ".join(w) for w in words])]
+        src_lens = torch.tensor([len(s) for s in sources])
+        need = [len(w) + 2 + (len(s) if starts is not None else 0) for w, s in zip(words, sources)]
+        fits = max_lengths(src_lens, cfg, tr.model.max_positions) >= torch.tensor(need)
+        if starts is not None:  # and the pieces make one word per word (not so when cut to the model's positions)
+            fits &= torch.tensor([int(starts[torch.from_numpy(s)].sum()) == len(w) for w, s in zip(words, sources)])
+        trees: list[Tree | None] = [None if not w else flat_tree(w) for w in words]
+        todo = np.flatnonzero(np.array([bool(w) for w in words]) & fits.numpy())
+        n_fallback = sum(1 for i, w in enumerate(words) if w and not bool(fits[i]))
+        rules = self.rules([len(words[i]) for i in todo])
+        results = translate(tr, [sources[i] for i in todo], cfg, max_tokens, batch_size, generator, rules)
+        for i, hyps in zip(todo, results):
             try:  # (copied pieces are no tree tokens)
-                tree = delinearize([tokens_of[t] for t in tokens if tokens_of[t]], words[i])
+                tree = delinearize([self.tokens_of[t] for t in hyps[0].tokens if self.tokens_of[t]], words[i])
                 trees[i] = with_top(tag_punctuation(tree))
             except ValueError:  # the constraint rules this out; keep the output usable if it ever fails
                 n_fallback += 1
-    return trees, n_fallback
+        return trees, n_fallback
 
 
 def generate_trees(
@@ -170,14 +161,13 @@ def generate_trees(
 ) -> Summary:
     """Parse raw sentences one buffer (chunk of lines) at a time; one tree (or an empty line) per input line.
     leaves: the checkpoint's --tree-leaves ("words": its trees copy their words, copy_constraint.py)."""
-    constraint = tree_constraint(tr.vocab, tr.vocab.padded_size)
-    starts = word_starts(tr.vocab) if leaves == "words" else None
+    parser = TreeParser.of(tr, leaves)
     generator = sampling_generator(cfg, tr.device)  # one for every chunk
     summary, n_fallback, n_empty = Summary(), 0, 0
     for chunk in chunks:
         start = time.perf_counter()
         words = [ptb_words(line) for line in chunk]
-        trees, fallback = parse_sentences(tr, constraint, words, cfg, max_tokens, batch_size, generator, starts)
+        trees, fallback = parser.parse(words, cfg, max_tokens, batch_size, generator)
         n_fallback += fallback
         n_empty += sum(t is None for t in trees)
         summary.n_sentences += len(chunk)

@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -22,10 +23,11 @@ from nmt_cli.config import SearchConfig, parses_trees
 from nmt_cli.data.vocab import BOS, EOS, Vocab
 from nmt_cli.errors import ConfigError, DataError
 from nmt_cli.model.transformer import AttentionWeights, EncoderOut, Transformer
-from nmt_cli.parsing.generate import ptb_words, tree_constraint
+from nmt_cli.parsing.generate import TreeParser, ptb_words
 from nmt_cli.plot import check_output, pyplot, save_figure
 from nmt_cli.search.beam import max_lengths
 from nmt_cli.search.greedy import greedy_search
+from nmt_cli.search.translate import Translator
 
 logger = logging.getLogger(__name__)
 
@@ -84,7 +86,8 @@ def sentence_attention(checkpoint_path: Path, sentence: str) -> SentenceAttentio
     src = torch.tensor([src_ids + [EOS]])
     src_pad = torch.zeros_like(src, dtype=torch.bool)
     cfg = replace(search_config_of(state), beam=1, sampling=False, nbest=1)
-    tokens = greedy_output(model, vocab, model.encode(src, src_pad), len(src_ids), cfg, words)
+    leaves = state.get("tree_leaves")
+    tokens = greedy_output(model, vocab, src, model.encode(src, src_pad), cfg, words, leaves)
     weights = AttentionWeights()
     model(src, src_pad, torch.tensor([[BOS] + tokens]), weights)
     if words is None:
@@ -100,21 +103,28 @@ def sentence_attention(checkpoint_path: Path, sentence: str) -> SentenceAttentio
 
 
 def greedy_output(
-    model: Transformer, vocab: Vocab, enc: EncoderOut, src_len: int, cfg: SearchConfig, words: list[str] | None
+    model: Transformer,
+    vocab: Vocab,
+    src: Tensor,
+    enc: EncoderOut,
+    cfg: SearchConfig,
+    words: list[str] | None,
+    leaves: str | None = None,
 ) -> list[int]:
-    """The greedy translation's ids; for a parser (`words` given), the greedy tree of exactly those words under
-    the tree constraint, as generate searches: unconstrained, a parser runs on to the length limit (input
-    length + 300, a picture of thousands of rows)."""
-    src_lens = torch.tensor([src_len])
+    """The greedy translation's ids of one sentence src [1, S] (EOS included); for a parser (`words` given, its
+    --tree-leaves `leaves`), the greedy tree of exactly those words under the tree constraint generate searches
+    with: unconstrained, a parser runs on to the length limit (input length + 300, a picture of thousands of rows)."""
+    src_lens = torch.tensor([src.shape[1] - 1])
     if words is None:
         return greedy_search(model, enc, src_lens, cfg)[0][0].tokens
-    if int(max_lengths(src_lens, cfg, model.max_positions)[0]) < len(words) + 2:
+    need = len(words) + 2 + (int(src_lens[0]) if leaves == "words" else 0)  # a words tree also spells the pieces
+    if int(max_lengths(src_lens, cfg, model.max_positions)[0]) < need:
         raise DataError(
             f"--input has {len(words)} words: no tree of them fits the checkpoint's length limit; give a shorter "
             "sentence"
         )
-    constraint = tree_constraint(vocab, vocab.padded_size)
-    n_leaves = torch.tensor([len(words)])
+    tr = Translator(model, vocab, src.device)
+    constraint, n_leaves = TreeParser.of(tr, leaves).rules([len(words)]).for_batch(src, src_lens, np.arange(1))
     hyps = greedy_search(model, enc, src_lens, cfg, None, vocab.n_pieces, constraint=constraint, n_leaves=n_leaves)
     return hyps[0][0].tokens
 

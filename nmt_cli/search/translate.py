@@ -1,5 +1,6 @@
-"""The search driver that `nmt generate` and training's BLEU validation share: load a checkpoint into a
-Translator, batch token sequences by length, search each batch, and return results in input order."""
+"""The search driver that `nmt generate`, `nmt serve`, training's BLEU validation and the parser share: load a
+checkpoint into a Translator, batch token sequences by length, search each batch, and return results in input
+order. A parser plugs its tree constraint in through `SearchConstraint`; the skeleton exists once."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -25,6 +27,16 @@ from nmt_cli.search.greedy import greedy_search
 from nmt_cli.search.hypothesis import Hypothesis
 
 logger = logging.getLogger(__name__)
+
+
+class SearchConstraint(Protocol):
+    """What a constrained search asks of its caller for each batch: the constraint that beam and greedy search
+    follow (start / mask / advance, as parsing/constraint.py's) and each sentence's number of leaves [B].
+
+    src: [B, S] the batch's padded sources on the device (EOS included); src_lens: [B] their lengths without EOS,
+    on the host; ids: [B] the batch's sentences as indices into the `sources` given to `translate`."""
+
+    def for_batch(self, src: torch.Tensor, src_lens: torch.Tensor, ids: np.ndarray) -> tuple[Any, torch.Tensor]: ...
 
 
 @dataclass
@@ -65,15 +77,25 @@ def translator_from(
 
 
 def search_batch(
-    tr: Translator, sources: Sequence[np.ndarray], cfg: SearchConfig, generator: torch.Generator | None
+    tr: Translator,
+    sources: Sequence[np.ndarray],
+    cfg: SearchConfig,
+    generator: torch.Generator | None,
+    constraint: SearchConstraint | None = None,
+    ids: np.ndarray | None = None,
 ) -> list[list[Hypothesis]]:
-    """Encode one padded batch and run beam, greedy or sampling search."""
+    """Encode one padded batch and run beam, greedy or sampling search, under `constraint`'s rules for the
+    sentences `ids` (indices into the caller's sources) when one is given."""
     n, n_pieces = len(sources), tr.vocab.n_pieces
     src = pad_sources([np.asarray(s, dtype=np.int64) for s in sources]).to(tr.device)
     lengths = [len(s) for s in sources]
     src_lens = torch.tensor(lengths)  # on the host, where the searches read them (no copy back from the device)
     # On CUDA a batch of equal lengths passes no mask, so SDPA may choose its Flash kernel (known on the host).
     no_padding = tr.device.type == "cuda" and min(lengths) == max(lengths)
+    rules: dict[str, Any] = {}
+    if constraint is not None:
+        batch_ids = np.arange(n) if ids is None else ids
+        rules["constraint"], rules["n_leaves"] = constraint.for_batch(src, src_lens, batch_ids)
     with torch.inference_mode(), autocast(tr.device, tr.amp_dtype):
         enc = tr.model.encode(src, None if no_padding else src.eq(PAD))
         if cfg.sampling or cfg.beam == 1:
@@ -84,8 +106,8 @@ def search_batch(
                 enc = type(enc)(enc.memory[on_device], mask)
                 hyps = greedy_search(tr.model, enc, src_lens[rep], cfg, generator, n_pieces)
                 return [[h[0] for h in hyps[i * cfg.nbest : (i + 1) * cfg.nbest]] for i in range(n)]
-            return greedy_search(tr.model, enc, src_lens, cfg, generator, n_pieces)
-        return beam_search(tr.model, enc, src_lens, cfg, n_pieces)
+            return greedy_search(tr.model, enc, src_lens, cfg, generator, n_pieces, **rules)
+        return beam_search(tr.model, enc, src_lens, cfg, n_pieces, **rules)
 
 
 def sampling_generator(cfg: SearchConfig, device: torch.device) -> torch.Generator | None:
@@ -100,8 +122,10 @@ def translate(
     max_tokens: int,
     batch_size: int = 0,
     generator: torch.Generator | None = None,
+    constraint: SearchConstraint | None = None,
 ) -> list[list[Hypothesis]]:
-    """Translate token-id sequences (no EOS); results come back in input order.
+    """Translate token-id sequences (no EOS); results come back in input order. `constraint`: the rules of a
+    constrained search (a parser's trees), asked for each batch.
 
     Empty sources get an empty hypothesis without running the model; sources longer than the
     model's positions are cut (with a warning). Sampling draws from `generator`, else from one seeded
@@ -132,7 +156,7 @@ def translate(
     batches, _ = batch_by_tokens(lengths[nonempty], lengths[nonempty], budget, None, batch_size)
     for batch in batches:
         ids = nonempty[batch]
-        for i, hyps in zip(ids, search_batch(tr, [sources[i] for i in ids], cfg, generator)):
+        for i, hyps in zip(ids, search_batch(tr, [sources[i] for i in ids], cfg, generator, constraint, ids)):
             results[i] = hyps
     return results
 

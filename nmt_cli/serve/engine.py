@@ -24,7 +24,7 @@ from nmt_cli.checkpoint import load_checkpoint, search_config_of
 from nmt_cli.config import SearchConfig, ServeConfig, parses_trees
 from nmt_cli.data import WORD_MARK
 from nmt_cli.errors import DataError
-from nmt_cli.parsing.generate import parse_sentences, ptb_words, tree_constraint
+from nmt_cli.parsing.generate import TreeParser, ptb_words
 from nmt_cli.runtime import AMP_DTYPES, choose_device
 from nmt_cli.search.hypothesis import hypothesis_record
 from nmt_cli.search.settings import generation_precision, search_settings
@@ -57,7 +57,7 @@ class Engine:
         self.search = search_settings(cfg.path, search_config_of(state), search_overrides, self.is_parser)
         amp_dtype = AMP_DTYPES[self.precision]
         self.tr: Translator = translator_from(state, Path(cfg.path), self.device, amp_dtype, cfg.quantize)
-        self.constraint = tree_constraint(self.tr.vocab, self.tr.vocab.padded_size) if self.is_parser else None
+        self.parser = TreeParser.of(self.tr, state.get("tree_leaves")) if self.is_parser else None
         self.max_tokens = cfg.max_batch_tokens
         self.threads = torch.get_num_threads()  # as set_threads left it in the main thread
         self.limit = self.tr.model.max_positions - 1
@@ -127,9 +127,9 @@ class Engine:
     def run(self, search: Any, sentences: list[Sentence]) -> list[dict[str, Any]]:
         """Search one batch (the worker thread calls this); one JSON-ready result per sentence."""
         generator = sampling_generator(search, self.device)
-        if self.constraint is not None:
+        if self.parser is not None:
             words = [s.words or [] for s in sentences]
-            trees, _ = parse_sentences(self.tr, self.constraint, words, search, self.max_tokens, 0, generator)
+            trees, _ = self.parser.parse(words, search, self.max_tokens, 0, generator)
             return [{"text": "" if tree is None else str(tree)} for tree in trees]
         results = translate(self.tr, [s.ids for s in sentences], search, self.max_tokens, 0, generator)
         return [self._translation(hyps, search.nbest) for hyps in results]

@@ -896,12 +896,12 @@ def tiny_parser(tmp_path_factory):
 
 
 def test_plot_attention_on_a_parser_draws_a_tree_of_the_words(tiny_parser):
-    from nmt_cli.parsing.linearize import delinearize
+    from nmt_cli.parsing.linearize import delinearize, piece_token
     from nmt_cli.plot.attention import sentence_attention
 
     words = ["A", "dog", "sits", "on", "the", "mat", "."]
     att = sentence_attention(tiny_parser, " ".join(words))
-    tree_pieces = att.tgt_out_pieces[:-1]  # without </s>
+    tree_pieces = [piece_token(p) for p in att.tgt_out_pieces[:-1]]  # without </s>; <(NP> spelt as (NP
     assert len(tree_pieces) <= 4 * len(words) + 4, len(tree_pieces)  # had run on to the input length + 300
     delinearize(tree_pieces, words)  # a tree of exactly these words, as generate would parse
 

@@ -23,7 +23,10 @@ def invoke(*args):
     return result
 
 
-def test_a_parser_answers_the_trees_generate_writes(tmp_path):
+@pytest.mark.parametrize("leaves", ["pos", "words"])
+def test_a_parser_answers_the_trees_generate_writes(tmp_path, leaves):
+    """Both kinds of parser: tags at the leaves, and trees that spell their words (copied under the search's
+    constraint, which serve must apply as generate does: the two had drifted apart once)."""
     from nmt_cli.parsing.tree import clean, parse_tree
 
     trees = [TREES[i % len(TREES)] for i in range(30)]
@@ -43,6 +46,8 @@ def test_a_parser_answers_the_trees_generate_writes(tmp_path):
         tmp_path / "bin",
         "--vocab-size",
         "60",
+        "--tree-leaves",
+        leaves,
     )
     invoke(
         "train",
@@ -73,13 +78,13 @@ def test_a_parser_answers_the_trees_generate_writes(tmp_path):
         "--beam",
         "3",
         "--max-len-b",
-        "12",
+        "40",
         "--device",
         "cpu",
         "--threads",
         "1",
     ).stdout.splitlines()
-    with serving(ckpt, search={"beam": 3, "max_len_b": 12}) as client:
+    with serving(ckpt, search={"beam": 3, "max_len_b": 40}) as client:
         answer = client.post("/translate", json={"texts": SENTENCES})
         refused = client.post("/translate", json={"text": "Dogs bark", "nbest": 2, "beam": 3})
         info = client.get("/info").json()
