@@ -27,6 +27,7 @@ from torch import Tensor
 from nmt_cli.config import SearchConfig
 from nmt_cli.data.vocab import BOS, EOS, PAD, UNK
 from nmt_cli.model.transformer import EncoderOut, Transformer
+from nmt_cli.search.constraint import StepConstraint
 from nmt_cli.search.hypothesis import Hypothesis
 
 NEG_INF = float("-inf")
@@ -247,7 +248,7 @@ def beam_search(
     cfg: SearchConfig,
     n_pieces: int | None = None,
     *,
-    constraint: Any = None,
+    constraint: StepConstraint[Any] | None = None,
     n_leaves: Tensor | None = None,
 ) -> list[list[Hypothesis]]:
     """Translate a batch of encoded sentences.
@@ -258,7 +259,7 @@ def beam_search(
         src_lens: [B0] source lengths without EOS.
         cfg: beam size, length penalty, length limits, nbest.
         n_pieces: the vocabulary's real size; ids from here to V are embedding padding, never output.
-        constraint: optional TreeConstraint (mask / advance / start), with n_leaves [B0] per sentence.
+        constraint: optional rules (search/constraint.py; a parser's tree), with n_leaves [B0] per sentence.
 
     Returns:
         For each sentence, `cfg.nbest` hypotheses, best first.

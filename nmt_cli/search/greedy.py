@@ -15,6 +15,7 @@ from torch import Tensor
 from nmt_cli.config import SearchConfig
 from nmt_cli.data.vocab import BOS, EOS, PAD, UNK
 from nmt_cli.model.transformer import EncoderOut, Transformer
+from nmt_cli.search.constraint import StepConstraint
 from nmt_cli.search.hypothesis import Hypothesis
 
 NEG_INF = float("-inf")
@@ -43,7 +44,7 @@ def greedy_search(
     generator: torch.Generator | None = None,
     n_pieces: int | None = None,
     *,
-    constraint: Any = None,
+    constraint: StepConstraint[Any] | None = None,
     n_leaves: Tensor | None = None,
 ) -> list[list[Hypothesis]]:
     """Pick the most likely token each step (or sample one with cfg.sampling) until EOS or max length.

@@ -23,6 +23,7 @@ from nmt_cli.model.quantize import quantize_for_cpu_inference
 from nmt_cli.model.transformer import Transformer
 from nmt_cli.runtime import autocast
 from nmt_cli.search.beam import beam_search, max_lengths
+from nmt_cli.search.constraint import StepConstraint
 from nmt_cli.search.greedy import greedy_search
 from nmt_cli.search.hypothesis import Hypothesis
 
@@ -36,7 +37,9 @@ class SearchConstraint(Protocol):
     src: [B, S] the batch's padded sources on the device (EOS included); src_lens: [B] their lengths without EOS,
     on the host; ids: [B] the batch's sentences as indices into the `sources` given to `translate`."""
 
-    def for_batch(self, src: torch.Tensor, src_lens: torch.Tensor, ids: np.ndarray) -> tuple[Any, torch.Tensor]: ...
+    def for_batch(
+        self, src: torch.Tensor, src_lens: torch.Tensor, ids: np.ndarray
+    ) -> tuple[StepConstraint[Any], torch.Tensor]: ...
 
 
 @dataclass
