@@ -1,7 +1,8 @@
 """Dynamic batching across requests, with no HTTP in it: one worker thread drains a queue of sentences.
 
 A request (a Job) puts its sentences in the queue and gets a Future of their results, in order. The worker
-takes the oldest queued sentence, waits at most `max_wait` (from that sentence's arrival) for others to
+takes the oldest queued sentence, waits at most `max_wait` (from its arrival, or from the end of the last batch
+when that is later) for others to
 fill a batch of `max_tokens` padded tokens, and runs the batch: the sentences of every request that share
 the oldest one's search settings (the job's `key`), packed by `batch_by_tokens` as `nmt generate` packs
 its input, and the batch holding the oldest sentence taken. Empty sentences cost nothing and ride along.
@@ -75,6 +76,7 @@ class Batcher:
         self.worker_context, self.on_batch, self.warm_up = worker_context, on_batch, warm_up
         self.ready = threading.Event()  # set once the worker has warmed up (GET /ready)
         self._queue: list[Queued] = []
+        self._free_since = time.monotonic()  # when the worker last finished a batch
         self._cond = threading.Condition()
         self._stopping = False
         self._thread = threading.Thread(target=self._work, name="nmt-serve-worker", daemon=True)
@@ -133,6 +135,7 @@ class Batcher:
                 self.ready.set()
             while (batch := self._next_batch()) is not None:
                 self._run_batch(batch)
+                self._free_since = time.monotonic()
 
     def _next_batch(self) -> list[Queued] | None:
         """Wait for the oldest sentence's company (or its deadline), then take its batch; None once stopped."""
@@ -145,7 +148,10 @@ class Batcher:
                     self._cond.wait()
                     continue
                 first = self._queue[0]
-                left = first.job.arrived + self.max_wait - time.monotonic()
+                # Counted from the oldest arrival or the end of the last batch, whichever is later: the clients
+                # answered by that batch send their next sentences within moments, and wait for them, instead of
+                # running the few sentences that queued during it (steady small batches, one per client cohort).
+                left = max(first.job.arrived, self._free_since) + self.max_wait - time.monotonic()
                 if self._stopping or left <= 0 or self._padded_tokens(first.job.key) >= self.max_tokens:
                     return self._take(first.job.key)
                 self._cond.wait(left)

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from nmt_cli import __version__
-from nmt_cli.checkpoint import load_checkpoint, search_config_of
+from nmt_cli.checkpoint import load_checkpoint, model_config_of, search_config_of, vocab_of
 from nmt_cli.config import SearchConfig, ServeConfig, parses_trees
 from nmt_cli.data import WORD_MARK
 from nmt_cli.errors import DataError
@@ -55,12 +55,20 @@ class Engine:
         self.precision = generation_precision(cfg.precision, self.device, state)
         self.is_parser = parses_trees(state.get("target_format"))
         self.search = search_settings(cfg.path, search_config_of(state), search_overrides, self.is_parser)
-        amp_dtype = AMP_DTYPES[self.precision]
-        self.tr: Translator = translator_from(state, Path(cfg.path), self.device, amp_dtype, cfg.quantize)
-        self.parser = TreeParser.of(self.tr, state.get("tree_leaves")) if self.is_parser else None
+        self.vocab = vocab_of(state, Path(cfg.path))
+        # The model is built (and packed for the CPU) in the worker thread, by warm_up: intra-op thread pools are
+        # per thread, and once the main thread's pool had packed the model, the worker's own pool competed with
+        # it for the cores and searched far slower (benchmarks/bench_serve.py measures the server).
+        self._build = lambda: translator_from(
+            state, Path(cfg.path), self.device, AMP_DTYPES[self.precision], cfg.quantize
+        )
+        self._tr: Translator | None = None
+        self.parser: TreeParser | None = None
+        self.leaves = state.get("tree_leaves")
+        self.max_positions = model_config_of(state, Path(cfg.path)).max_positions
         self.max_tokens = cfg.max_batch_tokens
         self.threads = torch.get_num_threads()  # as set_threads left it in the main thread
-        self.limit = self.tr.model.max_positions - 1
+        self.limit = self.max_positions - 1
         self.info = self._info(state, cfg)
 
     def _info(self, state: dict[str, Any], cfg: ServeConfig) -> dict[str, Any]:
@@ -72,8 +80,8 @@ class Engine:
             "checkpoint": str(Path(cfg.path).resolve()),
             "update": state.get("update"),
             "model": model,
-            "vocab_size": self.tr.vocab.n_pieces,
-            "max_positions": self.tr.model.max_positions,
+            "vocab_size": self.vocab.n_pieces,
+            "max_positions": self.max_positions,
             "search": asdict(self.search),
             "device": str(self.device),
             "precision": self.precision,
@@ -94,9 +102,9 @@ class Engine:
         for i, text in enumerate(texts):
             check_text(i, text)
         if not self.is_parser:
-            return [Sentence(np.asarray(ids, dtype=np.int64), len(ids)) for ids in self.tr.vocab.encode(texts)]
+            return [Sentence(np.asarray(ids, dtype=np.int64), len(ids)) for ids in self.vocab.encode(texts)]
         words = [ptb_words(text) for text in texts]
-        encoded = self.tr.vocab.encode([" ".join(w) for w in words])
+        encoded = self.vocab.encode([" ".join(w) for w in words])
         return [Sentence(np.asarray(ids, dtype=np.int64), len(ids), w) for ids, w in zip(encoded, words)]
 
     def length(self, sentence: Sentence) -> int:
@@ -120,22 +128,33 @@ class Engine:
         with torch.inference_mode():
             yield
 
+    @property
+    def tr(self) -> Translator:
+        """The model and its vocabulary, built by the worker thread (`warm_up`) on first use."""
+        if self._tr is None:
+            self._tr = self._build()
+            self.parser = TreeParser.of(self._tr, self.leaves) if self.is_parser else None
+            del self._build  # the checkpoint's tensors with it: the model holds its own copy
+        return self._tr
+
     def warm_up(self) -> None:
-        """One sentence through the model, so that the first request does not pay for first-call set-up."""
+        """Build the model in the worker thread, then run one sentence through it, so that the first request
+        does not pay for first-call set-up."""
         self.run(self.search, self.prepare(["Hello, world."]))
 
     def run(self, search: Any, sentences: list[Sentence]) -> list[dict[str, Any]]:
         """Search one batch (the worker thread calls this); one JSON-ready result per sentence."""
+        tr = self.tr
         generator = sampling_generator(search, self.device)
         if self.parser is not None:
             words = [s.words or [] for s in sentences]
             trees, _ = self.parser.parse(words, search, self.max_tokens, 0, generator)
             return [{"text": "" if tree is None else str(tree)} for tree in trees]
-        results = translate(self.tr, [s.ids for s in sentences], search, self.max_tokens, 0, generator)
+        results = translate(tr, [s.ids for s in sentences], search, self.max_tokens, 0, generator)
         return [self._translation(hyps, search.nbest) for hyps in results]
 
     def _translation(self, hyps: list[Any], nbest: int) -> dict[str, Any]:
-        records = [hypothesis_record(h, self.tr.vocab) for h in hyps]
+        records = [hypothesis_record(h, self.vocab) for h in hyps]
         best = {"text": records[0]["text"], "score": records[0]["score"]}
         return {**best, "nbest": records} if nbest > 1 else best
 
