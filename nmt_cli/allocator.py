@@ -36,7 +36,8 @@ def tune_allocator() -> None:
     By default glibc serves blocks over 128 KB with mmap and unmaps them when freed, so every large
     temporary tensor (the [rows, V] logits of each decoding step, activations of each batch) comes back
     as fresh pages that the kernel must fault in and zero. Raising the mmap and trim thresholds lets
-    those blocks be reused: measured +25-30% beam-search speed on CPU. No effect elsewhere.
+    those blocks be reused, which speeds up CPU beam search (`benchmarks/bench_generate.py`). No effect
+    elsewhere.
     """
     libc = _libc()
     if libc is None:

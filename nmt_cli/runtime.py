@@ -18,8 +18,8 @@ logger = logging.getLogger(__name__)
 
 
 # CPU dropout's random bits (model/layers.py). torch's CPU generator draws one number at a time on one
-# thread (about 2.4 ms for a 4096 x 256 mask on this project's AMD EPYC); NumPy's PCG64 gives 64 bits a
-# call, four 16-bit numbers, in 0.6 ms for the same mask. Seeded and saved with the other streams.
+# thread; NumPy's PCG64 gives 64 bits a call, four 16-bit numbers, so the same mask takes a fraction of
+# the time (dropout's share in `benchmarks/profile_step.py`). Seeded and saved with the other streams.
 DROPOUT_STREAM = np.random.PCG64(0)
 
 
@@ -73,7 +73,8 @@ def choose_device(name: str, local_rank: int = 0) -> torch.device:
 
 def set_threads(n_threads: int | None) -> None:
     """--threads: torch's intra-op threads (None or 0: torch's default), with a warning when they outnumber
-    the cores this process may run on (--threads 1000 on 2 cores: one short sentence in 2.6 s against 0.07)."""
+    the cores this process may run on: more threads than cores take turns, and every product waits for the
+    slowest of them, so translation slows down many times over."""
     if n_threads:
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
         if n_threads > cores:
@@ -92,8 +93,9 @@ def choose_attention_backends(device: torch.device, cudnn_attention: bool) -> No
 
     Flash, memory-efficient and math always; cuDNN's only with --cudnn-attention. PyTorch prefers cuDNN's
     attention on Hopper, and cuDNN builds an execution plan for every new (batch, length) shape: with
-    token-based batches, whose shape changes almost every update, that made transformer_base training 4.5x
-    slower and beam search 9x slower on an H200 (GPU busy 12% against 58%; ../shared/gpu-runs/2026-11-26-h200).
+    token-based batches, whose shape changes almost every update, that made transformer_base training and
+    beam search several times slower, the GPU waiting on the host's planning (`benchmarks/bench_gpu.py`,
+    `profile_gpu.py`; ../shared/gpu-runs/2026-11-26-h200).
     The flags are process-wide and do nothing on CPU, where attention is written out (model/attention.py);
     they are set on every device so that one code path runs everywhere, and logged only on CUDA.
     """
@@ -135,7 +137,7 @@ def resolve_precision(device: torch.device, precision: str | None) -> str:
     if device.type == "cpu" and precision == "bf16" and not cpu_has_bf16():
         logger.warning(
             "this CPU has no bfloat16 instructions (AVX512-BF16 or AMX): bf16 runs through slow emulation "
-            "here (training measured 30x slower than fp32 on an AMD Zen 3); use --precision fp32"
+            "here (training many times slower than fp32); use --precision fp32"
         )
     if device.type == "cuda" and precision == "fp32":
         torch.backends.cuda.matmul.allow_tf32 = True

@@ -71,9 +71,9 @@ for command in (preprocess, train, average_checkpoints, generate, score, export,
 def main() -> None:
     # oneDNN caches a kernel per matmul shape, about 0.7 MB each, and its entries fragment the heap. Training's
     # linears pad row counts to a few dozen shapes (model/linear.py), but bf16 attention's batched products
-    # take every batch's own shape. Peak memory of bf16 transformer_small training over 70 updates (2 Zen 5
-    # cores): 2.05 GB with 512 entries, 1.63 GB with 64, 1.52 GB with 32 (1.44 GB with 16, 5% slower);
-    # 32 was as fast as 64 (bf16 small and base, float32 small; generation in the peer benchmark).
+    # take every batch's own shape. A smaller cache lowers bf16 training's peak memory; 32 entries were as
+    # fast as 64 and 16 slower, in training and generation (peak RSS and speed: benchmarks/bench_train.py,
+    # bench_generate.py; figures in benchmarks/README.md).
     os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "32")
     tune_allocator()
     guard_stdout()  # before any file is opened: a closed stdout's descriptor must not become one of them

@@ -26,9 +26,10 @@ def attend(
     q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, causal: bool = False, dropout: float = 0.0
 ) -> Tensor:
     """Scaled dot-product attention -> [N, H, Tq, Dh]. On CPU written out (`attend_explicit`): for NMT's
-    short sequences that measured about 2x faster than SDPA's CPU kernels, forward and backward, in
-    float32 (against its flash kernel) and bfloat16 (against its math backend), and 1.5-2.5x for
-    beam search's one query per step. Elsewhere (CUDA) SDPA, free to choose its fastest kernel."""
+    short sequences that measured faster than SDPA's CPU kernels, forward and backward, in float32
+    (against its flash kernel) and bfloat16 (against its math backend), and for beam search's one query
+    per step, since SDPA's CPU kernels are tuned for long sequences (`benchmarks/profile_step.py`,
+    `profile_generate.py`). Elsewhere (CUDA) SDPA, free to choose its fastest kernel."""
     if q.device.type == "cpu":
         return attend_explicit(q, k, v, mask, causal, dropout)[0]
     if mask is not None and mask.is_floating_point():  # an attention_bias: SDPA's fused kernels want q's dtype
@@ -43,8 +44,8 @@ def attention_mask(src_pad_mask: Tensor | None) -> Tensor | None:
 
 def attention_bias(src_pad_mask: Tensor | None, dtype: torch.dtype) -> Tensor | None:
     """[B, S] True at padding -> [B, 1, 1, S] scores to add: 0 where a key may be attended, -inf at padding;
-    None (no padding) stays None. Per decoding step, adding it cost a sixth of masking the scores with
-    attention_mask()'s boolean mask (CPU, 2 cores)."""
+    None (no padding) stays None. Per decoding step, adding it costs less than masking the scores with
+    attention_mask()'s boolean mask, one fused add against a select (`benchmarks/profile_generate.py`)."""
     if src_pad_mask is None:
         return None
     b, s = src_pad_mask.shape

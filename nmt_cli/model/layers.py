@@ -34,8 +34,9 @@ class Dropout(nn.Module):
     """Inverted dropout.
 
     On CPU the mask comes from 16-bit random numbers of the dropout stream (runtime.random_int16), which
-    made dropout's random numbers 4x cheaper than torch.rand_like there (they were 4% of a
-    transformer_small update). A unit is dropped with probability p rounded to a multiple of 2^-16
+    makes dropout's random numbers several times cheaper than torch.rand_like there, four numbers per
+    64-bit draw (dropout's share of an update: `benchmarks/profile_step.py`).
+    A unit is dropped with probability p rounded to a multiple of 2^-16
     (0.1 -> 0.100006) and kept units are scaled by the exact inverse of the keep probability, so the
     expected output is x. Elsewhere (CUDA, and inside torch.compile) PyTorch's own dropout."""
 

@@ -1,14 +1,14 @@
 """Float32 matrix products on CPU through oneDNN instead of the BLAS that `torch.matmul` calls.
 
-PyTorch's CPU float32 matmul goes to MKL, and MKL picks its kernels by CPU vendor: on this project's
-AMD EPYC (Zen 5, AVX-512) it runs AVX2 code at ~200 GFLOP/s on 2 cores. oneDNN picks kernels by
-instruction set and reaches 300-490 GFLOP/s on the same training shapes, forward, input gradient and
-weight gradient alike (`benchmarks/bench_matmul.py`), with float32 arithmetic throughout. On a CPU without
-AVX-512 (AMD Zen 3) both libraries run AVX2 code, MKL's was the faster, and this route is off (`_ONEDNN`).
+PyTorch's CPU float32 matmul goes to MKL, and MKL picks its kernels by CPU vendor: on AMD's AVX-512
+CPUs it runs AVX2 code. oneDNN picks kernels by instruction set and runs AVX-512 code there, faster on
+the training shapes, forward, input gradient and weight gradient alike, with float32 arithmetic throughout
+(`benchmarks/bench_matmul.py`; figures in benchmarks/README.md). On a CPU without AVX-512 both libraries
+run AVX2 code, MKL's was the faster, and this route is off (`_ONEDNN`).
 
 oneDNN builds (JIT-compiles) a kernel for each new shape, and building one for every batch's row
-count fragments the heap until the process holds gigabytes it does not use (transformer_small:
-2.2 GB after 40 updates and growing, against 1.1 GB through MKL). So row counts are padded with zero
+count fragments the heap until the process holds far more memory than it uses, and keeps growing
+(peak RSS in `benchmarks/bench_train.py`). So row counts are padded with zero
 rows to a multiple of ROWS (to a power of two below it): a few dozen shapes, built once and kept in
 oneDNN's cache (cli/__init__.py sets its capacity).
 
@@ -63,7 +63,7 @@ def _choose_onednn() -> bool:
 
 _ONEDNN = _choose_onednn()
 # bfloat16 through oneDNN only where the CPU has bf16 instructions (AVX512-BF16, AMX): on an AVX2-only CPU
-# (AMD Zen 3) oneDNN has no bf16 inner product and PyTorch's own bf16 matmul is the one that runs.
+# oneDNN has no bf16 inner product and PyTorch's own bf16 matmul is the one that runs.
 _DTYPES = (torch.float32, torch.bfloat16) if cpu_has_bf16() else (torch.float32,)
 ROWS = 512
 
@@ -102,8 +102,8 @@ def matmul_nt(a: Tensor, b: Tensor, bias: Tensor | None = None, relu: bool = Fal
     (see Linear).
 
     bfloat16 products take oneDNN's linear only with a bias or a ReLU, which it applies inside the product:
-    PyTorch's own bf16 addmm (oneDNN too) first copies the bias into every output row, 10-15% of the
-    product's time at transformer_base's shapes, while without them it matched or beat the linear op.
+    PyTorch's own bf16 addmm (oneDNN too) first copies the bias into every output row, an extra pass over
+    the output, while without them it matched or beat the linear op (`benchmarks/profile_step.py`).
     """
     if on_cpu_path(a, b) and (a.dtype == torch.float32 or bias is not None or relu):
         return torch.ops.mkldnn._linear_pointwise(a, b, bias, "relu" if relu else "none", [], "")
@@ -116,9 +116,8 @@ def weight_grad(g: Tensor, x: Tensor) -> Tensor:
 
     oneDNN needs its left operand contiguous, so one of the two transposes is copied: g.T when N <= K,
     else x.T (computing the transposed product and transposing the [K, N] result back, which is the
-    size of a weight). Elsewhere (CUDA) it is g.T @ x as before. Measured on 2 cores (4096 rows):
-    d_model 256 -> d_ff 1024 10.8 -> 6.7 ms, the output projection (512 rows, 256 -> 8000) 9.8 -> 6.7 ms,
-    no loss where N <= K.
+    size of a weight). Elsewhere (CUDA) it is g.T @ x as before. Copying the smaller operand makes the
+    wide products' weight gradients faster, at no loss where N <= K (`benchmarks/bench_matmul.py`).
     """
     if transposes_weight_grad(g, x):
         return matmul_nt(x.t(), g.t()).t().contiguous()
@@ -197,10 +196,9 @@ def pads_rows(linear: nn.Module, x: Tensor) -> bool:
 def mkl_beats_onednn(weight: Tensor) -> bool:
     """Whether a frozen CPU float32 product with this [out, in] weight runs faster through MKL's sgemm than
     through oneDNN's packed product: on CPUs without AVX-512 (where training keeps MKL too, `_ONEDNN`), for
-    products no wider out than in. Measured at 256 rows on 2 cores of an AMD Zen 3, alternated, MKL against
-    oneDNN packed: the feed-forward's fc2 0.85-0.86x the time, the d x d attention projections 0.94-0.95x;
-    QKV (3d out) and fc1 (4d) even, the output projection about 1.2x; translation (beam 4, 256 sentences)
-    0.97-0.98x the time at small and base with the narrow products on MKL."""
+    products no wider out than in. There MKL's sgemm was the faster on the narrow products (fc2, the d x d
+    attention projections), even on the wider ones and slower on the output projection, so translation is
+    fastest with only the narrow products on MKL (`benchmarks/profile_generate.py`, `ab_generate.py`)."""
     return not _ONEDNN and weight.shape[1] >= weight.shape[0]
 
 
@@ -210,8 +208,8 @@ class PackedLinear(nn.Module):
     `mkl_beats_onednn`. Inputs and outputs stay ordinary dense tensors; either way one copy of the weight.
 
     Against weights packed as mkldnn tensors, which need every input converted to and every output
-    back from oneDNN's layout, the oneDNN route measured 1.1-1.2x faster on the decoder's projections and
-    2.6x on transformer_small's output projection (256 x 256 x 8000) on 2 cores of an AMD EPYC Zen 5.
+    back from oneDNN's layout, the oneDNN route is faster, most on the output projection, since it skips
+    those conversions (`benchmarks/profile_generate.py`).
     """
 
     def __init__(self, linear: nn.Linear, mkl: bool | None = None) -> None:
@@ -258,8 +256,9 @@ def pack_for_cpu_inference(model: nn.Module) -> nn.Module:
     """Swap every Linear of the model, the output projection included, for a PackedLinear.
 
     For CPU inference only (no autograd, no autocast). At beam-search sizes (a few hundred rows) oneDNN
-    with packed weights measured 390-400 GFLOP/s on a 2-core AVX-512 CPU (AMD Zen 5) against 190-215 for
-    the default path (MKL), and the output projection twice as fast; on an AVX2-only one the narrow
+    with packed weights runs AVX-512 code where the default path (MKL) runs AVX2 on AMD's CPUs, so it is
+    faster there, the output projection most (`benchmarks/profile_generate.py`; figures in
+    benchmarks/README.md); on an AVX2-only one the narrow
     products stay with MKL (`mkl_beats_onednn`). The projection gets its own copy of the tied weight.
     """
     return replace_linears(model, PackedLinear)

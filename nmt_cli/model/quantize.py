@@ -3,8 +3,9 @@
 Weights are quantized once, per output channel, to int8 and packed for fbgemm (x86, AVX2/AVX-512
 VNNI); activations are quantized per call, per tensor, from their own min/max, and the product comes
 back in float32 with the bias added. Everything else (embeddings, LayerNorm, attention's own
-products, softmax) stays float32. Measured on 2 cores of this project's AMD EPYC (benchmarks/README.md):
-every projection of the model pays, the output projection (D x V) most, so all of them are swapped.
+products, softmax) stays float32. Every projection of the model gains from int8, the output projection
+(D x V) most, so all of them are swapped (`benchmarks/bench_generate.py --precisions int8`; figures in
+benchmarks/README.md).
 The float32 weights are not kept: int8 translation holds a quarter of the linear weights' memory, and
 a memory-mapped checkpoint's float32 pages are given back layer by layer as they are quantized.
 """
@@ -27,8 +28,8 @@ def _needs_reduced_range() -> bool:
 
     There fbgemm multiplies uint8 activations by int8 weights with vpmaddubsw, whose pairwise int16 sum
     saturates when both operands use the full 8-bit range; PyTorch's own dynamic quantization passes
-    reduce_range=True (7-bit activations) for that reason. Measured on a 2-core AMD EPYC Zen 3 (AVX2):
-    full range gives a 26% maximum error on a 64 -> 48 layer, 7-bit range under 2%.
+    reduce_range=True (7-bit activations) for that reason: on an AVX2 CPU the full range gave a
+    maximum error an order of magnitude larger than the 7-bit range on a small layer.
     """
     caps = torch.backends.cpu.get_cpu_capability()
     has_vnni = bool(torch.cpu._is_vnni_supported()) or caps == "AMX"

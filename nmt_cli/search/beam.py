@@ -135,12 +135,10 @@ def candidate_block(v: int) -> int:
     """top_candidates' block width for a V-piece vocabulary: the largest power of two up to V / 128.
 
     PyTorch's CPU top-k of k entries among n switches from a partial sort to nth_element below n = 64k,
-    3x slower at the cliff (2 cores, 64 rows, k = 8: 266 us for n = 500, 89 us for 512, 102 us for 1,000),
-    and block maxima are a slow reduction unless the block is a power of two (256 rows of 8,000 pieces:
-    0.7 ms in blocks of 40 columns, 1.1 ms in 50, 0.35 ms in 32, 0.23 ms in 64). With at least 128 blocks
-    per beam the first top-k (2K of K * V / block) stays on the partial sort. Measured for the whole
-    function at 64 sentences, K = 4: 0.79 -> 0.58 ms at 8,000 pieces (32 columns instead of 64), 2.0 -> 1.6
-    ms at 32,000 (128), 1.8 -> 1.8 ms at 37,000 (256).
+    several times slower at the cliff, and block maxima are a slow reduction unless the block is a power
+    of two (vectorized widths). With at least 128 blocks per beam the first top-k (2K of K * V / block)
+    stays on the partial sort, which made the whole function faster at 8,000 and 32,000 pieces and no
+    slower at 37,000 (`benchmarks/profile_generate.py`, `ab_generate.py`).
     """
     return 1 << max((v // 128).bit_length() - 1, 0)
 

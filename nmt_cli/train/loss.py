@@ -7,9 +7,9 @@ softmax(z) - (1 - eps) * one_hot(y) - eps / V, and folded into the gradients of 
 and of the weight right away. The full [M, V] logits never exist, which on CPU more than halves the
 time the loss takes and saves the memory on GPU.
 
-Chunks are sized for the device. On CPU: 16 MB of float32 logits (2^22 elements). Once the weight
-gradient was summed in the transposed [D, V] layout (below), 2^21 and 2^22 measured alike and 5-15% faster than
-2^23 on 2 Zen 5 cores (loss forward+gradient, 3,600 tokens, V 8,000, D 256 and 512, float32 and bf16).
+Chunks are sized for the device. On CPU: 16 MB of float32 logits (2^22 elements), small enough to stay
+near the caches; once the weight gradient was summed in the transposed [D, V] layout (below), 2^21 and
+2^22 measured alike and faster than 2^23 (`benchmarks/profile_step.py`, `bench_train.py`).
 On CUDA: as large as memory comfortably allows (a 3k-token micro-batch at a 37k vocabulary is one
 chunk), since every chunk re-reads and re-writes the float32 [V, D] weight gradient.
 
