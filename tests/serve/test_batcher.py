@@ -135,3 +135,20 @@ def test_ready_is_set_after_the_warm_up_runs_in_the_worker():
     batcher.start()
     assert batcher.ready.wait(5) and seen == ["nmt-serve-worker"]
     batcher.stop(timeout=5)
+
+
+def test_sentences_that_queued_during_a_batch_wait_for_the_clients_it_answers():
+    """A client answered by a batch sends its next sentence moments later; the sentences that queued while the
+    batch ran wait max_wait from its end for them, so the cohorts merge instead of alternating in small batches."""
+    run = Recorder(delay=0.3)
+    batcher = Batcher(run, max_tokens=1000, max_wait=0.1, max_queue=100)
+    batcher.start()
+    first = submit(batcher, "cfg", ["a1"])  # runs from 0.1 s to 0.4 s
+    time.sleep(0.2)  # b1 queues while a1's batch runs, and is past its own max_wait when that batch ends
+    second = submit(batcher, "cfg", ["b1"])
+    assert first.result(timeout=10) == ["cfg:a1"]
+    time.sleep(0.03)  # the answered client's next sentence, within max_wait of the batch's end
+    third = submit(batcher, "cfg", ["a2"])
+    assert second.result(timeout=10) == ["cfg:b1"] and third.result(timeout=10) == ["cfg:a2"]
+    batcher.stop(timeout=10)
+    assert [items for _, items in run.batches] == [["a1"], ["b1", "a2"]]
