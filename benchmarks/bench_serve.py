@@ -42,10 +42,11 @@ def generate_seconds(path: Path, src: Path, args: argparse.Namespace, *extra: st
             + ["--threads", str(args.threads), "--beam", str(args.beam), *extra],
             stdout=stdout,
         )
-    found = re.search(r"translated \d+ sentences \(\d+ tokens\) in ([\d.]+) s", stderr)
+    # seconds from the sentences/s figure: the seconds themselves are printed to 0.1 s, 0.0 for a tiny input
+    found = re.search(r"translated (\d+) sentences \(\d+ tokens\) in [\d.]+ s: ([\d.]+) sentences/s", stderr)
     if found is None:
         raise SystemExit(f"no timing line in generate's log:\n{stderr[-2000:]}")
-    return float(found.group(1)), out.read_text().splitlines()
+    return int(found.group(1)) / float(found.group(2)), out.read_text().splitlines()
 
 
 def start_server(path: Path, args: argparse.Namespace) -> tuple[subprocess.Popen, int]:

@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 
 from nmt_cli.cli.options import CONTEXT, EXISTING_FILE
-from nmt_cli.errors import ConfigError
+from nmt_cli.commands import plot as commands
 
 FIGURE = click.Path(dir_okay=False, path_type=Path)
 
@@ -28,11 +28,7 @@ def plot_attention(checkpoint: Path, sentence: str, layer: int | None, head: str
 
     The decoder side is the model's own greedy translation, teacher-forced; the weights are recorded
     from that forward pass (Transformer.forward with AttentionWeights)."""
-    from nmt_cli.plot.attention import attention_figure
-
-    if head != "all" and not (head.isdigit() and int(head) >= 1):
-        raise ConfigError(f"--head {head!r} must be a head number (from 1) or all")
-    attention_figure(checkpoint, sentence, layer, None if head == "all" else int(head), output)
+    commands.plot_attention(checkpoint, sentence, layer, head, output)
 
 
 @plot.command("curves", context_settings=CONTEXT)
@@ -48,9 +44,4 @@ def plot_attention(checkpoint: Path, sentence: str, layer: int | None, head: str
 @click.option("--output", required=True, type=FIGURE, help="FILE.png, .svg or .pdf")
 def plot_curves(log_files: tuple[Path, ...], labels: tuple[str, ...], output: Path) -> None:
     """Train and valid loss, valid BLEU, learning rate and tokens/s against updates and wall clock."""
-    from nmt_cli.plot.curves import plot_curves as draw
-    from nmt_cli.plot.curves import read_log
-
-    if labels and len(labels) != len(log_files):
-        raise ConfigError(f"give one --label per --log-file ({len(labels)} labels for {len(log_files)} files)")
-    draw([read_log(path, label) for path, label in zip(log_files, labels or [None] * len(log_files))], output)
+    commands.plot_curves(log_files, labels, output)
