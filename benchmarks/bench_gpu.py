@@ -184,23 +184,37 @@ def gpu_busy(trainer, batches: list[np.ndarray], first: int) -> float:
     return busy / wall_us
 
 
-def bench_training(arch: str, data_dir: Path, args, device: torch.device, peak: float) -> None:
+def benchmark_trainer(arch: str, data_dir: Path, save_dir: Path, max_tokens: int, device: str, precision: str, **extra):
+    """The Trainer `nmt train` would build for `arch` on the synthetic data (profile_gpu.py builds it too);
+    `extra`: further TrainConfig fields (cudnn_attention, bucket_shapes, compile)."""
     from nmt_cli.commands.train import prepare
 
-    save = Path(tempfile.mkdtemp(prefix=f"bench-{arch}-"))
     cfg = TrainConfig(
         data_dir=str(data_dir),
-        save_dir=str(save),
-        max_tokens=args.max_tokens,
+        save_dir=str(save_dir),
+        max_tokens=max_tokens,
         max_update=10**6,
-        device=device.type,
-        precision=args.precision,
+        device=device,
+        precision=precision,
         warmup_updates=4000,
-        threads=1 if device.type == "cpu" else 0,
+        threads=1 if device == "cpu" else 0,
+        **extra,
+    )
+    return prepare(cfg, ARCHITECTURES[arch], SearchConfig())
+
+
+def bench_training(arch: str, data_dir: Path, args, device: torch.device, peak: float) -> None:
+    save = Path(tempfile.mkdtemp(prefix=f"bench-{arch}-"))
+    trainer = benchmark_trainer(
+        arch,
+        data_dir,
+        save,
+        args.max_tokens,
+        device.type,
+        args.precision,
         cudnn_attention=args.cudnn_attention,
         bucket_shapes=args.bucket_shapes,
     )
-    trainer = prepare(cfg, ARCHITECTURES[arch], SearchConfig())
     model_cfg = trainer.model_cfg
     data = trainer.train_data
     batches = trainer.epoch_batches()

@@ -21,26 +21,15 @@ from collections import defaultdict
 from pathlib import Path
 
 import torch
-from bench_gpu import synthetic_data_dir
+from bench_gpu import benchmark_trainer, synthetic_data_dir
 
-from nmt_cli.commands.train import prepare
-from nmt_cli.config import ARCHITECTURES, SearchConfig, TrainConfig
 from nmt_cli.train.trainer import Trainer
 
 
 def build(args: argparse.Namespace, data_dir: Path, save_dir: Path) -> Trainer:
-    cfg = TrainConfig(
-        data_dir=str(data_dir),
-        save_dir=str(save_dir),
-        max_tokens=args.max_tokens,
-        max_update=10**6,
-        device=args.device,
-        precision=args.precision,
-        warmup_updates=4000,
-        threads=1 if args.device == "cpu" else 0,
-        compile=args.compile_warmup,
+    return benchmark_trainer(
+        args.arch, data_dir, save_dir, args.max_tokens, args.device, args.precision, compile=args.compile_warmup
     )
-    return prepare(cfg, ARCHITECTURES[args.arch], SearchConfig())
 
 
 def run_updates(trainer: Trainer, batches: list, first: int, n: int) -> float:
