@@ -11,6 +11,9 @@ differ from generate's (batching differs, so a tie broken by float rounding coul
 
 Issue 37's targets (2 idle cores, transformer_small on Multi30k, beam 4, 32 clients): throughput >= 80%
 of generate's; p99 <= 2x generate's batch of 32; one client: <= 10 ms over generate's sentence alone.
+32 clients with one sentence each in flight can fill batches of 32 at most, so the throughput is also given
+next to generate's with `--batch-size 32` (its batches of 32 sentences of like length, the server's of
+whichever 32 came).
     .venv/bin/python benchmarks/bench_serve.py --path work/multi30k_en_de/average.pt --conditions idle
     .venv/bin/python benchmarks/bench_serve.py --tiny --path CKPT   # a few seconds: does it all run
 """
@@ -183,6 +186,8 @@ def main() -> None:
             "serve sent/s": round(served / seconds, 1),
             "generate sent/s": round(len(lines) / gen_all, 1),
             "ratio": round(served / seconds / (len(lines) / gen_all), 2),
+            f"generate batch of {args.clients} sent/s": round(len(lines) / gen_batch, 1),
+            f"ratio to batch of {args.clients}": round(served / seconds / (len(lines) / gen_batch), 2),
             "p50 ms": round(percentile(latencies, 0.5) * 1000, 1),
             "p99 ms": round(percentile(latencies, 0.99) * 1000, 1),
             f"generate batch of {args.clients} ms": round(per_batch * 1000, 1),

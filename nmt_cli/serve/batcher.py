@@ -1,9 +1,11 @@
 """Dynamic batching across requests, with no HTTP in it: one worker thread drains a queue of sentences.
 
 A request (a Job) puts its sentences in the queue and gets a Future of their results, in order. The worker
-takes the oldest queued sentence, waits at most `max_wait` (from its arrival, or from the end of the last batch
-when that is later) for others to
-fill a batch of `max_tokens` padded tokens, and runs the batch: the sentences of every request that share
+takes the oldest queued sentence and waits for company: until as many sentences are queued as the last batch
+ran plus those that waited through it (the clients it answered come back with their next ones moments later),
+or `max_tokens` padded tokens are, or `max_wait` has passed (from the sentence's arrival, or from the end of the
+last batch when that is later). A lone client is never kept waiting, and 32 clients in a loop make batches of
+32. It then runs the batch: the sentences of every request that share
 the oldest one's search settings (the job's `key`), packed by `batch_by_tokens` as `nmt generate` packs
 its input, and the batch holding the oldest sentence taken. Empty sentences cost nothing and ride along.
 A request is answered as soon as its last sentence is done; a cancelled one (timed out, client gone) loses
@@ -77,6 +79,7 @@ class Batcher:
         self.ready = threading.Event()  # set once the worker has warmed up (GET /ready)
         self._queue: list[Queued] = []
         self._free_since = time.monotonic()  # when the worker last finished a batch
+        self._expected = 1  # sentences worth waiting for: the last batch's and those queued at its end
         self._cond = threading.Condition()
         self._stopping = False
         self._thread = threading.Thread(target=self._work, name="nmt-serve-worker", daemon=True)
@@ -135,7 +138,9 @@ class Batcher:
                 self.ready.set()
             while (batch := self._next_batch()) is not None:
                 self._run_batch(batch)
-                self._free_since = time.monotonic()
+                with self._cond:
+                    self._free_since = time.monotonic()
+                    self._expected = len(batch) + sum(not q.job.future.done() for q in self._queue)
 
     def _next_batch(self) -> list[Queued] | None:
         """Wait for the oldest sentence's company (or its deadline), then take its batch; None once stopped."""
@@ -151,15 +156,17 @@ class Batcher:
                 # Counted from the oldest arrival or the end of the last batch, whichever is later: the clients
                 # answered by that batch send their next sentences within moments, and wait for them, instead of
                 # running the few sentences that queued during it (steady small batches, one per client cohort).
+                # Once they are back (as many sentences as expected) waiting longer gains nothing.
                 left = max(first.job.arrived, self._free_since) + self.max_wait - time.monotonic()
-                if self._stopping or left <= 0 or self._padded_tokens(first.job.key) >= self.max_tokens:
+                count, padded = self._size(first.job.key)
+                if self._stopping or left <= 0 or padded >= self.max_tokens or count >= self._expected:
                     return self._take(first.job.key)
                 self._cond.wait(left)
 
-    def _padded_tokens(self, key: Hashable) -> int:
-        """Padded tokens (EOS included) of every queued sentence searched with `key`, batched together."""
+    def _size(self, key: Hashable) -> tuple[int, int]:
+        """Queued sentences searched with `key`, and their padded tokens (EOS included) batched together."""
         lengths = [q.length for q in self._queue if q.job.key == key]
-        return len(lengths) * (max(lengths) + 1)
+        return len(lengths), len(lengths) * (max(lengths) + 1)
 
     def _take(self, key: Hashable) -> list[Queued]:
         """Remove and return the batch of the oldest `key` sentence, packed as generate packs its input."""
