@@ -183,9 +183,10 @@ class PreprocessConfig:
     )
     tree_leaves: str = flag(
         "pos",
-        "ptb-tree: the target's leaves are the POS tags, the placeholder XX (punctuation tags kept), or "
-        "each word's own pieces followed by its POS tag (words).",
-        choices=("pos", "slot", "words"),
+        "ptb-tree: the target's leaves are the POS tags, the placeholder XX (punctuation tags kept), "
+        "each word's own pieces followed by its POS tag (words), or the same with each word's pieces right "
+        "after the previous tag, before the brackets that precede it (words-ahead).",
+        choices=("pos", "slot", "words", "words-ahead"),
     )
 
     def __post_init__(self) -> None:

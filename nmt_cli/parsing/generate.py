@@ -29,6 +29,7 @@ from nmt_cli.parsing.copy_constraint import CopyingTreeConstraint
 from nmt_cli.parsing.linearize import (
     BRACKET_ESCAPES,
     CLOSE,
+    COPY_MODES,
     SLOT,
     TOP,
     delinearize,
@@ -87,6 +88,7 @@ class TreeSearch:
     constraint: TreeConstraint
     n_words: Sequence[int]
     starts: Tensor | None = None
+    ahead: bool = False
 
     def for_batch(
         self, src: Tensor, src_lens: Tensor, ids: np.ndarray
@@ -95,7 +97,8 @@ class TreeSearch:
         if self.starts is None:
             return self.constraint, n_leaves
         pieces = src.masked_fill(src.eq(EOS), PAD)
-        return CopyingTreeConstraint(self.constraint, pieces, src_lens.to(src.device), self.starts), n_leaves
+        lengths = src_lens.to(src.device)
+        return CopyingTreeConstraint(self.constraint, pieces, lengths, self.starts, self.ahead), n_leaves
 
 
 @dataclass
@@ -107,16 +110,19 @@ class TreeParser:
     constraint: TreeConstraint
     tokens_of: list[str]
     starts: Tensor | None
+    ahead: bool = False  # words-ahead: each word is copied right after the previous tag
 
     @classmethod
     def of(cls, tr: Translator, leaves: str | None) -> TreeParser:
-        """leaves: the checkpoint's --tree-leaves ("words": its trees copy their words, copy_constraint.py)."""
-        starts = word_starts(tr.vocab) if leaves == "words" else None
-        return cls(tr, tree_constraint(tr.vocab, tr.vocab.padded_size), tree_tokens(tr.vocab), starts)
+        """leaves: the checkpoint's --tree-leaves ("words", "words-ahead": its trees copy their words,
+        copy_constraint.py)."""
+        starts = word_starts(tr.vocab) if leaves in COPY_MODES else None
+        constraint = tree_constraint(tr.vocab, tr.vocab.padded_size)
+        return cls(tr, constraint, tree_tokens(tr.vocab), starts, leaves == "words-ahead")
 
     def rules(self, n_words: Sequence[int]) -> TreeSearch:
         """The search's rules for sentences of these word counts (in the order they are given to the search)."""
-        return TreeSearch(self.constraint, n_words, self.starts)
+        return TreeSearch(self.constraint, n_words, self.starts, self.ahead)
 
     def parse(
         self,

@@ -6,6 +6,8 @@ a word is one leaf token. `(S (NP (DT The) (NN cat)) (VP (VBZ sits)) (. .))` bec
     leaves="pos":   (S (NP DT NN ) (VP VBZ ) . )
     leaves="slot":  (S (NP XX XX ) (VP XX ) . )
     leaves="words": as "pos"; preprocess puts each word's pieces before its tag (copy_constraint.py)
+    leaves="words-ahead": as "pos"; each word's pieces right after the previous tag, the first word's at the
+                    start: ▁The (S (NP DT ▁cat NN ▁sits ) (VP VBZ ▁. ) . )
 
 With "slot" every POS tag is the placeholder XX except the punctuation tags EVALB deletes
 (, : `` '' . and the brackets' -LRB- -RRB- and # $), which stay, so that the scorer removes the same words
@@ -23,7 +25,8 @@ from nmt_cli.parsing.tree import Tree
 CLOSE = ")"
 SLOT = "XX"
 TOP = "TOP"
-LEAF_MODES = ("pos", "slot", "words")
+LEAF_MODES = ("pos", "slot", "words", "words-ahead")
+COPY_MODES = ("words", "words-ahead")  # targets that spell their words (copy_constraint.py)
 KEPT_TAGS = frozenset({",", ":", "``", "''", ".", "-LRB-", "-RRB-", "#", "$"})
 # Punctuation words whose Penn Treebank tag is fixed by the word itself ("'" is left out: POS or '').
 PUNCTUATION_TAGS = {

@@ -23,7 +23,7 @@ from nmt_cli.data.dataset import SPM_FILE
 from nmt_cli.data.preprocess import preprocess, split_prefixes
 from nmt_cli.data.vocab import UNK, Vocab, train_spm
 from nmt_cli.errors import DataError
-from nmt_cli.parsing.linearize import CLOSE, is_open, linearize, token_piece
+from nmt_cli.parsing.linearize import CLOSE, COPY_MODES, is_open, linearize, token_piece
 from nmt_cli.parsing.tree import TreeSyntaxError, clean, parse_tree
 
 logger = logging.getLogger(__name__)
@@ -121,18 +121,22 @@ def word_spans(vocab: Vocab, ids: list[int]) -> list[list[int]]:
     return words
 
 
-def with_words(vocab: Vocab, src: list[int], tokens: list[str], where: str) -> list[int]:
-    """Tree token ids with each word's pieces put before its leaf (`--tree-leaves words`, copy_constraint.py)."""
+def with_words(vocab: Vocab, src: list[int], tokens: list[str], where: str, ahead: bool = False) -> list[int]:
+    """Tree token ids with each word's pieces put before its leaf (`--tree-leaves words`), or (ahead:
+    `words-ahead`) right after the previous leaf, the first word's at the start (copy_constraint.py)."""
     words = word_spans(vocab, src)
     n_leaves = sum(1 for t in tokens if not is_open(t) and t != CLOSE)
     if len(words) != n_leaves:
         raise DataError(f"{where}: the sentence's pieces make {len(words)} words, its tree has {n_leaves} leaves")
     spans = iter(words)
-    out: list[int] = []
+    out: list[int] = next(spans) if ahead else []
     for tok in tokens:
-        if not is_open(tok) and tok != CLOSE:
+        leaf = not is_open(tok) and tok != CLOSE
+        if leaf and not ahead:
             out += next(spans)
         out.append(vocab.sp.piece_to_id(token_piece(tok)))
+        if leaf and ahead:
+            out += next(spans, [])
     return out
 
 
@@ -144,9 +148,9 @@ def binarize_trees(
     writers = [TokenWriter(out_dir / f"{split}.{lang}", dtype) for lang in (cfg.source_lang, cfg.target_lang)]
     src_ids = vocab.encode([" ".join(words) for words, _ in examples], cfg.workers)
     tgt_ids = [[vocab.sp.piece_to_id(token_piece(tok)) for tok in tokens] for _, tokens in examples]
-    if cfg.tree_leaves == "words":
+    if cfg.tree_leaves in COPY_MODES:
         tgt_ids = [
-            with_words(vocab, s, tokens, f"{split} tree {n}")
+            with_words(vocab, s, tokens, f"{split} tree {n}", ahead=cfg.tree_leaves == "words-ahead")
             for n, (s, (_, tokens)) in enumerate(zip(src_ids, examples), start=1)
         ]
     n_unk = sum(ids.count(UNK) for ids in src_ids)

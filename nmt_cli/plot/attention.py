@@ -24,6 +24,7 @@ from nmt_cli.data.vocab import BOS, EOS, Vocab
 from nmt_cli.errors import ConfigError, DataError
 from nmt_cli.model.transformer import AttentionWeights, EncoderOut, Transformer
 from nmt_cli.parsing.generate import TreeParser, ptb_words
+from nmt_cli.parsing.linearize import COPY_MODES
 from nmt_cli.plot import check_output, pyplot, save_figure
 from nmt_cli.search.beam import max_lengths
 from nmt_cli.search.greedy import greedy_search
@@ -117,7 +118,7 @@ def greedy_output(
     src_lens = torch.tensor([src.shape[1] - 1])
     if words is None:
         return greedy_search(model, enc, src_lens, cfg)[0][0].tokens
-    need = len(words) + 2 + (int(src_lens[0]) if leaves == "words" else 0)  # a words tree also spells the pieces
+    need = len(words) + 2 + (int(src_lens[0]) if leaves in COPY_MODES else 0)  # a words tree also spells the pieces
     if int(max_lengths(src_lens, cfg, model.max_positions)[0]) < need:
         raise DataError(
             f"--input has {len(words)} words: no tree of them fits the checkpoint's length limit; give a shorter "

@@ -17,7 +17,7 @@ WORK_DIR=${WORK_DIR:-$here/../../work/wsj_parsing$([ "$SMOKE" = 1 ] && echo _smo
 GPUS=${GPUS:-1}
 MAX_TOKENS=${MAX_TOKENS:-4096}
 DROPOUT=${DROPOUT:-0.3}                 # the paper chose dropout, lr and beam on section 22
-LEAVES=${LEAVES:-pos}                   # the paper's target; words: each word's pieces, then its tag (README.md)
+LEAVES=${LEAVES:-pos}                   # the paper's target; words-ahead: the CPU recipe's (ptb_parsing/README.md)
 N_AVERAGE=${N_AVERAGE:-5}
 PRECISION=${PRECISION:-}
 if [ "$SMOKE" = 1 ]; then

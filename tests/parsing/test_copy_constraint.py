@@ -19,12 +19,13 @@ STARTS = torch.zeros(V, dtype=torch.bool)
 STARTS[[9, 10]] = True
 
 
-def copying(sentences):
-    """The constraint for sentences of piece ids (right-padded with PAD)."""
+def copying(sentences, ahead=False):
+    """The constraint for sentences of piece ids (right-padded with PAD); ahead: --tree-leaves words-ahead."""
     width = max(len(s) for s in sentences)
     pieces = torch.tensor([s + [PAD] * (width - len(s)) for s in sentences])
     lengths = torch.tensor([len(s) for s in sentences])
-    return CopyingTreeConstraint(TreeConstraint.from_pieces(TOKENS, ["XX", "NN"], V), pieces, lengths, STARTS)
+    base = TreeConstraint.from_pieces(TOKENS, ["XX", "NN"], V)
+    return CopyingTreeConstraint(base, pieces, lengths, STARTS, ahead=ahead)
 
 
 def allowed_ids(constraint, state, step, max_len):
@@ -49,13 +50,46 @@ def test_a_started_word_is_copied_to_its_end_then_tagged():
     assert allowed_ids(constraint, state, 8, 30) == {EOS}
 
 
+def test_words_ahead_copies_each_word_right_after_the_previous_tag():
+    """words-ahead: `▁a c (S (NP NN ▁b ) XX )`: a word is copied before the brackets that precede it, so the
+    search decides them having read it; the copy itself is no choice."""
+    constraint = copying([[9, 11, 10]], ahead=True)  # "▁a c ▁b": two words
+    state = constraint.start(torch.tensor([2]))
+    assert allowed_ids(constraint, state, 0, 30) == {9}  # the first word comes first
+    state = constraint.advance(state, torch.tensor([9]))
+    assert allowed_ids(constraint, state, 1, 30) == {11}
+    state = constraint.advance(state, torch.tensor([11]))
+    assert allowed_ids(constraint, state, 2, 30) == {4, 5}  # the root must open before a tag
+    for tok in (4, 5):
+        state = constraint.advance(state, torch.tensor([tok]))
+    assert allowed_ids(constraint, state, 4, 30) == {4, 5, 7, 8}  # no close: (NP is empty
+    state = constraint.advance(state, torch.tensor([8]))
+    assert allowed_ids(constraint, state, 5, 30) == {10}  # tagged: the next word at once
+    state = constraint.advance(state, torch.tensor([10]))
+    assert allowed_ids(constraint, state, 6, 30) == {4, 5, 6, 7, 8}  # close (NP, open or tag, having read ▁b
+    for tok in (6, 7):
+        state = constraint.advance(state, torch.tensor([tok]))
+    assert allowed_ids(constraint, state, 8, 30) == {6}
+    state = constraint.advance(state, torch.tensor([6]))
+    assert allowed_ids(constraint, state, 9, 30) == {EOS}
+
+
+def test_words_ahead_copies_are_certain():
+    constraint = copying([[9, 10]], ahead=True)
+    state = constraint.start(torch.tensor([2]))
+    log_probs = torch.randn(1, V).log_softmax(-1)
+    masked = constraint.mask(log_probs.clone(), state, 0, torch.tensor([30]))
+    assert masked[0, 9] == 0 and torch.isinf(masked[0, :9]).all() and torch.isinf(masked[0, 10:]).all()
+
+
+@pytest.mark.parametrize("ahead", [False, True])
 @pytest.mark.parametrize("seed", range(20))
-def test_random_walks_spell_the_sentence_under_a_tree(seed):
+def test_random_walks_spell_the_sentence_under_a_tree(seed, ahead):
     rng = random.Random(seed)
     words = [[rng.choice([9, 10])] + [11] * rng.randint(0, 2) for _ in range(rng.randint(1, 4))]
     pieces = [p for w in words for p in w]
     max_len = len(pieces) + len(words) + 2 + rng.randint(0, 8)
-    constraint = copying([pieces])
+    constraint = copying([pieces], ahead)
     state, out = constraint.start(torch.tensor([len(words)])), []
     for step in range(max_len + 1):
         choices = sorted(allowed_ids(constraint, state, step, max_len))
@@ -67,18 +101,25 @@ def test_random_walks_spell_the_sentence_under_a_tree(seed):
         state = constraint.advance(state, torch.tensor([tok]))
     assert [t for t in out if t > 8] == pieces
     tags = [i for i, t in enumerate(out) if t in (7, 8)]
-    assert len(tags) == len(words) and all(out[i - 1] > 8 for i in tags)  # each tag right after its word
+    assert len(tags) == len(words)
+    if ahead:  # each word right after the previous tag (the first at the start), each tag after its word
+        begins = [i for i, t in enumerate(out) if t in (9, 10)]
+        assert begins[0] == 0 and all(b == t + 1 for t, b in zip(tags, begins[1:]))
+        assert all(b < t for b, t in zip(begins, tags))
+    else:
+        assert all(out[i - 1] > 8 for i in tags)  # each tag right after its word
     depth = 0
     for t in out:
         depth += (t in (4, 5)) - (t == 6)
         assert depth >= 0
-    assert depth == 0 and out[0] in (4, 5)
+    assert depth == 0 and [t for t in out if t <= 8][0] in (4, 5)
 
 
+@pytest.mark.parametrize("ahead", [False, True])
 @pytest.mark.parametrize("beam", [1, 3])
-def test_search_on_a_random_model_copies_each_sentence(tiny_model, beam):
+def test_search_on_a_random_model_copies_each_sentence(tiny_model, beam, ahead):
     sentences = [[9], [10, 11], [9, 11, 10, 10], [10, 9, 11, 11, 9], [10, UNK, 11]]  # <unk> is copied too
-    constraint = copying(sentences)
+    constraint = copying(sentences, ahead)
     width = max(map(len, sentences)) + 1
     src = torch.tensor([s + [EOS] + [PAD] * (width - len(s) - 1) for s in sentences])
     n_words = torch.tensor([sum(1 for p in s if p in (9, 10)) for s in sentences])
