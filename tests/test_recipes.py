@@ -117,6 +117,12 @@ def test_cpu_recipes_train_in_bf16_only_where_the_cpu_has_bf16_instructions(tmp_
 def test_the_demo_recipe_trains_in_float32_on_a_cpu_without_bf16(tmp_path, flags, bf16):
     """`make demo` on an AVX2-only CPU (AMD Zen 3) had trained in emulated bf16: 1 update in its 3 minutes."""
     env = recipe_env(CPUINFO=fake_cpuinfo(tmp_path, flags), DRY_RUN="1", WORK_DIR=str(tmp_path / "w"), SHOW="0")
+    _, train = multi30k_dry_run(env)
+    assert ("--bf16" in train.split()) == bf16
+
+
+def multi30k_dry_run(env):
+    """The Multi30k recipe's dry run under env: its stderr and the `nmt train` command it would run."""
     run = subprocess.run(
         ["bash", str(ROOT / "recipes" / "multi30k_en_de" / "run.sh")],
         env=env,
@@ -125,8 +131,7 @@ def test_the_demo_recipe_trains_in_float32_on_a_cpu_without_bf16(tmp_path, flags
         timeout=60,
     )
     assert run.returncode == 0, run.stderr
-    train = next(line for line in run.stderr.splitlines() if line.startswith("+ nmt train "))
-    assert ("--bf16" in train.split()) == bf16
+    return run.stderr, next(line for line in run.stderr.splitlines() if line.startswith("+ nmt train "))
 
 
 def test_multi30k_dry_run_leaves_results_and_other_settings_stop(tmp_path):
@@ -173,14 +178,6 @@ def test_the_multi30k_recipe_trains_two_minutes_where_there_is_a_gpu(tmp_path, g
     env = recipe_env(DRY_RUN="1", WORK_DIR=str(tmp_path / "w"), SHOW="0")
     env["PATH"] = f"{fake}:{env['PATH']}"
     env.pop("TRAIN_MINUTES", None)
-    run = subprocess.run(
-        ["bash", str(ROOT / "recipes" / "multi30k_en_de" / "run.sh")],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert run.returncode == 0, run.stderr
-    train = next(line for line in run.stderr.splitlines() if line.startswith("+ nmt train "))
+    stderr, train = multi30k_dry_run(env)
     assert f"--max-time-minutes {minutes} " in train
-    assert ("a GPU is present" in run.stderr) == gpu
+    assert ("a GPU is present" in stderr) == gpu

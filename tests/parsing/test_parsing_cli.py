@@ -1,50 +1,12 @@
 """The parsing path through the CLI: preprocess trees, train a few steps, generate trees, score; bad inputs."""
 
 import json
-from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
 from nmt_cli.cli import cli
-
-TREES = [
-    "((S (NP-SBJ (DT The) (NN cat)) (VP (VBZ sits) (PP-LOC (IN on) (NP (DT the) (NN mat)))) (. .)))",
-    "((S (NP-SBJ (PRP It)) (VP (VBD ran) (ADVP (RB away))) (. .)))",
-    "((S (NP-SBJ-1 (-NONE- *)) (NP (NNS Dogs)) (VP (VBP bark)) (. .)))",
-    "((FRAG (NP (DT A) (JJ big) (NN dog)) (. .)))",
-]
-
-
-def write_split(prefix: Path, n: int, words: bool = True) -> None:
-    trees = [TREES[i % len(TREES)] for i in range(n)]
-    Path(f"{prefix}.tree").write_text("\n".join(trees) + "\n")
-    if words:
-        from nmt_cli.parsing.tree import clean, parse_tree
-
-        Path(f"{prefix}.words").write_text("\n".join(" ".join(clean(parse_tree(t)).words()) for t in trees) + "\n")
-
-
-def preprocess(tmp_path, *extra):
-    return CliRunner().invoke(
-        cli,
-        [
-            "preprocess",
-            "-s",
-            "words",
-            "-t",
-            "tree",
-            "--target-format",
-            "ptb-tree",
-            "--trainpref",
-            str(tmp_path / "train"),
-            "--destdir",
-            str(tmp_path / "bin"),
-            "--vocab-size",
-            "60",
-            *extra,
-        ],
-    )
+from tests.parsing.treebank_data import TREES, preprocess, write_split
 
 
 @pytest.fixture(scope="module")
@@ -275,15 +237,23 @@ def test_bracket_scoring_json_has_the_short_sentences_and_with_verbose_each_one(
     assert [r["line"] for r in report["per_sentence"]] == [1, 2] and report["per_sentence"][0]["status"] == 0
 
 
-def test_a_parser_that_copies_its_words_writes_trees_over_the_input(tmp_path):
-    """--tree-leaves words: the target spells each word's pieces before its tag; the search copies them."""
+@pytest.mark.parametrize(
+    "leaves, start, end",
+    [
+        ("words", ["<(S>", "<(NP>", "▁", "T", "he", "<DT>"], ["▁.", "<.>", "<)>"]),  # (60 pieces: ▁ T he)
+        ("words-ahead", ["▁", "T", "he", "<(S>", "<(NP>", "<DT>"], ["<NN>", "▁.", "<)>", "<)>", "<)>", "<.>", "<)>"]),
+    ],
+)
+def test_a_parser_that_copies_its_words_writes_trees_over_the_input(tmp_path, leaves, start, end):
+    """--tree-leaves words: the target spells each word's pieces before its tag; words-ahead: right after the
+    previous tag (before the brackets between the two words). The search copies them."""
     write_split(tmp_path / "train", 40)
-    assert preprocess(tmp_path, "--tree-leaves", "words").exit_code == 0
+    assert preprocess(tmp_path, "--tree-leaves", leaves).exit_code == 0
     from nmt_cli.data.dataset import ParallelDataset, load_vocab
 
     vocab, data = load_vocab(tmp_path / "bin"), ParallelDataset(tmp_path / "bin", "train")
     target = vocab.pieces(data.tgt[0])
-    assert target[:2] == ["<(S>", "<(NP>"] and target[-3:] == ["▁.", "<.>", "<)>"]
+    assert target[: len(start)] == start and target[-len(end) :] == end
     assert "".join(p for p in target if not p.startswith("<")).replace("▁", " ").split() == [
         "The",
         "cat",

@@ -4,16 +4,12 @@ import pytest
 from click.testing import CliRunner
 
 from nmt_cli.cli import cli
+from tests.parsing.treebank_data import preprocess, write_split
 from tests.serve.serving import serving
 
 pytest.importorskip("starlette")
 pytest.importorskip("httpx")
 
-TREES = [
-    "((S (NP-SBJ (DT The) (NN cat)) (VP (VBZ sits) (PP-LOC (IN on) (NP (DT the) (NN mat)))) (. .)))",
-    "((S (NP-SBJ (PRP It)) (VP (VBD ran) (ADVP (RB away))) (. .)))",
-    "((FRAG (NP (DT A) (JJ big) (NN dog)) (. .)))",
-]
 SENTENCES = ["The cat sits on the mat .", "Dogs bark", "", "x ( y )"]
 
 
@@ -23,32 +19,13 @@ def invoke(*args):
     return result
 
 
-@pytest.mark.parametrize("leaves", ["pos", "words"])
+@pytest.mark.parametrize("leaves", ["pos", "words", "words-ahead"])
 def test_a_parser_answers_the_trees_generate_writes(tmp_path, leaves):
     """Both kinds of parser: tags at the leaves, and trees that spell their words (copied under the search's
     constraint, which serve must apply as generate does: the two had drifted apart once)."""
-    from nmt_cli.parsing.tree import clean, parse_tree
-
-    trees = [TREES[i % len(TREES)] for i in range(30)]
-    (tmp_path / "train.tree").write_text("\n".join(trees) + "\n")
-    (tmp_path / "train.words").write_text("\n".join(" ".join(clean(parse_tree(t)).words()) for t in trees) + "\n")
-    invoke(
-        "preprocess",
-        "-s",
-        "words",
-        "-t",
-        "tree",
-        "--target-format",
-        "ptb-tree",
-        "--trainpref",
-        tmp_path / "train",
-        "--destdir",
-        tmp_path / "bin",
-        "--vocab-size",
-        "60",
-        "--tree-leaves",
-        leaves,
-    )
+    write_split(tmp_path / "train", 30)
+    result = preprocess(tmp_path, "--tree-leaves", leaves)
+    assert result.exit_code == 0, result.output
     invoke(
         "train",
         tmp_path / "bin",
