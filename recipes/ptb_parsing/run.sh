@@ -10,15 +10,21 @@ DATA=${DATA:-$here/../../../shared/data/ptb-sample}
 WORK_DIR=${WORK_DIR:-$here/../../work/ptb_parsing}
 QUICK=${QUICK:-0}
 THREADS=${THREADS:-2}
-LEAVES=${LEAVES:-words}               # words: each word's pieces (copied) then its POS tag; pos: the tags alone;
-                                      # slot: XX (punctuation tags kept). See README.md
+LEAVES=${LEAVES:-words-ahead}         # words-ahead: each word's pieces (copied) right after the previous tag, so
+                                      # the brackets before a word are chosen having read it; words: the pieces
+                                      # just before the tag; pos: the tags alone; slot: XX. See README.md
+CHECKPOINT=${CHECKPOINT:-average}     # parse with the average of the last N_AVERAGE checkpoints (saved every
+                                      # SAVE_MINUTES), or checkpoint_best (lowest valid loss), or checkpoint_last
+N_AVERAGE=${N_AVERAGE:-5}
 TRAIN_TREES=${TRAIN_TREES:-0}         # train on the first N trees only (0: all 3,068): the learning curve
 if [ "$QUICK" = 1 ]; then
     ARCH=${ARCH:-transformer_tiny}; TRAIN_MINUTES=${TRAIN_MINUTES:-0.25}; VALID_LINES=${VALID_LINES:-40}
     BEAM=${BEAM:-2}; MAX_LEN_B=${MAX_LEN_B:-100}; WARMUP=${WARMUP:-50}; VOCAB=${VOCAB:-1000}; PRECISION=${PRECISION-}
+    SAVE_MINUTES=${SAVE_MINUTES:-0.04}; N_AVERAGE=${N_AVERAGE:-2}
 else
     ARCH=${ARCH:-transformer_small}; TRAIN_MINUTES=${TRAIN_MINUTES:-30}; VALID_LINES=${VALID_LINES:-0}
     BEAM=${BEAM:-21}; MAX_LEN_B=${MAX_LEN_B:-300}; WARMUP=${WARMUP:-200}; VOCAB=${VOCAB:-4000}
+    SAVE_MINUTES=${SAVE_MINUTES:-3}
     . "$here/../cpu_precision.sh"    # PRECISION: --bf16 where the CPU has bfloat16 instructions; PRECISION= for float32
 fi
 DROPOUT=${DROPOUT:-0.3}
@@ -48,12 +54,18 @@ done
 # 3. Train for TRAIN_MINUTES of wall clock (shared CPU: see README.md).
 run nmt train "$WORK_DIR/data-bin" --save-dir "$WORK_DIR/checkpoints" --arch "$ARCH" --dropout "$DROPOUT" \
     --max-tokens "$MAX_TOKENS" --warmup-updates "$WARMUP" --label-smoothing 0.1 \
-    --max-time-minutes "$TRAIN_MINUTES" --threads "$THREADS" --log-interval 20 --log-file "$WORK_DIR/train.jsonl" $PRECISION
+    --max-time-minutes "$TRAIN_MINUTES" --threads "$THREADS" --log-interval 20 --log-file "$WORK_DIR/train.jsonl" \
+    --save-interval-minutes "$SAVE_MINUTES" --keep-last "$N_AVERAGE" $PRECISION
 
 # 4. Parse the valid sentences: beam BEAM, alpha 0.3, max length |x| + MAX_LEN_B, every output a tree.
 #    (The paper's beam 21 is also the checkpoint's default; BEAM=4 is about as good here, see README.md.)
-[ -f "$WORK_DIR/valid.hyp.tree" ] && [ "$WORK_DIR/valid.hyp.tree" -nt "$WORK_DIR/checkpoints/checkpoint_last.pt" ] || \
-    run sh -c "nmt generate --path '$WORK_DIR/checkpoints/checkpoint_last.pt' --input '$WORK_DIR/valid.words' \
+ckpt=$WORK_DIR/checkpoints/checkpoint_$CHECKPOINT.pt
+if [ "$CHECKPOINT" = average ]; then
+    ckpt=$WORK_DIR/average.pt
+    run nmt average-checkpoints --inputs "$WORK_DIR/checkpoints" --num-update-checkpoints "$N_AVERAGE" \
+        --output "$ckpt" --force
+fi
+run sh -c "nmt generate --path '$ckpt' --input '$WORK_DIR/valid.words' \
         --beam $BEAM --lenpen 0.3 --max-len-a 1 --max-len-b $MAX_LEN_B --threads $THREADS \
         > '$WORK_DIR/valid.hyp.tree.tmp' && mv '$WORK_DIR/valid.hyp.tree.tmp' '$WORK_DIR/valid.hyp.tree'"
 
