@@ -820,7 +820,15 @@ def driven(hook, signal_name, *args):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     code = DRIVER.format(hook=hook)
     cmd = [sys.executable, "-c", code, signal_name, "--no-progress", *map(str, args)]
-    return subprocess.run(cmd, capture_output=True, env=env, timeout=120, stdin=subprocess.DEVNULL)
+    return subprocess.run(
+        cmd, capture_output=True, env=env, timeout=120, stdin=subprocess.DEVNULL, preexec_fn=sigint_default
+    )
+
+
+def sigint_default():
+    """In the child: SIGINT handled as at a terminal. A shell's background job (`make test &`) starts with
+    SIGINT ignored, Python keeps it so (as nohup means it to), and the SIGINT tests then saw it finish."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 @pytest.mark.parametrize("signal_name", ["SIGINT", "SIGTERM"])

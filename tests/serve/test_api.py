@@ -132,6 +132,7 @@ def test_a_full_queue_answers_503_and_a_late_request_504(tiny_checkpoint):
     with serving(tiny_checkpoint, max_queue=2, max_request_sentences=3) as client:
         full = client.post("/translate", json={"texts": ["1", "2", "3"]})
     with serving(tiny_checkpoint, max_wait=5.0, timeout=0.2) as client:
+        client.post("/translate", json={"texts": ["1", "2", "3"]})  # a batch of 3: the next waits for 3 sentences
         late = client.post("/translate", json={"text": "1 2 3"})
         metrics = client.get("/metrics").text
     assert full.status_code == 503 and "queue" in full.json()["error"]

@@ -156,7 +156,7 @@ def test_sentences_that_queued_during_a_batch_wait_for_the_clients_it_answers():
 
 def test_a_lone_client_is_not_kept_waiting_for_company():
     """One client in a loop: the last batch answered it alone, so its next sentence runs at once (before, each
-    waited max_wait for company that never came: 10 ms of the 18 ms the server added to one sentence)."""
+    waited for company that never came, up to max_wait from the end of the last batch)."""
     run = Recorder()
     batcher = Batcher(run, max_tokens=1000, max_wait=1.0, max_queue=100)
     batcher.start()
