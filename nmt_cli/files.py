@@ -38,8 +38,12 @@ class BusyError(NmtError):
     """Another nmt process holds the lock on a run directory."""
 
 
-class Interrupted(NmtError):
-    """SIGINT or SIGTERM stopped a write; its temporary was removed. Exits 128 + the signal, as `train` does."""
+class Interrupted(BaseException):
+    """SIGINT or SIGTERM stopped a write; its temporary was removed. Exits 128 + the signal, as `train` does.
+
+    A BaseException, as KeyboardInterrupt is: the signal raises it wherever the program is, and code that
+    catches Exception must not swallow it (logging's handlers do: a SIGTERM that landed while a log line was
+    formatted printed "--- Logging error ---" with a traceback, and preprocessing went on)."""
 
     def __init__(self, message: str, signum: int) -> None:
         super().__init__(message)

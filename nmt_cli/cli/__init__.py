@@ -27,6 +27,7 @@ from nmt_cli.cli.score import score
 from nmt_cli.cli.serve import serve
 from nmt_cli.cli.train import train
 from nmt_cli.errors import NmtError
+from nmt_cli.files import Interrupted
 from nmt_cli.log import print_error, setup_logging
 from nmt_cli.model.linear import route_from_environment
 
@@ -35,11 +36,11 @@ class NmtGroup(click.Group):
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
-        except NmtError as e:
+        except (NmtError, Interrupted) as e:
             if ctx.params.get("debug"):
                 raise
             print_error(str(e))
-            ctx.exit(getattr(e, "exit_code", 1))  # 1, or 128 + the signal that stopped a write (files.Interrupted)
+            ctx.exit(getattr(e, "exit_code", 1))  # 1, or 128 + the signal that stopped a write (Interrupted)
         except BrokenPipeError:  # `nmt generate ... | head`: the reader has gone, so stop quietly
             # no second error at exit; stdout may have no file descriptor (tests)
             with contextlib.suppress(OSError, ValueError, AttributeError):

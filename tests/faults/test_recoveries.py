@@ -222,3 +222,29 @@ def test_text_output_on_a_full_disk_says_what_is_left(tmp_path, existing):
     assert str(raised.value) == f"no space left on device writing {path}; {left}"
     assert sorted(p.name for p in tmp_path.iterdir()) == (["hyp.txt"] if existing else [])
     assert not existing or path.read_text() == "old\n"
+
+
+def test_a_signal_while_a_log_line_is_formatted_still_stops_the_write(tmp_path):
+    """logging's handlers catch Exception: a SIGTERM that landed while preprocess formatted a log line printed
+    "--- Logging error ---" with a traceback, and the write went on. Interrupted is a BaseException now."""
+    import logging
+    import os
+    import signal
+
+    from nmt_cli.files import Interrupted, stop_on_signals
+
+    class Signalling(logging.Formatter):
+        def format(self, record):
+            os.kill(os.getpid(), signal.SIGTERM)
+            return super().format(record)
+
+    logger = logging.getLogger("test-signal-in-logging")
+    handler = logging.StreamHandler()
+    handler.setFormatter(Signalling())
+    logger.addHandler(handler)
+    try:
+        with pytest.raises(Interrupted, match="stopped by SIGTERM; the test"), stop_on_signals("the test"):
+            logger.warning("a line")
+            raise AssertionError("the signal did not stop the block")
+    finally:
+        logger.removeHandler(handler)
