@@ -39,6 +39,11 @@ class CopyState:
     n_pieces: Tensor  # [N]
     untagged: Tensor  # [N] words begun (their first piece copied) but not yet tagged
 
+    @property
+    def at(self) -> Tensor:
+        """[N, 1] the index of the next piece to copy (a dead beam's tokens may run past the end)."""
+        return self.pos.clamp(max=self.pieces.shape[1] - 1)[:, None]
+
     def select(self, rows: Tensor) -> CopyState:
         """Reorder or subset rows [N'] (beams reordered, finished sentences removed)."""
         return CopyState(
@@ -94,7 +99,7 @@ class CopyingTreeConstraint:
         d, left = tree.depth, tree.leaves_left
         room = max_len - (step + 1)
         to_copy = state.n_pieces - state.pos
-        at = state.pos.clamp(max=state.pieces.shape[1] - 1)[:, None]  # (a dead beam's tokens may run past the end)
+        at = state.at
         next_piece = state.pieces.gather(1, at)[:, 0]
         next_starts = state.starts.gather(1, at)[:, 0]
         continues = state.copying & (to_copy > 0) & ~next_starts
@@ -139,8 +144,7 @@ class CopyingTreeConstraint:
         """The state after each row emitted tokens [N] (EOS and padding leave it unchanged)."""
         cls = self.base.token_class.to(tokens.device)[tokens]
         is_piece = (cls == OTHER) & ((tokens > EOS) | (tokens == UNK))  # a character no piece spells is <unk>
-        at = state.pos.clamp(max=state.pieces.shape[1] - 1)[:, None]
-        begun = is_piece & state.starts.gather(1, at)[:, 0]
+        begun = is_piece & state.starts.gather(1, state.at)[:, 0]
         return CopyState(
             self.base.advance(state.tree, tokens),
             state.pos + is_piece.long(),

@@ -99,7 +99,11 @@ class Batcher:
     def queue_length(self) -> int:
         """Sentences waiting, not counting those of requests already cancelled (the worker drops them)."""
         with self._cond:
-            return sum(not q.job.future.done() for q in self._queue)
+            return self._waiting()
+
+    def _waiting(self) -> int:
+        """queue_length, for a caller that holds the lock."""
+        return sum(not q.job.future.done() for q in self._queue)
 
     def submit(self, key: Hashable, items: Sequence[Any], lengths: Sequence[int]) -> Future[list[Any]]:
         """Queue a request's sentences; the Future gets their results in order (or the batch's exception).
@@ -140,7 +144,7 @@ class Batcher:
                 self._run_batch(batch)
                 with self._cond:
                     self._free_since = time.monotonic()
-                    self._expected = len(batch) + sum(not q.job.future.done() for q in self._queue)
+                    self._expected = len(batch) + self._waiting()
 
     def _next_batch(self) -> list[Queued] | None:
         """Wait for the oldest sentence's company (or its deadline), then take its batch; None once stopped."""

@@ -28,6 +28,13 @@ def copying(sentences, ahead=False):
     return CopyingTreeConstraint(base, pieces, lengths, STARTS, ahead=ahead)
 
 
+def advanced(constraint, state, *tokens):
+    """The state after the tokens, one step each."""
+    for tok in tokens:
+        state = constraint.advance(state, torch.tensor([tok]))
+    return state
+
+
 def allowed_ids(constraint, state, step, max_len):
     return set(constraint.allowed(state, step, torch.tensor([max_len])).nonzero()[:, 1].tolist())
 
@@ -35,18 +42,15 @@ def allowed_ids(constraint, state, step, max_len):
 def test_a_started_word_is_copied_to_its_end_then_tagged():
     constraint = copying([[9, 11, 11, 10]])  # "▁a c c ▁b": two words
     state = constraint.start(torch.tensor([2]))
-    for tok in (4, 9):
-        state = constraint.advance(state, torch.tensor([tok]))
+    state = advanced(constraint, state, 4, 9)
     assert allowed_ids(constraint, state, 2, 30) == {11}  # inside the word: only its next piece
-    for tok in (11, 11):
-        state = constraint.advance(state, torch.tensor([tok]))
+    state = advanced(constraint, state, 11, 11)
     assert allowed_ids(constraint, state, 4, 30) == {7, 8}  # the word is written: only a tag
-    state = constraint.advance(state, torch.tensor([8]))
+    state = advanced(constraint, state, 8)
     assert allowed_ids(constraint, state, 5, 30) == {4, 5, 10}  # open a bracket or begin the next word
-    for tok in (10, 7):
-        state = constraint.advance(state, torch.tensor([tok]))
+    state = advanced(constraint, state, 10, 7)
     assert allowed_ids(constraint, state, 7, 30) == {6}
-    state = constraint.advance(state, torch.tensor([6]))
+    state = advanced(constraint, state, 6)
     assert allowed_ids(constraint, state, 8, 30) == {EOS}
 
 
@@ -56,21 +60,19 @@ def test_words_ahead_copies_each_word_right_after_the_previous_tag():
     constraint = copying([[9, 11, 10]], ahead=True)  # "▁a c ▁b": two words
     state = constraint.start(torch.tensor([2]))
     assert allowed_ids(constraint, state, 0, 30) == {9}  # the first word comes first
-    state = constraint.advance(state, torch.tensor([9]))
+    state = advanced(constraint, state, 9)
     assert allowed_ids(constraint, state, 1, 30) == {11}
-    state = constraint.advance(state, torch.tensor([11]))
+    state = advanced(constraint, state, 11)
     assert allowed_ids(constraint, state, 2, 30) == {4, 5}  # the root must open before a tag
-    for tok in (4, 5):
-        state = constraint.advance(state, torch.tensor([tok]))
+    state = advanced(constraint, state, 4, 5)
     assert allowed_ids(constraint, state, 4, 30) == {4, 5, 7, 8}  # no close: (NP is empty
-    state = constraint.advance(state, torch.tensor([8]))
+    state = advanced(constraint, state, 8)
     assert allowed_ids(constraint, state, 5, 30) == {10}  # tagged: the next word at once
-    state = constraint.advance(state, torch.tensor([10]))
+    state = advanced(constraint, state, 10)
     assert allowed_ids(constraint, state, 6, 30) == {4, 5, 6, 7, 8}  # close (NP, open or tag, having read ▁b
-    for tok in (6, 7):
-        state = constraint.advance(state, torch.tensor([tok]))
+    state = advanced(constraint, state, 6, 7)
     assert allowed_ids(constraint, state, 8, 30) == {6}
-    state = constraint.advance(state, torch.tensor([6]))
+    state = advanced(constraint, state, 6)
     assert allowed_ids(constraint, state, 9, 30) == {EOS}
 
 
@@ -141,7 +143,7 @@ def test_opening_brackets_in_a_row_are_bounded_when_copying_too():
     constraint = copying([[9, 10]])
     state = constraint.start(torch.tensor([2]))
     for _ in range(MAX_OPEN_RUN):
-        state = constraint.advance(state, torch.tensor([5]))
+        state = advanced(constraint, state, 5)
     assert allowed_ids(constraint, state, MAX_OPEN_RUN, 100) == {9}
 
 
@@ -150,11 +152,11 @@ def test_copied_pieces_are_scored_as_beginning_any_word_and_then_certain():
     it wrote (NP (NP (NP ... before every word (F1 6.9 against 33.0 on 100 valid sentences, 450 updates)."""
     constraint = copying([[9, 11]])
     state = constraint.start(torch.tensor([1]))
-    state = constraint.advance(state, torch.tensor([4]))  # (S
+    state = advanced(constraint, state, 4)  # (S
     log_probs = torch.randn(1, V).log_softmax(-1)
     masked = constraint.mask(log_probs.clone(), state, 1, torch.tensor([30]))
     assert torch.allclose(masked[0, 9], log_probs[0, [9, 10]].logsumexp(0))  # any of the word-start pieces
     assert torch.equal(masked[0, [4, 5]], log_probs[0, [4, 5]]) and torch.isinf(masked[0, [6, 7, 8, 10, 11]]).all()
-    state = constraint.advance(state, torch.tensor([9]))
+    state = advanced(constraint, state, 9)
     masked = constraint.mask(log_probs.clone(), state, 2, torch.tensor([30]))
     assert masked[0, 11] == 0 and torch.isinf(masked[0, :11]).all()
