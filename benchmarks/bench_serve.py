@@ -53,11 +53,12 @@ def generate_seconds(path: Path, src: Path, args: argparse.Namespace, *extra: st
     return int(found.group(1)) / float(found.group(2)), out.read_text().splitlines()
 
 
-def start_server(path: Path, args: argparse.Namespace) -> tuple[subprocess.Popen, int]:
+def start_server(path: Path, args: argparse.Namespace, batching: str) -> tuple[subprocess.Popen, int]:
     proc = subprocess.Popen(
         NMT
         + ["serve", "--path", str(path), "--port", "0", "--device", args.device, "--threads", str(args.threads)]
-        + ["--beam", str(args.beam), "--max-wait-ms", str(args.max_wait_ms), "--max-queue", "100000"],
+        + ["--beam", str(args.beam), "--max-wait-ms", str(args.max_wait_ms), "--max-queue", "100000"]
+        + ["--batching", batching],
         stderr=subprocess.PIPE,
         text=True,
         cwd=ROOT,
@@ -189,6 +190,13 @@ def main() -> None:
     ap.add_argument("--beam", type=int, default=4)
     ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     ap.add_argument("--max-wait-ms", type=float, default=10.0)
+    ap.add_argument(
+        "--batching",
+        nargs="+",
+        default=["whole", "in-flight"],
+        choices=("auto", "whole", "in-flight"),
+        help="The server's --batching: one server (a row) each, in this order.",
+    )
     ap.add_argument("--tiny", action="store_true", help="Digit sentences, 4 clients: a few seconds.")
     ap.add_argument("--conditions", default="", help="How the machine was (idle, under load), for the record.")
     args = ap.parse_args()
@@ -207,36 +215,40 @@ def main() -> None:
     gen_one, _ = generate_seconds(args.path, single_src, args, "--batch-size", "1")
     per_batch = gen_batch / -(-len(lines) // args.clients)
 
-    proc, port = start_server(args.path, args)
-    try:
-        latencies, answers, seconds = load(port, lines, args.clients, args.time_limit)
-        batches = batch_sizes(port)  # phase 1's batches only (the single client's are all of one)
-        single, _, _ = load(port, lines[: args.single], 1, args.time_limit)
-    finally:
-        proc.terminate()
-        proc.wait(60)
-    served = len(latencies)
-    rows = [
-        {
-            "sentences": served,
-            "clients": args.clients,
-            "serve sent/s": round(served / seconds, 1),
-            "generate sent/s": round(len(lines) / gen_all, 1),
-            "ratio": round(served / seconds / (len(lines) / gen_all), 2),
-            f"generate batch of {args.clients} sent/s": round(len(lines) / gen_batch, 1),
-            f"ratio to batch of {args.clients}": round(served / seconds / (len(lines) / gen_batch), 2),
-            "p50 ms": round(percentile(latencies, 0.5) * 1000, 1),
-            "p99 ms": round(percentile(latencies, 0.99) * 1000, 1),
-            f"generate batch of {args.clients} ms": round(per_batch * 1000, 1),
-            "1 client ms": round(sum(single) / max(len(single), 1) * 1000, 1),
-            "generate 1 sentence ms": round(gen_one / len(lines[: args.single]) * 1000, 1),
-            "mean batch": round(float(batches.group(1)) / max(int(batches.group(2)), 1), 1) if batches else None,
-            "differ from generate": sum(answers[i] != expected[i] for i in answers),
-            "conditions": args.conditions or "not given",
-        }
-    ]
-    for key, value in rows[0].items():  # one row of many columns reads better down the page
-        print(f"{key:>28}  {value}")
+    rows = []
+    for batching in args.batching:
+        proc, port = start_server(args.path, args, batching)
+        try:
+            latencies, answers, seconds = load(port, lines, args.clients, args.time_limit)
+            batches = batch_sizes(port)  # phase 1's batches only (the single client's are all of one)
+            single, _, _ = load(port, lines[: args.single], 1, args.time_limit)
+        finally:
+            proc.terminate()
+            proc.wait(60)
+        served = len(latencies)
+        rows.append(
+            {
+                "batching": batching,
+                "sentences": served,
+                "clients": args.clients,
+                "serve sent/s": round(served / seconds, 1),
+                "generate sent/s": round(len(lines) / gen_all, 1),
+                "ratio": round(served / seconds / (len(lines) / gen_all), 2),
+                f"generate batch of {args.clients} sent/s": round(len(lines) / gen_batch, 1),
+                f"ratio to batch of {args.clients}": round(served / seconds / (len(lines) / gen_batch), 2),
+                "p50 ms": round(percentile(latencies, 0.5) * 1000, 1),
+                "p99 ms": round(percentile(latencies, 0.99) * 1000, 1),
+                f"generate batch of {args.clients} ms": round(per_batch * 1000, 1),
+                "1 client ms": round(sum(single) / max(len(single), 1) * 1000, 1),
+                "generate 1 sentence ms": round(gen_one / len(lines[: args.single]) * 1000, 1),
+                # sentences per batch, or per search step in flight
+                "mean batch": round(float(batches.group(1)) / max(int(batches.group(2)), 1), 1) if batches else None,
+                "differ from generate": sum(answers[i] != expected[i] for i in answers),
+                "conditions": args.conditions or "not given",
+            }
+        )
+    for key in rows[0]:  # rows of many columns read better down the page, side by side
+        print(f"{key:>28}  " + "".join(f"{row[key]!s:>12}" for row in rows))
     if not args.tiny:
         report_json("serve", rows)
 

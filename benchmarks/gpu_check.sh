@@ -6,18 +6,21 @@
 #     bash benchmarks/gpu_check.sh [OUT_DIR]          # logs into OUT_DIR, else $OUT, else gpu-check-DATE
 #     DRY_RUN=1 bash benchmarks/gpu_check.sh DIR      # on the CPU at tiny sizes: checks the script itself
 #
-# OUT_DIR receives 8 files: env.log, tests.log, bench.log, profile.log, recipe.log, compile.log, results.jsonl
-# (every figure and step time) and summary.md (the table). The recipe's data, checkpoints and the `nmt` shim
+# OUT_DIR receives 9 files: env.log, tests.log, bench.log, profile.log, recipe.log, serve.log, compile.log,
+# results.jsonl (every figure and step time) and summary.md (the table). STEPS="tests bench ..." runs only
+# those steps (default: all six). The recipe's data, checkpoints and the `nmt` shim
 # go to WORK (a temporary directory unless given). Multi30k is read from RAW_DIR (default
 # ../shared/data/multi30k beside the checkout; the recipe step is skipped where it is absent: no downloads).
 #
 # Steps (a failing step is reported and the others still run; the exit status is 1 if any failed):
-#   1. tests      python -m pytest -m gpu tests/test_gpu.py (what `make test-gpu` runs)
+#   1. tests      python -m pytest -m gpu (what `make test-gpu` runs)
 #   2. bench      benchmarks/bench_gpu.py: train transformer_base and _big (bf16, ~25k target tokens an update),
 #                 beam-4 generation of 3,000 sentences
 #   3. profile    benchmarks/profile_gpu.py: GPU busy %, the 10 costliest kernels, host time of the top ops
 #   4. recipe     recipes/multi30k_en_de trained for TRAIN_MINUTES (2) on the GPU, its sacreBLEU
-#   5. compile    --compile's warm-up for transformer_base (8 updates), if time is left before DEADLINE
+#   5. serve      benchmarks/bench_serve.py on the recipe's checkpoint: `nmt serve` on the GPU under 32
+#                 clients and one, whole batches and in flight, next to `nmt generate`
+#   6. compile    --compile's warm-up for transformer_base (8 updates), if time is left before DEADLINE
 # then a table (OUT_DIR/summary.md). Runs from this checkout with the packages of a CUDA PyTorch image (torch,
 # numpy, sentencepiece, sacrebleu, click, rich, pytest): nothing is installed, `nmt` is `python3 -m nmt_cli`.
 set -uo pipefail
@@ -28,6 +31,7 @@ DRY_RUN=${DRY_RUN:-0}
 DEADLINE=${DEADLINE:-470}
 TRAIN_MINUTES=${TRAIN_MINUTES:-2}
 RAW_DIR=${RAW_DIR:-$(cd "$repo/.." && pwd)/shared/data/multi30k}
+STEPS=${STEPS:-tests bench profile recipe serve compile}
 mkdir -p "$OUT_DIR"
 OUT_DIR=$(cd "$OUT_DIR" && pwd)
 [ -n "${WORK:-}" ] || { WORK=$(mktemp -d "${TMPDIR:-/tmp}/gpu-check-XXXXXX"); made_work=1; }
@@ -49,6 +53,7 @@ skipped() {  # skipped NAME REASON
 step() {
     local name=$1 limit=$2
     shift 2
+    case " $STEPS " in *" $name "*) ;; *) skipped "$name" "not in STEPS"; return ;; esac
     local left=$((DEADLINE - (SECONDS - start)))
     if [ "$left" -lt 20 ]; then
         skipped "$name" "$left s left before the $DEADLINE s deadline"
@@ -64,6 +69,19 @@ step() {
     [ "$rc" = 0 ] || { echo "   $name FAILED (exit $rc; 124: out of time)"; failed+=("$name"); }
 }
 
+# serve_step LIMIT ARGS...: bench_serve.py on the recipe's checkpoint (the serve extra: starlette, uvicorn)
+serve_step() {
+    local limit=$1 checkpoint=$WORK/multi30k/average.pt
+    shift
+    if [ ! -f "$checkpoint" ]; then
+        skipped serve "no recipe checkpoint at $checkpoint"
+    elif ! "$PYTHON" -c 'import starlette, uvicorn' 2>/dev/null; then
+        skipped serve "no starlette and uvicorn (pip install starlette uvicorn)"
+    else
+        step serve "$limit" env NMT_BENCH_DIR="$WORK/bench" "$PYTHON" benchmarks/bench_serve.py --path "$checkpoint" "$@"
+    fi
+}
+
 : > "$RESULTS"
 {
     date -u
@@ -75,14 +93,15 @@ step() {
 cat "$OUT_DIR/env.log"
 
 if [ "$DRY_RUN" = 1 ]; then  # the same steps at tiny sizes on the CPU (gpu tests skip themselves there)
-    step tests 120 "$PYTHON" -m pytest -q -p no:cacheprovider -m gpu tests/test_gpu.py
+    step tests 120 "$PYTHON" -m pytest -q -p no:cacheprovider -m gpu
     step bench 120 "$PYTHON" benchmarks/bench_gpu.py --device cpu --results "$RESULTS"
     step profile 120 "$PYTHON" benchmarks/profile_gpu.py --device cpu --results "$RESULTS"
     step recipe 60 env DRY_RUN=1 PATH="$WORK/bin:$PATH" WORK_DIR="$WORK/multi30k" RAW_DIR="$RAW_DIR" \
         TRAIN_MINUTES="$TRAIN_MINUTES" bash recipes/multi30k_en_de/run.sh
+    serve_step 120 --tiny --threads 1
     skipped compile "dry run (tests/test_compile.py's slow test compiles on the CPU)"
 else
-    step tests 150 "$PYTHON" -m pytest -q -p no:cacheprovider -m gpu tests/test_gpu.py
+    step tests 150 "$PYTHON" -m pytest -q -p no:cacheprovider -m gpu
     step bench 150 "$PYTHON" benchmarks/bench_gpu.py --results "$RESULTS"
     step profile 60 "$PYTHON" benchmarks/profile_gpu.py --results "$RESULTS"
     if [ -f "$RAW_DIR/train.en" ]; then
@@ -92,6 +111,7 @@ else
         skipped recipe "no Multi30k at RAW_DIR=$RAW_DIR (give RAW_DIR=DIR with train, valid, test_2016_flickr .en/.de)"
         failed+=(recipe)
     fi
+    serve_step 150 --device cuda --input "$RAW_DIR/test_2016_flickr.en"
     if [ $((DEADLINE - (SECONDS - start))) -ge 90 ]; then  # whole or not at all: a cut-short warm-up says nothing
         step compile 90 "$PYTHON" benchmarks/profile_gpu.py --compile-warmup --results "$RESULTS"
     else

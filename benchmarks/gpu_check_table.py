@@ -1,5 +1,5 @@
 """gpu_check.sh's closing table, in Markdown, from what its steps left: OUT_DIR's results.jsonl (each figure
-and step time), env.log and tests.log, and the recipe's score and log in WORK/multi30k.
+and step time), env.log, tests.log and serve.log, and the recipe's score and log in WORK/multi30k.
 
     python benchmarks/gpu_check_table.py OUT_DIR WORK SECONDS
 """
@@ -87,6 +87,27 @@ def recipe_row(work: Path) -> tuple[str, str]:
     return ("Multi30k recipe", f"sacreBLEU {bleu.group(1)} on test_2016_flickr after {max(updates, default=0)} updates")
 
 
+def serve_rows(out: Path) -> list[tuple[str, str]]:
+    """bench_serve.py's table in serve.log: one column per batching, a row per figure."""
+    log = out / "serve.log"
+    table = {}
+    for line in log.read_text().splitlines() if log.exists() else []:
+        if found := re.match(r"\s*(\S.*?)\s{2,}(\S.*)$", line):
+            table[found.group(1)] = found.group(2).split()
+    rows = []
+    for i, batching in enumerate(table.get("batching", [])):
+        figure = {key: values[i] for key, values in table.items() if len(values) > i}
+        rows.append(
+            (
+                f"serve, {batching} batching",
+                f"32 clients {figure.get('serve sent/s')} sent/s ({figure.get('ratio')}x generate's "
+                f"{figure.get('generate sent/s')}), p50 / p99 {figure.get('p50 ms')} / {figure.get('p99 ms')} ms; "
+                f"1 client {figure.get('1 client ms')} ms (generate {figure.get('generate 1 sentence ms')} ms)",
+            )
+        )
+    return rows
+
+
 def main() -> None:
     out, work, seconds = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
     env = (out / "env.log").read_text().splitlines() if (out / "env.log").exists() else []
@@ -97,6 +118,7 @@ def main() -> None:
     rows += bench_rows(results) + [("bench time", times.get("bench", "not run"))]
     rows += profile_rows(results) + [("profile time", times.get("profile", "not run"))]
     rows += [("recipe", f"{recipe_row(work / 'multi30k')[1]} ({times.get('recipe', 'not run')})")]
+    rows += serve_rows(out) + [("serve time", times.get("serve", "not run"))]
     rows += [("compile step", times.get("compile", "not run")), ("gpu_check.sh in all", f"{seconds} s")]
     print("| what | measured |\n|---|---|")
     for what, value in rows:

@@ -389,6 +389,13 @@ class ServeConfig:
     port: int = flag(8080, "Port to listen on (0: a free one, logged at start).", min=0, max=65535)
     max_batch_tokens: int = flag(8000, "Padded source tokens per batch, as generate's --max-tokens.", min=1)
     max_wait_ms: float = flag(10.0, "How long a sentence waits for others to batch with.", min=0)
+    batching: str = flag(
+        "auto",
+        "in-flight: a beam search that sentences join and leave between steps (continuous batching); whole: "
+        "batches searched from their first step to their last; auto: in-flight on CUDA, whole on CPU (where "
+        "batches sorted by length measured faster). Greedy, sampling and parsing searches run in whole batches.",
+        choices=("auto", "in-flight", "whole"),
+    )
     max_request_sentences: int = flag(256, "Sentences one request may hold.", min=1)
     max_queue: int = flag(4096, "Sentences waiting at most; a request that would exceed it gets 503.", min=1)
     timeout: float = flag(60.0, "Seconds a request may take before it gets 504.", min=0, min_open=True)

@@ -66,7 +66,7 @@ def max_lengths(src_lens: Tensor, cfg: SearchConfig, max_positions: int) -> Tens
 
 def constrain(
     log_probs: Tensor,
-    step: int,
+    step: int | Tensor,
     max_len: Tensor,
     cfg: SearchConfig,
     n_pieces: int | None = None,
@@ -74,7 +74,8 @@ def constrain(
 ) -> Tensor:
     """Never PAD or BOS, nor the embedding table's padding rows (ids >= n_pieces, no sentencepiece piece);
     no EOS before min_len; only EOS at max_len, min_len or not (max_len is the hard limit, as in greedy
-    search); unk penalty. log_probs: [N, V], max_len: [N].
+    search); unk penalty. log_probs: [N, V], max_len: [N], step: the tokens so far, of all rows or [N] each
+    row's own (search/pool.py).
 
     may_reach_max: False when the caller knows no row is at its maximum length yet (saves a pass over log_probs).
     """
@@ -85,7 +86,10 @@ def constrain(
     if cfg.unkpen:
         log_probs[:, UNK] -= cfg.unkpen
     eos_column = log_probs[:, EOS].clone() if may_reach_max else None
-    if step < cfg.min_len:
+    if isinstance(step, Tensor):
+        if cfg.min_len > 0:
+            log_probs[:, EOS].masked_fill_(step < cfg.min_len, NEG_INF)
+    elif step < cfg.min_len:
         log_probs[:, EOS] = NEG_INF
     if eos_column is not None:
         at_max = max_len <= step

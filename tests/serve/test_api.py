@@ -12,10 +12,15 @@ pytest.importorskip("starlette")
 pytest.importorskip("httpx")
 
 
-def test_answers_are_those_of_generate_byte_for_byte(trained_copy_checkpoint, tmp_path):
+BATCHING = ["whole", "in-flight"]  # auto picks whole on the CPU, in-flight on CUDA: both are tested here
+
+
+@pytest.mark.parametrize("batching", BATCHING)
+def test_answers_are_those_of_generate_byte_for_byte(trained_copy_checkpoint, tmp_path, batching):
     expected = generate_jsonl(trained_copy_checkpoint, tmp_path, SENTENCES)
     nbest = generate_jsonl(trained_copy_checkpoint, tmp_path, SENTENCES, "--nbest", "3", "--lenpen", "1.0")
-    with serving(trained_copy_checkpoint) as client:
+    with serving(trained_copy_checkpoint, batching=batching) as client:
+        assert client.get("/info").json()["batching"] == batching
         response = client.post("/translate", json={"texts": SENTENCES})
         asked = client.post("/translate", json={"texts": SENTENCES, "nbest": 3, "lenpen": 1})
         single = client.post("/translate", json={"text": SENTENCES[1]})
@@ -30,10 +35,11 @@ def test_answers_are_those_of_generate_byte_for_byte(trained_copy_checkpoint, tm
     assert any(t["text"] for t in got)  # the trained model does translate
 
 
-def test_concurrent_requests_are_batched_together_and_each_gets_its_own(trained_copy_checkpoint, tmp_path):
+@pytest.mark.parametrize("batching", BATCHING)
+def test_concurrent_requests_are_batched_together_and_each_gets_its_own(trained_copy_checkpoint, tmp_path, batching):
     expected = [r["hypotheses"][0]["text"] for r in generate_jsonl(trained_copy_checkpoint, tmp_path, SENTENCES)]
     answers = [None] * len(SENTENCES)
-    with serving(trained_copy_checkpoint, max_wait=0.5) as client:
+    with serving(trained_copy_checkpoint, max_wait=0.5, batching=batching) as client:
         barrier = threading.Barrier(len(SENTENCES))
 
         def ask(i):
@@ -131,7 +137,8 @@ def test_a_line_over_the_models_positions_is_truncated_with_a_warning(tiny_check
 def test_a_full_queue_answers_503_and_a_late_request_504(tiny_checkpoint):
     with serving(tiny_checkpoint, max_queue=2, max_request_sentences=3) as client:
         full = client.post("/translate", json={"texts": ["1", "2", "3"]})
-    with serving(tiny_checkpoint, max_wait=5.0, timeout=0.2) as client:
+    # greedy search runs in batches (beam search in a pool, which sentences join without waiting)
+    with serving(tiny_checkpoint, max_wait=5.0, timeout=0.2, search={"beam": 1}) as client:
         client.post("/translate", json={"texts": ["1", "2", "3"]})  # a batch of 3: the next waits for 3 sentences
         late = client.post("/translate", json={"text": "1 2 3"})
         metrics = client.get("/metrics").text

@@ -1,0 +1,321 @@
+"""Beam search over a set of sentences that changes between steps (continuous batching), for `nmt serve`.
+
+`beam_search` searches a batch from its first step to its last: a sentence that arrives meanwhile waits for
+the whole batch, and the batch thins out as its sentences finish. A `BeamPool` instead takes new sentences
+(`add`) before any step: they join the running search at their own step 0, and every finished sentence
+leaves it at once (`step` returns it). Under a steady stream of requests the decoder runs on as many
+sentences as there are in flight, and a sentence waits one step, not one batch, to start.
+
+The search is `beam_search`'s, sentence by sentence: the same candidates (`top_candidates`), the same rules
+(`constrain`), the same stopping rule (K finished hypotheses, or the maximum length a * |x| + b with EOS
+forced) and the same scores. What differs is bookkeeping, as each sentence is at its own step t:
+- hypotheses are stored left-aligned in [B, K, W] buffers, W the longest allowed output + 1 in the pool, and
+  each step writes its token at column t (beam_search appends a column);
+- the decoder's self-attention state keeps one column per pool step: a sentence that joined at column c
+  is at position t = column - c and attends to its own columns only (DecoderCache.starts), and the columns
+  that no sentence uses any more are dropped (views, no copy);
+- the cross-attention keys and values of the sentences in the pool are padded to the longest source among
+  them (scores -inf at padding, DecoderCache.cross_bias).
+The numbers for a sentence are those of beam_search up to float rounding (a different batch around it).
+
+Shapes: B sentences in the pool, K beam, N = B*K rows (sentence-major), V vocabulary.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from nmt_cli.config import SearchConfig
+from nmt_cli.data.batching import pad_sources
+from nmt_cli.data.vocab import BOS, EOS, PAD
+from nmt_cli.model.attention import attention_bias
+from nmt_cli.model.cache import DecoderCache
+from nmt_cli.model.transformer import Transformer
+from nmt_cli.runtime import autocast
+from nmt_cli.search.beam import NEG_INF, BeamState, Finished, collect, constrain, max_lengths, per_beam, top_candidates
+from nmt_cli.search.hypothesis import Hypothesis
+
+
+class BeamPool:
+    """A running beam search (cfg.beam, no sampling, no constraint) that sentences join and leave between steps.
+
+    add(sources, tags) queues sentences (token ids without EOS, each 1 to max_positions - 1 pieces long) to join
+    at the next step; step() advances every sentence one token and returns the (tag, nbest hypotheses) of
+    those that finished. len(pool): the sentences searching or about to join.
+    """
+
+    def __init__(
+        self,
+        model: Transformer,
+        cfg: SearchConfig,
+        n_pieces: int,
+        device: torch.device,
+        amp_dtype: torch.dtype | None = None,
+    ) -> None:
+        assert not cfg.sampling, "a pool runs beam search"
+        self.model, self.cfg, self.n_pieces, self.device, self.amp_dtype = model, cfg, n_pieces, device, amp_dtype
+        self.k = cfg.beam
+        self._joining: list[tuple[np.ndarray, Hashable]] = []
+        self._reset()
+
+    def _reset(self) -> None:
+        """An empty pool: no sentences, no decoder state."""
+        self.tags: list[Hashable] = []  # [B] the caller's tag of each sentence
+        self.src_lens = np.zeros(0, dtype=np.int64)  # [B] source pieces without EOS
+        self.steps = np.zeros(0, dtype=np.int64)  # [B] tokens generated so far (the position of the next one)
+        self.max_len = np.zeros(0, dtype=np.int64)  # [B] the longest allowed output, without EOS
+        self.cache: DecoderCache | None = None
+        self.starts = np.zeros(0, dtype=np.int64)  # [B] the decoder state's column of each sentence's step 0
+        self.state: BeamState | None = None
+        self.fin: Finished | None = None
+        self.prev: Tensor | None = None  # [N] each row's last token
+
+    def __len__(self) -> int:
+        return len(self.tags) + len(self._joining)
+
+    def add(self, sources: Sequence[np.ndarray], tags: Sequence[Hashable]) -> None:
+        limit = self.model.max_positions - 1
+        for src, tag in zip(sources, tags):
+            assert 0 < len(src) <= limit, f"a pool takes 1 to {limit} source pieces, not {len(src)}"
+            self._joining.append((np.asarray(src, dtype=np.int64), tag))
+
+    @torch.inference_mode()
+    def step(self) -> list[tuple[Hashable, list[Hypothesis]]]:
+        """Let the queued sentences join, advance every sentence one token; the sentences finished at it."""
+        with autocast(self.device, self.amp_dtype):
+            if self._joining:
+                self._join()
+            if not self.tags:
+                return []
+            return self._advance()
+
+    def _join(self) -> None:
+        sources, tags = zip(*self._joining)
+        self._joining = []
+        b_new, k = len(sources), self.k
+        lens = np.array([len(s) for s in sources], dtype=np.int64)
+        src = pad_sources(list(sources)).to(self.device)
+        enc = self.model.encode(src, None if lens.min() == lens.max() else src.eq(PAD))
+        new = self.model.init_cache(enc, k)  # cross-attention K/V of the new sentences, empty self-attention
+        max_len = max_lengths(torch.from_numpy(lens), self.cfg, self.model.max_positions).numpy()
+        width = int(max(max_len.max(), self.max_len.max(initial=0))) + 1
+        scores = torch.full((b_new, k), NEG_INF, device=self.device)
+        scores[:, 0] = 0.0  # only beam 0 is live at first: the K beams start equal
+        state = BeamState(
+            torch.full((b_new, k, width), PAD, dtype=torch.long, device=self.device),
+            scores,
+            torch.zeros(b_new, k, width, device=self.device),
+            torch.arange(b_new, device=self.device),
+        )
+        fin = Finished(
+            torch.full((b_new, k + 1, width), PAD, dtype=torch.long, device=self.device),
+            torch.zeros(b_new, k + 1, width, device=self.device),
+            torch.ones(b_new, k + 1, dtype=torch.long, device=self.device),
+            torch.full((b_new, k + 1), NEG_INF, device=self.device),
+            torch.zeros(b_new, dtype=torch.long, device=self.device),
+        )
+        prev = torch.full((b_new * k,), BOS, dtype=torch.long, device=self.device)
+        if self.cache is None or self.state is None or self.fin is None or self.prev is None:
+            self.cache, self.state, self.fin, self.prev = new, state, fin, prev
+            self.starts = np.zeros(b_new, dtype=np.int64)
+        else:
+            self.cache = joined_cache(self.cache, new, k)
+            self.state = joined_state(self.state, state)
+            self.fin = joined_finished(self.fin, fin)
+            self.prev = torch.cat([self.prev, prev])
+            self.starts = np.concatenate([self.starts, np.full(b_new, self.cache.length, dtype=np.int64)])
+        self.tags += tags
+        self.src_lens = np.concatenate([self.src_lens, lens])
+        self.steps = np.concatenate([self.steps, np.zeros(b_new, dtype=np.int64)])
+        self.max_len = np.concatenate([self.max_len, max_len])
+        self._set_masks()
+
+    def _set_masks(self) -> None:
+        """The decoder state's per-row starts and the source padding, after the sentences changed."""
+        assert self.cache is not None
+        self.cache.starts = (
+            None if not self.starts.any() else per_beam(torch.from_numpy(self.starts), self.k).to(self.device)
+        )
+        s = int(self.src_lens.max()) + 1  # the longest source with its EOS; longer columns are nobody's
+        self.cache.cross_k = [x[:, :, :s] for x in self.cache.cross_k]
+        self.cache.cross_v = [x[:, :, :s] for x in self.cache.cross_v]
+        pad = np.arange(s)[None, :] > self.src_lens[:, None]  # [B, S] True at padding (known on the host)
+        on_device = torch.from_numpy(pad).to(self.device)
+        self.cache.cross_bias = attention_bias(on_device, self.cache.cross_k[0].dtype) if pad.any() else None
+
+    def _advance(self) -> list[tuple[Hashable, list[Hypothesis]]]:
+        assert self.cache is not None and self.state is not None and self.fin is not None and self.prev is not None
+        k, b = self.k, len(self.tags)
+        steps = torch.from_numpy(self.steps).to(self.device)
+        max_len = torch.from_numpy(self.max_len).to(self.device)
+        log_probs, self.cache = self.model.decode_step(self.prev, self.cache)  # [N, V]
+        may_reach_max = bool((self.steps >= self.max_len).any())
+        log_probs = constrain(
+            log_probs, per_beam(steps, k), per_beam(max_len, k), self.cfg, self.n_pieces, may_reach_max
+        )
+        scores, beams, tokens = top_candidates(self.state, log_probs)
+        finish_own_steps(self.state, self.fin, scores, beams, tokens, log_probs, steps, self.cfg)
+        self.state, rows, new_tokens = survive_own_steps(self.state, scores, beams, tokens, log_probs, steps)
+        done = (self.fin.count >= k).cpu().numpy() | (self.steps >= self.max_len)  # the step's host synchronisation
+        self.steps += 1
+        self.prev = new_tokens.view(-1)
+        if not done.any():
+            self.cache = self.cache.select_rows(rows)
+            return []
+        ended = np.flatnonzero(done)
+        results = collect(select_finished(self.fin, torch.from_numpy(ended).to(self.device)), self.cfg.nbest)
+        out = [(self.tags[i], hyps) for i, hyps in zip(ended, results)]
+        keep_host = np.flatnonzero(~done)
+        if len(keep_host) == 0:
+            self._reset()
+            return out
+        keep = torch.from_numpy(keep_host).to(self.device)
+        rows = rows.view(b, k)[keep].view(-1)
+        self.cache = self.cache.select_sentences(keep, rows)
+        self.state = BeamState(
+            self.state.tokens[keep],
+            self.state.scores[keep],
+            self.state.step_scores[keep],
+            torch.arange(len(keep_host), device=self.device),
+        )
+        self.fin = select_finished(self.fin, keep)
+        self.prev = self.prev.view(b, k)[keep].view(-1)
+        self.tags = [self.tags[i] for i in keep_host]
+        for name in ("src_lens", "steps", "max_len", "starts"):
+            setattr(self, name, getattr(self, name)[keep_host])
+        first = int(self.starts.min())  # the columns before it belong to sentences that have left
+        if first:
+            self.cache.self_k = [x[:, :, first:] for x in self.cache.self_k]
+            self.cache.self_v = [x[:, :, first:] for x in self.cache.self_v]
+            self.starts -= first
+        self._set_masks()
+        return out
+
+
+def finish_own_steps(
+    state: BeamState,
+    fin: Finished,
+    scores: Tensor,
+    beams: Tensor,
+    tokens: Tensor,
+    log_probs: Tensor,
+    steps: Tensor,
+    cfg: SearchConfig,
+) -> None:
+    """beam.finish for sentences each at its own step (steps: [B]): hypotheses are left-aligned rows."""
+    b, k = state.scores.shape
+    is_final = (tokens[:, :k] == EOS) & torch.isfinite(scores[:, :k])  # [B, K]
+    slot = fin.count[:, None] + is_final.long().cumsum(1) - 1
+    write = is_final & (slot < k)
+    dest = torch.where(write, slot, k)  # [B, K]; k: the spare slot, never read
+    sent, src_beam = torch.arange(b, device=beams.device)[:, None].expand(b, k), beams[:, :k]
+    at = steps[:, None].expand(b, k)
+    fin.tokens[sent, dest] = state.tokens[sent, src_beam]
+    fin.tokens[sent, dest, at] = dest.new_full((), EOS)
+    fin.step_scores[sent, dest] = state.step_scores[sent, src_beam]
+    fin.step_scores[sent, dest, at] = log_probs.view(b, k, -1)[sent, src_beam, EOS]
+    fin.lengths[sent, dest] = at + 1
+    penalty = length_penalties(steps + 1, cfg).float()[:, None]
+    fin.scores[sent, dest] = scores[:, :k] / penalty
+    fin.count += write.long().sum(1)
+
+
+def length_penalties(lengths: Tensor, cfg: SearchConfig) -> Tensor:
+    """beam.length_penalty of each length [B] (EOS counted), in float64 as Python computes it there."""
+    n = lengths.double()
+    return ((5.0 + n) / 6.0) ** cfg.lenpen if cfg.lenpen_style == "gnmt" else n**cfg.lenpen
+
+
+def survive_own_steps(
+    state: BeamState, scores: Tensor, beams: Tensor, tokens: Tensor, log_probs: Tensor, steps: Tensor
+) -> tuple[BeamState, Tensor, Tensor]:
+    """beam.survive for sentences each at its own step: the new token goes to column steps[b].
+    Returns the new state, the source rows [N] and the new tokens [B, K]."""
+    b, k = state.scores.shape
+    alive_scores, pick = scores.masked_fill(tokens == EOS, NEG_INF).topk(k, dim=1)  # [B, K]
+    src_beam, new_token = beams.gather(1, pick), tokens.gather(1, pick)
+    rows = (torch.arange(b, device=beams.device)[:, None] * k + src_beam).view(-1)  # [N]
+    token_scores = log_probs[rows, new_token.view(-1)].view(b, k)
+    width = state.tokens.shape[2]
+    at = steps[:, None, None].expand(b, k, 1)
+    new_tokens = state.tokens.view(b * k, width)[rows].view(b, k, width).scatter_(2, at, new_token[:, :, None])
+    step_scores = state.step_scores.view(b * k, width)[rows].view(b, k, width)
+    step_scores.scatter_(2, at, token_scores[:, :, None])
+    return BeamState(new_tokens, alive_scores, step_scores, state.sent_ids), rows, new_token
+
+
+def select_finished(fin: Finished, sentences: Tensor) -> Finished:
+    return Finished(
+        fin.tokens[sentences],
+        fin.step_scores[sentences],
+        fin.lengths[sentences],
+        fin.scores[sentences],
+        fin.count[sentences],
+    )
+
+
+def widen(x: Tensor, width: int, value: float) -> Tensor:
+    """x [..., W] padded with `value` to [..., width]."""
+    return x if x.shape[-1] >= width else F.pad(x, (0, width - x.shape[-1]), value=value)
+
+
+def joined_state(old: BeamState, new: BeamState) -> BeamState:
+    width = max(old.tokens.shape[2], new.tokens.shape[2])
+    return BeamState(
+        torch.cat([widen(old.tokens, width, PAD), widen(new.tokens, width, PAD)]),
+        torch.cat([old.scores, new.scores]),
+        torch.cat([widen(old.step_scores, width, 0.0), widen(new.step_scores, width, 0.0)]),
+        torch.arange(old.scores.shape[0] + new.scores.shape[0], device=old.scores.device),
+    )
+
+
+def joined_finished(old: Finished, new: Finished) -> Finished:
+    width = max(old.tokens.shape[2], new.tokens.shape[2])
+    return Finished(
+        torch.cat([widen(old.tokens, width, PAD), widen(new.tokens, width, PAD)]),
+        torch.cat([widen(old.step_scores, width, 0.0), widen(new.step_scores, width, 0.0)]),
+        torch.cat([old.lengths, new.lengths]),
+        torch.cat([old.scores, new.scores]),
+        torch.cat([old.count, new.count]),
+    )
+
+
+def joined_cache(old: DecoderCache, new: DecoderCache, k: int) -> DecoderCache:
+    """The pool's decoder state with new sentences' rows appended (their self-attention state empty).
+
+    The new rows' columns so far are filled from stored row 0 through the pending reorder (`rows`): any finite
+    values do, as the new rows do not attend to them (starts), and no self-attention state is copied here.
+    The cross-attention K/V are padded to the longer source and concatenated, keeping init_cache's layout.
+    """
+    n_stored = old.self_k[0].shape[0]
+    old_rows = old.rows if old.rows is not None else torch.arange(n_stored, device=old.self_k[0].device)
+    n_new = new.cross_k[0].shape[0] * k
+    rows = torch.cat([old_rows, old_rows.new_zeros(n_new)])
+    s = max(old.cross_k[0].shape[2], new.cross_k[0].shape[2])
+
+    def joined(a: Tensor, b: Tensor) -> Tensor:  # [B, H, S, D] each, padded to S rows, in a's memory layout
+        transposed = a.stride(-2) == 1 and a.stride(-1) != 1  # init_cache's K^T on the CPU
+        if transposed:
+            a, b = a.transpose(-1, -2), b.transpose(-1, -2)
+            both = torch.cat([F.pad(a, (0, s - a.shape[-1])), F.pad(b, (0, s - b.shape[-1]))])
+            return both.transpose(-1, -2)
+        return torch.cat([F.pad(a, (0, 0, 0, s - a.shape[-2])), F.pad(b, (0, 0, 0, s - b.shape[-2]))])
+
+    return DecoderCache(
+        old.self_k,
+        old.self_v,
+        [joined(a, b) for a, b in zip(old.cross_k, new.cross_k)],
+        [joined(a, b) for a, b in zip(old.cross_v, new.cross_v)],
+        None,  # set by the pool from the sources' lengths
+        rows,
+    )
+
+
+def pool_searches(cfg: SearchConfig) -> bool:
+    """Whether a BeamPool runs these settings as generate would: beam search (beam 1 is greedy search there)."""
+    return cfg.beam > 1 and not cfg.sampling
