@@ -407,6 +407,11 @@ class ServeConfig:
     quantize: str | None = flag(
         None, "CPU: dynamic int8 linear layers, the output projection included [default: float32].", choices=("int8",)
     )
+    cudnn_attention: bool = flag(
+        False,
+        "CUDA: let attention use cuDNN's kernels, which build a plan for every new batch shape (slow: every "
+        "search step is a new shape) [default: flash, memory-efficient or math].",
+    )
 
     def __post_init__(self) -> None:
         check_fields(self)

@@ -25,7 +25,7 @@ from nmt_cli.config import SearchConfig, ServeConfig, parses_trees
 from nmt_cli.data import WORD_MARK
 from nmt_cli.errors import DataError
 from nmt_cli.parsing.generate import TreeParser, ptb_words
-from nmt_cli.runtime import AMP_DTYPES, choose_device
+from nmt_cli.runtime import AMP_DTYPES, choose_attention_backends, choose_device
 from nmt_cli.search.hypothesis import hypothesis_record
 from nmt_cli.search.pool import BeamPool, pool_searches
 from nmt_cli.search.settings import generation_precision, search_settings
@@ -52,6 +52,7 @@ class Engine:
     def __init__(self, cfg: ServeConfig, search_overrides: dict[str, Any]) -> None:
         self.path = cfg.path
         self.device = choose_device(cfg.device)
+        choose_attention_backends(self.device, cfg.cudnn_attention)  # as generate: cuDNN re-planned every step
         state = load_checkpoint(Path(cfg.path))
         self.precision = generation_precision(cfg.precision, self.device, state)
         self.is_parser = parses_trees(state.get("target_format"))

@@ -160,3 +160,17 @@ def test_without_the_serve_extra_the_command_names_it(monkeypatch, tiny_checkpoi
     assert result.exit_code == 1
     assert 'pip install "nmt[serve]"' in result.output and "uvicorn missing" in result.output
     assert "Traceback" not in result.output
+
+
+@pytest.mark.parametrize("cudnn", [False, True])
+def test_the_server_sets_the_attention_backends_as_generate_does(tiny_checkpoint, cudnn):
+    """cuDNN's attention plans every new shape, and every search step is one: on the first GPU run serve
+    searched 10x slower than generate, which turns it off. The flags are process-wide (also set on the CPU)."""
+    import torch
+
+    torch.backends.cuda.enable_cudnn_sdp(not cudnn)
+    try:
+        with serving(tiny_checkpoint, cudnn_attention=cudnn):
+            assert torch.backends.cuda.cudnn_sdp_enabled() is cudnn
+    finally:
+        torch.backends.cuda.enable_cudnn_sdp(True)  # PyTorch's default
