@@ -69,6 +69,8 @@ class BeamPool:
         self.src_lens = np.zeros(0, dtype=np.int64)  # [B] source pieces without EOS
         self.steps = np.zeros(0, dtype=np.int64)  # [B] tokens generated so far (the position of the next one)
         self.max_len = np.zeros(0, dtype=np.int64)  # [B] the longest allowed output, without EOS
+        self.steps_on_device = torch.zeros(0, dtype=torch.long, device=self.device)  # the same two, kept there
+        self.max_len_on_device = torch.zeros(0, dtype=torch.long, device=self.device)
         self.cache: DecoderCache | None = None
         self.starts = np.zeros(0, dtype=np.int64)  # [B] the decoder state's column of each sentence's step 0
         self.state: BeamState | None = None
@@ -99,7 +101,7 @@ class BeamPool:
         self._joining = []
         b_new, k = len(sources), self.k
         lens = np.array([len(s) for s in sources], dtype=np.int64)
-        src = pad_sources(list(sources)).to(self.device)
+        src = to_device(pad_sources(list(sources)), self.device)
         enc = self.model.encode(src, None if lens.min() == lens.max() else src.eq(PAD))
         new = self.model.init_cache(enc, k)  # cross-attention K/V of the new sentences, empty self-attention
         max_len = max_lengths(torch.from_numpy(lens), self.cfg, self.model.max_positions).numpy()
@@ -133,26 +135,27 @@ class BeamPool:
         self.src_lens = np.concatenate([self.src_lens, lens])
         self.steps = np.concatenate([self.steps, np.zeros(b_new, dtype=np.int64)])
         self.max_len = np.concatenate([self.max_len, max_len])
+        self.steps_on_device = torch.cat([self.steps_on_device, self.steps_on_device.new_zeros(b_new)])
+        self.max_len_on_device = torch.cat([self.max_len_on_device, to_device(torch.from_numpy(max_len), self.device)])
         self._set_masks()
 
     def _set_masks(self) -> None:
         """The decoder state's per-row starts and the source padding, after the sentences changed."""
         assert self.cache is not None
         self.cache.starts = (
-            None if not self.starts.any() else per_beam(torch.from_numpy(self.starts), self.k).to(self.device)
+            None if not self.starts.any() else per_beam(to_device(torch.from_numpy(self.starts), self.device), self.k)
         )
         s = int(self.src_lens.max()) + 1  # the longest source with its EOS; longer columns are nobody's
         self.cache.cross_k = [x[:, :, :s] for x in self.cache.cross_k]
         self.cache.cross_v = [x[:, :, :s] for x in self.cache.cross_v]
         pad = np.arange(s)[None, :] > self.src_lens[:, None]  # [B, S] True at padding (known on the host)
-        on_device = torch.from_numpy(pad).to(self.device)
+        on_device = to_device(torch.from_numpy(pad), self.device)
         self.cache.cross_bias = attention_bias(on_device, self.cache.cross_k[0].dtype) if pad.any() else None
 
     def _advance(self) -> list[tuple[Hashable, list[Hypothesis]]]:
         assert self.cache is not None and self.state is not None and self.fin is not None and self.prev is not None
         k, b = self.k, len(self.tags)
-        steps = torch.from_numpy(self.steps).to(self.device)
-        max_len = torch.from_numpy(self.max_len).to(self.device)
+        steps, max_len = self.steps_on_device, self.max_len_on_device
         log_probs, self.cache = self.model.decode_step(self.prev, self.cache)  # [N, V]
         may_reach_max = bool((self.steps >= self.max_len).any())
         log_probs = constrain(
@@ -161,20 +164,24 @@ class BeamPool:
         scores, beams, tokens = top_candidates(self.state, log_probs)
         finish_own_steps(self.state, self.fin, scores, beams, tokens, log_probs, steps, self.cfg)
         self.state, rows, new_tokens = survive_own_steps(self.state, scores, beams, tokens, log_probs, steps)
-        done = (self.fin.count >= k).cpu().numpy() | (self.steps >= self.max_len)  # the step's host synchronisation
+        done_on_device = (self.fin.count >= k) | (steps >= max_len)  # K finished, or EOS was forced
+        done = done_on_device.cpu().numpy()  # the step's one host synchronisation
         self.steps += 1
+        self.steps_on_device = steps + 1
         self.prev = new_tokens.view(-1)
         if not done.any():
             self.cache = self.cache.select_rows(rows)
             return []
-        ended = np.flatnonzero(done)
-        results = collect(select_finished(self.fin, torch.from_numpy(ended).to(self.device)), self.cfg.nbest)
-        out = [(self.tags[i], hyps) for i, hyps in zip(ended, results)]
+        # The sentences done, and those going on, in order, chosen on the device (no copy of indices to it)
+        n_done = int(done.sum())
+        order = torch.argsort(done_on_device.to(torch.uint8), stable=True)
+        keep, ended = order[: b - n_done], order[b - n_done :]
+        results = collect(select_finished(self.fin, ended), self.cfg.nbest)
+        out = [(self.tags[i], hyps) for i, hyps in zip(np.flatnonzero(done), results)]
         keep_host = np.flatnonzero(~done)
         if len(keep_host) == 0:
             self._reset()
             return out
-        keep = torch.from_numpy(keep_host).to(self.device)
         rows = rows.view(b, k)[keep].view(-1)
         self.cache = self.cache.select_sentences(keep, rows)
         self.state = BeamState(
@@ -184,6 +191,7 @@ class BeamPool:
             torch.arange(len(keep_host), device=self.device),
         )
         self.fin = select_finished(self.fin, keep)
+        self.steps_on_device, self.max_len_on_device = self.steps_on_device[keep], self.max_len_on_device[keep]
         self.prev = self.prev.view(b, k)[keep].view(-1)
         self.tags = [self.tags[i] for i in keep_host]
         for name in ("src_lens", "steps", "max_len", "starts"):
@@ -195,6 +203,14 @@ class BeamPool:
             self.starts -= first
         self._set_masks()
         return out
+
+
+def to_device(x: Tensor, device: torch.device) -> Tensor:
+    """A host tensor on `device`; on CUDA through pinned memory, so that the host does not wait for the device
+    (a copy from pageable memory waits for the stream to drain first)."""
+    if device.type != "cuda":
+        return x.to(device)
+    return x.pin_memory().to(device, non_blocking=True)
 
 
 def finish_own_steps(

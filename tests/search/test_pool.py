@@ -1,9 +1,12 @@
 """search/pool.py: sentences that join a running beam search and leave it get beam_search's own hypotheses,
 whatever company they keep (joining early, late, into an empty pool, beside longer and shorter sources)."""
 
+from collections import Counter
+
 import numpy as np
 import pytest
 import torch
+from host_syncs import SyncLog, caller
 
 from nmt_cli.config import SearchConfig
 from nmt_cli.search.pool import BeamPool
@@ -84,3 +87,39 @@ def test_an_empty_pool_does_nothing_and_a_source_must_fit_the_model(tiny_checkpo
     assert len(pool) == 0 and pool.step() == []
     with pytest.raises(AssertionError):
         pool.add([np.array([], dtype=np.int64)], ["empty"])
+
+
+class Copies(SyncLog):
+    """SyncLog that also records the copies to a device (`.to`), which on CUDA wait for the device too unless
+    made from pinned memory (search/pool.py's to_device)."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        to_device = any(isinstance(a, (torch.device, str)) for a in args[1:]) or "device" in (kwargs or {})
+        if self.depth == 0 and getattr(func, "__name__", "") == "to" and to_device:
+            self.syncs.append(("to", caller()))
+        return super().__torch_function__(func, types, args, kwargs)
+
+
+def test_a_step_waits_for_the_device_once_and_copies_nothing_to_it_unless_sentences_join(tiny_checkpoint):
+    """In the steady state a step reads only which sentences are done, and copies nothing to the device; a
+    step where some finish also copies their hypotheses to the host (collect's four copies) and the new masks
+    to the device, through to_device (pinned memory on CUDA: no wait)."""
+    tr, _ = load_translator(tiny_checkpoint, torch.device("cpu"), None)
+    sources = [np.asarray(ids, dtype=np.int64) for ids in tr.vocab.encode(LINES)]
+    pool = BeamPool(tr.model, SearchConfig(beam=3, max_len_a=1.0, max_len_b=6), tr.vocab.n_pieces, tr.device)
+    pool.add(sources[:5], list(range(5)))
+    pool.step()  # the join (encoder, copies of the sources and lengths to the device)
+    checked = 0
+    while len(pool):
+        with Copies() as log:
+            finished = pool.step()
+        where = Counter((call, at.rsplit(" in ", 1)[1]) for call, at in log.syncs)
+        expected = Counter({("cpu", "_advance"): 1})
+        if finished and len(pool):
+            expected += Counter({("cpu", "collect"): 4, ("to", "to_device"): where[("to", "to_device")]})
+            assert 1 <= where[("to", "to_device")] <= 2  # the sources' padding, and the rows' starts if any
+        elif finished:
+            expected += Counter({("cpu", "collect"): 4})
+        assert where == expected, where
+        checked += 1
+    assert checked >= 6
