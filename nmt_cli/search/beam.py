@@ -147,6 +147,15 @@ def candidate_block(v: int) -> int:
     return 1 << max((v // 128).bit_length() - 1, 0)
 
 
+def finish_slots(count: Tensor, scores: Tensor, tokens: Tensor, k: int) -> tuple[Tensor, Tensor]:
+    """Which of each sentence's K best candidates finish (EOS with a finite score, while slots remain) and the
+    slot each is written to, K (the spare) for the others. count: [B] slots filled -> write, dest: [B, K]."""
+    is_final = (tokens[:, :k] == EOS) & torch.isfinite(scores[:, :k])
+    slot = count[:, None] + is_final.long().cumsum(1) - 1
+    write = is_final & (slot < k)
+    return write, torch.where(write, slot, k)
+
+
 def finish(
     state: BeamState,
     fin: Finished,
@@ -164,10 +173,7 @@ def finish(
     tensor that PyTorch copies to the device with a blocking copy (two host syncs a step on CUDA).
     """
     b, k = state.scores.shape
-    is_final = (tokens[:, :k] == EOS) & torch.isfinite(scores[:, :k])  # [B, K]
-    slot = fin.count[state.sent_ids, None] + is_final.long().cumsum(1) - 1
-    write = is_final & (slot < k)
-    dest = torch.where(write, slot, k)  # [B, K]
+    write, dest = finish_slots(fin.count[state.sent_ids], scores, tokens, k)
     sent, src_beam = state.sent_ids[:, None].expand(b, k), beams[:, :k]
     rows = torch.arange(b, device=beams.device)[:, None]
     fin.tokens[sent, dest, :step] = state.tokens[rows, src_beam]

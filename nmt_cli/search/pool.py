@@ -37,7 +37,17 @@ from nmt_cli.model.attention import attention_bias
 from nmt_cli.model.cache import DecoderCache
 from nmt_cli.model.transformer import Transformer
 from nmt_cli.runtime import autocast
-from nmt_cli.search.beam import NEG_INF, BeamState, Finished, collect, constrain, max_lengths, per_beam, top_candidates
+from nmt_cli.search.beam import (
+    NEG_INF,
+    BeamState,
+    Finished,
+    collect,
+    constrain,
+    finish_slots,
+    max_lengths,
+    per_beam,
+    top_candidates,
+)
 from nmt_cli.search.hypothesis import Hypothesis
 
 
@@ -225,10 +235,7 @@ def finish_own_steps(
 ) -> None:
     """beam.finish for sentences each at its own step (steps: [B]): hypotheses are left-aligned rows."""
     b, k = state.scores.shape
-    is_final = (tokens[:, :k] == EOS) & torch.isfinite(scores[:, :k])  # [B, K]
-    slot = fin.count[:, None] + is_final.long().cumsum(1) - 1
-    write = is_final & (slot < k)
-    dest = torch.where(write, slot, k)  # [B, K]; k: the spare slot, never read
+    write, dest = finish_slots(fin.count, scores, tokens, k)
     sent, src_beam = torch.arange(b, device=beams.device)[:, None].expand(b, k), beams[:, :k]
     at = steps[:, None].expand(b, k)
     fin.tokens[sent, dest] = state.tokens[sent, src_beam]
