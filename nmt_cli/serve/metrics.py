@@ -1,8 +1,8 @@
 """The server's counters, written in Prometheus' text exposition format (version 0.0.4) for `GET /metrics`.
 
 Requests by status code, sentences translated, the queue's length, batch sizes (sentences, and requests
-sharing a batch; in flight, a search step counts as a batch) as histograms, and request latency as a summary: quantiles over the latest LATENCY_WINDOW
-answered requests.
+sharing a batch; in flight, a search step counts as a batch) as histograms, and request latency as a
+summary: quantiles over the latest LATENCY_WINDOW answered requests.
 """
 
 from __future__ import annotations
