@@ -234,7 +234,7 @@ class Batcher:
             logger.exception("a search step over %d sentences failed", sentences)
             for q in self._in_pool.values():
                 settle(q.job.future, exception=e)
-            self._in_pool, self._pool = {}, None
+            self._in_pool, self._pool, self._pool_key = {}, None, object()  # the next request makes a new pool
             return
         for tag, result in finished:
             q = self._in_pool.pop(tag)

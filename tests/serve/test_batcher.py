@@ -269,8 +269,10 @@ def test_a_failing_search_step_fails_the_requests_in_it_and_the_worker_goes_on()
     failed = submit(batcher, "p", ["fine", "bad"])
     with pytest.raises(RuntimeError, match="boom"):
         failed.result(timeout=10)
+    assert submit(batcher, "p", ["again"]).result(timeout=10) == ["p:again"]
     assert submit(batcher, "q", ["ok"]).result(timeout=10) == ["q:ok"]
     batcher.stop(timeout=10)
+    assert [p.key for p in pools] == ["p", "p"] and run.batches == [("q", ["ok"])]  # a new pool, not batches
 
 
 def test_in_flight_empty_sentences_are_answered_without_a_search_and_joining_keeps_to_the_token_budget():
