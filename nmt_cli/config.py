@@ -393,7 +393,7 @@ class ServeConfig:
         "auto",
         "in-flight: a beam search that sentences join and leave between steps (continuous batching); whole: "
         "batches searched from their first step to their last; auto: in-flight on CUDA, whole on CPU (where "
-        "batches sorted by length measured faster). Greedy, sampling and parsing searches run in whole batches.",
+        "in-flight measured no faster, with a longer p99). Greedy, sampling and parsing run in whole batches.",
         choices=("auto", "in-flight", "whole"),
     )
     max_request_sentences: int = flag(256, "Sentences one request may hold.", min=1)
