@@ -56,7 +56,8 @@ class BeamPool:
 
     add(sources, tags) queues sentences (token ids without EOS, each 1 to max_positions - 1 pieces long) to join
     at the next step; step() advances every sentence one token and returns the (tag, nbest hypotheses) of
-    those that finished. len(pool): the sentences searching or about to join.
+    those that finished; drop(tags) makes sentences leave at the next step without a result (their requests
+    were cancelled). len(pool): the sentences searching or about to join.
     """
 
     def __init__(
@@ -76,6 +77,7 @@ class BeamPool:
     def _reset(self) -> None:
         """An empty pool: no sentences, no decoder state."""
         self.tags: list[Hashable] = []  # [B] the caller's tag of each sentence
+        self.dropped = np.zeros(0, dtype=bool)  # [B] leave at the next step, without a result
         self.src_lens = np.zeros(0, dtype=np.int64)  # [B] source pieces without EOS
         self.steps = np.zeros(0, dtype=np.int64)  # [B] tokens generated so far (the position of the next one)
         self.max_len = np.zeros(0, dtype=np.int64)  # [B] the longest allowed output, without EOS
@@ -95,6 +97,11 @@ class BeamPool:
         for src, tag in zip(sources, tags):
             assert 0 < len(src) <= limit, f"a pool takes 1 to {limit} source pieces, not {len(src)}"
             self._joining.append((np.asarray(src, dtype=np.int64), tag))
+
+    def drop(self, tags: Sequence[Hashable]) -> None:
+        gone = set(tags)
+        self._joining = [(src, tag) for src, tag in self._joining if tag not in gone]
+        self.dropped |= np.array([tag in gone for tag in self.tags], dtype=bool)
 
     @torch.inference_mode()
     def step(self) -> list[tuple[Hashable, list[Hypothesis]]]:
@@ -142,6 +149,7 @@ class BeamPool:
             self.prev = torch.cat([self.prev, prev])
             self.starts = np.concatenate([self.starts, np.full(b_new, self.cache.length, dtype=np.int64)])
         self.tags += tags
+        self.dropped = np.concatenate([self.dropped, np.zeros(b_new, dtype=bool)])
         self.src_lens = np.concatenate([self.src_lens, lens])
         self.steps = np.concatenate([self.steps, np.zeros(b_new, dtype=np.int64)])
         self.max_len = np.concatenate([self.max_len, max_len])
@@ -175,6 +183,8 @@ class BeamPool:
         finish_own_steps(self.state, self.fin, scores, beams, tokens, log_probs, steps, self.cfg)
         self.state, rows, new_tokens = survive_own_steps(self.state, scores, beams, tokens, log_probs, steps)
         done_on_device = (self.fin.count >= k) | (steps >= max_len)  # K finished, or EOS was forced
+        if self.dropped.any():
+            done_on_device |= to_device(torch.from_numpy(self.dropped), self.device)
         done = done_on_device.cpu().numpy()  # the step's one host synchronisation
         self.steps += 1
         self.steps_on_device = steps + 1
@@ -187,7 +197,7 @@ class BeamPool:
         order = torch.argsort(done_on_device.to(torch.uint8), stable=True)
         keep, ended = order[: b - n_done], order[b - n_done :]
         results = collect(select_finished(self.fin, ended), self.cfg.nbest)
-        out = [(self.tags[i], hyps) for i, hyps in zip(np.flatnonzero(done), results)]
+        out = [(self.tags[i], hyps) for i, hyps in zip(np.flatnonzero(done), results) if not self.dropped[i]]
         keep_host = np.flatnonzero(~done)
         if len(keep_host) == 0:
             self._reset()
@@ -204,7 +214,7 @@ class BeamPool:
         self.steps_on_device, self.max_len_on_device = self.steps_on_device[keep], self.max_len_on_device[keep]
         self.prev = self.prev.view(b, k)[keep].view(-1)
         self.tags = [self.tags[i] for i in keep_host]
-        for name in ("src_lens", "steps", "max_len", "starts"):
+        for name in ("dropped", "src_lens", "steps", "max_len", "starts"):
             setattr(self, name, getattr(self, name)[keep_host])
         first = int(self.starts.min())  # the columns before it belong to sentences that have left
         if first:

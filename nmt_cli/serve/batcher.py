@@ -9,7 +9,8 @@ last batch when that is later). A lone client is never kept waiting, and 32 clie
 the oldest one's search settings (the job's `key`), packed by `batch_by_tokens` as `nmt generate` packs
 its input, and the batch holding the oldest sentence taken. Empty sentences cost nothing and ride along.
 A request is answered as soon as its last sentence is done; a cancelled one (timed out, client gone) loses
-its sentences that have not started. `stop` refuses new requests, finishes the queued ones, and returns.
+its sentences that have not started (in flight: all of them, at the next step). `stop` refuses new
+requests, finishes the queued ones, and returns.
 Before its first batch the worker runs `warm_up` (one sentence through the model), then sets `ready`.
 
 In flight (`make_pool` gives a Pool for the settings, search/pool.py): the oldest sentence's batch starts a
@@ -47,6 +48,8 @@ class Pool(Protocol):
     def add(self, items: list[Any], tags: list[Hashable]) -> None: ...
 
     def step(self) -> list[tuple[Hashable, Any]]: ...
+
+    def drop(self, tags: list[Hashable]) -> None: ...
 
     def __len__(self) -> int: ...
 
@@ -224,6 +227,11 @@ class Batcher:
                     joining, self._queue = self._fitting(self._queue)
         if joining:
             self._join(pool, joining)
+        cancelled = [tag for tag, q in self._in_pool.items() if q.job.future.done()]  # timed out, client gone
+        if cancelled:
+            pool.drop(cancelled)
+            for tag in cancelled:
+                del self._in_pool[tag]
         if not len(pool):
             return
         sentences, requests = len(self._in_pool), len({id(q.job) for q in self._in_pool.values()})

@@ -190,6 +190,9 @@ class TranslationPool:
     def step(self) -> list[tuple[Hashable, dict[str, Any]]]:
         return [(tag, self._engine.translation(hyps, self._nbest)) for tag, hyps in self._pool.step()]
 
+    def drop(self, tags: list[Hashable]) -> None:
+        self._pool.drop(tags)
+
     def __len__(self) -> int:
         return len(self._pool)
 

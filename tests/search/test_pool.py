@@ -123,3 +123,21 @@ def test_a_step_waits_for_the_device_once_and_copies_nothing_to_it_unless_senten
         assert where == expected, where
         checked += 1
     assert checked >= 6
+
+
+def test_dropped_sentences_leave_without_a_result_and_the_others_are_untouched(trained_copy_checkpoint):
+    tr, _ = load_translator(trained_copy_checkpoint, torch.device("cpu"), None)
+    sources = [np.asarray(ids, dtype=np.int64) for ids in tr.vocab.encode(LINES)]
+    cfg = SearchConfig(beam=4)
+    expected = translate(tr, sources, cfg, max_tokens=4096, batch_size=1)
+    pool = BeamPool(tr.model, cfg, tr.vocab.n_pieces, tr.device)
+    pool.add(sources[:6], list(range(6)))
+    pool.step()
+    pool.drop([1, 4])
+    pool.add(sources[6:], list(range(6, len(sources))))
+    pool.drop([7])  # before it joined
+    results = {}
+    while len(pool):
+        results.update(pool.step())
+    assert sorted(results) == [0, 2, 3, 5, 6, 8]
+    check_same([results[i] for i in sorted(results)], [expected[i] for i in sorted(results)])

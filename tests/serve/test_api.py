@@ -3,6 +3,7 @@ requests, and every bad request answered with a JSON error."""
 
 import json
 import threading
+import time
 
 import pytest
 
@@ -174,3 +175,16 @@ def test_the_server_sets_the_attention_backends_as_generate_does(tiny_checkpoint
             assert torch.backends.cuda.cudnn_sdp_enabled() is cudnn
     finally:
         torch.backends.cuda.enable_cudnn_sdp(True)  # PyTorch's default
+
+
+def test_in_flight_a_request_past_its_timeout_stops_being_searched(tiny_checkpoint):
+    """A 504's sentence leaves the running search at the next step: the search steps counted in /metrics
+    stay far below the 250 its forced length would take."""
+    forced = {"min_len": 250, "max_len_a": 0, "max_len_b": 250}
+    with serving(tiny_checkpoint, timeout=0.05, batching="in-flight") as client:
+        late = client.post("/translate", json={"text": "1 2 3", **forced})
+        time.sleep(0.2)
+        metrics = client.get("/metrics").text
+    assert late.status_code == 504
+    steps = int(next(line.split()[1] for line in metrics.splitlines() if line.startswith("nmt_batch_sentences_count")))
+    assert steps < 200, steps

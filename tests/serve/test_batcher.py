@@ -196,6 +196,9 @@ class FakePool:
         for item, tag in zip(items, tags):
             self.running[tag] = [item, len(item)]
 
+    def drop(self, tags):
+        self.dropped = getattr(self, "dropped", []) + [self.running.pop(tag)[0] for tag in tags]
+
     def step(self):
         self.steps.append(sorted(item for item, _ in self.running.values()))
         if self.fail_at is not None and self.fail_at in self.steps[-1]:
@@ -285,3 +288,17 @@ def test_in_flight_empty_sentences_are_answered_without_a_search_and_joining_kee
     assert run.batches == [("p", [""])]
     # 12 padded tokens hold two sentences of 5 (and EOS): the third joined once one had left
     assert max(len(step) for p in pools for step in p.steps) == 2
+
+
+def test_in_flight_a_cancelled_request_leaves_the_search():
+    run, pools = Recorder(), []
+    batcher = pooled_batcher(run, pools, pool={"delay": 0.01})
+    batcher.start()
+    long = submit(batcher, "p", ["x" * 200])  # 200 steps, 2 s
+    other = submit(batcher, "p", ["yyyyyyyyyy"])
+    time.sleep(0.05)
+    long.cancel()  # what the server does on 504 or when the client is gone
+    assert other.result(timeout=10) == ["p:yyyyyyyyyy"]
+    batcher.stop(timeout=10)
+    (pool,) = pools
+    assert pool.dropped == ["x" * 200] and len(pool.steps) < 50  # it left at once, not after its 200 steps
