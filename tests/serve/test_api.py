@@ -188,3 +188,17 @@ def test_in_flight_a_request_past_its_timeout_stops_being_searched(tiny_checkpoi
     assert late.status_code == 504
     steps = int(next(line.split()[1] for line in metrics.splitlines() if line.startswith("nmt_batch_sentences_count")))
     assert steps < 200, steps
+
+
+def test_in_flight_runs_beam_search_only_the_other_searches_run_in_whole_batches(tiny_checkpoint):
+    from nmt_cli.config import SearchConfig, ServeConfig
+    from nmt_cli.serve.engine import Engine
+
+    engine = Engine(ServeConfig(path=str(tiny_checkpoint), device="cpu", batching="in-flight"), {})
+    assert engine.pool(SearchConfig(beam=4)) is not None
+    assert engine.pool(SearchConfig(beam=1)) is None  # greedy search, as generate runs it
+    assert engine.pool(SearchConfig(beam=1, sampling=True, sampling_topk=5)) is None
+    whole = Engine(ServeConfig(path=str(tiny_checkpoint), device="cpu", batching="whole"), {})
+    assert whole.pool(SearchConfig(beam=4)) is None and whole.info["batching"] == "whole"
+    auto = Engine(ServeConfig(path=str(tiny_checkpoint), device="cpu"), {})
+    assert auto.info["batching"] == "whole"  # auto: in-flight on CUDA only
