@@ -44,6 +44,7 @@ from nmt_cli.search.beam import (
     collect,
     constrain,
     finish_slots,
+    keep_sentences,
     max_lengths,
     per_beam,
     top_candidates,
@@ -204,12 +205,7 @@ class BeamPool:
             return out
         rows = rows.view(b, k)[keep].view(-1)
         self.cache = self.cache.select_sentences(keep, rows)
-        self.state = BeamState(
-            self.state.tokens[keep],
-            self.state.scores[keep],
-            self.state.step_scores[keep],
-            torch.arange(len(keep_host), device=self.device),
-        )
+        self.state = keep_sentences(self.state, keep)
         self.fin = select_finished(self.fin, keep)
         self.steps_on_device, self.max_len_on_device = self.steps_on_device[keep], self.max_len_on_device[keep]
         self.prev = self.prev.view(b, k)[keep].view(-1)
@@ -298,6 +294,8 @@ def widen(x: Tensor, width: int, value: float) -> Tensor:
 
 
 def joined_state(old: BeamState, new: BeamState) -> BeamState:
+    """The pool's hypotheses with new sentences' appended (sent_ids is not read here: the pool's Finished
+    rows are the state's own, kept and dropped with them)."""
     width = max(old.tokens.shape[2], new.tokens.shape[2])
     return BeamState(
         torch.cat([widen(old.tokens, width, PAD), widen(new.tokens, width, PAD)]),

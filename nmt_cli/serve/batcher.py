@@ -83,6 +83,13 @@ class Queued:
     index: int
     length: int  # source pieces, for the token budget; 0: an empty sentence (no search)
 
+    def answer(self, result: Any) -> None:
+        """Record this sentence's result; the request is answered with its last sentence's."""
+        self.job.results[self.index] = result
+        self.job.remaining -= 1
+        if self.job.remaining == 0:
+            settle(self.job.future, result=self.job.results)
+
 
 class Batcher:
     """A queue of sentences and the worker thread that batches them across requests."""
@@ -213,19 +220,25 @@ class Batcher:
                 return queued[:i], queued[i:]
         return queued, []
 
-    def _step_pool(self, pool: Pool) -> None:
-        """Let the queued sentences of the pool's settings join, then one search step; answer those finished.
-        Sentences of other settings stop new ones joining: the pool empties, then the oldest queued runs."""
+    def _joining(self) -> list[Queued]:
+        """The queued sentences that join the pool before its next step, taken off the queue. Sentences of
+        other settings stop new ones joining: the pool empties, then the oldest queued runs."""
         with self._cond:
             self._queue = [q for q in self._queue if not q.job.future.done()]
-            joining: list[Queued] = []
-            if self._queue and all(q.job.key == self._pool_key for q in self._queue):
-                # Joining costs an encoder pass and a copy of the cross-attention state, whatever the number
-                # joining: sentences wait for company, a quarter of the pool or max_wait, whichever comes first.
-                waited = time.monotonic() - self._queue[0].job.arrived
-                if self._stopping or 4 * len(self._queue) >= len(self._in_pool) or waited >= self.max_wait:
-                    joining, self._queue = self._fitting(self._queue)
-        if joining:
+            if not self._queue or any(q.job.key != self._pool_key for q in self._queue):
+                return []
+            # Joining costs an encoder pass and a copy of the cross-attention state, whatever the number
+            # joining: sentences wait for company, a quarter of the pool or max_wait, whichever comes first.
+            waited = time.monotonic() - self._queue[0].job.arrived
+            if self._stopping or 4 * len(self._queue) >= len(self._in_pool) or waited >= self.max_wait:
+                joining, self._queue = self._fitting(self._queue)
+                return joining
+            return []
+
+    def _step_pool(self, pool: Pool) -> None:
+        """Let the queued sentences of the pool's settings join, drop those of cancelled requests, then one
+        search step; answer those finished."""
+        if joining := self._joining():
             self._join(pool, joining)
         cancelled = [tag for tag, q in self._in_pool.items() if q.job.future.done()]  # timed out, client gone
         if cancelled:
@@ -245,11 +258,7 @@ class Batcher:
             self._in_pool, self._pool, self._pool_key = {}, None, object()  # the next request makes a new pool
             return
         for tag, result in finished:
-            q = self._in_pool.pop(tag)
-            q.job.results[q.index] = result
-            q.job.remaining -= 1
-            if q.job.remaining == 0:
-                settle(q.job.future, result=q.job.results)
+            self._in_pool.pop(tag).answer(result)
         if self.on_batch is not None:
             self.on_batch(sentences, requests, time.perf_counter() - start)
 
@@ -306,10 +315,7 @@ class Batcher:
                 settle(job.future, exception=e)
             return
         for q, result in zip(batch, results):
-            q.job.results[q.index] = result
-            q.job.remaining -= 1
-            if q.job.remaining == 0:
-                settle(q.job.future, result=q.job.results)
+            q.answer(result)
         if self.on_batch is not None:
             self.on_batch(len(batch), len(jobs), time.perf_counter() - start)
 
