@@ -33,6 +33,24 @@ def test_binarized_ids_equal_sentencepiece_encoding(toy_data_bin, toy_corpus):
     assert data.src.tokens.dtype == np.uint16
 
 
+def test_one_thread_encodes_line_by_line_as_the_thread_pool_does(toy_data_bin, toy_corpus):
+    """One thread: sentencepiece's per-line call, never its list call (which starts a thread pool each time,
+    about 2 ms a request in a busy server); the ids are the thread pool's."""
+    vocab = load_vocab(toy_data_bin)
+    lines = (toy_corpus / "valid.src").read_text().splitlines() + ["", "  7  "]
+    pooled = vocab.encode(lines, n_threads=2)
+    calls = []
+    real = vocab.sp.encode
+
+    def spy(arg, **kwargs):
+        calls.append(type(arg))
+        return real(arg, **kwargs)
+
+    vocab.sp.encode = spy
+    assert vocab.encode(lines) == pooled
+    assert calls == [str] * len(lines)
+
+
 def test_token_writer_round_trip(tmp_path):
     sentences = [[5, 6, 7], [], [70000, 1]]
     writer = TokenWriter(tmp_path / "x", token_dtype(80000))
