@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import http.client
 import json
+import os
 import re
 import socket
 import subprocess
@@ -168,6 +169,22 @@ def batch_sizes(port: int) -> re.Match | None:
     return re.search(r"nmt_batch_sentences_sum (\S+)\nnmt_batch_sentences_count (\d+)", text)
 
 
+def thread_seconds(pid: int) -> tuple[float, float]:
+    """CPU seconds (user + system) of a process's main thread (the server's event loop: HTTP, JSON, the
+    tokenizer) and of all its threads, from /proc; (nan, nan) where /proc is not there."""
+    tick = os.sysconf("SC_CLK_TCK")
+
+    def seconds(stat: Path) -> float:
+        fields = stat.read_text().rsplit(")", 1)[1].split()  # after the command name, which may hold spaces
+        return (int(fields[11]) + int(fields[12])) / tick  # utime, stime
+
+    try:
+        main = seconds(Path(f"/proc/{pid}/task/{pid}/stat"))
+        return main, sum(seconds(p) for p in Path(f"/proc/{pid}/task").glob("*/stat"))
+    except OSError:
+        return float("nan"), float("nan")
+
+
 def report_json(name: str, rows: list[dict]) -> None:
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / f"{name}.json").write_text(json.dumps({"machine": machine(), "rows": rows}, indent=2) + "\n")
@@ -219,7 +236,9 @@ def main() -> None:
     for batching in args.batching:
         proc, port = start_server(args.path, args, batching)
         try:
+            loop_before, all_before = thread_seconds(proc.pid)
             latencies, answers, seconds = load(port, lines, args.clients, args.time_limit)
+            loop_after, all_after = thread_seconds(proc.pid)
             batches = batch_sizes(port)  # phase 1's batches only (the single client's are all of one)
             single, _, _ = load(port, lines[: args.single], 1, args.time_limit)
         finally:
@@ -243,6 +262,9 @@ def main() -> None:
                 "generate 1 sentence ms": round(gen_one / len(lines[: args.single]) * 1000, 1),
                 # sentences per batch, or per search step in flight
                 "mean batch": round(float(batches.group(1)) / max(int(batches.group(2)), 1), 1) if batches else None,
+                # the event loop's CPU time per request (phase 1), and its share of all the server's
+                "HTTP CPU ms/request": round((loop_after - loop_before) / max(len(latencies), 1) * 1000, 2),
+                "HTTP share of CPU %": round(100 * (loop_after - loop_before) / max(all_after - all_before, 1e-9), 1),
                 "differ from generate": sum(answers[i] != expected[i] for i in answers),
                 "conditions": args.conditions or "not given",
             }
