@@ -182,10 +182,7 @@ class Batcher:
                     return
                 pool = self._pool_for(batch[0].job.key)
                 if pool is None:
-                    self._run_batch(batch)
-                    with self._cond:
-                        self._free_since = time.monotonic()
-                        self._expected = len(batch) + self._waiting()
+                    self._run_batch(batch, whole=True)
                 else:
                     self._join(pool, batch)
 
@@ -304,7 +301,9 @@ class Batcher:
         self._queue = [q for q in self._queue if id(q) not in taken]
         return chosen
 
-    def _run_batch(self, batch: list[Queued]) -> None:
+    def _run_batch(self, batch: list[Queued], whole: bool = False) -> None:
+        """Search a batch and answer its requests. whole: a batch of its own (not the empty sentences of a pool's
+        join), after which the next one waits for the company this one expects."""
         jobs = list({id(q.job): q.job for q in batch}.values())
         start = time.perf_counter()
         try:
@@ -314,6 +313,12 @@ class Batcher:
             for job in jobs:
                 settle(job.future, exception=e)
             return
+        finally:
+            if whole:  # counted before any answer goes out: an answered client may be back at once, and
+                # counting its next sentence as well as its last made the next batch wait for one too many
+                with self._cond:
+                    self._free_since = time.monotonic()
+                    self._expected = len(batch) + self._waiting()
         for q, result in zip(batch, results):
             q.answer(result)
         if self.on_batch is not None:

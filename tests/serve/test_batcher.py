@@ -167,6 +167,30 @@ def test_a_lone_client_is_not_kept_waiting_for_company():
     batcher.stop(timeout=10)
 
 
+def test_a_client_back_before_the_worker_counts_its_company_is_not_counted_twice():
+    """The client resubmits from its future's callback, that is before the worker has moved on from answering
+    it: the company the next batch waits for is still one sentence, not two (before, each request after the
+    first waited max_wait for a second sentence that never came)."""
+    batcher = Batcher(Recorder(), max_tokens=1000, max_wait=0.5, max_queue=100)
+    done = threading.Event()
+    answers = []
+
+    def again(future):
+        answers.append(future.result())
+        if len(answers) < 4:
+            submit(batcher, "cfg", [f"s{len(answers)}"]).add_done_callback(again)
+        else:
+            done.set()
+
+    batcher.start()
+    start = time.monotonic()
+    submit(batcher, "cfg", ["s0"]).add_done_callback(again)
+    assert done.wait(timeout=10)
+    assert answers == [[f"cfg:s{i}"] for i in range(4)]
+    assert time.monotonic() - start < 0.4  # three waits of max_wait took 1.5 s
+    batcher.stop(timeout=10)
+
+
 def test_once_the_clients_of_the_last_batch_are_back_the_batch_runs_without_waiting_longer():
     run = Recorder(delay=0.05)
     batcher = Batcher(run, max_tokens=1000, max_wait=2.0, max_queue=100)
