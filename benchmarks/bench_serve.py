@@ -58,7 +58,8 @@ def start_server(path: Path, args: argparse.Namespace, batching: str) -> tuple[s
     proc = subprocess.Popen(
         NMT
         + ["serve", "--path", str(path), "--port", "0", "--device", args.device, "--threads", str(args.threads)]
-        + ["--beam", str(args.beam), "--max-wait-ms", str(args.max_wait_ms), "--max-queue", "100000"]
+        + ["--beam", str(args.beam), "--max-queue", "100000"]
+        + ([] if args.max_wait_ms is None else ["--max-wait-ms", str(args.max_wait_ms)])
         + ["--batching", batching],
         stderr=subprocess.PIPE,
         text=True,
@@ -206,7 +207,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--beam", type=int, default=4)
     ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
-    ap.add_argument("--max-wait-ms", type=float, default=10.0)
+    ap.add_argument("--max-wait-ms", type=float, default=None, help="The server's --max-wait-ms (default: its own).")
     ap.add_argument(
         "--batching",
         nargs="+",

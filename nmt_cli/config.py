@@ -388,7 +388,7 @@ class ServeConfig:
     host: str = flag("127.0.0.1", "Address to listen on (0.0.0.0: every interface).")
     port: int = flag(8080, "Port to listen on (0: a free one, logged at start).", min=0, max=65535)
     max_batch_tokens: int = flag(8000, "Padded source tokens per batch, as generate's --max-tokens.", min=1)
-    max_wait_ms: float = flag(10.0, "How long a sentence waits for others to batch with.", min=0)
+    max_wait_ms: float = flag(25.0, "How long a sentence waits for others to batch with.", min=0)
     batching: str = flag(
         "auto",
         "in-flight: a beam search that sentences join and leave between steps (continuous batching); whole: "
