@@ -162,12 +162,21 @@ def load(port: int, sentences: list[str], clients: int, time_limit: float) -> tu
     return latencies, answers, time.perf_counter() - start
 
 
+def metrics(port: int) -> str:
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    connection.request("GET", "/metrics")
+    return connection.getresponse().read().decode()
+
+
 def batch_sizes(port: int) -> re.Match | None:
     """The server's batch-size sum and count so far, from /metrics."""
-    metrics = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
-    metrics.request("GET", "/metrics")
-    text = metrics.getresponse().read().decode()
-    return re.search(r"nmt_batch_sentences_sum (\S+)\nnmt_batch_sentences_count (\d+)", text)
+    return re.search(r"nmt_batch_sentences_sum (\S+)\nnmt_batch_sentences_count (\d+)", metrics(port))
+
+
+def search_seconds(port: int) -> float:
+    """The server's time spent searching so far, from /metrics."""
+    found = re.search(r"^nmt_batch_seconds_total (\S+)$", metrics(port), re.MULTILINE)
+    return float(found.group(1)) if found else float("nan")
 
 
 def thread_seconds(pid: int) -> tuple[float, float]:
@@ -241,7 +250,9 @@ def main() -> None:
             latencies, answers, seconds = load(port, lines, args.clients, args.time_limit)
             loop_after, all_after = thread_seconds(proc.pid)
             batches = batch_sizes(port)  # phase 1's batches only (the single client's are all of one)
+            searched = search_seconds(port)
             single, _, _ = load(port, lines[: args.single], 1, args.time_limit)
+            searched = search_seconds(port) - searched
         finally:
             proc.terminate()
             proc.wait(60)
@@ -261,6 +272,9 @@ def main() -> None:
                 f"generate batch of {args.clients} ms": round(per_batch * 1000, 1),
                 "1 client ms": round(sum(single) / max(len(single), 1) * 1000, 1),
                 "generate 1 sentence ms": round(gen_one / len(lines[: args.single]) * 1000, 1),
+                # one client's latency less the server's own search time for it: what serving adds, measured
+                # in one go (generate's sentence alone is timed in another process, a minute apart)
+                "1 client added ms": round((sum(single) - searched) / max(len(single), 1) * 1000, 1),
                 # sentences per batch, or per search step in flight
                 "mean batch": round(float(batches.group(1)) / max(int(batches.group(2)), 1), 1) if batches else None,
                 # the event loop's CPU time per request (phase 1), and its share of all the server's

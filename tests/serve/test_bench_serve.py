@@ -33,3 +33,5 @@ def test_tiny_mode_reports_throughput_and_latency_next_to_generate(trained_copy_
         assert float(served) > 0 and float(generated) > 0
     for p50, p99 in zip(report["p50 ms"], report["p99 ms"]):
         assert float(p99) >= float(p50) > 0
+    for added, http_cpu in zip(report["1 client added ms"], report["HTTP CPU ms/request"]):
+        assert 0 <= float(added) < 1000 and float(http_cpu) > 0  # latency less search; the event loop's CPU
