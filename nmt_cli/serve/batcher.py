@@ -254,10 +254,10 @@ class Batcher:
                 settle(q.job.future, exception=e)
             self._in_pool, self._pool, self._pool_key = {}, None, object()  # the next request makes a new pool
             return
+        if self.on_batch is not None:  # counted before the answers go out: a client answered sees it
+            self.on_batch(sentences, requests, time.perf_counter() - start)
         for tag, result in finished:
             self._in_pool.pop(tag).answer(result)
-        if self.on_batch is not None:
-            self.on_batch(sentences, requests, time.perf_counter() - start)
 
     def _next_batch(self) -> list[Queued] | None:
         """Wait for the oldest sentence's company (or its deadline), then take its batch; None once stopped."""
@@ -319,10 +319,10 @@ class Batcher:
                 with self._cond:
                     self._free_since = time.monotonic()
                     self._expected = len(batch) + self._waiting()
+        if self.on_batch is not None:  # counted before the answers go out: a client answered sees it
+            self.on_batch(len(batch), len(jobs), time.perf_counter() - start)
         for q, result in zip(batch, results):
             q.answer(result)
-        if self.on_batch is not None:
-            self.on_batch(len(batch), len(jobs), time.perf_counter() - start)
 
 
 def settle(future: Future[list[Any]], result: list[Any] | None = None, exception: Exception | None = None) -> None:

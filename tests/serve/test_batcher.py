@@ -268,6 +268,20 @@ def test_in_flight_sentences_join_a_running_search_and_leave_it_when_done():
     assert run.batches == []
 
 
+@pytest.mark.parametrize("key", ["cfg", "p"])  # a whole batch, a pool step
+def test_a_batch_is_counted_before_its_answers_go_out(key):
+    """A client that reads /metrics once answered finds its batch counted (bench_serve.py takes what one
+    client's search cost from it)."""
+    counted, seen_when_answered = [], []
+    batcher = pooled_batcher(Recorder(), [], on_batch=lambda *batch: counted.append(batch))
+    future = submit(batcher, key, ["a"])  # one step in a pool
+    future.add_done_callback(lambda f: seen_when_answered.append(len(counted)))  # in the worker, as answered
+    batcher.start()
+    assert future.result(timeout=10) == [f"{key}:a"]
+    batcher.stop(timeout=10)
+    assert seen_when_answered and seen_when_answered[0] >= 1
+
+
 def test_other_settings_wait_for_the_running_search_to_empty_and_batch_settings_run_as_batches():
     run, pools = Recorder(), []
     batcher = pooled_batcher(run, pools, pool={"delay": 0.01})
