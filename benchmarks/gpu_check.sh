@@ -6,8 +6,9 @@
 #     bash benchmarks/gpu_check.sh [OUT_DIR]          # logs into OUT_DIR, else $OUT, else gpu-check-DATE
 #     DRY_RUN=1 bash benchmarks/gpu_check.sh DIR      # on the CPU at tiny sizes: checks the script itself
 #
-# OUT_DIR receives 9 files: env.log, tests.log, bench.log, profile.log, recipe.log, serve.log, compile.log,
-# results.jsonl (every figure and step time) and summary.md (the table). STEPS="tests bench ..." runs only
+# OUT_DIR receives 8 files, what the device tool brings back: env.log, tests.log, bench.log, profile.log (the
+# compile step's too: both run profile_gpu.py), recipe.log, serve.log, results.jsonl (every figure and step
+# time) and summary.md (the table). STEPS="tests bench ..." runs only
 # those steps (default: all six). The recipe's data, checkpoints and the `nmt` shim
 # go to WORK (a temporary directory unless given). Multi30k is read from RAW_DIR (default
 # ../shared/data/multi30k beside the checkout; the recipe step is skipped where it is absent: no downloads).
@@ -44,12 +45,16 @@ RESULTS=$OUT_DIR/results.jsonl
 start=$SECONDS
 failed=()
 
+log_of() {  # log_of NAME: a step's log file; the compile step's goes after profile's, keeping OUT_DIR to 8 files
+    case $1 in compile) echo "$OUT_DIR/profile.log" ;; *) echo "$OUT_DIR/$1.log" ;; esac
+}
+
 skipped() {  # skipped NAME REASON
-    echo "== $1 skipped: $2" | tee "$OUT_DIR/$1.log"
+    echo "== $1 skipped: $2" | tee -a "$(log_of "$1")"
     echo "{\"step\": \"$1\", \"skipped\": \"$2\"}" >> "$RESULTS"
 }
 
-# step NAME LIMIT_SECONDS COMMAND...: run it with its log in OUT_DIR/NAME.log and its seconds in results.jsonl
+# step NAME LIMIT_SECONDS COMMAND...: run it with its log in `log_of NAME` and its seconds in results.jsonl
 step() {
     local name=$1 limit=$2
     shift 2
@@ -62,10 +67,13 @@ step() {
     [ "$limit" -gt "$left" ] && limit=$left
     echo "== $name (at most $limit s): $*"
     local t0=$SECONDS
-    (cd "$repo" && timeout -k 10 "$limit" "$@") > "$OUT_DIR/$name.log" 2>&1
+    local log
+    log=$(log_of "$name")
+    echo "== $name: $*" >> "$log"
+    (cd "$repo" && timeout -k 10 "$limit" "$@") >> "$log" 2>&1
     local rc=$?
     echo "{\"step\": \"$name\", \"seconds\": $((SECONDS - t0)), \"rc\": $rc}" >> "$RESULTS"
-    tail -n 4 "$OUT_DIR/$name.log" | sed 's/^/   /'
+    tail -n 4 "$log" | sed 's/^/   /'
     [ "$rc" = 0 ] || { echo "   $name FAILED (exit $rc; 124: out of time)"; failed+=("$name"); }
 }
 
@@ -83,6 +91,7 @@ serve_step() {
 }
 
 : > "$RESULTS"
+for name in tests bench profile recipe serve; do : > "$OUT_DIR/$name.log"; done  # the steps append to them
 {
     date -u
     git -C "$repo" log -1 --format='commit %H %s' 2>/dev/null

@@ -101,8 +101,11 @@ def serve_rows(out: Path) -> list[tuple[str, str]]:
             (
                 f"serve, {batching} batching",
                 f"32 clients {figure.get('serve sent/s')} sent/s ({figure.get('ratio')}x generate's "
-                f"{figure.get('generate sent/s')}), p50 / p99 {figure.get('p50 ms')} / {figure.get('p99 ms')} ms; "
-                f"1 client {figure.get('1 client ms')} ms (generate {figure.get('generate 1 sentence ms')} ms)",
+                f"{figure.get('generate sent/s')}, {figure.get('ratio to batch of 32')}x its batches of 32), "
+                f"p50 / p99 {figure.get('p50 ms')} / {figure.get('p99 ms')} ms "
+                f"(2 x generate's batch of 32: {2 * float(figure.get('generate batch of 32 ms', 'nan')):.0f} ms); "
+                f"1 client {figure.get('1 client ms')} ms (generate {figure.get('generate 1 sentence ms')} ms, "
+                f"serving's own {figure.get('1 client added ms')} ms)",
             )
         )
     return rows
