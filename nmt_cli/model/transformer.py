@@ -192,7 +192,7 @@ class Transformer(nn.Module):
         else:
             x = self.tgt_embed(prev_tokens[:, None], start=cache.length - cache.starts)[:, 0]
             earlier = torch.arange(cache.length + 1, device=prev_tokens.device) < cache.starts[:, None]  # [N, t+1]
-            self_bias = x.new_zeros(earlier.shape).masked_fill_(earlier, float("-inf"))[:, None, None, :]
+            self_bias = attention_bias(earlier, x.dtype)  # [N, 1, 1, t+1]
         for i, layer in enumerate(self.decoder):
             x, cache.self_k[i], cache.self_v[i] = layer.step(
                 x,

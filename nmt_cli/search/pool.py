@@ -47,6 +47,7 @@ from nmt_cli.search.beam import (
     keep_sentences,
     max_lengths,
     per_beam,
+    start,
     top_candidates,
 )
 from nmt_cli.search.hypothesis import Hypothesis
@@ -124,20 +125,12 @@ class BeamPool:
         new = self.model.init_cache(enc, k)  # cross-attention K/V of the new sentences, empty self-attention
         max_len = max_lengths(torch.from_numpy(lens), self.cfg, self.model.max_positions).numpy()
         width = int(max(max_len.max(), self.max_len.max(initial=0))) + 1
-        scores = torch.full((b_new, k), NEG_INF, device=self.device)
-        scores[:, 0] = 0.0  # only beam 0 is live at first: the K beams start equal
-        state = BeamState(
+        empty, fin = start(b_new, k, width, self.device)  # only beam 0 is live at first: the K beams start equal
+        state = BeamState(  # as beam_search's, but left-aligned in `width` columns
             torch.full((b_new, k, width), PAD, dtype=torch.long, device=self.device),
-            scores,
+            empty.scores,
             torch.zeros(b_new, k, width, device=self.device),
-            torch.arange(b_new, device=self.device),
-        )
-        fin = Finished(
-            torch.full((b_new, k + 1, width), PAD, dtype=torch.long, device=self.device),
-            torch.zeros(b_new, k + 1, width, device=self.device),
-            torch.ones(b_new, k + 1, dtype=torch.long, device=self.device),
-            torch.full((b_new, k + 1), NEG_INF, device=self.device),
-            torch.zeros(b_new, dtype=torch.long, device=self.device),
+            empty.sent_ids,
         )
         prev = torch.full((b_new * k,), BOS, dtype=torch.long, device=self.device)
         if self.cache is None or self.state is None or self.fin is None or self.prev is None:
