@@ -19,7 +19,8 @@
 #                 beam-4 generation of 3,000 sentences
 #   3. profile    benchmarks/profile_gpu.py: GPU busy %, the 10 costliest kernels, host time of the top ops
 #   4. recipe     recipes/multi30k_en_de trained for TRAIN_MINUTES (2) on the GPU, its sacreBLEU
-#   5. serve      benchmarks/bench_serve.py on the recipe's checkpoint: `nmt serve` on the GPU under 32
+#   5. serve      benchmarks/bench_serve.py on the recipe's checkpoint (or SERVE_CHECKPOINT's, a model trained
+#                 elsewhere, to compare with its CPU figures): `nmt serve` on the GPU under 32
 #                 clients and one, whole batches and in flight, next to `nmt generate`
 #   6. compile    --compile's warm-up for transformer_base (8 updates), if time is left before DEADLINE
 # then a table (OUT_DIR/summary.md). Runs from this checkout with the packages of a CUDA PyTorch image (torch,
@@ -79,10 +80,10 @@ step() {
 
 # serve_step LIMIT ARGS...: bench_serve.py on the recipe's checkpoint (the serve extra: starlette, uvicorn)
 serve_step() {
-    local limit=$1 checkpoint=$WORK/multi30k/average.pt
+    local limit=$1 checkpoint=${SERVE_CHECKPOINT:-$WORK/multi30k/average.pt}
     shift
     if [ ! -f "$checkpoint" ]; then
-        skipped serve "no recipe checkpoint at $checkpoint"
+        skipped serve "no checkpoint at $checkpoint"
     elif ! "$PYTHON" -c 'import starlette, uvicorn' 2>/dev/null; then
         skipped serve "no starlette and uvicorn (pip install starlette uvicorn)"
     else
