@@ -21,7 +21,8 @@
 #   4. recipe     recipes/multi30k_en_de trained for TRAIN_MINUTES (2) on the GPU, its sacreBLEU
 #   5. serve      benchmarks/bench_serve.py on the recipe's checkpoint (or SERVE_CHECKPOINT's, a model trained
 #                 elsewhere, to compare with its CPU figures): `nmt serve` on the GPU under 32
-#                 clients and one, whole batches and in flight, next to `nmt generate`
+#                 clients and one, whole batches and in flight, next to `nmt generate`; then
+#                 benchmarks/profile_serve.py, where a served sentence's time goes (after it in serve.log)
 #   6. compile    --compile's warm-up for transformer_base (8 updates), if time is left before DEADLINE
 # then a table (OUT_DIR/summary.md). Runs from this checkout with the packages of a CUDA PyTorch image (torch,
 # numpy, sentencepiece, sacrebleu, click, rich, pytest): nothing is installed, `nmt` is `python3 -m nmt_cli`.
@@ -46,8 +47,9 @@ RESULTS=$OUT_DIR/results.jsonl
 start=$SECONDS
 failed=()
 
-log_of() {  # log_of NAME: a step's log file; the compile step's goes after profile's, keeping OUT_DIR to 8 files
-    case $1 in compile) echo "$OUT_DIR/profile.log" ;; *) echo "$OUT_DIR/$1.log" ;; esac
+log_of() {  # log_of NAME: a step's log file; compile's goes after profile's and serve-profile's after serve's,
+    # keeping OUT_DIR to 8 files
+    case $1 in compile) echo "$OUT_DIR/profile.log" ;; serve-profile) echo "$OUT_DIR/serve.log" ;; *) echo "$OUT_DIR/$1.log" ;; esac
 }
 
 skipped() {  # skipped NAME REASON
@@ -59,7 +61,7 @@ skipped() {  # skipped NAME REASON
 step() {
     local name=$1 limit=$2
     shift 2
-    case " $STEPS " in *" $name "*) ;; *) skipped "$name" "not in STEPS"; return ;; esac
+    case " $STEPS " in *" ${name%%-*} "*) ;; *) skipped "$name" "not in STEPS"; return ;; esac  # serve-profile: serve's
     local left=$((DEADLINE - (SECONDS - start)))
     if [ "$left" -lt 20 ]; then
         skipped "$name" "$left s left before the $DEADLINE s deadline"
@@ -78,16 +80,22 @@ step() {
     [ "$rc" = 0 ] || { echo "   $name FAILED (exit $rc; 124: out of time)"; failed+=("$name"); }
 }
 
-# serve_step LIMIT ARGS...: bench_serve.py on the recipe's checkpoint (the serve extra: starlette, uvicorn)
+# serve_step LIMIT BENCH_ARGS PROFILE_ARGS ARGS...: bench_serve.py on the recipe's checkpoint (the serve extra:
+# starlette, uvicorn) with BENCH_ARGS and ARGS, then profile_serve.py on it with PROFILE_ARGS and ARGS (the
+# two quoted words are split into arguments)
 serve_step() {
-    local limit=$1 checkpoint=${SERVE_CHECKPOINT:-$WORK/multi30k/average.pt}
-    shift
+    local limit=$1 bench_args=$2 profile_args=$3 checkpoint=${SERVE_CHECKPOINT:-$WORK/multi30k/average.pt}
+    shift 3
     if [ ! -f "$checkpoint" ]; then
         skipped serve "no checkpoint at $checkpoint"
     elif ! "$PYTHON" -c 'import starlette, uvicorn' 2>/dev/null; then
         skipped serve "no starlette and uvicorn (pip install starlette uvicorn)"
     else
-        step serve "$limit" env NMT_BENCH_DIR="$WORK/bench" "$PYTHON" benchmarks/bench_serve.py --path "$checkpoint" "$@"
+        # shellcheck disable=SC2086  # the quoted words are arguments
+        step serve "$limit" env NMT_BENCH_DIR="$WORK/bench" "$PYTHON" benchmarks/bench_serve.py --path "$checkpoint" \
+            $bench_args "$@"
+        # shellcheck disable=SC2086
+        step serve-profile 90 "$PYTHON" benchmarks/profile_serve.py --path "$checkpoint" $profile_args "$@"
     fi
 }
 
@@ -108,7 +116,7 @@ if [ "$DRY_RUN" = 1 ]; then  # the same steps at tiny sizes on the CPU (gpu test
     step profile 120 "$PYTHON" benchmarks/profile_gpu.py --device cpu --results "$RESULTS"
     step recipe 60 env DRY_RUN=1 PATH="$WORK/bin:$PATH" WORK_DIR="$WORK/multi30k" RAW_DIR="$RAW_DIR" \
         TRAIN_MINUTES="$TRAIN_MINUTES" bash recipes/multi30k_en_de/run.sh
-    serve_step 120 --tiny --threads 1
+    serve_step 120 --tiny "--single 4 --sentences 40 --rounds 1" --threads 1
     skipped compile "dry run (tests/test_compile.py's slow test compiles on the CPU)"
 else
     step tests 150 "$PYTHON" -m pytest -q -p no:cacheprovider -m gpu
@@ -121,7 +129,7 @@ else
         skipped recipe "no Multi30k at RAW_DIR=$RAW_DIR (give RAW_DIR=DIR with train, valid, test_2016_flickr .en/.de)"
         failed+=(recipe)
     fi
-    serve_step 150 --device cuda --input "$RAW_DIR/test_2016_flickr.en"
+    serve_step 150 "" "--single 30 --sentences 500 --rounds 2" --device cuda --input "$RAW_DIR/test_2016_flickr.en"
     if [ $((DEADLINE - (SECONDS - start))) -ge 90 ]; then  # whole or not at all: a cut-short warm-up says nothing
         step compile 90 "$PYTHON" benchmarks/profile_gpu.py --compile-warmup --results "$RESULTS"
     else
