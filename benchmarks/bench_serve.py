@@ -221,7 +221,7 @@ def main() -> None:
         "--batching",
         nargs="+",
         default=["whole", "in-flight"],
-        choices=("auto", "whole", "in-flight"),
+        choices=("whole", "in-flight"),
         help="The server's --batching: one server (a row) each, in this order.",
     )
     ap.add_argument("--tiny", action="store_true", help="Digit sentences, 4 clients: a few seconds.")

@@ -69,7 +69,7 @@ class Engine:
         self.leaves = state.get("tree_leaves")
         self.max_positions = model_config_of(state, Path(cfg.path)).max_positions
         self.max_tokens = cfg.max_batch_tokens
-        self.in_flight = cfg.batching == "in-flight" or (cfg.batching == "auto" and self.device.type == "cuda")
+        self.in_flight = cfg.batching == "in-flight"
         self.threads = torch.get_num_threads()  # as set_threads left it in the main thread
         self.limit = self.max_positions - 1
         self.info = self._info(state, cfg)

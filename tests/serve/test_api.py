@@ -13,7 +13,7 @@ pytest.importorskip("starlette")
 pytest.importorskip("httpx")
 
 
-BATCHING = ["whole", "in-flight"]  # auto picks whole on the CPU, in-flight on CUDA: both are tested here
+BATCHING = ["whole", "in-flight"]  # whole is the default; both are tested here
 
 
 @pytest.mark.parametrize("batching", BATCHING)
@@ -200,5 +200,5 @@ def test_in_flight_runs_beam_search_only_the_other_searches_run_in_whole_batches
     assert engine.pool(SearchConfig(beam=1, sampling=True, sampling_topk=5)) is None
     whole = Engine(ServeConfig(path=str(tiny_checkpoint), device="cpu", batching="whole"), {})
     assert whole.pool(SearchConfig(beam=4)) is None and whole.info["batching"] == "whole"
-    auto = Engine(ServeConfig(path=str(tiny_checkpoint), device="cpu"), {})
-    assert auto.info["batching"] == "whole"  # auto: in-flight on CUDA only
+    default = Engine(ServeConfig(path=str(tiny_checkpoint), device="cpu"), {})
+    assert default.info["batching"] == "whole"
