@@ -37,15 +37,12 @@ from nmt_cli.config import ServeConfig
 from nmt_cli.runtime import AMP_DTYPES, set_threads
 from nmt_cli.search.pool import BeamPool
 from nmt_cli.search.translate import load_translator, translate
-from nmt_cli.serve.batcher import Batcher
 from nmt_cli.serve.engine import Engine
 
 
 def one_at_a_time(args: argparse.Namespace, lines: list[str]) -> None:
-    engines = {
-        b: Engine(ServeConfig(path=str(args.path), device=args.device, batching=b), {"beam": args.beam})
-        for b in ("whole", "in-flight")
-    }
+    configs = {b: ServeConfig(path=str(args.path), device=args.device, batching=b) for b in ("whole", "in-flight")}
+    engines = {b: Engine(cfg, {"beam": args.beam}) for b, cfg in configs.items()}
     # the precision generate and serve choose (the checkpoint's on CUDA)
     tr, _ = load_translator(args.path, torch.device(args.device), AMP_DTYPES[engines["whole"].precision])
     cfg = engines["whole"].search
@@ -54,7 +51,7 @@ def one_at_a_time(args: argparse.Namespace, lines: list[str]) -> None:
     def loop() -> None:
         with torch.inference_mode():
             for src in sources:
-                translate(tr, [src], cfg, 8000)
+                translate(tr, [src], cfg, engines["whole"].max_tokens)
 
     def on_thread() -> None:
         t = threading.Thread(target=loop)
@@ -63,7 +60,7 @@ def one_at_a_time(args: argparse.Namespace, lines: list[str]) -> None:
 
     batchers = {}
     for name, e in engines.items():
-        b = Batcher(e.run, e.max_tokens, 0.025, 1000, e.worker_context, None, e.warm_up, e.pool)
+        b = e.batcher(configs[name].max_wait_ms / 1000, configs[name].max_queue)  # as `nmt serve` makes it
         b.start()
         b.ready.wait()
         batchers[name] = (b, e)
@@ -105,11 +102,12 @@ def in_flight(args: argparse.Namespace, lines: list[str]) -> None:
     cfg = e.search
     sources = [np.asarray(ids, dtype=np.int64) for ids in tr.vocab.encode(lines)]
     model, decode = tr.model, tr.model.decode_step
-    spent = [0.0]
+    calls, spent = [0], [0.0]  # decode_step's calls and host seconds, reset where counted
 
     def timed(prev, cache):
         t = time.perf_counter()
         out = decode(prev, cache)
+        calls[0] += 1
         spent[0] += time.perf_counter() - t
         return out
 
@@ -135,24 +133,16 @@ def in_flight(args: argparse.Namespace, lines: list[str]) -> None:
                 done += len(out)
                 waiting += len(out)
             pool_s = time.perf_counter() - start
-            spent[0] = 0.0
+            calls[0], spent[0] = 0, 0.0
             t = time.perf_counter()
-            n_steps = [0]
-
-            def counted(prev, cache):
-                n_steps[0] += 1
-                return timed(prev, cache)
-
-            model.decode_step = counted
-            translate(tr, sources, cfg, 8000, slots)
-            model.decode_step = timed
+            translate(tr, sources, cfg, e.max_tokens, slots)
             sorted_s = time.perf_counter() - t
             n_pool = sum(len(v) for v in steps.values())
             print(
                 f"round {rnd + 1}: {slots} in flight {len(sources) / pool_s:.1f} sent/s ({n_pool} steps, "
                 f"{pool_s / n_pool * 1000:.2f} ms/step); beam_search in sorted batches of {slots} "
-                f"{len(sources) / sorted_s:.1f} sent/s ({n_steps[0]} steps, {sorted_s / n_steps[0] * 1000:.2f} "
-                f"ms/step, decode_step's host time {spent[0] / n_steps[0] * 1000:.2f} ms/step)"
+                f"{len(sources) / sorted_s:.1f} sent/s ({calls[0]} steps, {sorted_s / calls[0] * 1000:.2f} "
+                f"ms/step, decode_step's host time {spent[0] / calls[0] * 1000:.2f} ms/step)"
             )
             for (joined, left), v in sorted(steps.items()):
                 what = {

@@ -210,9 +210,7 @@ def build_app(engine: Engine, batcher: Batcher, metrics: Metrics, limits: Limits
 
 def make_app(engine: Engine, max_wait: float, max_queue: int, limits: Limits) -> Starlette:
     """The app with its own batcher and metrics: the one place they are wired together."""
-    batcher = Batcher(
-        engine.run, engine.max_tokens, max_wait, max_queue, engine.worker_context, None, engine.warm_up, engine.pool
-    )
+    batcher = engine.batcher(max_wait, max_queue)
     metrics = Metrics(lambda: batcher.queue_length)
     batcher.on_batch = metrics.batch
     return build_app(engine, batcher, metrics, limits)

@@ -30,6 +30,7 @@ from nmt_cli.search.hypothesis import hypothesis_record
 from nmt_cli.search.pool import BeamPool, pool_searches
 from nmt_cli.search.settings import generation_precision, search_settings
 from nmt_cli.search.translate import Translator, sampling_generator, translate, translator_from
+from nmt_cli.serve.batcher import Batcher
 
 logger = logging.getLogger(__name__)
 
@@ -171,6 +172,12 @@ class Engine:
         if not self.in_flight or self.parser is not None or not pool_searches(search):
             return None
         return TranslationPool(BeamPool(tr.model, search, tr.vocab.n_pieces, self.device, tr.amp_dtype), self, search)
+
+    def batcher(self, max_wait: float, max_queue: int) -> Batcher:
+        """The batcher (not started) whose worker searches with this engine: the server's, or a benchmark's."""
+        return Batcher(
+            self.run, self.max_tokens, max_wait, max_queue, self.worker_context, None, self.warm_up, self.pool
+        )
 
     def translation(self, hyps: list[Any], nbest: int) -> dict[str, Any]:
         records = [hypothesis_record(h, self.vocab) for h in hyps]
