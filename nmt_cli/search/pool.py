@@ -6,11 +6,12 @@ the whole batch, and the batch thins out as its sentences finish. A `BeamPool` i
 leaves it at once (`step` returns it). Under a steady stream of requests the decoder runs on as many
 sentences as there are in flight, and a sentence waits one step, not one batch, to start.
 
-The search is `beam_search`'s, sentence by sentence: the same candidates (`top_candidates`), the same rules
-(`constrain`), the same stopping rule (K finished hypotheses, or the maximum length a * |x| + b with EOS
-forced) and the same scores. What differs is bookkeeping, as each sentence is at its own step t:
+The search is `beam_search`'s, sentence by sentence, with its functions: the same candidates (`top_candidates`),
+rules (`constrain`), finished and surviving hypotheses (`finish`, `survive`), stopping rule (K finished
+hypotheses, or the maximum length a * |x| + b with EOS forced) and scores. What differs is where things are
+kept, as each sentence is at its own step t:
 - hypotheses are stored left-aligned in [B, K, W] buffers, W the longest allowed output + 1 in the pool, and
-  each step writes its token at column t (beam_search appends a column);
+  each step writes its token at column t (`finish` and `survive` given the steps; beam_search appends a column);
 - the decoder's self-attention state keeps one column per pool step: a sentence that joined at column c
   is at position t = column - c and attends to its own columns only (DecoderCache.starts), and the columns
   that no sentence uses any more are dropped (views, no copy);
@@ -32,22 +33,22 @@ from torch import Tensor
 
 from nmt_cli.config import SearchConfig
 from nmt_cli.data.batching import pad_sources
-from nmt_cli.data.vocab import BOS, EOS, PAD
+from nmt_cli.data.vocab import BOS, PAD
 from nmt_cli.model.attention import attention_bias
 from nmt_cli.model.cache import DecoderCache
 from nmt_cli.model.transformer import Transformer
 from nmt_cli.runtime import autocast
 from nmt_cli.search.beam import (
-    NEG_INF,
     BeamState,
     Finished,
     collect,
     constrain,
-    finish_slots,
+    finish,
     keep_sentences,
     max_lengths,
     per_beam,
     start,
+    survive,
     top_candidates,
 )
 from nmt_cli.search.hypothesis import Hypothesis
@@ -174,8 +175,8 @@ class BeamPool:
             log_probs, per_beam(steps, k), per_beam(max_len, k), self.cfg, self.n_pieces, may_reach_max
         )
         scores, beams, tokens = top_candidates(self.state, log_probs)
-        finish_own_steps(self.state, self.fin, scores, beams, tokens, log_probs, steps, self.cfg)
-        self.state, rows, new_tokens = survive_own_steps(self.state, scores, beams, tokens, log_probs, steps)
+        finish(self.state, self.fin, scores, beams, tokens, log_probs, steps, self.cfg)
+        self.state, rows, new_tokens = survive(self.state, scores, beams, tokens, log_probs, steps)
         done_on_device = (self.fin.count >= k) | (steps >= max_len)  # K finished, or EOS was forced
         if self.dropped.any():
             done_on_device |= to_device(torch.from_numpy(self.dropped), self.device)
@@ -199,6 +200,7 @@ class BeamPool:
         rows = rows.view(b, k)[keep].view(-1)
         self.cache = self.cache.select_sentences(keep, rows)
         self.state = keep_sentences(self.state, keep)
+        self.state.sent_ids = torch.arange(len(keep_host), device=self.device)  # the pool's Finished rows
         self.fin = select_finished(self.fin, keep)
         self.steps_on_device, self.max_len_on_device = self.steps_on_device[keep], self.max_len_on_device[keep]
         self.prev = self.prev.view(b, k)[keep].view(-1)
@@ -222,55 +224,6 @@ def to_device(x: Tensor, device: torch.device) -> Tensor:
     return x.pin_memory().to(device, non_blocking=True)
 
 
-def finish_own_steps(
-    state: BeamState,
-    fin: Finished,
-    scores: Tensor,
-    beams: Tensor,
-    tokens: Tensor,
-    log_probs: Tensor,
-    steps: Tensor,
-    cfg: SearchConfig,
-) -> None:
-    """beam.finish for sentences each at its own step (steps: [B]): hypotheses are left-aligned rows."""
-    b, k = state.scores.shape
-    write, dest = finish_slots(fin.count, scores, tokens, k)
-    sent, src_beam = torch.arange(b, device=beams.device)[:, None].expand(b, k), beams[:, :k]
-    at = steps[:, None].expand(b, k)
-    fin.tokens[sent, dest] = state.tokens[sent, src_beam]
-    fin.tokens[sent, dest, at] = dest.new_full((), EOS)
-    fin.step_scores[sent, dest] = state.step_scores[sent, src_beam]
-    fin.step_scores[sent, dest, at] = log_probs.view(b, k, -1)[sent, src_beam, EOS]
-    fin.lengths[sent, dest] = at + 1
-    penalty = length_penalties(steps + 1, cfg).float()[:, None]
-    fin.scores[sent, dest] = scores[:, :k] / penalty
-    fin.count += write.long().sum(1)
-
-
-def length_penalties(lengths: Tensor, cfg: SearchConfig) -> Tensor:
-    """beam.length_penalty of each length [B] (EOS counted), in float64 as Python computes it there."""
-    n = lengths.double()
-    return ((5.0 + n) / 6.0) ** cfg.lenpen if cfg.lenpen_style == "gnmt" else n**cfg.lenpen
-
-
-def survive_own_steps(
-    state: BeamState, scores: Tensor, beams: Tensor, tokens: Tensor, log_probs: Tensor, steps: Tensor
-) -> tuple[BeamState, Tensor, Tensor]:
-    """beam.survive for sentences each at its own step: the new token goes to column steps[b].
-    Returns the new state, the source rows [N] and the new tokens [B, K]."""
-    b, k = state.scores.shape
-    alive_scores, pick = scores.masked_fill(tokens == EOS, NEG_INF).topk(k, dim=1)  # [B, K]
-    src_beam, new_token = beams.gather(1, pick), tokens.gather(1, pick)
-    rows = (torch.arange(b, device=beams.device)[:, None] * k + src_beam).view(-1)  # [N]
-    token_scores = log_probs[rows, new_token.view(-1)].view(b, k)
-    width = state.tokens.shape[2]
-    at = steps[:, None, None].expand(b, k, 1)
-    new_tokens = state.tokens.view(b * k, width)[rows].view(b, k, width).scatter_(2, at, new_token[:, :, None])
-    step_scores = state.step_scores.view(b * k, width)[rows].view(b, k, width)
-    step_scores.scatter_(2, at, token_scores[:, :, None])
-    return BeamState(new_tokens, alive_scores, step_scores, state.sent_ids), rows, new_token
-
-
 def select_finished(fin: Finished, sentences: Tensor) -> Finished:
     return Finished(
         fin.tokens[sentences],
@@ -287,8 +240,8 @@ def widen(x: Tensor, width: int, value: float) -> Tensor:
 
 
 def joined_state(old: BeamState, new: BeamState) -> BeamState:
-    """The pool's hypotheses with new sentences' appended (sent_ids is not read here: the pool's Finished
-    rows are the state's own, kept and dropped with them)."""
+    """The pool's hypotheses with new sentences' appended. sent_ids index the pool's Finished, whose rows are
+    the state's own (kept and dropped with them): 0 to B - 1 in order."""
     width = max(old.tokens.shape[2], new.tokens.shape[2])
     return BeamState(
         torch.cat([widen(old.tokens, width, PAD), widen(new.tokens, width, PAD)]),
