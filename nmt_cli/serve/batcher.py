@@ -135,6 +135,11 @@ class Batcher:
         with self._cond:
             return self._waiting()
 
+    def _drop_cancelled(self) -> None:
+        """Forget the queued sentences of requests already answered (timed out, client gone, failed); the
+        caller holds the lock."""
+        self._queue = [q for q in self._queue if not q.job.future.done()]
+
     def _waiting(self) -> int:
         """queue_length, for a caller that holds the lock."""
         return sum(not q.job.future.done() for q in self._queue)
@@ -221,7 +226,7 @@ class Batcher:
         """The queued sentences that join the pool before its next step, taken off the queue. Sentences of
         other settings stop new ones joining: the pool empties, then the oldest queued runs."""
         with self._cond:
-            self._queue = [q for q in self._queue if not q.job.future.done()]
+            self._drop_cancelled()
             if not self._queue or any(q.job.key != self._pool_key for q in self._queue):
                 return []
             # Joining costs an encoder pass and a copy of the cross-attention state, whatever the number
@@ -263,7 +268,7 @@ class Batcher:
         """Wait for the oldest sentence's company (or its deadline), then take its batch; None once stopped."""
         with self._cond:
             while True:
-                self._queue = [q for q in self._queue if not q.job.future.done()]  # cancelled or failed
+                self._drop_cancelled()
                 if not self._queue:
                     if self._stopping:
                         return None
