@@ -25,6 +25,7 @@ Shapes: B sentences in the pool, K beam, N = B*K rows (sentence-major), V vocabu
 from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
+from dataclasses import replace
 
 import numpy as np
 import torch
@@ -199,8 +200,8 @@ class BeamPool:
             return out
         rows = rows.view(b, k)[keep].view(-1)
         self.cache = self.cache.select_sentences(keep, rows)
-        self.state = keep_sentences(self.state, keep)
-        self.state.sent_ids = torch.arange(len(keep_host), device=self.device)  # the pool's Finished rows
+        kept = keep_sentences(self.state, keep)  # sent_ids stay 0 to B' - 1: the kept Finished rows (below)
+        self.state = replace(kept, sent_ids=torch.arange(len(keep_host), device=self.device))
         self.fin = select_finished(self.fin, keep)
         self.steps_on_device, self.max_len_on_device = self.steps_on_device[keep], self.max_len_on_device[keep]
         self.prev = self.prev.view(b, k)[keep].view(-1)
