@@ -2,7 +2,7 @@
 # `make bench-peers`: nmt side by side with fairseq and CTranslate2 in one run on this machine, with the
 # harness in ../shared/peer-bench (its README describes the method). Installs the peers it lacks first
 # (about 5 minutes and 2 GB under $PEERS_ROOT, default ~/.cache/nmt-peers). Run nothing else meanwhile.
-# The table it prints (and writes to $BENCH_WORK/runs/<date>/summary.md) is what benchmarks/README.md quotes.
+# The table it prints (and writes to $BENCH_WORK/runs/<date>/summary.md) is what benchmarks/README.md and benchmarks/record/ quote.
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 PEER_BENCH=${PEER_BENCH:-$(cd "$repo/.." && pwd)/shared/peer-bench}

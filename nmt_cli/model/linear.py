@@ -3,8 +3,8 @@
 PyTorch's CPU float32 matmul goes to MKL, and MKL picks its kernels by CPU vendor: on AMD's AVX-512
 CPUs it runs AVX2 code. oneDNN picks kernels by instruction set and runs AVX-512 code there, faster on
 the training shapes, forward, input gradient and weight gradient alike, with float32 arithmetic throughout
-(`benchmarks/bench_matmul.py`; figures in benchmarks/README.md). On a CPU without AVX-512 both libraries
-run AVX2 code, MKL's was the faster, and this route is off (`_ONEDNN`).
+(`benchmarks/bench_matmul.py`; figures in benchmarks/record/cpu.md). On a CPU without AVX-512 both libraries
+run AVX2 code, MKL's is the faster, and this route is off (`_ONEDNN`).
 
 oneDNN builds (JIT-compiles) a kernel for each new shape, and building one for every batch's row
 count fragments the heap until the process holds far more memory than it uses, and keeps growing
@@ -49,7 +49,7 @@ def route_from_environment() -> str:
 
 def _choose_onednn() -> bool:
     """oneDNN's float32 products beat MKL's only on CPUs with AVX-512, where MKL (choosing kernels by vendor)
-    runs AVX2 code on AMD's; on an AVX2-only CPU MKL was the faster (bench_matmul.py), and training's products
+    runs AVX2 code on AMD's; on an AVX2-only CPU MKL is the faster (bench_matmul.py), and training's products
     keep PyTorch's default route there. NMT_CPU_MATMUL forces either route (the test suite runs both on every
     machine); a bad value falls back to `auto` here and is reported by the command line at start-up."""
     try:
@@ -196,7 +196,7 @@ def pads_rows(linear: nn.Module, x: Tensor) -> bool:
 def mkl_beats_onednn(weight: Tensor) -> bool:
     """Whether a frozen CPU float32 product with this [out, in] weight runs faster through MKL's sgemm than
     through oneDNN's packed product: on CPUs without AVX-512 (where training keeps MKL too, `_ONEDNN`), for
-    products no wider out than in. There MKL's sgemm was the faster on the narrow products (fc2, the d x d
+    products no wider out than in. There MKL's sgemm is the faster on the narrow products (fc2, the d x d
     attention projections), even on the wider ones and slower on the output projection, so translation is
     fastest with only the narrow products on MKL (`benchmarks/profile_generate.py`, `ab_generate.py`)."""
     return not _ONEDNN and weight.shape[1] >= weight.shape[0]
@@ -258,7 +258,7 @@ def pack_for_cpu_inference(model: nn.Module) -> nn.Module:
     For CPU inference only (no autograd, no autocast). At beam-search sizes (a few hundred rows) oneDNN
     with packed weights runs AVX-512 code where the default path (MKL) runs AVX2 on AMD's CPUs, so it is
     faster there, the output projection most (`benchmarks/profile_generate.py`; figures in
-    benchmarks/README.md); on an AVX2-only one the narrow
+    benchmarks/record/cpu.md); on an AVX2-only one the narrow
     products stay with MKL (`mkl_beats_onednn`). The projection gets its own copy of the tied weight.
     """
     return replace_linears(model, PackedLinear)

@@ -5,7 +5,7 @@ VNNI); activations are quantized per call, per tensor, from their own min/max, a
 back in float32 with the bias added. Everything else (embeddings, LayerNorm, attention's own
 products, softmax) stays float32. Every projection of the model gains from int8, the output projection
 (D x V) most, so all of them are swapped (`benchmarks/bench_generate.py --precisions int8`; figures in
-benchmarks/README.md).
+benchmarks/record/cpu.md).
 The float32 weights are not kept: int8 translation holds a quarter of the linear weights' memory, and
 a memory-mapped checkpoint's float32 pages are given back layer by layer as they are quantized.
 """
