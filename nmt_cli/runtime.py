@@ -93,9 +93,9 @@ def choose_attention_backends(device: torch.device, cudnn_attention: bool) -> No
 
     Flash, memory-efficient and math always; cuDNN's only with --cudnn-attention. PyTorch prefers cuDNN's
     attention on Hopper, and cuDNN builds an execution plan for every new (batch, length) shape: with
-    token-based batches, whose shape changes almost every update, that made transformer_base training and
+    token-based batches, whose shape changes almost every update, that makes transformer_base training and
     beam search several times slower, the GPU waiting on the host's planning (`benchmarks/bench_gpu.py`,
-    `profile_gpu.py`; ../shared/gpu-runs/2026-11-26-h200).
+    `profile_gpu.py`; benchmarks/gpu-runs/2026-11-26-h200).
     The flags are process-wide and do nothing on CPU, where attention is written out (model/attention.py);
     they are set on every device so that one code path runs everywhere, and logged only on CUDA.
     """

@@ -72,9 +72,9 @@ for command in (preprocess, train, average_checkpoints, generate, score, export,
 def main() -> None:
     # oneDNN caches a kernel per matmul shape, about 0.7 MB each, and its entries fragment the heap. Training's
     # linears pad row counts to a few dozen shapes (model/linear.py), but bf16 attention's batched products
-    # take every batch's own shape. A smaller cache lowers bf16 training's peak memory; 32 entries were as
-    # fast as 64 and 16 slower, in training and generation (peak RSS and speed: benchmarks/bench_train.py,
-    # bench_generate.py; figures in benchmarks/README.md).
+    # take every batch's own shape. A smaller cache lowers bf16 training's peak memory; 32 entries keep the
+    # speed of a larger cache in training and generation, where fewer cost speed (peak RSS and speed:
+    # benchmarks/bench_train.py, bench_generate.py; figures in benchmarks/record/cpu.md).
     os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "32")
     tune_allocator()
     guard_stdout()  # before any file is opened: a closed stdout's descriptor must not become one of them

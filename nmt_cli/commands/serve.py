@@ -35,8 +35,8 @@ def listen(host: str, port: int) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    # Accepted connections inherit TCP_NODELAY: without it a keep-alive client waited for its delayed ACK (about
-    # 40 ms on Linux) before the second write of each response (headers, then body) left the server.
+    # Accepted connections inherit TCP_NODELAY: without it a keep-alive client waits for its delayed ACK
+    # before the second write of each response (headers, then body) leaves the server.
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     try:
         sock.bind((host, port))

@@ -42,7 +42,7 @@ def read_pairs(src_path: Path, tgt_path: Path, chunk_size: int) -> Iterator[tupl
     """Stream line-aligned chunks of (source lines, target lines), newline stripped.
 
     Lines end at "\n" only (newline="\n"; check_text_file counts them so): in the default text mode a stray
-    "\r" inside a line split it in two, and every later pair of the corpus was misaligned.
+    "\r" inside a line would split it in two, and every later pair of the corpus would be misaligned.
     """
     with src_path.open(encoding="utf-8", newline="\n") as fs, tgt_path.open(encoding="utf-8", newline="\n") as ft:
         src_chunk: list[str] = []

@@ -35,7 +35,7 @@ def split_prefixes(cfg: PreprocessConfig) -> dict[str, str]:
     if cfg.validpref:
         splits["valid"] = cfg.validpref
     prefixes = cfg.testpref.split(",") if cfg.testpref else []
-    if "" in prefixes:  # "a,,b" had skipped the gap: b became test1, not the test2 its place says
+    if "" in prefixes:  # "a,,b" would skip the gap: b would become test1, not the test2 its place says
         raise ConfigError(f"--testpref {cfg.testpref!r} has an empty prefix; separate the prefixes with single commas")
     for i, prefix in enumerate(prefixes):
         splits["test" if i == 0 else f"test{i}"] = prefix

@@ -56,9 +56,9 @@ class Vocab:
         return (self.n_pieces + 7) // 8 * 8
 
     def encode(self, lines: Sequence[str], n_threads: int = 1) -> list[list[int]]:
-        """Piece ids of each line. sentencepiece's list call starts a thread pool even for one thread: 0.08 ms
-        a call on an idle machine, about 2 ms while a search keeps the cores busy (`nmt serve` encodes each
-        request's texts between search steps), so one thread encodes line by line, without threads."""
+        """Piece ids of each line. sentencepiece's list call starts a thread pool even for one thread, cheap on
+        an idle machine and costly while a search keeps the cores busy (`nmt serve` encodes each request's
+        texts between search steps; `benchmarks/bench_serve.py`), so one thread encodes line by line."""
         if n_threads == 1:
             return [self.sp.encode(line, out_type=int) for line in lines]
         return self.sp.encode(list(lines), out_type=int, num_threads=n_threads)
@@ -91,7 +91,7 @@ def train_spm(
     `control_symbols` get ids of their own (after eos) that encoding text never produces (tree tokens).
     """
     # The model comes back in memory (model_writer) and is written here: sentencepiece's own file writing
-    # ignores a full disk and leaves a truncated model, which had been reported as "not a sentencepiece model".
+    # ignores a full disk and leaves a truncated model, which would be reported as "not a sentencepiece model".
     trained = io.BytesIO()
     try:
         spm.SentencePieceTrainer.train(

@@ -14,8 +14,8 @@ only if the tree can still be finished in time (each leaf and each open bracket 
     EOS    root opened and depth == 0 (so every leaf is placed)
 
 MAX_OPEN_RUN (8) bounds chains like `(S (S (NP (NP (NP ...`: no tree of the treebank sample opens more
-than 6 brackets in a row, and an undertrained model's search had filled the whole length budget (|x| + 300)
-with them, slowly (beam 21 took over 13 minutes for 433 sentences).
+than 6 brackets in a row, and without the bound an undertrained model's search can fill the whole length budget
+(|x| + 300) with them, which makes its search very slow.
 
 If M >= |x| + 2 at the start, some token is always allowed, and at t = M only EOS is: the search
 cannot produce a malformed tree or one with another number of leaves.

@@ -55,8 +55,8 @@ def is_open(token: str) -> bool:
 
 def token_piece(token: str) -> str:
     """A tree token's spelling in the vocabulary, `<TOKEN>`: a sentencepiece control symbol, spelt apart from
-    text. A piece's string names one piece only, so a control symbol spelt `,` (the comma's tag) had left the
-    character `,` no piece of its own: every comma, full stop, `$`, `#` and `:` of the sentences was `<unk>`."""
+    text. A piece's string names one piece only, so a control symbol spelt `,` (the comma's tag) would leave
+    the character `,` no piece of its own: every comma, full stop, `$`, `#` and `:` of the text would be `<unk>`."""
     return f"<{token}>"
 
 

@@ -5,7 +5,7 @@ per line) is optional and, when given, must match the tree's words exactly. Tree
 (function tags, -NONE-, empty constituents; tree.clean) and linearised (linearize.py). Every tree
 token (`(NP`, `)`, a POS tag or XX) is a sentencepiece control symbol spelt `<TOKEN>` (linearize.token_piece):
 one id each, on the target side only, never produced when encoding text, and taking no string that text
-needs (spelt bare, `,` `.` `$` `#` `:` had been `<unk>` in every sentence). Sentencepiece is trained on
+needs (spelt bare, `,` `.` `$` `#` `:` would be `<unk>` in every sentence). Sentencepiece is trained on
 the source words only (--character-coverage 1, the default, gives every character of them a piece).
 """
 

@@ -33,8 +33,8 @@ def convert(root: Path, first: int, last: int, out_prefix: Path) -> int:
     """Write OUT_PREFIX.tree and .words; returns the number of trees.
 
     Both are written whole or not at all (the .tree file, which the recipe tests for, renamed last): a
-    conversion that failed or was killed half-way had left the trees read so far, which the next run took
-    for the whole split.
+    conversion that fails or is killed half-way leaves no part of a split that the next run could take for
+    the whole split.
     """
     n = 0
     with (

@@ -141,7 +141,7 @@ def candidate_block(v: int) -> int:
     PyTorch's CPU top-k of k entries among n switches from a partial sort to nth_element below n = 64k,
     several times slower at the cliff, and block maxima are a slow reduction unless the block is a power
     of two (vectorized widths). With at least 128 blocks per beam the first top-k (2K of K * V / block)
-    stays on the partial sort, which made the whole function faster at 8,000 and 32,000 pieces and no
+    stays on the partial sort, which makes the whole function faster at 8,000 and 32,000 pieces and no
     slower at 37,000 (`benchmarks/profile_generate.py`, `ab_generate.py`).
     """
     return 1 << max((v // 128).bit_length() - 1, 0)

@@ -60,8 +60,8 @@ class Engine:
         self.search = search_settings(cfg.path, search_config_of(state), search_overrides, self.is_parser)
         self.vocab = vocab_of(state, Path(cfg.path))
         # The model is built (and packed for the CPU) in the worker thread, by warm_up: intra-op thread pools are
-        # per thread, and once the main thread's pool had packed the model, the worker's own pool competed with
-        # it for the cores and searched far slower (benchmarks/bench_serve.py measures the server).
+        # per thread, and when the main thread's pool packs the model, the worker's own pool competes with it
+        # for the cores and searches far slower (benchmarks/bench_serve.py measures the server).
         self._build = lambda: translator_from(
             state, Path(cfg.path), self.device, AMP_DTYPES[self.precision], cfg.quantize
         )

@@ -8,8 +8,8 @@ and of the weight right away. The full [M, V] logits never exist, which on CPU m
 time the loss takes and saves the memory on GPU.
 
 Chunks are sized for the device. On CPU: 16 MB of float32 logits (2^22 elements), small enough to stay
-near the caches; once the weight gradient was summed in the transposed [D, V] layout (below), 2^21 and
-2^22 measured alike and faster than 2^23 (`benchmarks/profile_step.py`, `bench_train.py`).
+near the caches; with the weight gradient summed in the transposed [D, V] layout (below), smaller chunks
+are no faster and larger ones slower (`benchmarks/profile_step.py`, `bench_train.py`).
 On CUDA: as large as memory comfortably allows (a 3k-token micro-batch at a 37k vocabulary is one
 chunk), since every chunk re-reads and re-writes the float32 [V, D] weight gradient.
 

@@ -121,8 +121,8 @@ def restore_optimizer(
         logger.info("--reset-optimizer: Adam's moments (and fp16's loss scale) start afresh")
         return
     optimizer.load_state_dict(ckpt["optimizer"])
-    # load_state_dict also brings back the saved hyperparameters; the options given now win (a changed
-    # --adam-betas/--adam-eps/--weight-decay was logged as in use and silently not applied)
+    # load_state_dict also brings back the saved hyperparameters; the options given now win (else a changed
+    # --adam-betas/--adam-eps/--weight-decay would be logged as in use and silently not applied)
     for group in optimizer.param_groups:
         group.update(betas=cfg.adam_betas, eps=cfg.adam_eps, weight_decay=cfg.weight_decay)
     if scaler and ckpt.get("grad_scaler"):

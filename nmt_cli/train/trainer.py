@@ -103,8 +103,8 @@ class Trainer:
             batches = epoch_batches(*args, self.model_cfg.max_positions, c.bucket_shapes)
             if not batches:
                 raise DataError(f"no training pair of {self.cfg.data_dir} fits --max-tokens {self.cfg.max_tokens}")
-            # --bucket-shapes: what the shapes cost against plain batches, once a run (for WMT14's 4.5M pairs the
-            # plain batching takes ~20 s of host time, which the GPU would wait for at every epoch)
+            # --bucket-shapes: what the shapes cost against plain batches, once a run (on a corpus of millions of
+            # pairs the plain batching is long host work, which the GPU would wait for at every epoch)
             if self.bucket_limit and self._epoch_cache is None:
                 plain = epoch_batches(*args, self.model_cfg.max_positions)
                 logger.info("epoch %d: %s", epoch, compare_padding(batches, plain, *args[:2], self.bucket_limit))
@@ -402,8 +402,8 @@ def compile_layers(model: Transformer) -> None:
 
     The layers of a stack share their code, so each kind is compiled once and every layer reuses the graph
     (PyTorch inlines the modules and passes their parameters in): warm-up costs one encoder and one decoder
-    layer, not the whole model. The whole objective as one dynamic graph had not finished its 8 warm-up
-    updates in 120 s for transformer_base on an H200 (issue 33). Embeddings, the output projection and the
+    layer, not the whole model, whose objective as one dynamic graph takes far longer to warm up
+    (`benchmarks/profile_gpu.py --compile-warmup`). Embeddings, the output projection and the
     fused loss stay eager; compiled in place, the modules keep their names, so checkpoints are unchanged.
     """
     logger.info("compiling the model's layers (first updates are slow)")

@@ -3,9 +3,9 @@
 Given a chunk's logits z [n, V] (bf16 under autocast, else float32) and gold ids t [n], one program per row
 reads the row once for its maximum, its sum of exponentials (both online, in float32) and its sum, and, when a
 gradient is wanted, a second time to write softmax(z) - (1 - eps) * one_hot(t) - eps / V over z in its own
-dtype. PyTorch's element-wise passes read and wrote the [n, V] logits about ten times in float32 (a float32
+dtype. PyTorch's element-wise passes read and write the [n, V] logits about ten times in float32 (a float32
 copy, mean, max, subtract, exp, sum, divide, subtract, scatter, copy back: a large share of a transformer_base
-update's GPU time, `benchmarks/profile_gpu.py`, ../shared/gpu-runs/2026-11-26-h200).
+update's GPU time, `benchmarks/profile_gpu.py`, benchmarks/gpu-runs/2026-11-26-h200).
 The forward and the backward are one kernel because
 loss.py folds the gradient into the hidden states' and weight's gradients at once and never keeps the logits.
 
