@@ -54,13 +54,12 @@ def generate_seconds(path: Path, src: Path, args: argparse.Namespace, *extra: st
     return int(found.group(1)) / float(found.group(2)), out.read_text().splitlines()
 
 
-def start_server(path: Path, args: argparse.Namespace, batching: str) -> tuple[subprocess.Popen, int]:
+def start_server(path: Path, args: argparse.Namespace) -> tuple[subprocess.Popen, int]:
     proc = subprocess.Popen(
         NMT
         + ["serve", "--path", str(path), "--port", "0", "--device", args.device, "--threads", str(args.threads)]
         + ["--beam", str(args.beam), "--max-queue", "100000"]
-        + ([] if args.max_wait_ms is None else ["--max-wait-ms", str(args.max_wait_ms)])
-        + ["--batching", batching],
+        + ([] if args.max_wait_ms is None else ["--max-wait-ms", str(args.max_wait_ms)]),
         stderr=subprocess.PIPE,
         text=True,
         cwd=ROOT,
@@ -217,13 +216,6 @@ def main() -> None:
     ap.add_argument("--beam", type=int, default=4)
     ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     ap.add_argument("--max-wait-ms", type=float, default=None, help="The server's --max-wait-ms (default: its own).")
-    ap.add_argument(
-        "--batching",
-        nargs="+",
-        default=["whole", "in-flight"],
-        choices=("whole", "in-flight"),
-        help="The server's --batching: one server (a row) each, in this order.",
-    )
     ap.add_argument("--tiny", action="store_true", help="Digit sentences, 4 clients: a few seconds.")
     ap.add_argument("--conditions", default="", help="How the machine was (idle, under load), for the record.")
     args = ap.parse_args()
@@ -242,52 +234,46 @@ def main() -> None:
     gen_one, _ = generate_seconds(args.path, single_src, args, "--batch-size", "1")
     per_batch = gen_batch / -(-len(lines) // args.clients)
 
-    rows = []
-    for batching in args.batching:
-        proc, port = start_server(args.path, args, batching)
-        try:
-            loop_before, all_before = thread_seconds(proc.pid)
-            latencies, answers, seconds = load(port, lines, args.clients, args.time_limit)
-            loop_after, all_after = thread_seconds(proc.pid)
-            batches = batch_sizes(port)  # phase 1's batches only (the single client's are all of one)
-            searched = search_seconds(port)
-            single, _, _ = load(port, lines[: args.single], 1, args.time_limit)
-            searched = search_seconds(port) - searched
-        finally:
-            proc.terminate()
-            proc.wait(60)
-        served = len(latencies)
-        rows.append(
-            {
-                "batching": batching,
-                "sentences": served,
-                "clients": args.clients,
-                "serve sent/s": round(served / seconds, 1),
-                "generate sent/s": round(len(lines) / gen_all, 1),
-                "ratio": round(served / seconds / (len(lines) / gen_all), 2),
-                f"generate batch of {args.clients} sent/s": round(len(lines) / gen_batch, 1),
-                f"ratio to batch of {args.clients}": round(served / seconds / (len(lines) / gen_batch), 2),
-                "p50 ms": round(percentile(latencies, 0.5) * 1000, 1),
-                "p99 ms": round(percentile(latencies, 0.99) * 1000, 1),
-                f"generate batch of {args.clients} ms": round(per_batch * 1000, 1),
-                "1 client ms": round(sum(single) / max(len(single), 1) * 1000, 1),
-                "generate 1 sentence ms": round(gen_one / len(lines[: args.single]) * 1000, 1),
-                # one client's latency less the server's own search time for it: what serving adds, measured
-                # in one go (generate's sentence alone is timed in another process, a minute apart)
-                "1 client added ms": round((sum(single) - searched) / max(len(single), 1) * 1000, 1),
-                # sentences per batch, or per search step in flight
-                "mean batch": round(float(batches.group(1)) / max(int(batches.group(2)), 1), 1) if batches else None,
-                # the event loop's CPU time per request (phase 1), and its share of all the server's
-                "HTTP CPU ms/request": round((loop_after - loop_before) / max(len(latencies), 1) * 1000, 2),
-                "HTTP share of CPU %": round(100 * (loop_after - loop_before) / max(all_after - all_before, 1e-9), 1),
-                "differ from generate": sum(answers[i] != expected[i] for i in answers),
-                "conditions": args.conditions or "not given",
-            }
-        )
-    for key in rows[0]:  # rows of many columns read better down the page, side by side
-        print(f"{key:>28}  " + "".join(f"{row[key]!s:>12}" for row in rows))
+    proc, port = start_server(args.path, args)
+    try:
+        loop_before, all_before = thread_seconds(proc.pid)
+        latencies, answers, seconds = load(port, lines, args.clients, args.time_limit)
+        loop_after, all_after = thread_seconds(proc.pid)
+        batches = batch_sizes(port)  # phase 1's batches only (the single client's are all of one)
+        searched = search_seconds(port)
+        single, _, _ = load(port, lines[: args.single], 1, args.time_limit)
+        searched = search_seconds(port) - searched
+    finally:
+        proc.terminate()
+        proc.wait(60)
+    served = len(latencies)
+    row = {
+        "sentences": served,
+        "clients": args.clients,
+        "serve sent/s": round(served / seconds, 1),
+        "generate sent/s": round(len(lines) / gen_all, 1),
+        "ratio": round(served / seconds / (len(lines) / gen_all), 2),
+        f"generate batch of {args.clients} sent/s": round(len(lines) / gen_batch, 1),
+        f"ratio to batch of {args.clients}": round(served / seconds / (len(lines) / gen_batch), 2),
+        "p50 ms": round(percentile(latencies, 0.5) * 1000, 1),
+        "p99 ms": round(percentile(latencies, 0.99) * 1000, 1),
+        f"generate batch of {args.clients} ms": round(per_batch * 1000, 1),
+        "1 client ms": round(sum(single) / max(len(single), 1) * 1000, 1),
+        "generate 1 sentence ms": round(gen_one / len(lines[: args.single]) * 1000, 1),
+        # one client's latency less the server's own search time for it: what serving adds, measured
+        # in one go (generate's sentence alone is timed in another process, a minute apart)
+        "1 client added ms": round((sum(single) - searched) / max(len(single), 1) * 1000, 1),
+        "mean batch": round(float(batches.group(1)) / max(int(batches.group(2)), 1), 1) if batches else None,
+        # the event loop's CPU time per request (phase 1), and its share of all the server's
+        "HTTP CPU ms/request": round((loop_after - loop_before) / max(len(latencies), 1) * 1000, 2),
+        "HTTP share of CPU %": round(100 * (loop_after - loop_before) / max(all_after - all_before, 1e-9), 1),
+        "differ from generate": sum(answers[i] != expected[i] for i in answers),
+        "conditions": args.conditions or "not given",
+    }
+    for key, value in row.items():  # a row of many columns reads better down the page
+        print(f"{key:>28}  {value!s:>12}")
     if not args.tiny:
-        report_json("serve", rows)
+        report_json("serve", [row])
 
 
 if __name__ == "__main__":

@@ -21,7 +21,7 @@
 #   4. recipe     recipes/multi30k_en_de trained for TRAIN_MINUTES (2) on the GPU, its sacreBLEU
 #   5. serve      benchmarks/bench_serve.py on the recipe's checkpoint (or SERVE_CHECKPOINT's, a model trained
 #                 elsewhere, to compare with its CPU figures): `nmt serve` on the GPU under 32
-#                 clients and one, whole batches and in flight, next to `nmt generate`; then
+#                 clients and one, next to `nmt generate`; then
 #                 benchmarks/profile_serve.py, where a served sentence's time goes (after it in serve.log)
 #   6. compile    --compile's warm-up for transformer_base (8 updates), if time is left before DEADLINE
 # then a table (OUT_DIR/summary.md). Runs from this checkout with the packages of a CUDA PyTorch image (torch,
@@ -116,7 +116,7 @@ if [ "$DRY_RUN" = 1 ]; then  # the same steps at tiny sizes on the CPU (gpu test
     step profile 120 "$PYTHON" benchmarks/profile_gpu.py --device cpu --results "$RESULTS"
     step recipe 60 env DRY_RUN=1 PATH="$WORK/bin:$PATH" WORK_DIR="$WORK/multi30k" RAW_DIR="$RAW_DIR" \
         TRAIN_MINUTES="$TRAIN_MINUTES" bash recipes/multi30k_en_de/run.sh
-    serve_step 120 --tiny "--single 4 --sentences 40 --rounds 1" --threads 1
+    serve_step 120 --tiny "--single 4 --rounds 1" --threads 1
     skipped compile "dry run (tests/test_compile.py's slow test compiles on the CPU)"
 else
     step tests 150 "$PYTHON" -m pytest -q -p no:cacheprovider -m gpu
@@ -129,7 +129,7 @@ else
         skipped recipe "no Multi30k at RAW_DIR=$RAW_DIR (give RAW_DIR=DIR with train, valid, test_2016_flickr .en/.de)"
         failed+=(recipe)
     fi
-    serve_step 150 "" "--single 30 --sentences 500 --rounds 2" --device cuda --input "$RAW_DIR/test_2016_flickr.en"
+    serve_step 150 "" "--single 30 --rounds 2" --device cuda --input "$RAW_DIR/test_2016_flickr.en"
     if [ $((DEADLINE - (SECONDS - start))) -ge 90 ]; then  # whole or not at all: a cut-short warm-up says nothing
         step compile 90 "$PYTHON" benchmarks/profile_gpu.py --compile-warmup --results "$RESULTS"
     else

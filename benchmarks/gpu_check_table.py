@@ -88,27 +88,25 @@ def recipe_row(work: Path) -> tuple[str, str]:
 
 
 def serve_rows(out: Path) -> list[tuple[str, str]]:
-    """bench_serve.py's table in serve.log: one column per batching, a row per figure."""
+    """bench_serve.py's table in serve.log: a line per figure; no row where it did not print one."""
     log = out / "serve.log"
-    table = {}
+    figure = {}
     for line in log.read_text().splitlines() if log.exists() else []:
         if found := re.match(r"\s*(\S.*?)\s{2,}(\S.*)$", line):
-            table[found.group(1)] = found.group(2).split()
-    rows = []
-    for i, batching in enumerate(table.get("batching", [])):
-        figure = {key: values[i] for key, values in table.items() if len(values) > i}
-        rows.append(
-            (
-                f"serve, {batching} batching",
-                f"32 clients {figure.get('serve sent/s')} sent/s ({figure.get('ratio')}x generate's "
-                f"{figure.get('generate sent/s')}, {figure.get('ratio to batch of 32')}x its batches of 32), "
-                f"p50 / p99 {figure.get('p50 ms')} / {figure.get('p99 ms')} ms "
-                f"(2 x generate's batch of 32: {2 * float(figure.get('generate batch of 32 ms', 'nan')):.0f} ms); "
-                f"1 client {figure.get('1 client ms')} ms (generate {figure.get('generate 1 sentence ms')} ms, "
-                f"serving's own {figure.get('1 client added ms')} ms)",
-            )
+            figure[found.group(1)] = found.group(2).strip()
+    if "serve sent/s" not in figure:
+        return []
+    return [
+        (
+            "serve",
+            f"32 clients {figure.get('serve sent/s')} sent/s ({figure.get('ratio')}x generate's "
+            f"{figure.get('generate sent/s')}, {figure.get('ratio to batch of 32')}x its batches of 32), "
+            f"p50 / p99 {figure.get('p50 ms')} / {figure.get('p99 ms')} ms "
+            f"(2 x generate's batch of 32: {2 * float(figure.get('generate batch of 32 ms', 'nan')):.0f} ms); "
+            f"1 client {figure.get('1 client ms')} ms (generate {figure.get('generate 1 sentence ms')} ms, "
+            f"serving's own {figure.get('1 client added ms')} ms)",
         )
-    return rows
+    ]
 
 
 def main() -> None:

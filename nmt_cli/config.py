@@ -389,13 +389,6 @@ class ServeConfig:
     port: int = flag(8080, "Port to listen on (0: a free one, logged at start).", min=0, max=65535)
     max_batch_tokens: int = flag(8000, "Padded source tokens per batch, as generate's --max-tokens.", min=1)
     max_wait_ms: float = flag(25.0, "How long a sentence waits for others to batch with.", min=0)
-    batching: str = flag(
-        "whole",
-        "whole: batches searched from their first step to their last; in-flight: a beam search that sentences "
-        "join and leave between steps (continuous batching), measured no faster on 2 CPU cores or on an H100 "
-        "with 32 clients. Greedy, sampling and parsing run in whole batches.",
-        choices=("whole", "in-flight"),
-    )
     max_request_sentences: int = flag(256, "Sentences one request may hold.", min=1)
     max_queue: int = flag(4096, "Sentences waiting at most; a request that would exceed it gets 503.", min=1)
     timeout: float = flag(60.0, "Seconds a request may take before it gets 504.", min=0, min_open=True)

@@ -84,22 +84,20 @@ def test_gpu_check_table_reads_what_the_steps_leave(tmp_path):
     (out / "results.jsonl").write_text("".join(json.dumps({**r, "precision": "bf16"}) + "\n" for r in results))
     (out / "env.log").write_text("NVIDIA H100\ntorch 2.11.0+cu130 cuda 13.0 NVIDIA H100 80GB HBM3\n")
     (out / "tests.log").write_text("....F....\n1 failed, 8 passed in 75.2s\n")
-    serve = {  # bench_serve.py's printed table: a row per figure, a column per batching
-        "batching": ["whole", "in-flight"],
-        "serve sent/s": ["88.5", "145.3"],
-        "generate sent/s": ["588.0", "588.0"],
-        "ratio": ["0.15", "0.25"],
-        "ratio to batch of 32": ["0.47", "0.77"],
-        "p50 ms": ["350.0", "194.0"],
-        "p99 ms": ["782.0", "821.0"],
-        "generate batch of 32 ms": ["165.5", "165.5"],
-        "1 client ms": ["81.5", "103.1"],
-        "generate 1 sentence ms": ["76.9", "76.9"],
-        "1 client added ms": ["1.2", "2.0"],
+    serve = {  # bench_serve.py's printed table: a line per figure
+        "serve sent/s": "145.3",
+        "generate sent/s": "588.0",
+        "ratio": "0.25",
+        "ratio to batch of 32": "0.77",
+        "p50 ms": "194.0",
+        "p99 ms": "821.0",
+        "generate batch of 32 ms": "165.5",
+        "1 client ms": "103.1",
+        "generate 1 sentence ms": "76.9",
+        "1 client added ms": "2.0",
+        "conditions": "not given",
     }
-    (out / "serve.log").write_text(
-        "".join(f"{k:>28}  " + "".join(f"{v:>12}" for v in vs) + "\n" for k, vs in serve.items())
-    )
+    (out / "serve.log").write_text("".join(f"{k:>28}  {v:>12}\n" for k, v in serve.items()))
     (work / "multi30k" / "score.txt").write_text("BLEU = 35.05 67.9/43.2/30.1/21.1 (BP = 0.949)\n")
     (work / "multi30k" / "train.jsonl").write_text('{"event": "train", "update": 1594}\n')
     r = subprocess.run(
@@ -114,7 +112,7 @@ def test_gpu_check_table_reads_what_the_steps_leave(tmp_path):
     assert "270,198 target tok/s, 75.6 ms/update, MFU 10.2%, 8.1 GiB" in table
     assert "3,000 sentences in 3.35 s (26,347 tokens/s)" in table
     assert (
-        "| serve, in-flight batching | 32 clients 145.3 sent/s (0.25x generate's 588.0, 0.77x its batches of 32), "
+        "| serve | 32 clients 145.3 sent/s (0.25x generate's 588.0, 0.77x its batches of 32), "
         "p50 / p99 194.0 / 821.0 ms (2 x generate's batch of 32: 331 ms); 1 client 103.1 ms (generate 76.9 ms, "
         "serving's own 2.0 ms) |" in table
     )

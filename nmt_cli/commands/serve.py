@@ -73,14 +73,13 @@ def serve(cfg: ServeConfig, search_overrides: dict[str, Any]) -> None:
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on"))
     host, port = sock.getsockname()[:2]
     logger.info(
-        "serving %s (%s) on http://%s:%d (%s, %s, %s batches of %d tokens, waiting %g ms)",
+        "serving %s (%s) on http://%s:%d (%s, %s, batches of %d tokens, waiting %g ms)",
         cfg.path,
         engine.info["task"],
         f"[{host}]" if ":" in host else host,
         port,
         engine.device,
         engine.precision if cfg.quantize is None else cfg.quantize,
-        engine.info["batching"],
         cfg.max_batch_tokens,
         cfg.max_wait_ms,
     )

@@ -128,11 +128,10 @@ class SelfAttention(nn.Module):
         return project_out(self.out, y)
 
     def step(
-        self, x: Tensor, past_k: Tensor, past_v: Tensor, rows: Tensor | None = None, bias: Tensor | None = None
+        self, x: Tensor, past_k: Tensor, past_v: Tensor, rows: Tensor | None = None
     ) -> tuple[Tensor, Tensor, Tensor]:
         """One decoding step. x: [N, D]; past_k: [N', H, t, Dk], past_v: [N', H, t, Dh]; rows: [N] the past
-        row each row continues (None: the same one); bias: [N, 1, 1, t+1] added to the scores or None
-        -> (y [N, D], k [N, H, t+1, Dk], v [N, H, t+1, Dh]).
+        row each row continues (None: the same one) -> (y [N, D], k [N, H, t+1, Dk], v [N, H, t+1, Dh]).
 
         Rows stay two-dimensional and the heads are views of the projection: on CPU each tensor call costs
         a few microseconds of Python and dispatch, and a step makes a few dozen per layer."""
@@ -140,7 +139,7 @@ class SelfAttention(nn.Module):
         qkv = self.qkv(x)  # [N, 2 * H*Dk + D]
         k = append_step(past_k, qkv[:, qk : 2 * qk], rows)
         v = append_step(past_v, qkv[:, 2 * qk :], rows)
-        y = attend(qkv[:, :qk].view(n, self.heads, 1, -1), k, v, bias)  # [N, H, 1, Dh]
+        y = attend(qkv[:, :qk].view(n, self.heads, 1, -1), k, v)  # [N, H, 1, Dh]
         return self.out(y.reshape(n, -1)), k, v  # a view, whichever layout SDPA returned its one query in
 
 

@@ -25,9 +25,6 @@ class DecoderCache:
     cross_v: list[Tensor]  # per decoder layer [B, H, S, Dh]
     cross_bias: Tensor | None  # [B, 1, 1, S] added to cross-attention scores: 0, -inf at padding; None: no padding
     rows: Tensor | None = None  # [N] pending reorder: row i continues stored row rows[i]; None: N' = N, in order
-    # [N] the column of each row's first step: the columns before it are another sentence's past (a sentence
-    # that joined a running search, search/pool.py), which the row does not attend to; None: all start at 0
-    starts: Tensor | None = None
 
     @property
     def n_sentences(self) -> int:
@@ -41,7 +38,7 @@ class DecoderCache:
     def select_rows(self, rows: Tensor) -> DecoderCache:
         """Follow the surviving beams. rows: [N] indices into the current N rows (applied by the next step)."""
         return DecoderCache(
-            self.self_k, self.self_v, self.cross_k, self.cross_v, self.cross_bias, self._continued(rows), self.starts
+            self.self_k, self.self_v, self.cross_k, self.cross_v, self.cross_bias, self._continued(rows)
         )
 
     def select_sentences(self, sentences: Tensor, rows: Tensor) -> DecoderCache:
@@ -53,7 +50,6 @@ class DecoderCache:
             [v[sentences] for v in self.cross_v],
             None if self.cross_bias is None else self.cross_bias.index_select(0, sentences),
             self._continued(rows),
-            None if self.starts is None else self.starts.index_select(0, rows),
         )
 
     def _continued(self, rows: Tensor) -> Tensor:

@@ -168,16 +168,14 @@ class DecoderLayer(nn.Module):
         cross_k: Tensor,
         cross_v: Tensor,
         cross_bias: Tensor | None,
-        self_bias: Tensor | None = None,
     ) -> tuple[Tensor, Tensor, Tensor]:
         """One incremental step (inference only). x: [N, D] with N = B*K; rows: pending beam reorder of
-        past_k/v (cache.py); cross_bias: [B, 1, 1, S] added to the cross-attention scores (attention_bias);
-        self_bias: [N, 1, 1, t+1] added to the self-attention scores (-inf at another sentence's columns)
+        past_k/v (cache.py); cross_bias: [B, 1, 1, S] added to the cross-attention scores (attention_bias)
         -> (x [N, D], k, v [N, H, t+1, Dh])."""
         new_kv: list[Tensor] = []
 
         def self_attend(h: Tensor) -> Tensor:
-            y, k, v = self.self_attn.step(h, past_k, past_v, rows, self_bias)
+            y, k, v = self.self_attn.step(h, past_k, past_v, rows)
             new_kv.extend((k, v))
             return y
 

@@ -53,12 +53,9 @@ class Embedding(nn.Module):
             self.register_buffer("positions", sinusoidal_positions(max_positions, d_model), persistent=False)
         self.dropout = Dropout(dropout)
 
-    def forward(self, tokens: Tensor, start: int | Tensor = 0) -> Tensor:
-        """tokens: [N, T] -> [N, T, D], positions start..start+T-1; start: [N], each row's own (T = 1)."""
-        if isinstance(start, Tensor):
-            pos = self.positions[start][:, None]
-        else:
-            pos = self.positions[start : start + tokens.shape[1]]
+    def forward(self, tokens: Tensor, start: int = 0) -> Tensor:
+        """tokens: [N, T] -> [N, T, D], positions start..start+T-1."""
+        pos = self.positions[start : start + tokens.shape[1]]
         return self.dropout(self.tokens(tokens) * self.scale + pos)
 
 
@@ -183,26 +180,11 @@ class Transformer(nn.Module):
 
         The cache is advanced in place (each layer's old state is freed as its new one is made) and
         returned. The step index is the cache length; rows are ordered sentence-major (row = b * K + beam).
-        Rows that joined late (`cache.starts`, search/pool.py) are at their own positions and attend only to
-        their own columns.
         """
-        if cache.starts is None:
-            x = self.tgt_embed(prev_tokens[:, None], start=cache.length)[:, 0]  # [N, D]
-            self_bias = None
-        else:
-            x = self.tgt_embed(prev_tokens[:, None], start=cache.length - cache.starts)[:, 0]
-            earlier = torch.arange(cache.length + 1, device=prev_tokens.device) < cache.starts[:, None]  # [N, t+1]
-            self_bias = attention_bias(earlier, x.dtype)  # [N, 1, 1, t+1]
+        x = self.tgt_embed(prev_tokens[:, None], start=cache.length)[:, 0]  # [N, D]
         for i, layer in enumerate(self.decoder):
             x, cache.self_k[i], cache.self_v[i] = layer.step(
-                x,
-                cache.self_k[i],
-                cache.self_v[i],
-                cache.rows,
-                cache.cross_k[i],
-                cache.cross_v[i],
-                cache.cross_bias,
-                self_bias,
+                x, cache.self_k[i], cache.self_v[i], cache.rows, cache.cross_k[i], cache.cross_v[i], cache.cross_bias
             )
         cache.rows = None
         logits = self.logits(self.decoder_norm(x)).float()  # the step's own tensor, float32 under autocast too

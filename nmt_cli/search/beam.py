@@ -66,7 +66,7 @@ def max_lengths(src_lens: Tensor, cfg: SearchConfig, max_positions: int) -> Tens
 
 def constrain(
     log_probs: Tensor,
-    step: int | Tensor,
+    step: int,
     max_len: Tensor,
     cfg: SearchConfig,
     n_pieces: int | None = None,
@@ -74,8 +74,7 @@ def constrain(
 ) -> Tensor:
     """Never PAD or BOS, nor the embedding table's padding rows (ids >= n_pieces, no sentencepiece piece);
     no EOS before min_len; only EOS at max_len, min_len or not (max_len is the hard limit, as in greedy
-    search); unk penalty. log_probs: [N, V], max_len: [N], step: the tokens so far, of all rows or [N] each
-    row's own (search/pool.py).
+    search); unk penalty. log_probs: [N, V], max_len: [N].
 
     may_reach_max: False when the caller knows no row is at its maximum length yet (saves a pass over log_probs).
     """
@@ -86,10 +85,7 @@ def constrain(
     if cfg.unkpen:
         log_probs[:, UNK] -= cfg.unkpen
     eos_column = log_probs[:, EOS].clone() if may_reach_max else None
-    if isinstance(step, Tensor):
-        if cfg.min_len > 0:
-            log_probs[:, EOS].masked_fill_(step < cfg.min_len, NEG_INF)
-    elif step < cfg.min_len:
+    if step < cfg.min_len:
         log_probs[:, EOS] = NEG_INF
     if eos_column is not None:
         at_max = max_len <= step
@@ -147,15 +143,6 @@ def candidate_block(v: int) -> int:
     return 1 << max((v // 128).bit_length() - 1, 0)
 
 
-def finish_slots(count: Tensor, scores: Tensor, tokens: Tensor, k: int) -> tuple[Tensor, Tensor]:
-    """Which of each sentence's K best candidates finish (EOS with a finite score, while slots remain) and the
-    slot each is written to, K (the spare) for the others. count: [B] slots filled -> write, dest: [B, K]."""
-    is_final = (tokens[:, :k] == EOS) & torch.isfinite(scores[:, :k])
-    slot = count[:, None] + is_final.long().cumsum(1) - 1
-    write = is_final & (slot < k)
-    return write, torch.where(write, slot, k)
-
-
 def finish(
     state: BeamState,
     fin: Finished,
@@ -163,67 +150,47 @@ def finish(
     beams: Tensor,
     tokens: Tensor,
     log_probs: Tensor,
-    step: int | Tensor,
+    step: int,
     cfg: SearchConfig,
 ) -> None:
     """Move EOS candidates ranked within the top K into the finished slots, best first, while slots remain.
-
-    step: the tokens so far, the same for every sentence (beam_search: the hypotheses are its `step` columns),
-    or [B] each sentence's own (search/pool.py: hypotheses left-aligned in buffers as wide as fin's, PAD after
-    their own step). A finished hypothesis is the alive one it extends, with EOS written at column `step`.
 
     All K top candidates are written, those that do not finish into the spare slot K: no host sync. The step's
     numbers are written as device tensors: a Python number written through tensor indices becomes a CPU
     tensor that PyTorch copies to the device with a blocking copy (two host syncs a step on CUDA).
     """
     b, k = state.scores.shape
-    write, dest = finish_slots(fin.count[state.sent_ids], scores, tokens, k)
+    is_final = (tokens[:, :k] == EOS) & torch.isfinite(scores[:, :k])  # [B, K]
+    slot = fin.count[state.sent_ids, None] + is_final.long().cumsum(1) - 1
+    write = is_final & (slot < k)
+    dest = torch.where(write, slot, k)  # [B, K]
     sent, src_beam = state.sent_ids[:, None].expand(b, k), beams[:, :k]
     rows = torch.arange(b, device=beams.device)[:, None]
-    penalty: float | Tensor
-    if isinstance(step, Tensor):
-        at: int | Tensor = step[:, None].expand(b, k)
-        length, penalty = at + 1, length_penalties(step + 1, cfg).float()[:, None]
-    else:
-        at, length = step, dest.new_full((), step + 1)
-        penalty = length_penalty(step + 1, cfg.lenpen, cfg.lenpen_style)
-    width = state.tokens.shape[2]
-    fin.tokens[sent, dest, :width] = state.tokens[rows, src_beam]
-    fin.tokens[sent, dest, at] = dest.new_full((), EOS)
-    fin.step_scores[sent, dest, :width] = state.step_scores[rows, src_beam]
-    fin.step_scores[sent, dest, at] = log_probs.view(b, k, -1)[rows, src_beam, EOS]
-    fin.lengths[sent, dest] = length
-    fin.scores[sent, dest] = scores[:, :k] / penalty
+    fin.tokens[sent, dest, :step] = state.tokens[rows, src_beam]
+    fin.tokens[sent, dest, step] = dest.new_full((), EOS)
+    fin.step_scores[sent, dest, :step] = state.step_scores[rows, src_beam]
+    fin.step_scores[sent, dest, step] = log_probs.view(b, k, -1)[rows, src_beam, EOS]
+    fin.lengths[sent, dest] = dest.new_full((), step + 1)
+    fin.scores[sent, dest] = scores[:, :k] / length_penalty(step + 1, cfg.lenpen, cfg.lenpen_style)
     fin.count.index_add_(0, state.sent_ids, write.long().sum(1))
 
 
-def length_penalties(lengths: Tensor, cfg: SearchConfig) -> Tensor:
-    """length_penalty of each length [B] (EOS counted), in float64 as Python computes it there."""
-    n = lengths.double()
-    return ((5.0 + n) / 6.0) ** cfg.lenpen if cfg.lenpen_style == "gnmt" else n**cfg.lenpen
-
-
 def survive(
-    state: BeamState, scores: Tensor, beams: Tensor, tokens: Tensor, log_probs: Tensor, step: Tensor | None = None
-) -> tuple[BeamState, Tensor, Tensor]:
-    """Keep the best K candidates that do not end in EOS. Their tokens are appended as a column, or with
-    step ([B], search/pool.py) written at each sentence's own column. Returns the new state, the source rows
-    [B*K] and the new tokens [B, K]."""
+    state: BeamState, scores: Tensor, beams: Tensor, tokens: Tensor, log_probs: Tensor
+) -> tuple[BeamState, Tensor]:
+    """Keep the best K candidates that do not end in EOS. Returns the new state and the source rows [B*K]."""
     b, k = state.scores.shape
     alive_scores, pick = scores.masked_fill(tokens == EOS, NEG_INF).topk(k, dim=1)  # [B, K]
     src_beam, new_token = beams.gather(1, pick), tokens.gather(1, pick)
     rows = (torch.arange(b, device=beams.device)[:, None] * k + src_beam).view(-1)  # [B*K]
     token_scores = log_probs[rows, new_token.view(-1)].view(b, k)
-    kept_tokens = state.tokens.view(b * k, -1)[rows].view(b, k, -1)
-    step_scores = state.step_scores.view(b * k, -1)[rows].view(b, k, -1)
-    if step is None:
-        kept_tokens = torch.cat([kept_tokens, new_token[:, :, None]], dim=2)
-        step_scores = torch.cat([step_scores, token_scores[:, :, None]], dim=2)
-    else:
-        at = step[:, None, None].expand(b, k, 1)
-        kept_tokens.scatter_(2, at, new_token[:, :, None])
-        step_scores.scatter_(2, at, token_scores[:, :, None])
-    return BeamState(kept_tokens, alive_scores, step_scores, state.sent_ids), rows, new_token
+    new = BeamState(
+        torch.cat([state.tokens.view(b * k, -1)[rows].view(b, k, -1), new_token[:, :, None]], dim=2),
+        alive_scores,
+        torch.cat([state.step_scores.view(b * k, -1)[rows].view(b, k, -1), token_scores[:, :, None]], 2),
+        state.sent_ids,
+    )
+    return new, rows
 
 
 def per_beam(x: Tensor, k: int) -> Tensor:
@@ -317,7 +284,7 @@ def beam_search(
             log_probs = constraint.mask(log_probs, tree, step, row_max_len)
         scores, beams, tokens = top_candidates(state, log_probs)
         finish(state, fin, scores, beams, tokens, log_probs, step, cfg)
-        state, rows, _ = survive(state, scores, beams, tokens, log_probs)
+        state, rows = survive(state, scores, beams, tokens, log_probs)
         done = fin.count[state.sent_ids] >= k  # [B]
         b, n_done = done.shape[0], int(done.sum())  # the step's one host synchronisation
         if n_done == b:

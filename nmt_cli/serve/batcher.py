@@ -9,15 +9,8 @@ last batch when that is later). A lone client is never kept waiting, and 32 clie
 the oldest one's search settings (the job's `key`), packed by `batch_by_tokens` as `nmt generate` packs
 its input, and the batch holding the oldest sentence taken. Empty sentences cost nothing and ride along.
 A request is answered as soon as its last sentence is done; a cancelled one (timed out, client gone) loses
-its sentences that have not started (in flight: all of them, at the next step). `stop` refuses new
-requests, finishes the queued ones, and returns.
+its sentences that have not started. `stop` refuses new requests, finishes the queued ones, and returns.
 Before its first batch the worker runs `warm_up` (one sentence through the model), then sets `ready`.
-
-In flight (`make_pool` gives a Pool for the settings, search/pool.py): the oldest sentence's batch starts a
-search at once, without waiting for company, and between its steps the queued sentences of the same settings
-join it (once a quarter of its count is queued, or the oldest has waited max_wait; within max_tokens), while
-every finished sentence leaves it and is answered. Queued sentences of other settings stop new ones joining:
-the pool empties, and then the oldest queued sentence starts the next search.
 """
 
 from __future__ import annotations
@@ -29,7 +22,7 @@ from collections.abc import Callable, Hashable, Sequence
 from concurrent.futures import Future, InvalidStateError
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 
@@ -38,23 +31,7 @@ from nmt_cli.data.batching import batch_by_tokens
 logger = logging.getLogger(__name__)
 
 RunBatch = Callable[[Hashable, list[Any]], list[Any]]  # (key, items) -> one result per item, in order
-OnBatch = Callable[[int, int, float], None]  # (sentences, requests, seconds) of each batch run or pool step
-
-
-class Pool(Protocol):
-    """A running search that items join and leave between steps (search/pool.py's BeamPool, as the engine
-    wraps it): `add` items with tags, `step` returns the (tag, result) of the items finished at it."""
-
-    def add(self, items: list[Any], tags: list[Hashable]) -> None: ...
-
-    def step(self) -> list[tuple[Hashable, Any]]: ...
-
-    def drop(self, tags: list[Hashable]) -> None: ...
-
-    def __len__(self) -> int: ...
-
-
-MakePool = Callable[[Hashable], "Pool | None"]  # a pool for the settings `key`, or None: they run in batches
+OnBatch = Callable[[int, int, float], None]  # (sentences, requests, seconds) of each batch run
 
 
 class QueueFull(Exception):
@@ -103,13 +80,9 @@ class Batcher:
         worker_context: Callable[[], AbstractContextManager[Any]] = nullcontext,
         on_batch: OnBatch | None = None,
         warm_up: Callable[[], Any] | None = None,
-        make_pool: MakePool | None = None,
     ) -> None:
         self.run, self.max_tokens, self.max_wait, self.max_queue = run, max_tokens, max_wait, max_queue
-        self.worker_context, self.on_batch, self.warm_up, self.make_pool = worker_context, on_batch, warm_up, make_pool
-        self._pool: Pool | None = None  # the pool of the last settings asked for (None: they run in batches)
-        self._pool_key: Hashable = object()  # those settings
-        self._in_pool: dict[Hashable, Queued] = {}  # its sentences, by tag
+        self.worker_context, self.on_batch, self.warm_up = worker_context, on_batch, warm_up
         self.ready = threading.Event()  # set once the worker has warmed up (GET /ready)
         self._queue: list[Queued] = []
         self._free_since = time.monotonic()  # when the worker last finished a batch
@@ -179,90 +152,8 @@ class Batcher:
                     self.ready.set()
             else:
                 self.ready.set()
-            while True:
-                if self._pool is not None and len(self._pool):
-                    self._step_pool(self._pool)
-                    continue
-                if (batch := self._next_batch()) is None:
-                    return
-                pool = self._pool_for(batch[0].job.key)
-                if pool is None:
-                    self._run_batch(batch, whole=True)
-                else:
-                    self._join(pool, batch)
-
-    def _pool_for(self, key: Hashable) -> Pool | None:
-        """The pool that searches with the settings `key` (the last one made, kept while they are asked
-        for), or None: those settings run in batches."""
-        if self.make_pool is None:
-            return None
-        if key != self._pool_key:
-            self._pool, self._pool_key = self.make_pool(key), key
-        return self._pool
-
-    def _join(self, pool: Pool, queued: list[Queued]) -> None:
-        """Sentences into the pool; empty ones are answered at once (they need no search)."""
-        empty = [q for q in queued if q.length == 0]
-        if empty:
-            self._run_batch(empty)
-        searched = [q for q in queued if q.length > 0]
-        tags: list[Hashable] = [id(q) for q in searched]
-        self._in_pool.update(zip(tags, searched))
-        if searched:
-            pool.add([q.job.items[q.index] for q in searched], tags)
-
-    def _fitting(self, queued: list[Queued]) -> tuple[list[Queued], list[Queued]]:
-        """The queued sentences, oldest first, that join the pool within `max_tokens` padded source tokens (EOS
-        included, as for a batch), and the others."""
-        lengths = [q.length for q in self._in_pool.values()]
-        longest, count = max(lengths, default=0), len(lengths)
-        for i, q in enumerate(queued):
-            longest, count = max(longest, q.length), count + 1
-            if count * (longest + 1) > self.max_tokens and count > 1:
-                return queued[:i], queued[i:]
-        return queued, []
-
-    def _joining(self) -> list[Queued]:
-        """The queued sentences that join the pool before its next step, taken off the queue. Sentences of
-        other settings stop new ones joining: the pool empties, then the oldest queued runs."""
-        with self._cond:
-            self._drop_cancelled()
-            if not self._queue or any(q.job.key != self._pool_key for q in self._queue):
-                return []
-            # Joining costs an encoder pass and a copy of the cross-attention state, whatever the number
-            # joining: sentences wait for company, a quarter of the pool or max_wait, whichever comes first.
-            waited = time.monotonic() - self._queue[0].job.arrived
-            if self._stopping or 4 * len(self._queue) >= len(self._in_pool) or waited >= self.max_wait:
-                joining, self._queue = self._fitting(self._queue)
-                return joining
-            return []
-
-    def _step_pool(self, pool: Pool) -> None:
-        """Let the queued sentences of the pool's settings join, drop those of cancelled requests, then one
-        search step; answer those finished."""
-        if joining := self._joining():
-            self._join(pool, joining)
-        cancelled = [tag for tag, q in self._in_pool.items() if q.job.future.done()]  # timed out, client gone
-        if cancelled:
-            pool.drop(cancelled)
-            for tag in cancelled:
-                del self._in_pool[tag]
-        if not len(pool):
-            return
-        sentences, requests = len(self._in_pool), len({id(q.job) for q in self._in_pool.values()})
-        start = time.perf_counter()
-        try:
-            finished = pool.step()
-        except Exception as e:  # a bug or a device error: fail the pool's requests, keep serving the others
-            logger.exception("a search step over %d sentences failed", sentences)
-            for q in self._in_pool.values():
-                settle(q.job.future, exception=e)
-            self._in_pool, self._pool, self._pool_key = {}, None, object()  # the next request makes a new pool
-            return
-        if self.on_batch is not None:  # counted before the answers go out: a client answered sees it
-            self.on_batch(sentences, requests, time.perf_counter() - start)
-        for tag, result in finished:
-            self._in_pool.pop(tag).answer(result)
+            while (batch := self._next_batch()) is not None:
+                self._run_batch(batch)
 
     def _next_batch(self) -> list[Queued] | None:
         """Wait for the oldest sentence's company (or its deadline), then take its batch; None once stopped."""
@@ -281,8 +172,7 @@ class Batcher:
                 # Once they are back (as many sentences as expected) waiting longer gains nothing.
                 left = max(first.job.arrived, self._free_since) + self.max_wait - time.monotonic()
                 count, padded = self._size(first.job.key)
-                pooled = self._pool_for(first.job.key) is not None  # company joins the running search later
-                if pooled or self._stopping or left <= 0 or padded >= self.max_tokens or count >= self._expected:
+                if self._stopping or left <= 0 or padded >= self.max_tokens or count >= self._expected:
                     return self._take(first.job.key)
                 self._cond.wait(left)
 
@@ -306,9 +196,8 @@ class Batcher:
         self._queue = [q for q in self._queue if id(q) not in taken]
         return chosen
 
-    def _run_batch(self, batch: list[Queued], whole: bool = False) -> None:
-        """Search a batch and answer its requests. whole: a batch of its own (not the empty sentences of a pool's
-        join), after which the next one waits for the company this one expects."""
+    def _run_batch(self, batch: list[Queued]) -> None:
+        """Search a batch and answer its requests; the next batch waits for the company this one expects."""
         jobs = list({id(q.job): q.job for q in batch}.values())
         start = time.perf_counter()
         try:
@@ -318,12 +207,11 @@ class Batcher:
             for job in jobs:
                 settle(job.future, exception=e)
             return
-        finally:
-            if whole:  # counted before any answer goes out: an answered client may be back at once, and
-                # counting its next sentence as well as its last made the next batch wait for one too many
-                with self._cond:
-                    self._free_since = time.monotonic()
-                    self._expected = len(batch) + self._waiting()
+        finally:  # counted before any answer goes out: an answered client may be back at once, and counting
+            # its next sentence as well as its last made the next batch wait for one too many
+            with self._cond:
+                self._free_since = time.monotonic()
+                self._expected = len(batch) + self._waiting()
         if self.on_batch is not None:  # counted before the answers go out: a client answered sees it
             self.on_batch(len(batch), len(jobs), time.perf_counter() - start)
         for q, result in zip(batch, results):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import typing
-from collections.abc import Hashable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
@@ -27,7 +27,6 @@ from nmt_cli.errors import DataError
 from nmt_cli.parsing.generate import TreeParser, ptb_words
 from nmt_cli.runtime import AMP_DTYPES, choose_attention_backends, choose_device
 from nmt_cli.search.hypothesis import hypothesis_record
-from nmt_cli.search.pool import BeamPool, pool_searches
 from nmt_cli.search.settings import generation_precision, search_settings
 from nmt_cli.search.translate import Translator, sampling_generator, translate, translator_from
 from nmt_cli.serve.batcher import Batcher
@@ -70,7 +69,6 @@ class Engine:
         self.leaves = state.get("tree_leaves")
         self.max_positions = model_config_of(state, Path(cfg.path)).max_positions
         self.max_tokens = cfg.max_batch_tokens
-        self.in_flight = cfg.batching == "in-flight"
         self.threads = torch.get_num_threads()  # as set_threads left it in the main thread
         self.limit = self.max_positions - 1
         self.info = self._info(state, cfg)
@@ -92,7 +90,6 @@ class Engine:
             "quantize": cfg.quantize,
             "max_batch_tokens": cfg.max_batch_tokens,
             "max_wait_ms": cfg.max_wait_ms,
-            "batching": "in-flight" if self.in_flight else "whole",
             "max_request_sentences": cfg.max_request_sentences,
             "nmt_version": __version__,
         }
@@ -145,14 +142,7 @@ class Engine:
     def warm_up(self) -> None:
         """Build the model in the worker thread, then run one sentence through it, so that the first request
         does not pay for first-call set-up."""
-        sentences = self.prepare(["Hello, world."])
-        pool = self.pool(self.search)
-        if pool is None:
-            self.run(self.search, sentences)
-            return
-        pool.add(sentences, [0])
-        while len(pool):
-            pool.step()
+        self.run(self.search, self.prepare(["Hello, world."]))
 
     def run(self, search: Any, sentences: list[Sentence]) -> list[dict[str, Any]]:
         """Search one batch (the worker thread calls this); one JSON-ready result per sentence."""
@@ -165,43 +155,14 @@ class Engine:
         results = translate(tr, [s.ids for s in sentences], search, self.max_tokens, 0, generator)
         return [self.translation(hyps, search.nbest) for hyps in results]
 
-    def pool(self, search: Any) -> TranslationPool | None:
-        """A running beam search that a request's sentences join (serve/batcher.py) or None: a parser's,
-        greedy and sampling searches run in batches, as generate runs them."""
-        tr = self.tr
-        if not self.in_flight or self.parser is not None or not pool_searches(search):
-            return None
-        return TranslationPool(BeamPool(tr.model, search, tr.vocab.n_pieces, self.device, tr.amp_dtype), self, search)
-
     def batcher(self, max_wait: float, max_queue: int) -> Batcher:
         """The batcher (not started) whose worker searches with this engine: the server's, or a benchmark's."""
-        return Batcher(
-            self.run, self.max_tokens, max_wait, max_queue, self.worker_context, None, self.warm_up, self.pool
-        )
+        return Batcher(self.run, self.max_tokens, max_wait, max_queue, self.worker_context, None, self.warm_up)
 
     def translation(self, hyps: list[Any], nbest: int) -> dict[str, Any]:
         records = [hypothesis_record(h, self.vocab) for h in hyps]
         best = {"text": records[0]["text"], "score": records[0]["score"]}
         return {**best, "nbest": records} if nbest > 1 else best
-
-
-class TranslationPool:
-    """A BeamPool of encoded sentences (cut to the model's positions) whose results are JSON-ready."""
-
-    def __init__(self, pool: BeamPool, engine: Engine, search: SearchConfig) -> None:
-        self._pool, self._engine, self._nbest = pool, engine, search.nbest
-
-    def add(self, sentences: list[Sentence], tags: list[Hashable]) -> None:
-        self._pool.add([s.ids[: self._engine.limit] for s in sentences], tags)
-
-    def step(self) -> list[tuple[Hashable, dict[str, Any]]]:
-        return [(tag, self._engine.translation(hyps, self._nbest)) for tag, hyps in self._pool.step()]
-
-    def drop(self, tags: list[Hashable]) -> None:
-        self._pool.drop(tags)
-
-    def __len__(self) -> int:
-        return len(self._pool)
 
 
 def typed(name: str, value: Any) -> Any:

@@ -1,8 +1,8 @@
 """The server's counters, written in Prometheus' text exposition format (version 0.0.4) for `GET /metrics`.
 
 Requests by status code, sentences translated, the queue's length, batch sizes (sentences, and requests
-sharing a batch; in flight, a search step counts as a batch) as histograms, and request latency as a
-summary: quantiles over the latest LATENCY_WINDOW answered requests.
+sharing a batch) as histograms, and request latency as a summary: quantiles over the latest LATENCY_WINDOW
+answered requests.
 """
 
 from __future__ import annotations
@@ -93,10 +93,10 @@ class Metrics:
                 "# HELP nmt_queue_sentences Sentences waiting for a batch.",
                 "# TYPE nmt_queue_sentences gauge",
                 f"nmt_queue_sentences {self.queue_length()}",
-                "# HELP nmt_batch_sentences Sentences per batch searched (in flight: per search step).",
+                "# HELP nmt_batch_sentences Sentences per batch searched.",
                 "# TYPE nmt_batch_sentences histogram",
                 *self.batch_sentences.lines("nmt_batch_sentences"),
-                "# HELP nmt_batch_requests Requests whose sentences shared a batch (in flight: a search step).",
+                "# HELP nmt_batch_requests Requests whose sentences shared a batch.",
                 "# TYPE nmt_batch_requests histogram",
                 *self.batch_requests.lines("nmt_batch_requests"),
                 "# HELP nmt_batch_seconds_total Time spent searching batches.",

@@ -3,7 +3,6 @@ requests, and every bad request answered with a JSON error."""
 
 import json
 import threading
-import time
 
 import pytest
 
@@ -13,15 +12,10 @@ pytest.importorskip("starlette")
 pytest.importorskip("httpx")
 
 
-BATCHING = ["whole", "in-flight"]  # whole is the default; both are tested here
-
-
-@pytest.mark.parametrize("batching", BATCHING)
-def test_answers_are_those_of_generate_byte_for_byte(trained_copy_checkpoint, tmp_path, batching):
+def test_answers_are_those_of_generate_byte_for_byte(trained_copy_checkpoint, tmp_path):
     expected = generate_jsonl(trained_copy_checkpoint, tmp_path, SENTENCES)
     nbest = generate_jsonl(trained_copy_checkpoint, tmp_path, SENTENCES, "--nbest", "3", "--lenpen", "1.0")
-    with serving(trained_copy_checkpoint, batching=batching) as client:
-        assert client.get("/info").json()["batching"] == batching
+    with serving(trained_copy_checkpoint) as client:
         response = client.post("/translate", json={"texts": SENTENCES})
         asked = client.post("/translate", json={"texts": SENTENCES, "nbest": 3, "lenpen": 1})
         single = client.post("/translate", json={"text": SENTENCES[1]})
@@ -36,11 +30,10 @@ def test_answers_are_those_of_generate_byte_for_byte(trained_copy_checkpoint, tm
     assert any(t["text"] for t in got)  # the trained model does translate
 
 
-@pytest.mark.parametrize("batching", BATCHING)
-def test_concurrent_requests_are_batched_together_and_each_gets_its_own(trained_copy_checkpoint, tmp_path, batching):
+def test_concurrent_requests_are_batched_together_and_each_gets_its_own(trained_copy_checkpoint, tmp_path):
     expected = [r["hypotheses"][0]["text"] for r in generate_jsonl(trained_copy_checkpoint, tmp_path, SENTENCES)]
     answers = [None] * len(SENTENCES)
-    with serving(trained_copy_checkpoint, max_wait=0.5, batching=batching) as client:
+    with serving(trained_copy_checkpoint, max_wait=0.5) as client:
         barrier = threading.Barrier(len(SENTENCES))
 
         def ask(i):
@@ -138,8 +131,7 @@ def test_a_line_over_the_models_positions_is_truncated_with_a_warning(tiny_check
 def test_a_full_queue_answers_503_and_a_late_request_504(tiny_checkpoint):
     with serving(tiny_checkpoint, max_queue=2, max_request_sentences=3) as client:
         full = client.post("/translate", json={"texts": ["1", "2", "3"]})
-    # greedy search runs in batches (beam search in a pool, which sentences join without waiting)
-    with serving(tiny_checkpoint, max_wait=5.0, timeout=0.2, search={"beam": 1}) as client:
+    with serving(tiny_checkpoint, max_wait=5.0, timeout=0.2) as client:
         client.post("/translate", json={"texts": ["1", "2", "3"]})  # a batch of 3: the next waits for 3 sentences
         late = client.post("/translate", json={"text": "1 2 3"})
         metrics = client.get("/metrics").text
@@ -175,30 +167,3 @@ def test_the_server_sets_the_attention_backends_as_generate_does(tiny_checkpoint
             assert torch.backends.cuda.cudnn_sdp_enabled() is cudnn
     finally:
         torch.backends.cuda.enable_cudnn_sdp(True)  # PyTorch's default
-
-
-def test_in_flight_a_request_past_its_timeout_stops_being_searched(tiny_checkpoint):
-    """A 504's sentence leaves the running search at the next step: the search steps counted in /metrics
-    stay far below the 250 its forced length would take."""
-    forced = {"min_len": 250, "max_len_a": 0, "max_len_b": 250}
-    with serving(tiny_checkpoint, timeout=0.05, batching="in-flight") as client:
-        late = client.post("/translate", json={"text": "1 2 3", **forced})
-        time.sleep(0.2)
-        metrics = client.get("/metrics").text
-    assert late.status_code == 504
-    steps = int(next(line.split()[1] for line in metrics.splitlines() if line.startswith("nmt_batch_sentences_count")))
-    assert steps < 200, steps
-
-
-def test_in_flight_runs_beam_search_only_the_other_searches_run_in_whole_batches(tiny_checkpoint):
-    from nmt_cli.config import SearchConfig, ServeConfig
-    from nmt_cli.serve.engine import Engine
-
-    engine = Engine(ServeConfig(path=str(tiny_checkpoint), device="cpu", batching="in-flight"), {})
-    assert engine.pool(SearchConfig(beam=4)) is not None
-    assert engine.pool(SearchConfig(beam=1)) is None  # greedy search, as generate runs it
-    assert engine.pool(SearchConfig(beam=1, sampling=True, sampling_topk=5)) is None
-    whole = Engine(ServeConfig(path=str(tiny_checkpoint), device="cpu", batching="whole"), {})
-    assert whole.pool(SearchConfig(beam=4)) is None and whole.info["batching"] == "whole"
-    default = Engine(ServeConfig(path=str(tiny_checkpoint), device="cpu"), {})
-    assert default.info["batching"] == "whole"

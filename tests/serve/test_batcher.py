@@ -208,135 +208,14 @@ def test_once_the_clients_of_the_last_batch_are_back_the_batch_runs_without_wait
     assert [items for _, items in run.batches] == [["x1", "y1", "z1"], ["x2", "y2", "z2"]]
 
 
-class FakePool:
-    """Echoes each item after as many steps as it has characters; records the items searched at each step."""
-
-    def __init__(self, key, delay=0.0, fail_at=None):
-        self.key, self.delay, self.fail_at = key, delay, fail_at
-        self.running = {}  # tag -> [item, steps left]
-        self.steps = []
-
-    def add(self, items, tags):
-        for item, tag in zip(items, tags):
-            self.running[tag] = [item, len(item)]
-
-    def drop(self, tags):
-        self.dropped = getattr(self, "dropped", []) + [self.running.pop(tag)[0] for tag in tags]
-
-    def step(self):
-        self.steps.append(sorted(item for item, _ in self.running.values()))
-        if self.fail_at is not None and self.fail_at in self.steps[-1]:
-            raise RuntimeError("boom")
-        time.sleep(self.delay)
-        done = []
-        for tag, entry in list(self.running.items()):
-            entry[1] -= 1
-            if entry[1] == 0:
-                done.append((tag, f"{self.key}:{entry[0]}"))
-                del self.running[tag]
-        return done
-
-    def __len__(self):
-        return len(self.running)
-
-
-def pooled_batcher(run, pools, pool=None, **kw):
-    """A batcher whose settings "p..." run in FakePools (recorded in `pools`), the others in batches."""
-
-    def make_pool(key):
-        if not key.startswith("p"):
-            return None
-        pools.append(FakePool(key, **(pool or {})))
-        return pools[-1]
-
-    return Batcher(run, make_pool=make_pool, **{"max_tokens": 1000, "max_wait": 0.0, "max_queue": 100, **kw})
-
-
-def test_in_flight_sentences_join_a_running_search_and_leave_it_when_done():
-    run, pools = Recorder(), []
-    batcher = pooled_batcher(run, pools, pool={"delay": 0.02})
-    batcher.start()
-    long = submit(batcher, "p", ["xxxxxxxxxxxxxxxxxxxxxxxxx"])  # 25 steps
-    time.sleep(0.1)  # a few steps in
-    short = submit(batcher, "p", ["yy", "y"])
-    assert short.result(timeout=10) == ["p:yy", "p:y"]
-    assert not long.done()  # answered before the sentence they searched beside
-    assert long.result(timeout=10) == ["p:xxxxxxxxxxxxxxxxxxxxxxxxx"]
-    batcher.stop(timeout=10)
-    (pool,) = pools  # one search the whole time: the short ones joined it and left it
-    assert pool.steps[0] == ["xxxxxxxxxxxxxxxxxxxxxxxxx"] and ["xxxxxxxxxxxxxxxxxxxxxxxxx", "y", "yy"] in pool.steps
-    assert run.batches == []
-
-
-@pytest.mark.parametrize("key", ["cfg", "p"])  # a whole batch, a pool step
-def test_a_batch_is_counted_before_its_answers_go_out(key):
+def test_a_batch_is_counted_before_its_answers_go_out():
     """A client that reads /metrics once answered finds its batch counted (bench_serve.py takes what one
     client's search cost from it)."""
     counted, seen_when_answered = [], []
-    batcher = pooled_batcher(Recorder(), [], on_batch=lambda *batch: counted.append(batch))
-    future = submit(batcher, key, ["a"])  # one step in a pool
+    batcher = Batcher(Recorder(), max_tokens=1000, max_wait=0.0, max_queue=100, on_batch=lambda *b: counted.append(b))
+    future = submit(batcher, "cfg", ["a"])
     future.add_done_callback(lambda f: seen_when_answered.append(len(counted)))  # in the worker, as answered
     batcher.start()
-    assert future.result(timeout=10) == [f"{key}:a"]
+    assert future.result(timeout=10) == ["cfg:a"]
     batcher.stop(timeout=10)
     assert seen_when_answered and seen_when_answered[0] >= 1
-
-
-def test_other_settings_wait_for_the_running_search_to_empty_and_batch_settings_run_as_batches():
-    run, pools = Recorder(), []
-    batcher = pooled_batcher(run, pools, pool={"delay": 0.01})
-    first = submit(batcher, "p1", ["xxxxxx"])
-    batcher.start()
-    time.sleep(0.02)
-    other = submit(batcher, "p2", ["zz"])
-    same = submit(batcher, "p1", ["x"])  # queued after p2's: must not join, or p2 could wait forever
-    greedy = submit(batcher, "g", ["gg", "g"])
-    assert [f.result(timeout=10) for f in (first, other, same, greedy)] == [
-        ["p1:xxxxxx"],
-        ["p2:zz"],
-        ["p1:x"],
-        ["g:gg", "g:g"],
-    ]
-    batcher.stop(timeout=10)
-    assert [p.key for p in pools] == ["p1", "p2", "p1"]
-    assert all("x" not in step for step in pools[0].steps)  # p1's second sentence ran in a new search
-    assert [(key, sorted(items)) for key, items in run.batches] == [("g", ["g", "gg"])]
-
-
-def test_a_failing_search_step_fails_the_requests_in_it_and_the_worker_goes_on():
-    run, pools = Recorder(), []
-    batcher = pooled_batcher(run, pools, pool={"fail_at": "bad"})
-    batcher.start()
-    failed = submit(batcher, "p", ["fine", "bad"])
-    with pytest.raises(RuntimeError, match="boom"):
-        failed.result(timeout=10)
-    assert submit(batcher, "p", ["again"]).result(timeout=10) == ["p:again"]
-    assert submit(batcher, "q", ["ok"]).result(timeout=10) == ["q:ok"]
-    batcher.stop(timeout=10)
-    assert [p.key for p in pools] == ["p", "p"] and run.batches == [("q", ["ok"])]  # a new pool, not batches
-
-
-def test_in_flight_empty_sentences_are_answered_without_a_search_and_joining_keeps_to_the_token_budget():
-    run, pools = Recorder(), []
-    batcher = pooled_batcher(run, pools, pool={"delay": 0.01}, max_tokens=12)
-    mixed = submit(batcher, "p", ["", "xxxxx", "xxxxx", "xxxxx"], [0, 5, 5, 5])
-    batcher.start()
-    assert mixed.result(timeout=10) == ["p:", "p:xxxxx", "p:xxxxx", "p:xxxxx"]
-    batcher.stop(timeout=10)
-    assert run.batches == [("p", [""])]
-    # 12 padded tokens hold two sentences of 5 (and EOS): the third joined once one had left
-    assert max(len(step) for p in pools for step in p.steps) == 2
-
-
-def test_in_flight_a_cancelled_request_leaves_the_search():
-    run, pools = Recorder(), []
-    batcher = pooled_batcher(run, pools, pool={"delay": 0.01})
-    batcher.start()
-    long = submit(batcher, "p", ["x" * 200])  # 200 steps, 2 s
-    other = submit(batcher, "p", ["yyyyyyyyyy"])
-    time.sleep(0.05)
-    long.cancel()  # what the server does on 504 or when the client is gone
-    assert other.result(timeout=10) == ["p:yyyyyyyyyy"]
-    batcher.stop(timeout=10)
-    (pool,) = pools
-    assert pool.dropped == ["x" * 200] and len(pool.steps) < 50  # it left at once, not after its 200 steps

@@ -1,5 +1,5 @@
 """benchmarks/profile_serve.py runs end to end at tiny sizes (it is what gpu_check.sh's serve step runs after
-bench_serve.py): both parts print their figures for every variant and kind of step."""
+bench_serve.py): it prints its figures for every variant."""
 
 import os
 import re
@@ -10,14 +10,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_profile_serve_prints_every_variant_and_step_kind(trained_copy_checkpoint, tmp_path):
+def test_profile_serve_prints_every_variant(trained_copy_checkpoint, tmp_path):
     lines = ["1 2 3", "4 5 6 7 8 9", "0", "9 9 8", "3 1 4 1 5 9 2 6", "7 7", "5 0 5 0 5", "2 4 6 8"] * 3
     src = tmp_path / "in.txt"
     src.write_text("\n".join(lines) + "\n")
     env = os.environ | {"PYTHONPATH": f"{ROOT}:{os.environ.get('PYTHONPATH', '')}"}
     result = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "profile_serve.py"), "--path", str(trained_copy_checkpoint)]
-        + ["--input", str(src), "--single", "3", "--sentences", "24", "--clients", "4", "--rounds", "1"]
+        + ["--input", str(src), "--single", "3", "--rounds", "1"]
         + ["--threads", "1"],
         capture_output=True,
         text=True,
@@ -26,10 +26,6 @@ def test_profile_serve_prints_every_variant_and_step_kind(trained_copy_checkpoin
     )
     assert result.returncode == 0, result.stderr[-3000:]
     out = result.stdout
-    for variant in ("main", "thread", "batcher whole", "batcher in-flight"):
+    for variant in ("main", "thread", "batcher"):
         assert re.search(rf"^\s+{variant}\s+[\d.]+\s+median\s+[\d.]+$", out, re.M), out
-    found = re.search(r"4 in flight ([\d.]+) sent/s \((\d+) steps.*sorted batches of 4 ([\d.]+) sent/s", out)
-    assert found and float(found.group(1)) > 0 and float(found.group(3)) > 0, out
-    kinds = re.findall(r"^\s+(search only|some left|some joined|joined and left):\s+(\d+) steps", out, re.M)
-    assert sum(int(n) for _, n in kinds) == int(found.group(2))  # every step counted once
-    assert "some left" in dict(kinds)  # sentences of 1 to 9 pieces finish at different steps
+    assert "3 sentences, 1 rounds alternated" in out, out
