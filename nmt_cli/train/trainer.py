@@ -353,17 +353,17 @@ class Trainer:
             "rng": rng if rng is not None else [rng_state()],
         }
         return make_checkpoint(
-            self.model_cfg,
-            self.cfg,
-            self.search_cfg,
-            self.vocab,
-            self.languages(),
-            self.model.state_dict(),
-            self.state.update,
-            self.state.epoch,
-            training,
-            self.meta.get("target_format", "text"),
-            self.meta.get("tree_leaves"),
+            model_cfg=self.model_cfg,
+            train_cfg=self.cfg,
+            search_cfg=self.search_cfg,
+            vocab=self.vocab,
+            langs=self.languages(),
+            weights=self.model.state_dict(),
+            update=self.state.update,
+            epoch=self.state.epoch,
+            training=training,
+            target_format=self.meta.get("target_format", "text"),
+            tree_leaves=self.meta.get("tree_leaves"),
         )
 
     def restore(self, ckpt: dict[str, Any], path: Path) -> None:
@@ -371,13 +371,13 @@ class Trainer:
         self.state = restore_training(
             ckpt,
             path,
-            self.model,
-            self.optimizer,
-            self.scaler,
-            self.cfg,
-            self.info,
-            self.state.train_data,
-            self.search_cfg,
+            model=self.model,
+            optimizer=self.optimizer,
+            scaler=self.scaler,
+            cfg=self.cfg,
+            info=self.info,
+            train_data=self.state.train_data,
+            search_cfg=self.search_cfg,
         )
 
     def close(self) -> None:
