@@ -94,7 +94,7 @@ class Deferred:
 @contextmanager
 def deferred_signals(waiting: str) -> Iterator[Deferred]:
     """In the block, SIGINT and SIGTERM raise nothing: the first is recorded for the block to act on when it
-    chooses (training stops after the update and saves), and every further one prints "SIGNAL again: `waiting`"
+    chooses (training stops after the update and saves), and every further one prints "SIGNAL ignored: `waiting`"
     on stderr (when `waiting` is not empty) and is otherwise ignored, so that a save that has started finishes.
 
     The line is written to stderr's descriptor at once: a handler runs between any two bytecodes of the main
@@ -110,7 +110,7 @@ def deferred_signals(waiting: str) -> Iterator[Deferred]:
             deferred.received = signum
         elif deferred.waiting:
             with suppress(OSError):  # no stderr (closed): the signal is still ignored
-                os.write(2, f"{signal_name(signum)} again: {deferred.waiting}\n".encode())
+                os.write(2, f"{signal_name(signum)} ignored: {deferred.waiting}\n".encode())
 
     previous = {s: signal.signal(s, record) for s in STOP_SIGNALS}
     try:
