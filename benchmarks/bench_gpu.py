@@ -49,6 +49,7 @@ from nmt_cli.data.preprocess import file_checksums, preprocess  # noqa: E402
 from nmt_cli.data.vocab import Vocab  # noqa: E402
 from nmt_cli.runtime import choose_attention_backends  # noqa: E402
 from nmt_cli.search.translate import Translator, translate  # noqa: E402
+from nmt_cli.train.epoch_plan import EpochPlan, plan_epoch  # noqa: E402
 
 PEAK_BF16_TFLOPS = {
     "H100 SXM": 989.0,
@@ -161,15 +162,16 @@ def training_flops(model, cfg, s: np.ndarray, t: np.ndarray) -> float:
     return float(dense + attention)
 
 
-def gpu_busy(trainer, batches: list[np.ndarray], first: int) -> float:
-    """The share of the wall time of len(batches) updates in which some kernel ran (torch.profiler)."""
+def gpu_busy(trainer, plan: EpochPlan, batches: list[np.ndarray], first: int) -> float:
+    """The share of the wall time of len(batches) updates (plan's from batch `first`) in which some kernel ran
+    (torch.profiler)."""
     from torch.profiler import ProfilerActivity, profile
 
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         start = time.perf_counter()
         for i, ids in enumerate(batches):
-            trainer.train_step([ids])
+            trainer.train_step([ids], plan)
             trainer.state.batch_in_epoch = first + i + 1
         torch.cuda.synchronize()
         wall_us = (time.perf_counter() - start) * 1e6
@@ -217,10 +219,13 @@ def bench_training(arch: str, data_dir: Path, args, device: torch.device, peak: 
     )
     model_cfg = trainer.model_cfg
     data = trainer.train_data
-    batches = trainer.epoch_batches()
+    plan = plan_epoch(
+        trainer.train_data, trainer.cfg, max_positions=trainer.model_cfg.max_positions, info=trainer.info, epoch=1
+    )
+    batches = plan.batches
     n_warm = min(args.warmup, len(batches) - 1)
     for i in range(n_warm):
-        trainer.train_step([batches[i]])
+        trainer.train_step([batches[i]], plan)
         trainer.state.batch_in_epoch = i + 1
     if device.type == "cuda":
         torch.cuda.synchronize()
@@ -228,7 +233,7 @@ def bench_training(arch: str, data_dir: Path, args, device: torch.device, peak: 
     n_tokens, flops, start = 0, 0.0, time.perf_counter()
     timed = batches[n_warm : n_warm + args.updates]
     for i, ids in enumerate(timed):
-        stats = trainer.train_step([ids])  # one host sync per update: the timing needs no other
+        stats = trainer.train_step([ids], plan)  # one host sync per update: the timing needs no other
         trainer.state.batch_in_epoch = n_warm + i + 1
         s, t = data.src_lens[ids] + 1, data.tgt_lens[ids] + 1
         n_tokens += int(t.sum())
@@ -248,7 +253,7 @@ def bench_training(arch: str, data_dir: Path, args, device: torch.device, peak: 
     padding = padding_stats(timed, data.src_lens, data.tgt_lens, trainer.bucket_limit)
     first = n_warm + len(timed)
     profiled = batches[first : first + args.busy_updates]
-    busy = gpu_busy(trainer, profiled, first) if device.type == "cuda" and profiled else float("nan")
+    busy = gpu_busy(trainer, plan, profiled, first) if device.type == "cuda" and profiled else float("nan")
     print(
         f"train {arch:18s} {args.precision}: GPU busy "
         f"{f'{busy:.0%} of {len(profiled)} profiled updates' if busy == busy else 'not measured (no CUDA)'}; padding "

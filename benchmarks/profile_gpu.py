@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 from bench_gpu import benchmark_trainer, synthetic_data_dir
 
+from nmt_cli.train.epoch_plan import EpochPlan, plan_epoch
 from nmt_cli.train.trainer import Trainer
 
 
@@ -32,11 +33,11 @@ def build(args: argparse.Namespace, data_dir: Path, save_dir: Path) -> Trainer:
     )
 
 
-def run_updates(trainer: Trainer, batches: list, first: int, n: int) -> float:
-    """n updates from batch `first`; returns their wall clock (the device finished)."""
+def run_updates(trainer: Trainer, plan: EpochPlan, first: int, n: int) -> float:
+    """n updates from the plan's batch `first`; returns their wall clock (the device finished)."""
     start = time.perf_counter()
     for i in range(first, first + n):
-        trainer.train_step([batches[i % len(batches)]])
+        trainer.train_step([plan.batches[i % len(plan.batches)]], plan)
         trainer.state.batch_in_epoch = i + 1
     if trainer.device.type == "cuda":
         torch.cuda.synchronize()
@@ -53,12 +54,12 @@ def busy_seconds(intervals: list[tuple[float, float]]) -> float:
     return total
 
 
-def profile(trainer: Trainer, batches: list, first: int, n: int) -> dict:
+def profile(trainer: Trainer, plan: EpochPlan, first: int, n: int) -> dict:
     activities = [torch.profiler.ProfilerActivity.CPU]
     if trainer.device.type == "cuda":
         activities.append(torch.profiler.ProfilerActivity.CUDA)
     with torch.profiler.profile(activities=activities) as prof:
-        wall = run_updates(trainer, batches, first, n)
+        wall = run_updates(trainer, plan, first, n)
     kernels: dict[str, float] = defaultdict(float)
     intervals = []
     for e in prof.events():
@@ -109,15 +110,17 @@ def main() -> None:
         data_dir = synthetic_data_dir(Path(tmp), 300 if cpu else 20_000, 1000 if cpu else 37000)
         (Path(tmp) / "save").mkdir()
         trainer = build(args, data_dir, Path(tmp) / "save")
-        batches = trainer.epoch_batches()
-        warm = run_updates(trainer, batches, 0, args.warmup)
+        plan = plan_epoch(
+            trainer.train_data, trainer.cfg, max_positions=trainer.model_cfg.max_positions, info=trainer.info, epoch=1
+        )
+        warm = run_updates(trainer, plan, 0, args.warmup)
         if args.compile_warmup:
-            steady = run_updates(trainer, batches, args.warmup, args.updates)
+            steady = run_updates(trainer, plan, args.warmup, args.updates)
             figures = {"warmup_s": round(warm, 1), "steady_ms_per_update": round(1e3 * steady / args.updates, 1)}
             print(f"{args.arch} --compile: {args.warmup} warm-up updates {warm:.1f} s, then {figures} ")
             what = f"compile {args.arch}"
         else:
-            figures = profile(trainer, batches, args.warmup, args.updates)
+            figures = profile(trainer, plan, args.warmup, args.updates)
             show(args.arch, figures)
             what = f"profile {args.arch}"
     if args.results:

@@ -30,6 +30,7 @@ from nmt_cli.config import ModelConfig, SearchConfig, TrainConfig, model_config 
 from nmt_cli.data.batching import collate  # noqa: E402
 from nmt_cli.model.linear import Linear  # noqa: E402
 from nmt_cli.runtime import AMP_DTYPES, autocast  # noqa: E402
+from nmt_cli.train.epoch_plan import plan_epoch  # noqa: E402
 from nmt_cli.train.trainer import Trainer  # noqa: E402
 
 GROUPS = (  # the first group whose key is in the operator's name takes it
@@ -164,7 +165,9 @@ def build(shape: str, precision: str, work: Path) -> Trainer:
 
 def profile(shape: str, precision: str, warmup: int, steps: int, work: Path) -> dict[str, object]:
     trainer = build(shape, precision, work)
-    batches = trainer.epoch_batches()
+    batches = plan_epoch(
+        trainer.train_data, trainer.cfg, max_positions=trainer.model_cfg.max_positions, info=trainer.info, epoch=1
+    ).batches
     times = []
     for i in range(warmup):
         start = time.perf_counter()

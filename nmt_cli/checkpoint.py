@@ -56,6 +56,7 @@ TRAINING_KEYS = ("optimizer", "scheduler", "grad_scaler", "train_state", "world_
 
 
 def make_checkpoint(
+    *,
     model_cfg: ModelConfig,
     train_cfg: TrainConfig,
     search_cfg: SearchConfig,

@@ -2,7 +2,7 @@
 run directories, the clean-up of temporaries a killed run left behind, and checked paths.
 
 Every writer here turns a full disk into one NmtError line, and SIGINT or SIGTERM during the write into a
-clean stop (`Interrupted`), and removes its temporary; a file that existed before the write is untouched
+clean stop (`Interrupted`, signals.py), and removes its temporary; a file that existed before the write is untouched
 until the final rename. A temporary that SIGKILL left is removed by the next run that writes the same path.
 """
 
@@ -14,15 +14,14 @@ import glob
 import logging
 import os
 import shutil
-import signal
 import tempfile
-import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any, BinaryIO, TextIO, cast
 
 from nmt_cli.errors import NmtError
+from nmt_cli.signals import causes, interruption, stop_on_signals
 
 logger = logging.getLogger(__name__)
 
@@ -38,33 +37,8 @@ class BusyError(NmtError):
     """Another nmt process holds the lock on a run directory."""
 
 
-class Interrupted(BaseException):
-    """SIGINT or SIGTERM stopped a write; its temporary was removed. Exits 128 + the signal, as `train` does.
-
-    A BaseException, as KeyboardInterrupt is: the signal raises it wherever the program is, and code that
-    catches Exception must not swallow it (logging's handlers do: a SIGTERM that landed while a log line was
-    formatted printed "--- Logging error ---" with a traceback, and preprocessing went on)."""
-
-    def __init__(self, message: str, signum: int) -> None:
-        super().__init__(message)
-        self.exit_code = 128 + signum
-
-
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
-
-
 def tmp_path_of(path: Path) -> Path:
     return path.with_name(path.name + TMP_SUFFIX)
-
-
-def causes(error: BaseException) -> Iterator[BaseException]:
-    """`error` and the exceptions it was raised from or while handling (torch chains several)."""
-    seen: set[int] = set()
-    e: BaseException | None = error
-    while e is not None and id(e) not in seen:
-        seen.add(id(e))
-        yield e
-        e = e.__cause__ or e.__context__
 
 
 def is_disk_full(error: BaseException) -> bool:
@@ -73,41 +47,6 @@ def is_disk_full(error: BaseException) -> bool:
         (isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT)) or "No space left on device" in str(e)
         for e in causes(error)
     )
-
-
-def interruption(error: BaseException) -> Interrupted | None:
-    """The Interrupted a signal raised, when `error` is it or came from it: a signal inside torch.save ends in
-    torch's own RuntimeError (`enforce fail at inline_container.cc`) raised while handling ours."""
-    return next((e for e in causes(error) if isinstance(e, Interrupted)), None)
-
-
-@contextmanager
-def stop_on_signals(message: str) -> Iterator[None]:
-    """In the block, SIGINT and SIGTERM raise Interrupted("stopped by SIGNAL; `message`"), so that the writer's
-    clean-up runs instead of a traceback or a kill; a second signal during that clean-up is ignored.
-
-    Signals a command already handles (train saves, then stops) and any set to be ignored are left alone,
-    as is every signal off the main thread (only it may set handlers).
-    """
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = {s: signal.getsignal(s) for s in STOP_SIGNALS}
-    ours = [s for s, h in previous.items() if h in (signal.default_int_handler, signal.SIG_DFL)]
-    received: list[int] = []
-
-    def stop(signum: int, frame: Any) -> None:
-        if not received:
-            received.append(signum)
-            raise Interrupted(f"stopped by {signal.Signals(signum).name}; {message}", signum)
-
-    for s in ours:
-        signal.signal(s, stop)
-    try:
-        yield
-    finally:
-        for s in ours:
-            signal.signal(s, previous[s])
 
 
 def fsync_dir(directory: Path) -> None:

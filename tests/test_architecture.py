@@ -24,6 +24,7 @@ LAYERS = {
     "errors": 1,
     "log": 1,
     "files": 1,
+    "signals": 1,
     "allocator": 1,
     "config": 2,
     "runtime": 2,
@@ -43,6 +44,7 @@ LAYERS = {
 }
 SAME_LAYER = {
     ("files", "errors"): "a file that cannot be read or written is the user's error (errors.py)",
+    ("files", "signals"): "a signal stops a write cleanly, its temporary removed (signals.py)",
     ("parsing", "search"): "parsing plugs its tree constraint into the search",
     ("train", "search"): "validation translates the valid split with the search driver to score BLEU",
     ("serve", "search"): "serve translates with generate's search driver and settings",

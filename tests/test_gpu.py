@@ -21,6 +21,7 @@ from nmt_cli.config import ARCHITECTURES, SearchConfig
 from nmt_cli.data.dataset import ParallelDataset
 from nmt_cli.runtime import choose_attention_backends
 from nmt_cli.search.translate import Translator, load_translator, translate
+from nmt_cli.train.epoch_plan import plan_epoch
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
@@ -65,14 +66,16 @@ def test_training_update_makes_one_host_synchronisation(toy_data_bin, tmp_path):
         tiny_train_config(toy_data_bin, tmp_path, device="cuda", max_update=3, update_freq=2), TINY, SearchConfig()
     )
     assert trainer.optimizer.defaults["fused"]
-    group = trainer.epoch_batches()[:2]
-    trainer.train_step(group)  # warm-up: allocations, cuBLAS handles, the loader's first plan
-    trainer.loader.plan(trainer.epoch_batches(), 2)
+    plan = plan_epoch(
+        trainer.train_data, trainer.cfg, max_positions=trainer.model_cfg.max_positions, info=trainer.info, epoch=1
+    )
+    trainer.train_step(plan.update_batches(0, 2), plan)  # warm-up: allocations, cuBLAS handles, the loader's plan
+    trainer.state.consume_batches(2)
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("warn")
     try:
         with pytest.warns(UserWarning) as record:
-            trainer.train_step(trainer.epoch_batches()[2:4])
+            trainer.train_step(plan.update_batches(2, 2), plan)
     finally:
         torch.cuda.set_sync_debug_mode("default")
     syncs = [str(w.message) for w in record if "synchroniz" in str(w.message)]
@@ -166,7 +169,9 @@ def test_training_and_beam_search_run_no_cudnn_attention(toy_data_bin, tmp_path)
         model_cfg,
         SearchConfig(),
     )
-    batches = trainer.epoch_batches()
+    batches = plan_epoch(
+        trainer.train_data, trainer.cfg, max_positions=trainer.model_cfg.max_positions, info=trainer.info, epoch=1
+    ).batches
     trainer.train_step(batches[:1])
     sources = [ParallelDataset(toy_data_bin, "test").src[i] for i in range(8)]
     tr = Translator(trainer.model, trainer.vocab, torch.device("cuda"), torch.bfloat16)

@@ -214,6 +214,7 @@ def padded_lengths(src_len: int, tgt_len: int, bucket_limit: int) -> tuple[int, 
 def epoch_batches(
     src_lens: np.ndarray,
     tgt_lens: np.ndarray,
+    *,
     max_tokens: int,
     seed: int,
     epoch: int,

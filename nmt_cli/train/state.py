@@ -77,6 +77,7 @@ class TrainState:
 def restore_training(
     ckpt: dict[str, Any],
     path: Path,
+    *,
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
     scaler: torch.amp.GradScaler | None,

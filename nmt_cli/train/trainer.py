@@ -1,4 +1,4 @@
-"""The update mechanics: one update over this rank's batches, validation, and the state that makes resume exact.
+"""The update mechanics: one update over this rank's batches, and the state that makes resume exact.
 
 One update = `update_freq` batches on each of `world_size` ranks. The loss is summed over their
 target tokens and the gradient divided by the global token count, so any split of the same
@@ -23,18 +23,18 @@ import torch
 
 from nmt_cli.checkpoint import make_checkpoint
 from nmt_cli.config import ModelConfig, SearchConfig, TrainConfig
-from nmt_cli.data.batching import Batch, batch_by_tokens, bucket_limit, collate, compare_padding, epoch_batches
+from nmt_cli.data.batching import Batch, bucket_limit
 from nmt_cli.data.dataset import ParallelDataset
 from nmt_cli.data.vocab import BOS, EOS, PAD, Vocab
-from nmt_cli.errors import DataError, NmtError
+from nmt_cli.errors import NmtError
 from nmt_cli.model.transformer import Transformer, build_model
 from nmt_cli.runtime import AMP_DTYPES, DistInfo, autocast, rng_state
 from nmt_cli.train.distributed import all_reduce_sum, gather_objects, wrap_ddp
+from nmt_cli.train.epoch_plan import EpochPlan
 from nmt_cli.train.loss import TranslationLoss
 from nmt_cli.train.prefetch import BatchLoader
 from nmt_cli.train.schedule import learning_rate
 from nmt_cli.train.state import TrainState, restore_training
-from nmt_cli.train.validation import evaluate_bleu
 
 logger = logging.getLogger(__name__)
 
@@ -89,27 +89,10 @@ class Trainer:
         checksums = [meta.get("checksums", {}).get(f"train.{lang}.idx.npy") for lang in self.languages()]
         train_data = " ".join(checksums) if all(checksums) else ""  # "" for data directories without checksums
         self.state = TrainState(train_data=train_data, best_metric=cfg.best_checkpoint_metric)
-        self._epoch_cache: tuple[int, list[np.ndarray]] | None = None
 
     # ---- data -------------------------------------------------------------------------------------
     def languages(self) -> tuple[str, str]:
         return self.meta["source_lang"], self.meta["target_lang"]
-
-    def epoch_batches(self) -> list[np.ndarray]:
-        epoch = self.state.epoch
-        if self._epoch_cache is None or self._epoch_cache[0] != epoch:
-            data, c, info = self.train_data, self.cfg, self.info
-            args = (data.src_lens, data.tgt_lens, c.max_tokens, c.seed, epoch, info.rank, info.world_size)
-            batches = epoch_batches(*args, self.model_cfg.max_positions, c.bucket_shapes)
-            if not batches:
-                raise DataError(f"no training pair of {self.cfg.data_dir} fits --max-tokens {self.cfg.max_tokens}")
-            # --bucket-shapes: what the shapes cost against plain batches, once a run (on a corpus of millions of
-            # pairs the plain batching is long host work, which the GPU would wait for at every epoch)
-            if self.bucket_limit and self._epoch_cache is None:
-                plain = epoch_batches(*args, self.model_cfg.max_positions)
-                logger.info("epoch %d: %s", epoch, compare_padding(batches, plain, *args[:2], self.bucket_limit))
-            self._epoch_cache = (epoch, batches)
-        return self._epoch_cache[1]
 
     # ---- one update -------------------------------------------------------------------------------
     def batch_loss(self, batch: Batch, module: torch.nn.Module | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -119,8 +102,11 @@ class Trainer:
                 batch.src_tokens, batch.src_pad_mask, batch.tgt_in, batch.tgt_out, batch.tgt_index
             )
 
-    def train_step(self, group: list[np.ndarray]) -> StepStats | None:
+    def train_step(self, group: list[np.ndarray], plan: EpochPlan | None = None) -> StepStats | None:
         """Forward/backward over this rank's batches, one host synchronisation, then step. None if skipped.
+
+        plan: the epoch `group` was taken from at the state's batch_in_epoch, whose next batches the loader then
+        prepares ahead; None for batches of the caller's own (collated when taken).
 
         Batches before the last accumulate gradients locally (DDP's no_sync); the last batch's backward
         all-reduces them. A rank that failed (out of memory) still joins that all-reduce with a zero loss.
@@ -130,7 +116,8 @@ class Trainer:
         """
         start = time.perf_counter()
         self.model.train()
-        self.loader.plan(self.epoch_batches(), self.state.batch_in_epoch)
+        if plan is not None:
+            self.loader.plan(plan.batches, self.state.batch_in_epoch)
         with self.update_region():
             totals = self.accumulate(group)
         totals = all_reduce_sum(totals, self.info)
@@ -283,57 +270,6 @@ class Trainer:
             c.peak_lr,
         )
 
-    # ---- validation -------------------------------------------------------------------------------
-    @torch.inference_mode()
-    def validate(self) -> dict[str, float]:
-        """Loss, nll and perplexity (base e) on the valid split; sacreBLEU too with --eval-bleu."""
-        assert self.valid_data is not None
-        self.model.eval()
-        data = self.valid_data
-        batches, _ = batch_by_tokens(
-            data.src_lens.clip(max=self.model_cfg.max_positions - 1),
-            data.tgt_lens.clip(max=self.model_cfg.max_positions - 1),
-            max(self.cfg.max_tokens, self.model_cfg.max_positions),
-            None,
-        )
-        totals = torch.zeros(3, dtype=torch.float64, device=self.device)
-        for ids in batches[self.info.rank :: self.info.world_size]:
-            batch = collate(data, ids, self.model_cfg.max_positions).to(self.device)
-            loss, nll = self.batch_loss(batch)
-            totals[:2] += torch.stack([loss, nll]).double()
-            totals[2] += batch.n_tgt_tokens
-        loss_sum, nll_sum, n_tokens = all_reduce_sum(totals, self.info).tolist()
-        result = {
-            "valid_loss": loss_sum / n_tokens,
-            "valid_nll": nll_sum / n_tokens,
-            "valid_ppl": math.exp(min(nll_sum / n_tokens, 100.0)),
-        }
-        if self.cfg.eval_bleu:
-            result["valid_bleu"] = evaluate_bleu(
-                self.model,
-                data,
-                self.vocab,
-                self.search_cfg,
-                self.cfg.eval_bleu_max_tokens,
-                self.device,
-                self.amp_dtype,
-                self.info,
-            )
-        self.model.train()
-        return result
-
-    def record_validation(self, result: dict[str, float]) -> bool:
-        """Update best/patience; True when this validation is the best so far."""
-        metric = self.cfg.best_checkpoint_metric
-        value = result["valid_bleu"] if metric == "bleu" else result["valid_loss"]
-        best = self.state.best
-        improved = best is None or (value > best if metric == "bleu" else value < best)
-        if improved:
-            self.state.best, self.state.bad_validations = value, 0
-        else:
-            self.state.bad_validations += 1
-        return improved
-
     # ---- checkpoints ------------------------------------------------------------------------------
     def rng_states(self) -> list[dict[str, Any]]:
         """Every rank's random streams, by rank. A collective: every rank calls it at every save."""
@@ -353,17 +289,17 @@ class Trainer:
             "rng": rng if rng is not None else [rng_state()],
         }
         return make_checkpoint(
-            self.model_cfg,
-            self.cfg,
-            self.search_cfg,
-            self.vocab,
-            self.languages(),
-            self.model.state_dict(),
-            self.state.update,
-            self.state.epoch,
-            training,
-            self.meta.get("target_format", "text"),
-            self.meta.get("tree_leaves"),
+            model_cfg=self.model_cfg,
+            train_cfg=self.cfg,
+            search_cfg=self.search_cfg,
+            vocab=self.vocab,
+            langs=self.languages(),
+            weights=self.model.state_dict(),
+            update=self.state.update,
+            epoch=self.state.epoch,
+            training=training,
+            target_format=self.meta.get("target_format", "text"),
+            tree_leaves=self.meta.get("tree_leaves"),
         )
 
     def restore(self, ckpt: dict[str, Any], path: Path) -> None:
@@ -371,13 +307,13 @@ class Trainer:
         self.state = restore_training(
             ckpt,
             path,
-            self.model,
-            self.optimizer,
-            self.scaler,
-            self.cfg,
-            self.info,
-            self.state.train_data,
-            self.search_cfg,
+            model=self.model,
+            optimizer=self.optimizer,
+            scaler=self.scaler,
+            cfg=self.cfg,
+            info=self.info,
+            train_data=self.state.train_data,
+            search_cfg=self.search_cfg,
         )
 
     def close(self) -> None:

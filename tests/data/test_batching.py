@@ -42,24 +42,27 @@ def test_over_long_pairs_are_skipped_and_counted():
 
 def test_epochs_are_deterministic_and_reshuffled():
     src, tgt = lengths(0)
-    a = epoch_batches(src, tgt, 300, seed=7, epoch=1)
-    b = epoch_batches(src, tgt, 300, seed=7, epoch=1)
-    c = epoch_batches(src, tgt, 300, seed=7, epoch=2)
+    a = epoch_batches(src, tgt, max_tokens=300, seed=7, epoch=1)
+    b = epoch_batches(src, tgt, max_tokens=300, seed=7, epoch=1)
+    c = epoch_batches(src, tgt, max_tokens=300, seed=7, epoch=2)
     assert all(np.array_equal(x, y) for x, y in zip(a, b)) and len(a) == len(b)
     assert not all(len(x) == len(y) and np.array_equal(x, y) for x, y in zip(a, c))
 
 
 def test_resume_from_batch_index_continues_the_same_sequence():
     src, tgt = lengths(1)
-    full = epoch_batches(src, tgt, 300, seed=3, epoch=4)
-    resumed = epoch_batches(src, tgt, 300, seed=3, epoch=4)[5:]
+    full = epoch_batches(src, tgt, max_tokens=300, seed=3, epoch=4)
+    resumed = epoch_batches(src, tgt, max_tokens=300, seed=3, epoch=4)[5:]
     assert all(np.array_equal(x, y) for x, y in zip(full[5:], resumed))
 
 
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_shards_are_disjoint_and_equal_in_size(world_size):
     src, tgt = lengths(2)
-    shards = [epoch_batches(src, tgt, 300, 1, 1, rank, world_size) for rank in range(world_size)]
+    shards = [
+        epoch_batches(src, tgt, max_tokens=300, seed=1, epoch=1, rank=rank, world_size=world_size)
+        for rank in range(world_size)
+    ]
     assert len({len(s) for s in shards}) == 1
     seen = np.concatenate([np.concatenate(s) for s in shards])
     assert len(seen) == len(set(seen.tolist()))
@@ -140,14 +143,17 @@ def test_padding_is_counted_by_hand():
 
 def test_bucketed_epochs_are_deterministic_resumable_and_sharded():
     src, tgt = lengths(3)
-    a = epoch_batches(src, tgt, 300, seed=7, epoch=1, bucket_shapes=True)
-    b = epoch_batches(src, tgt, 300, seed=7, epoch=1, bucket_shapes=True)
-    c = epoch_batches(src, tgt, 300, seed=7, epoch=2, bucket_shapes=True)
+    a = epoch_batches(src, tgt, max_tokens=300, seed=7, epoch=1, bucket_shapes=True)
+    b = epoch_batches(src, tgt, max_tokens=300, seed=7, epoch=1, bucket_shapes=True)
+    c = epoch_batches(src, tgt, max_tokens=300, seed=7, epoch=2, bucket_shapes=True)
     assert len(a) == len(b) and all(np.array_equal(x, y) for x, y in zip(a, b))
     assert not all(len(x) == len(y) and np.array_equal(x, y) for x, y in zip(a, c))
-    plain = epoch_batches(src, tgt, 300, seed=7, epoch=1)
+    plain = epoch_batches(src, tgt, max_tokens=300, seed=7, epoch=1)
     assert not all(len(x) == len(y) and np.array_equal(x, y) for x, y in zip(a, plain))
-    shards = [epoch_batches(src, tgt, 300, 7, 1, rank, 2, bucket_shapes=True) for rank in range(2)]
+    shards = [
+        epoch_batches(src, tgt, max_tokens=300, seed=7, epoch=1, rank=rank, world_size=2, bucket_shapes=True)
+        for rank in range(2)
+    ]
     assert len(shards[0]) == len(shards[1]) == len(batch_by_shapes(src, tgt, 300, None)[0]) // 2
 
 

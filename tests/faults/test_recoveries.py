@@ -231,7 +231,7 @@ def test_a_signal_while_a_log_line_is_formatted_still_stops_the_write(tmp_path):
     import os
     import signal
 
-    from nmt_cli.files import Interrupted, stop_on_signals
+    from nmt_cli.signals import Interrupted, stop_on_signals
 
     class Signalling(logging.Formatter):
         def format(self, record):

@@ -16,6 +16,7 @@ from nmt_cli.data.dataset import ParallelDataset
 from nmt_cli.data.vocab import PAD
 from nmt_cli.model.layers import Dropout
 from nmt_cli.train import trainer as trainer_module
+from nmt_cli.train.epoch_plan import plan_epoch
 from nmt_cli.train.loss import CHUNK_ELEMENTS, TranslationLoss, chunk_rows
 from nmt_cli.train.prefetch import BatchLoader, prepare
 
@@ -105,7 +106,9 @@ def test_one_host_synchronisation_per_update(toy_data_bin, tmp_path, monkeypatch
         ARCHITECTURES["transformer_tiny"],
         SearchConfig(),
     )
-    group = trainer.epoch_batches()[:3]
+    group = plan_epoch(
+        trainer.train_data, trainer.cfg, max_positions=trainer.model_cfg.max_positions, info=trainer.info, epoch=1
+    ).update_batches(0, 3)
     counts, in_step = [], []
     step = trainer.optimizer.step
     monkeypatch.setattr(trainer.optimizer, "step", lambda: in_step.append(1) or step() or in_step.clear())

@@ -162,6 +162,57 @@ def test_sigterm_saves_and_exits_as_interrupted(toy_data_bin, tmp_path):
     assert 2 <= load_checkpoint(tmp_path / "checkpoint_last.pt")["update"] < 100
 
 
+# `nmt train` that signals itself as a user who presses Ctrl-C again and again while the last save is written (and a
+# job scheduler that sends SIGTERM meanwhile): SIGINT after update 3, then at each of the first three writes of every
+# checkpoint saved after that SIGTERM, SIGINT, SIGTERM.
+SIGNALS_IN_THE_LAST_SAVE = """
+import os, signal, sys, time
+import torch
+import nmt_cli.train.trainer as trainer_module
+sent = []
+real_step = trainer_module.Trainer.train_step
+def train_step(self, *args, **kwargs):
+    stats = real_step(self, *args, **kwargs)
+    if self.state.update == 3 and not sent:
+        sent.append(signal.SIGINT)
+        os.kill(os.getpid(), signal.SIGINT)
+    return stats
+trainer_module.Trainer.train_step = train_step
+real_save = torch.save
+class Signalling:
+    def __init__(self, f): self.f, self.n = f, 0
+    def write(self, data):
+        if sent and self.n < 3:
+            self.n += 1
+            os.kill(os.getpid(), (signal.SIGTERM, signal.SIGINT)[self.n % 2 == 0])
+            time.sleep(0.05)
+        return self.f.write(data)
+    def flush(self): self.f.flush()
+torch.save = lambda obj, f, *a, **k: real_save(obj, Signalling(f), *a, **k)
+from nmt_cli.cli import main
+sys.argv[0] = "nmt"
+main()
+"""
+
+
+def test_signals_during_the_last_save_wait_for_it(toy_data_bin, tmp_path):
+    """Issue 47: further signals while the save of a stopped run was written stopped that save ("checkpoint ... was
+    not written"): a fresh run kept nothing, a resumed one lost its updates since the last save. The save finishes,
+    each further signal says so on one line, and the run exits as interrupted by the first."""
+    args = ["train", toy_data_bin, "--save-dir", tmp_path, *TINY, "--max-update", 100, "--save-interval-updates", 2]
+    cmd = [sys.executable, "-c", SIGNALS_IN_THE_LAST_SAVE, "--no-progress", *map(str, args)]
+    at_terminal = lambda: signal.signal(signal.SIGINT, signal.SIG_DFL)  # noqa: E731 (a background shell ignores it)
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=120, preexec_fn=at_terminal)
+    assert run.returncode == 128 + signal.SIGINT, run.stderr
+    assert "Traceback" not in run.stderr and "error:" not in run.stderr.lower(), run.stderr
+    assert "stopped by SIGINT; the same command resumes" in run.stderr
+    waiting = [line for line in run.stderr.splitlines() if "stopping once checkpoint_last.pt is saved" in line]
+    assert [line.split(":")[0] for line in waiting] == ["SIGTERM ignored", "SIGINT ignored", "SIGTERM ignored"]
+    assert load_checkpoint(tmp_path / "checkpoint_last.pt")["update"] == 3
+    assert load_checkpoint(tmp_path / "checkpoint_2.pt")["update"] == 2
+    assert not list(tmp_path.glob("*.tmp"))
+
+
 def test_average_refuses_the_same_weights_twice(tiny_checkpoint, tmp_path):
     """A glob such as checkpoint*.pt gives checkpoint_last.pt beside the checkpoint_<update>.pt it equals."""
     out, numbered = tmp_path / "avg.pt", tiny_checkpoint.parent / "checkpoint_6.pt"

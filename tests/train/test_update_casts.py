@@ -10,6 +10,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from nmt_cli.commands.train import prepare, train
 from nmt_cli.config import ARCHITECTURES, SearchConfig
 from nmt_cli.model import linear
+from nmt_cli.train.epoch_plan import plan_epoch
 from nmt_cli.train.trainer import Trainer
 
 pytestmark = pytest.mark.usefixtures("cpu_matmul_route")  # both CPU matmul routes on every machine (conftest.py)
@@ -42,7 +43,10 @@ def test_weights_are_cast_once_per_update(toy_data_bin, tmp_path, monkeypatch):
         trainer = prepare(cfg, ARCHITECTURES["transformer_tiny"], SearchConfig())
         weights = [p for p in trainer.model.parameters() if p is not trainer.model.output.weight]
         with WeightCasts(weights) as casts:
-            assert trainer.train_step(trainer.epoch_batches()[:3]) is not None
+            plan = plan_epoch(
+                trainer.train_data, cfg, max_positions=trainer.model_cfg.max_positions, info=trainer.info, epoch=1
+            )
+            assert trainer.train_step(plan.update_batches(0, 3)) is not None
         counts.append(casts.n)
     once, per_batch = counts
     assert once > 0 and per_batch == 3 * once
