@@ -17,7 +17,7 @@ from typing import Any, TextIO
 import numpy as np
 
 from nmt_cli.config import GenerateConfig, SearchConfig, changed_flags
-from nmt_cli.data import BOM, check_raw_text
+from nmt_cli.data import BOM, raw_text_problem
 from nmt_cli.data.dataset import load_meta, load_vocab
 from nmt_cli.data.vocab import Vocab
 from nmt_cli.errors import ConfigError, DataError
@@ -193,7 +193,7 @@ def read_lines(stream: Iterable[bytes], buffer_size: int, name: str, first_line:
     anything of that chunk is translated or written.
 
     Raises:
-        DataError: `name:LINE: invalid UTF-8`, or a line serve would refuse too (data.check_raw_text).
+        DataError: `name:LINE: invalid UTF-8`, or a line serve would refuse too (data.raw_text_problem).
     """
     chunk: list[str] = []
     for number, raw in enumerate(stream, start=first_line):
@@ -204,7 +204,8 @@ def read_lines(stream: Iterable[bytes], buffer_size: int, name: str, first_line:
             raise DataError(
                 f"{name}:{number}: invalid UTF-8 (byte {e.start} of the line); fix or re-encode the input"
             ) from None
-        check_raw_text(chunk[-1], f"{name}:{number}")
+        if problem := raw_text_problem(chunk[-1]):
+            raise DataError(f"{name}:{number}: the line {problem}")
         if len(chunk) == buffer_size:
             yield chunk
             chunk = []

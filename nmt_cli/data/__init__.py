@@ -1,7 +1,5 @@
 """Text in, memory-mapped token ids and token-budget batches out."""
 
-from nmt_cli.errors import DataError
-
 # Sentencepiece's mark on a piece that starts a word: text holding it is already split into pieces. Here, not
 # in vocab.py, so that `nmt score` checks for it without importing sentencepiece and numpy.
 WORD_MARK = "\u2581"
@@ -21,17 +19,18 @@ def split_lines(text: str) -> list[str]:
     return [line[:-1] if line.endswith("\r") else line for line in lines]
 
 
-def check_raw_text(text: str, where: str) -> None:
-    """Refuse a text that `nmt generate` (a line of --input) and `nmt serve` (a text of a request) cannot
-    translate: no Unicode (an unpaired surrogate has no UTF-8), or already split into sentencepiece pieces
+def raw_text_problem(text: str) -> str | None:
+    """Why `nmt generate` (a line of --input) and `nmt serve` (a text of a request) cannot translate a text, or
+    None: it is no Unicode (an unpaired surrogate has no UTF-8), or it is already split into sentencepiece pieces
     (fairseq-interactive takes BPE'd input; nmt encodes raw text itself, with the checkpoint's own sentencepiece
-    model). `where` places the text in the error: `FILE:LINE` or `texts[INDEX]`."""
+    model). The caller names the text: `FILE:LINE: the line ...`, `texts[INDEX]: the text ...`."""
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as e:
-        raise DataError(f"{where}: not valid Unicode (an unpaired surrogate at character {e.start})") from None
+        return f"is not valid Unicode (an unpaired surrogate at character {e.start})"
     if WORD_MARK in text:
-        raise DataError(
-            f"{where}: holds sentencepiece pieces ({WORD_MARK}); give raw text, which nmt encodes with the "
-            "checkpoint's own sentencepiece model"
+        return (
+            f"holds sentencepiece pieces ({WORD_MARK}); give raw text, which nmt encodes with the checkpoint's own "
+            "sentencepiece model"
         )
+    return None

@@ -22,7 +22,7 @@ import torch
 from nmt_cli import __version__
 from nmt_cli.checkpoint import SavedModel
 from nmt_cli.config import SearchConfig, ServeConfig
-from nmt_cli.data import check_raw_text
+from nmt_cli.data import raw_text_problem
 from nmt_cli.errors import DataError
 from nmt_cli.parsing.parser import TreeParser, ptb_words
 from nmt_cli.search.hypothesis import hypothesis_record
@@ -214,7 +214,8 @@ def typed(name: str, value: Any) -> Any:
 
 
 def check_text(i: int, text: str) -> None:
-    """A text is one line of raw text, as a line of generate's --input (data.check_raw_text)."""
+    """A text is one line of raw text, as a line of generate's --input (data.raw_text_problem)."""
     if "\n" in text or "\r" in text:
-        raise DataError(f"texts[{i}]: holds a line break; send one sentence per text")
-    check_raw_text(text, f"texts[{i}]")
+        raise DataError(f"texts[{i}]: the text holds a line break; send one sentence per text")
+    if problem := raw_text_problem(text):
+        raise DataError(f"texts[{i}]: the text {problem}")

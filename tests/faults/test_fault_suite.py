@@ -295,7 +295,7 @@ IN_PROCESS = [
         "generate-input-already-in-pieces",  # fairseq-interactive's BPE'd input, encoded again, had been garbage
         lambda w: (w / "pieces.txt").write_text("1 2\n\u25813 \u25814\n"),
         "generate --path {w}/run/checkpoint_last.pt --input {w}/pieces.txt",
-        "pieces.txt:2: holds sentencepiece pieces",
+        "pieces.txt:2: the line holds sentencepiece pieces",
     ),
     (
         "generate-results-path-is-a-file",
