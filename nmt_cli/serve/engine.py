@@ -58,8 +58,8 @@ class Engine:
         self.search = self.inference.search
         self.vocab = saved.vocab
         # The model is built (and packed for the CPU) in the worker thread, by warm_up: intra-op thread pools are
-        # per thread, and once the main thread's pool had packed the model, the worker's own pool competed with
-        # it for the cores and searched far slower (benchmarks/bench_serve.py measures the server).
+        # per thread, and when the main thread's pool packs the model, the worker's own pool competes with it
+        # for the cores and searches far slower (benchmarks/bench_serve.py measures the server).
         self._tr: Translator | None = None
         self.parser: TreeParser | None = None
         self.leaves = saved.tree_leaves
