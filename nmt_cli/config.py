@@ -9,7 +9,7 @@ dataclasses of primitives, so they travel inside checkpoints as plain dicts.
 from __future__ import annotations
 
 import math
-from dataclasses import MISSING, Field, asdict, dataclass, field, fields, replace
+from dataclasses import MISSING, asdict, dataclass, field, fields, replace
 from typing import Any
 
 from nmt_cli.errors import ConfigError
@@ -44,26 +44,21 @@ def flag_name(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
-def check_field(f: Field, value: Any) -> None:
-    """Raise ConfigError when a value breaks the bounds or choices its field declares."""
-    if value is None or isinstance(value, bool):
-        return
-    m = f.metadata
-    name = flag_name(f.name)
-    if m.get("choices") and value not in m["choices"]:
-        raise ConfigError(f"{name} {value!r} must be one of {', '.join(m['choices'])}")
-    if isinstance(value, float) and not math.isfinite(value):
-        raise ConfigError(f"{name} {value} must be a finite number")
-    low, high = m.get("min"), m.get("max")
-    if low is not None and (value <= low if m["min_open"] else value < low):
-        raise ConfigError(f"{name} {value} must be {'above' if m['min_open'] else 'at least'} {low:g}")
-    if high is not None and (value >= high if m["max_open"] else value > high):
-        raise ConfigError(f"{name} {value} must be {'below' if m['max_open'] else 'at most'} {high:g}")
-
-
 def check_fields(cfg: Any) -> None:
+    """Raise ConfigError when a field's value breaks the bounds or choices the field declares."""
     for f in fields(cfg):
-        check_field(f, getattr(cfg, f.name))
+        value, m, name = getattr(cfg, f.name), f.metadata, flag_name(f.name)
+        if value is None or isinstance(value, bool):
+            continue
+        if m.get("choices") and value not in m["choices"]:
+            raise ConfigError(f"{name} {value!r} must be one of {', '.join(m['choices'])}")
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ConfigError(f"{name} {value} must be a finite number")
+        low, high = m.get("min"), m.get("max")
+        if low is not None and (value <= low if m["min_open"] else value < low):
+            raise ConfigError(f"{name} {value} must be {'above' if m['min_open'] else 'at least'} {low:g}")
+        if high is not None and (value >= high if m["max_open"] else value > high):
+            raise ConfigError(f"{name} {value} must be {'below' if m['max_open'] else 'at most'} {high:g}")
 
 
 @dataclass(frozen=True)
