@@ -53,7 +53,6 @@ from profile_step import GROUPS, group_of
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import nmt_cli.search.translate as translate_module  # noqa: E402
 from nmt_cli.allocator import tune_allocator  # noqa: E402
-from nmt_cli.checkpoint import model_around_weights, model_config_of  # noqa: E402
 from nmt_cli.config import ModelConfig, SearchConfig  # noqa: E402
 from nmt_cli.data.dataset import ParallelDataset  # noqa: E402
 from nmt_cli.data.vocab import BOS, EOS, UNK, Vocab  # noqa: E402
@@ -233,8 +232,8 @@ def nmt_runner(tr: Translator, sources: list[np.ndarray], counters: Counters) ->
 
 def profile(shape: str, n_sentences: int, repeat: int) -> dict[str, object]:
     path = checkpoint(shape)
-    tr, state = load_translator(path, torch.device("cpu"), None)
-    cfg = model_config_of(state, path)
+    tr, saved = load_translator(path, torch.device("cpu"), None)
+    cfg = saved.config
     data = ParallelDataset(data_bin(), "test")
     sources = [data.src[i] for i in range(min(n_sentences, len(data)))]
     tiny_cfg = floor_config(cfg)
@@ -243,7 +242,7 @@ def profile(shape: str, n_sentences: int, repeat: int) -> dict[str, object]:
     workdir = Path(tempfile.mkdtemp(prefix="profile_generate_"))
     atexit.register(shutil.rmtree, workdir, ignore_errors=True)
     runners = {  # CTranslate2's models are exported before the floor's model is packed
-        "CT2": ct2_runner(model_around_weights(cfg, state["model"], path), cfg, tr.vocab, sources, workdir / "model"),
+        "CT2": ct2_runner(saved.model(), cfg, tr.vocab, sources, workdir / "model"),
         "CT2 floor": ct2_runner(tiny_model, tiny_cfg, tr.vocab, tiny_sources, workdir / "floor"),
     }
     tiny = Translator(pack_for_cpu_inference(tiny_model) if ONEDNN_AVAILABLE else tiny_model, tr.vocab, tr.device)

@@ -10,19 +10,14 @@ from __future__ import annotations
 import hashlib
 import logging
 import re
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from nmt_cli import __version__
-from nmt_cli.config import (
-    ModelConfig,
-    SearchConfig,
-    TrainConfig,
-    config_from_dict,
-    config_to_dict,
-)
+from nmt_cli.config import ModelConfig, SearchConfig, TrainConfig, config_to_dict, parses_trees
 from nmt_cli.data.dataset import SPM_FILE
 from nmt_cli.data.vocab import Vocab
 from nmt_cli.errors import CheckpointError
@@ -155,13 +150,29 @@ def check_same_data(
 ) -> None:
     """Refuse a data directory made with another sentencepiece model, or for other languages or the
     other direction, than the checkpoint was trained on (`remedy` ends that error)."""
-    ours, theirs = spm_fingerprint(bytes(state["spm_model"])), spm_fingerprint(spm_bytes)
+    trained = (state.get("source_lang"), state.get("target_lang"))
+    check_data_fits(
+        bytes(state["spm_model"]), trained, ckpt_path, data_dir=data_dir, meta=meta, spm_bytes=spm_bytes, remedy=remedy
+    )
+
+
+def check_data_fits(
+    spm_model: bytes,
+    trained: tuple[str | None, str | None],
+    ckpt_path: Path,
+    *,
+    data_dir: Path,
+    meta: dict[str, Any],
+    spm_bytes: bytes,
+    remedy: str = "use a data directory of the checkpoint's languages and direction",
+) -> None:
+    """check_same_data, given the checkpoint's sentencepiece model and its languages (`trained`)."""
+    ours, theirs = spm_fingerprint(spm_model), spm_fingerprint(spm_bytes)
     if ours != theirs:
         raise CheckpointError(
             f"{data_dir / SPM_FILE} (sha256 {theirs[:12]}) is not the sentencepiece model of {ckpt_path} "
             f"(sha256 {ours[:12]}); the data directory was made with another vocabulary"
         )
-    trained = (state.get("source_lang"), state.get("target_lang"))
     given = (meta["source_lang"], meta["target_lang"])
     if None not in trained and trained != given:
         raise CheckpointError(
@@ -199,6 +210,16 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
             f"{__version__} reads up to {FORMAT_VERSION}; upgrade nmt"
         )
     return upgrade(state)
+
+
+def config_from_dict(cls: type, d: dict[str, Any], what: str) -> Any:
+    """Rebuild a config saved in a checkpoint; unknown keys mean a newer nmt wrote it."""
+    known = {f.name for f in fields(cls)}
+    unknown = sorted(set(d) - known)
+    if unknown:
+        raise CheckpointError(f"{what} has unknown fields {unknown}; it was written by a newer nmt")
+    d = {k: tuple(v) if isinstance(v, list) else v for k, v in d.items()}
+    return cls(**d)
 
 
 def model_config_of(state: dict[str, Any], path: Path) -> ModelConfig:
@@ -248,6 +269,69 @@ def model_around_weights(cfg: ModelConfig, weights: dict[str, torch.Tensor], pat
         model = build_model(cfg)
     load_model_weights(model, weights, path, assign=True)
     return model
+
+
+# Regularisation, not shape: a run may resume with other rates, and checkpoints that differ only in them average.
+DROPOUTS = ("dropout", "attention_dropout", "activation_dropout")
+
+
+def shape_differences(saved: ModelConfig, wanted: ModelConfig) -> list[str]:
+    """The fields, dropouts aside, in which two model configs differ: `name=saved (options say wanted)`."""
+    return [
+        f"{f.name}={getattr(saved, f.name)!r} (options say {getattr(wanted, f.name)!r})"
+        for f in fields(ModelConfig)
+        if f.name not in DROPOUTS and getattr(saved, f.name) != getattr(wanted, f.name)
+    ]
+
+
+@dataclass(frozen=True)
+class SavedModel:
+    """A checkpoint as translating reads it (`read_saved_model`), once and typed: the model's config and weights,
+    its vocabulary and saved search settings, the task, and what it was trained on. generate, serve, plot
+    attention and export read a checkpoint through this, not through the raw dict."""
+
+    path: Path
+    config: ModelConfig
+    search: SearchConfig
+    vocab: Vocab
+    is_parser: bool  # config.parses_trees of its target_format, asked here once
+    tree_leaves: str | None  # a parser's --tree-leaves
+    train_precision: str | None
+    source_lang: str | None
+    target_lang: str | None
+    update: int | None
+    weights: dict[str, torch.Tensor]
+
+    def model(self) -> Transformer:
+        """The model holding the checkpoint's own tensors (`model_around_weights`), in eval mode, on the CPU."""
+        return model_around_weights(self.config, self.weights, self.path).eval()
+
+    def without_weights(self) -> SavedModel:
+        """The same, its weights let go (a model built from them holds its own copy)."""
+        return replace(self, weights={})
+
+    def check_same_data(self, data_dir: Path, meta: dict[str, Any], spm_bytes: bytes) -> None:
+        """Refuse a data directory of another vocabulary or direction (`check_same_data`)."""
+        trained = (self.source_lang, self.target_lang)
+        check_data_fits(self.vocab.model_bytes, trained, self.path, data_dir=data_dir, meta=meta, spm_bytes=spm_bytes)
+
+
+def read_saved_model(path: Path) -> SavedModel:
+    """The checkpoint at `path`, loaded and checked (`load_checkpoint`), as translating reads it."""
+    state = load_checkpoint(path)
+    return SavedModel(
+        path=path,
+        config=model_config_of(state, path),
+        search=search_config_of(state),
+        vocab=vocab_of(state, path),
+        is_parser=parses_trees(state.get("target_format")),
+        tree_leaves=state.get("tree_leaves"),
+        train_precision=state.get("train_config", {}).get("precision"),
+        source_lang=state.get("source_lang"),
+        target_lang=state.get("target_lang"),
+        update=state.get("update"),
+        weights=state["model"],
+    )
 
 
 def numbered_checkpoints(directory: Path) -> list[Path]:

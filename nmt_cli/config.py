@@ -9,10 +9,10 @@ dataclasses of primitives, so they travel inside checkpoints as plain dicts.
 from __future__ import annotations
 
 import math
-from dataclasses import MISSING, Field, asdict, dataclass, field, fields, replace
+from dataclasses import MISSING, asdict, dataclass, field, fields, replace
 from typing import Any
 
-from nmt_cli.errors import CheckpointError, ConfigError
+from nmt_cli.errors import ConfigError
 
 PRECISIONS = ("fp32", "bf16", "fp16")
 
@@ -36,18 +36,7 @@ def flag(
     path: "file" / "dir" (must exist) or "new" (a path to be written) for the CLI's path checks;
     argument: a positional argument instead of an option; cli=False: set by the program, not a flag.
     """
-    meta = {
-        "help": help,
-        "min": min,
-        "max": max,
-        "min_open": min_open,
-        "max_open": max_open,
-        "choices": choices,
-        "path": path,
-        "argument": argument,
-        "short": short,
-        "cli": cli,
-    }
+    meta = {k: v for k, v in locals().items() if k != "default"}  # every argument but the default, by name
     return field(default=default, metadata=meta)
 
 
@@ -55,26 +44,21 @@ def flag_name(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
-def check_field(f: Field, value: Any) -> None:
-    """Raise ConfigError when a value breaks the bounds or choices its field declares."""
-    if value is None or isinstance(value, bool):
-        return
-    m = f.metadata
-    name = flag_name(f.name)
-    if m.get("choices") and value not in m["choices"]:
-        raise ConfigError(f"{name} {value!r} must be one of {', '.join(m['choices'])}")
-    if isinstance(value, float) and not math.isfinite(value):
-        raise ConfigError(f"{name} {value} must be a finite number")
-    low, high = m.get("min"), m.get("max")
-    if low is not None and (value <= low if m["min_open"] else value < low):
-        raise ConfigError(f"{name} {value} must be {'above' if m['min_open'] else 'at least'} {low:g}")
-    if high is not None and (value >= high if m["max_open"] else value > high):
-        raise ConfigError(f"{name} {value} must be {'below' if m['max_open'] else 'at most'} {high:g}")
-
-
 def check_fields(cfg: Any) -> None:
+    """Raise ConfigError when a field's value breaks the bounds or choices the field declares."""
     for f in fields(cfg):
-        check_field(f, getattr(cfg, f.name))
+        value, m, name = getattr(cfg, f.name), f.metadata, flag_name(f.name)
+        if value is None or isinstance(value, bool):
+            continue
+        if m.get("choices") and value not in m["choices"]:
+            raise ConfigError(f"{name} {value!r} must be one of {', '.join(m['choices'])}")
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ConfigError(f"{name} {value} must be a finite number")
+        low, high = m.get("min"), m.get("max")
+        if low is not None and (value <= low if m["min_open"] else value < low):
+            raise ConfigError(f"{name} {value} must be {'above' if m['min_open'] else 'at least'} {low:g}")
+        if high is not None and (value >= high if m["max_open"] else value > high):
+            raise ConfigError(f"{name} {value} must be {'below' if m['max_open'] else 'at most'} {high:g}")
 
 
 @dataclass(frozen=True)
@@ -106,19 +90,6 @@ class ModelConfig:
         check_fields(self)
         if self.d_model % self.heads:
             raise ConfigError(f"--d-model {self.d_model} must be divisible by --heads {self.heads}")
-
-
-# Regularisation, not shape: a run may resume with other rates, and checkpoints that differ only in them average.
-DROPOUTS = ("dropout", "attention_dropout", "activation_dropout")
-
-
-def shape_differences(saved: ModelConfig, wanted: ModelConfig) -> list[str]:
-    """The fields, dropouts aside, in which two model configs differ: `name=saved (options say wanted)`."""
-    return [
-        f"{f.name}={getattr(saved, f.name)!r} (options say {getattr(wanted, f.name)!r})"
-        for f in fields(ModelConfig)
-        if f.name not in DROPOUTS and getattr(saved, f.name) != getattr(wanted, f.name)
-    ]
 
 
 ARCHITECTURES: dict[str, ModelConfig] = {
@@ -330,11 +301,36 @@ class TrainConfig:
         return 5e-4 if self.lr is None else self.lr
 
 
-@dataclass(frozen=True)
-class GenerateConfig:
-    """`nmt generate` apart from the search itself (SearchConfig, whose defaults come from the checkpoint)."""
+@dataclass(frozen=True, kw_only=True)
+class InferenceConfig:
+    """What `nmt generate` and `nmt serve` share: the checkpoint and where and how its model runs
+    (search/translate.py's `open_for_inference` reads them)."""
 
     path: str = flag(help="Checkpoint to translate with.")
+    device: str = flag("auto", "Where to translate (auto: CUDA when available).", choices=("auto", "cpu", "cuda"))
+    threads: int = flag(0, "CPU threads (0: torch's default).", min=0)
+    precision: str | None = flag(
+        None, "fp32, bf16 or fp16 (CUDA) [default: the checkpoint's on CUDA, fp32 on CPU].", choices=PRECISIONS
+    )
+    quantize: str | None = flag(
+        None, "CPU: dynamic int8 linear layers, the output projection included [default: float32].", choices=("int8",)
+    )
+    cudnn_attention: bool = flag(
+        False,
+        "CUDA: let attention use cuDNN's kernels, which build a plan for every new batch shape (slow: every "
+        "search step is a new shape) [default: flash, memory-efficient or math].",
+    )
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+        if self.quantize and self.precision not in (None, "fp32"):  # before the precision's own checks and warnings
+            raise ConfigError(f"--quantize {self.quantize} runs on the CPU in fp32; drop --precision {self.precision}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class GenerateConfig(InferenceConfig):
+    """`nmt generate` apart from the search itself (SearchConfig, whose defaults come from the checkpoint)."""
+
     data_dir: str | None = flag(
         None, "Data directory made by `nmt preprocess` (or use --input).", path="dir", argument=True
     )
@@ -360,31 +356,14 @@ class GenerateConfig:
     )
     max_tokens: int = flag(8000, "Source tokens per batch.", min=1)
     batch_size: int = flag(0, "Also cap sentences per batch (0: no cap).", min=0)
-    device: str = flag("auto", "Where to translate (auto: CUDA when available).", choices=("auto", "cpu", "cuda"))
-    threads: int = flag(0, "CPU threads (0: torch's default).", min=0)
-    precision: str | None = flag(
-        None, "fp32, bf16 or fp16 (CUDA) [default: the checkpoint's on CUDA, fp32 on CPU].", choices=PRECISIONS
-    )
     num_shards: int = flag(1, "Split the input into contiguous shards.", min=1)
     shard_id: int = flag(0, "Which shard to translate.", min=0)
-    quantize: str | None = flag(
-        None, "CPU: dynamic int8 linear layers, the output projection included [default: float32].", choices=("int8",)
-    )
-    cudnn_attention: bool = flag(
-        False,
-        "CUDA: let attention use cuDNN's kernels, which build a plan for every new batch shape (slow with "
-        "token batches; not saved) [default: flash, memory-efficient or math].",
-    )
-
-    def __post_init__(self) -> None:
-        check_fields(self)
 
 
-@dataclass(frozen=True)
-class ServeConfig:
+@dataclass(frozen=True, kw_only=True)
+class ServeConfig(InferenceConfig):
     """`nmt serve` apart from the search (SearchConfig, whose defaults come from the checkpoint)."""
 
-    path: str = flag(help="Checkpoint to translate with.")
     host: str = flag("127.0.0.1", "Address to listen on (0.0.0.0: every interface).")
     port: int = flag(8080, "Port to listen on (0: a free one, logged at start).", min=0, max=65535)
     max_batch_tokens: int = flag(8000, "Padded source tokens per batch, as generate's --max-tokens.", min=1)
@@ -392,22 +371,9 @@ class ServeConfig:
     max_request_sentences: int = flag(256, "Sentences one request may hold.", min=1)
     max_queue: int = flag(4096, "Sentences waiting at most; a request that would exceed it gets 503.", min=1)
     timeout: float = flag(60.0, "Seconds a request may take before it gets 504.", min=0, min_open=True)
-    device: str = flag("auto", "Where to translate (auto: CUDA when available).", choices=("auto", "cpu", "cuda"))
-    threads: int = flag(0, "CPU threads (0: torch's default).", min=0)
-    precision: str | None = flag(
-        None, "fp32, bf16 or fp16 (CUDA) [default: the checkpoint's on CUDA, fp32 on CPU].", choices=PRECISIONS
-    )
-    quantize: str | None = flag(
-        None, "CPU: dynamic int8 linear layers, the output projection included [default: float32].", choices=("int8",)
-    )
-    cudnn_attention: bool = flag(
-        False,
-        "CUDA: let attention use cuDNN's kernels, which build a plan for every new batch shape (slow: every "
-        "search step is a new shape) [default: flash, memory-efficient or math].",
-    )
 
     def __post_init__(self) -> None:
-        check_fields(self)
+        super().__post_init__()
         if self.max_request_sentences > self.max_queue:
             raise ConfigError(
                 f"--max-request-sentences {self.max_request_sentences} exceeds --max-queue {self.max_queue}: "
@@ -433,28 +399,6 @@ class ExportConfig:
         check_fields(self)
 
 
-def parse_betas(text: str) -> tuple[float, float]:
-    """Parse '0.9,0.98' or '(0.9, 0.98)' without eval."""
-    parts = [p for p in text.strip("()[] ").replace(" ", "").split(",") if p]
-    try:
-        values = tuple(float(p) for p in parts)
-    except ValueError:
-        raise ConfigError(f"--adam-betas {text!r} must be two numbers like 0.9,0.98") from None
-    if len(values) != 2:
-        raise ConfigError(f"--adam-betas {text!r} must be two numbers like 0.9,0.98")
-    return values[0], values[1]
-
-
 def config_to_dict(cfg: Any) -> dict[str, Any]:
     d = asdict(cfg)
     return {k: list(v) if isinstance(v, tuple) else v for k, v in d.items()}
-
-
-def config_from_dict(cls: type, d: dict[str, Any], what: str) -> Any:
-    """Rebuild a config saved in a checkpoint; unknown keys mean a newer nmt wrote it."""
-    known = {f.name for f in fields(cls)}
-    unknown = sorted(set(d) - known)
-    if unknown:
-        raise CheckpointError(f"{what} has unknown fields {unknown}; it was written by a newer nmt")
-    d = {k: tuple(v) if isinstance(v, list) else v for k, v in d.items()}
-    return cls(**d)

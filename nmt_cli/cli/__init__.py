@@ -27,9 +27,9 @@ from nmt_cli.cli.score import score
 from nmt_cli.cli.serve import serve
 from nmt_cli.cli.train import train
 from nmt_cli.errors import NmtError
-from nmt_cli.signals import Interrupted
 from nmt_cli.log import print_error, setup_logging
 from nmt_cli.model.linear import route_from_environment
+from nmt_cli.signals import Interrupted
 
 
 class NmtGroup(click.Group):

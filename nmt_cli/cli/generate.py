@@ -6,18 +6,14 @@ from typing import Any
 
 import click
 
-from nmt_cli.cli.options import CONTEXT, config_options, precision_aliases, precision_from, take
-from nmt_cli.config import GenerateConfig, SearchConfig
+from nmt_cli.cli.options import CONTEXT, inference_config, inference_options
+from nmt_cli.config import GenerateConfig
 
 
 @click.command(context_settings=CONTEXT)
-@config_options(GenerateConfig)
-@precision_aliases
-@config_options(SearchConfig, default_note=lambda f: f"the checkpoint's, else {f.default}")
+@inference_options(GenerateConfig)
 def generate(**values: Any) -> None:
     """Translate a binarized split (DATA_DIR) or raw text (--input) with beam search."""
     from nmt_cli.commands.generate import generate as generate_translations
 
-    values["precision"] = precision_from(values)
-    search_overrides = take(SearchConfig, values, drop_none=True)
-    generate_translations(GenerateConfig(**take(GenerateConfig, values)), search_overrides)
+    generate_translations(*inference_config(GenerateConfig, values))

@@ -15,9 +15,11 @@ from typing import Any, TypeVar
 
 import click
 
-from nmt_cli.config import flag_name, parse_betas
+from nmt_cli.config import InferenceConfig, SearchConfig, flag_name
+from nmt_cli.errors import ConfigError
 
 F = TypeVar("F", bound=Callable[..., Any])
+C = TypeVar("C", bound=InferenceConfig)
 CONTEXT = {"show_default": True, "help_option_names": ["-h", "--help"], "max_content_width": 110}
 EXISTING_FILE = click.Path(exists=True, dir_okay=False, path_type=Path)
 PATH_TYPES = {
@@ -25,6 +27,18 @@ PATH_TYPES = {
     "dir": click.Path(exists=True, file_okay=False),
     "new": click.Path(),
 }
+
+
+def parse_betas(text: str) -> tuple[float, float]:
+    """Parse '0.9,0.98' or '(0.9, 0.98)' without eval."""
+    parts = [p for p in text.strip("()[] ").replace(" ", "").split(",") if p]
+    try:
+        values = tuple(float(p) for p in parts)
+    except ValueError:
+        raise ConfigError(f"--adam-betas {text!r} must be two numbers like 0.9,0.98") from None
+    if len(values) != 2:
+        raise ConfigError(f"--adam-betas {text!r} must be two numbers like 0.9,0.98")
+    return values[0], values[1]
 
 
 class Betas(click.ParamType):
@@ -120,3 +134,22 @@ def precision_from(values: dict[str, Any]) -> str | None:
     if len(chosen) > 1:
         raise click.UsageError(f"conflicting precisions: {', '.join(sorted(chosen))}; give one --precision")
     return chosen.pop() if chosen else None
+
+
+def inference_options(cls: type[InferenceConfig]) -> Callable[[F], F]:
+    """The options of a command that translates with a checkpoint (generate, serve): its config's, --bf16 and
+    --fp16, and the search's, whose defaults are the checkpoint's settings."""
+
+    def decorate(fn: F) -> F:
+        fn = config_options(SearchConfig, default_note=lambda f: f"the checkpoint's, else {f.default}")(fn)
+        return config_options(cls)(precision_aliases(fn))
+
+    return decorate
+
+
+def inference_config(cls: type[C], values: dict[str, Any]) -> tuple[C, dict[str, Any]]:
+    """The config of `inference_options`' values and the search options given (the others stay the
+    checkpoint's)."""
+    values["precision"] = precision_from(values)
+    search_overrides = take(SearchConfig, values, drop_none=True)
+    return cls(**take(cls, values)), search_overrides

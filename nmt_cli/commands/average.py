@@ -20,8 +20,8 @@ from nmt_cli.checkpoint import (
     model_config_of,
     numbered_checkpoints,
     save_checkpoint,
+    shape_differences,
 )
-from nmt_cli.config import shape_differences
 from nmt_cli.errors import CheckpointError, ConfigError
 from nmt_cli.files import make_parent
 

@@ -1,5 +1,6 @@
 """`nmt generate`'s input and output: pick the input (a binarized split or raw text, whole or one shard),
-translate it with the search driver (search/translate.py), and write the records in input order."""
+translate it with the search driver (search/translate.py), and write the records in input order; with a parsing
+checkpoint, parse raw sentences (parsing/parser.py) into one bracketed tree per line."""
 
 from __future__ import annotations
 
@@ -15,18 +16,16 @@ from typing import Any, TextIO
 
 import numpy as np
 
-from nmt_cli.checkpoint import check_same_data, load_checkpoint, search_config_of
-from nmt_cli.config import GenerateConfig, SearchConfig, changed_flags, parses_trees
-from nmt_cli.data import BOM, WORD_MARK
+from nmt_cli.config import GenerateConfig, SearchConfig, changed_flags
+from nmt_cli.data import BOM, raw_text_problem
 from nmt_cli.data.dataset import load_meta, load_vocab
 from nmt_cli.data.vocab import Vocab
 from nmt_cli.errors import ConfigError, DataError
 from nmt_cli.files import atomic_text_output, require_file
-from nmt_cli.parsing.generate import check_parse_request, generate_trees
-from nmt_cli.runtime import AMP_DTYPES, choose_attention_backends, choose_device, set_threads
+from nmt_cli.parsing.parser import TreeParser, ptb_words
+from nmt_cli.runtime import set_threads
 from nmt_cli.search.hypothesis import Hypothesis, hypothesis_record
-from nmt_cli.search.settings import generation_precision, search_settings
-from nmt_cli.search.translate import Summary, Translator, sampling_generator, translate, translator_from
+from nmt_cli.search.translate import Summary, Translator, open_for_inference, sampling_generator, translate
 
 # Sentences of a DATA_DIR split translated (and written) at a time: memory bounded and output steady on a
 # training set of millions (distillation, back-translation) instead of every hypothesis held to the end.
@@ -49,45 +48,45 @@ def generate(cfg: GenerateConfig, search_overrides: dict[str, Any] | None = None
     """Translate what cfg names with the checkpoint's search settings, overridden by `search_overrides`."""
     num_shards, shard_id = check_request(cfg)
     set_threads(cfg.threads)
-    device = choose_device(cfg.device, int(os.environ.get("LOCAL_RANK", "0")))
-    choose_attention_backends(device, cfg.cudnn_attention)
-    state = load_checkpoint(Path(cfg.path))
-    precision = generation_precision(cfg.precision, device, state)
+    inference = open_for_inference(cfg, search_overrides or {}, local_rank=int(os.environ.get("LOCAL_RANK", "0")))
+    saved, search = inference.saved, inference.search
     if cfg.data_dir is not None:
         data_dir = Path(cfg.data_dir)
         meta = load_meta(data_dir)
-        check_same_data(state, Path(cfg.path), data_dir, meta, load_vocab(data_dir, meta).model_bytes)
-    is_parser = parses_trees(state.get("target_format"))
-    tree_leaves = state.get("tree_leaves")
-    if is_parser:
+        saved.check_same_data(data_dir, meta, load_vocab(data_dir, meta).model_bytes)
+    if saved.is_parser:
         check_parse_request(cfg)
-    search = search_settings(cfg.path, search_config_of(state), search_overrides or {}, is_parser)
-    translator = translator_from(state, Path(cfg.path), device, AMP_DTYPES[precision], cfg.quantize)
-    del state  # the model holds its own copy of the weights
+    tr = inference.translator()
+    max_tokens, batch_size = cfg.max_tokens, cfg.batch_size
     fmt = cfg.output_format or ("fairseq" if cfg.data_dir else "plain")
     with ExitStack() as stack:
         out = open_output(cfg, stack, num_shards, shard_id)
         if cfg.data_dir is not None:
             summary = generate_split(
-                translator,
-                Path(cfg.data_dir),
-                cfg.gen_subset,
-                search,
-                cfg.max_tokens,
-                cfg.batch_size,
-                fmt,
-                out,
-                (num_shards, shard_id),
+                tr,
+                data_dir=Path(cfg.data_dir),
+                subset=cfg.gen_subset,
+                shard=(num_shards, shard_id),
+                search=search,
+                max_tokens=max_tokens,
+                batch_size=batch_size,
+                fmt=fmt,
+                out=out,
             )
         else:
             raw_lines, first_line = open_input(cfg.input, stack, num_shards, shard_id)
             interactive = cfg.input == "-" and sys.stdin.isatty()
             buffer_size = cfg.buffer_size or (1 if interactive else 1000)
             lines = read_lines(raw_lines, buffer_size, "stdin" if cfg.input == "-" else str(cfg.input), first_line)
-            if is_parser:  # one bracketed tree per input line (nmt_cli/parsing)
-                summary = generate_trees(translator, lines, search, cfg.max_tokens, cfg.batch_size, out, tree_leaves)
+            if saved.is_parser:  # one bracketed tree per input line (nmt_cli/parsing)
+                leaves = saved.tree_leaves
+                summary = generate_trees(
+                    tr, lines, search=search, max_tokens=max_tokens, batch_size=batch_size, out=out, leaves=leaves
+                )
             else:
-                summary = generate_text(translator, lines, search, cfg.max_tokens, cfg.batch_size, fmt, out)
+                summary = generate_text(
+                    tr, lines, search=search, max_tokens=max_tokens, batch_size=batch_size, fmt=fmt, out=out
+                )
     log_summary(summary, search)
     return summary
 
@@ -119,9 +118,21 @@ def check_request(cfg: GenerateConfig) -> tuple[int, int]:
         require_file(Path(cfg.input), "--input")
     if cfg.input == "-" and sys.stdin is None:
         raise DataError("--input -: stdin is closed; pipe text in or give --input FILE")
-    if cfg.quantize and cfg.precision not in (None, "fp32"):  # before the precision's own checks and warnings
-        raise ConfigError(f"--quantize {cfg.quantize} runs on the CPU in fp32; drop --precision {cfg.precision}")
     return num_shards, shard_id
+
+
+def check_parse_request(cfg: GenerateConfig) -> None:
+    """A parser reads sentences (--input) and writes trees (plain output), so refuse anything else."""
+    if cfg.input is None:
+        raise ConfigError(
+            f"{cfg.path} is a parsing model: give the sentences with --input FILE|- "
+            "(one tokenised sentence per line), not a DATA_DIR"
+        )
+    if cfg.output_format not in (None, "plain"):
+        raise ConfigError(
+            f"{cfg.path} is a parsing model; it writes one tree per line "
+            f"(--output-format plain), not {cfg.output_format}"
+        )
 
 
 def log_summary(summary: Summary, search: SearchConfig) -> None:
@@ -182,7 +193,7 @@ def read_lines(stream: Iterable[bytes], buffer_size: int, name: str, first_line:
     anything of that chunk is translated or written.
 
     Raises:
-        DataError: `name:LINE: invalid UTF-8`, or a line already split into sentencepiece pieces.
+        DataError: `name:LINE: invalid UTF-8`, or a line serve would refuse too (data.raw_text_problem).
     """
     chunk: list[str] = []
     for number, raw in enumerate(stream, start=first_line):
@@ -193,11 +204,8 @@ def read_lines(stream: Iterable[bytes], buffer_size: int, name: str, first_line:
             raise DataError(
                 f"{name}:{number}: invalid UTF-8 (byte {e.start} of the line); fix or re-encode the input"
             ) from None
-        if WORD_MARK in chunk[-1]:  # fairseq-interactive takes BPE'd input; nmt encodes raw text itself
-            raise DataError(
-                f"{name}:{number}: the line holds sentencepiece pieces ({WORD_MARK}); give raw text, which generate "
-                "encodes with the checkpoint's own sentencepiece model"
-            )
+        if problem := raw_text_problem(chunk[-1]):
+            raise DataError(f"{name}:{number}: the line {problem}")
         if len(chunk) == buffer_size:
             yield chunk
             chunk = []
@@ -235,14 +243,15 @@ def format_record(
 
 def generate_split(
     tr: Translator,
+    *,
     data_dir: Path,
     subset: str,
-    cfg: SearchConfig,
+    shard: tuple[int, int],
+    search: SearchConfig,
     max_tokens: int,
     batch_size: int,
     fmt: str,
     out: TextIO,
-    shard: tuple[int, int],
 ) -> Summary:
     """Translate a binarized split (or one contiguous shard of it) SPLIT_CHUNK sentences at a time; write
     records in input order."""
@@ -251,11 +260,11 @@ def generate_split(
     data = ParallelDataset(data_dir, subset)
     ids = shard_range(len(data), *shard)
     summary = Summary()
-    generator = sampling_generator(cfg, tr.device)  # one for every chunk
+    generator = sampling_generator(search, tr.device)  # one for every chunk
     for first in range(0, len(ids), SPLIT_CHUNK):  # a test set is one chunk; a training set (distillation) many
         chunk = ids[first : first + SPLIT_CHUNK]
         start = time.perf_counter()
-        results = translate(tr, [data.src[i] for i in chunk], cfg, max_tokens, batch_size, generator)
+        results = translate(tr, [data.src[i] for i in chunk], search, max_tokens, batch_size, generator)
         summary.add(results, time.perf_counter() - start)
         for i, hyps in zip(chunk, results):
             source, reference = tr.vocab.decode(data.src[i]), tr.vocab.decode(data.tgt[i])
@@ -267,7 +276,8 @@ def generate_split(
 def generate_text(
     tr: Translator,
     chunks: Iterable[list[str]],
-    cfg: SearchConfig,
+    *,
+    search: SearchConfig,
     max_tokens: int,
     batch_size: int,
     fmt: str,
@@ -276,14 +286,52 @@ def generate_text(
     """Translate raw text with the checkpoint's own sentencepiece model, one buffer (chunk) at a time."""
     summary = Summary()
     first_id = 0
-    generator = sampling_generator(cfg, tr.device)  # one for every chunk
+    generator = sampling_generator(search, tr.device)  # one for every chunk
     for chunk in chunks:
         start = time.perf_counter()
         sources = [np.asarray(ids, dtype=np.int64) for ids in tr.vocab.encode(chunk)]
-        results = translate(tr, sources, cfg, max_tokens, batch_size, generator)
+        results = translate(tr, sources, search, max_tokens, batch_size, generator)
         summary.add(results, time.perf_counter() - start)
         for j, hyps in enumerate(results):
             print(format_record(first_id + j, hyps, tr.vocab, fmt, chunk[j] if fmt != "plain" else None), file=out)
         out.flush()
         first_id += len(chunk)
+    return summary
+
+
+def generate_trees(
+    tr: Translator,
+    chunks: Iterable[list[str]],
+    *,
+    search: SearchConfig,
+    max_tokens: int,
+    batch_size: int,
+    out: TextIO,
+    leaves: str | None = "pos",
+) -> Summary:
+    """Parse raw sentences one buffer (chunk of lines) at a time; one tree (or an empty line) per input line.
+    leaves: the checkpoint's --tree-leaves ("words": its trees copy their words, parsing/copy_constraint.py)."""
+    parser = TreeParser.of(tr, leaves)
+    generator = sampling_generator(search, tr.device)  # one for every chunk
+    summary, n_fallback, n_empty = Summary(), 0, 0
+    for chunk in chunks:
+        start = time.perf_counter()
+        words = [ptb_words(line) for line in chunk]
+        trees, fallback = parser.parse(words, search, max_tokens, batch_size, generator)
+        n_fallback += fallback
+        n_empty += sum(t is None for t in trees)
+        summary.n_sentences += len(chunk)
+        summary.n_tokens += sum(len(w) for w in words)
+        summary.seconds += time.perf_counter() - start
+        for tree in trees:
+            print("" if tree is None else str(tree), file=out)
+        out.flush()
+    if n_empty:
+        logger.warning("%d empty input line(s) gave empty output lines", n_empty)
+    if n_fallback:
+        logger.warning(
+            "%d sentence(s) had no tree within the maximum length (--max-len-a/--max-len-b or the "
+            "model's positions); they got a flat (S ...) tree",
+            n_fallback,
+        )
     return summary

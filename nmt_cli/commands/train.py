@@ -13,9 +13,17 @@ from typing import Any
 
 import torch
 
-from nmt_cli.checkpoint import BEST, LAST, check_same_data, has_training_state, load_checkpoint, model_config_of
-from nmt_cli.config import (
+from nmt_cli.checkpoint import (
+    BEST,
     DROPOUTS,
+    LAST,
+    check_same_data,
+    has_training_state,
+    load_checkpoint,
+    model_config_of,
+    shape_differences,
+)
+from nmt_cli.config import (
     PARSE_SEARCH,
     ModelConfig,
     SearchConfig,
@@ -23,7 +31,6 @@ from nmt_cli.config import (
     changed_flags,
     config_to_dict,
     parses_trees,
-    shape_differences,
 )
 from nmt_cli.data.batching import count_too_long
 from nmt_cli.data.dataset import load_meta, load_vocab

@@ -23,8 +23,8 @@ import numpy as np
 import torch
 from ctranslate2.specs import attention_spec, common_spec, transformer_spec
 
-from nmt_cli.checkpoint import load_checkpoint, model_around_weights, model_config_of, vocab_of
-from nmt_cli.config import ModelConfig, parses_trees
+from nmt_cli.checkpoint import read_saved_model
+from nmt_cli.config import ModelConfig
 from nmt_cli.data.vocab import BOS, EOS, UNK, Vocab
 from nmt_cli.errors import ExportError
 from nmt_cli.model.transformer import Transformer
@@ -155,22 +155,20 @@ class NmtConverter(ctranslate2.converters.Converter):
         self.spm_model = b""  # the checkpoint's sentencepiece model, kept by _load
 
     def _load(self) -> transformer_spec.TransformerSpec:
-        state = load_checkpoint(self.checkpoint_path)
-        if parses_trees(state.get("target_format")):
+        saved = read_saved_model(self.checkpoint_path)
+        if saved.is_parser:
             raise ExportError(
                 f"{self.checkpoint_path} is a parsing model: its trees come from `nmt generate --input`, which "
                 "keeps the brackets balanced and puts the words back at the leaves; CTranslate2 would give the "
                 "raw linearized pieces"
             )
-        cfg = model_config_of(state, self.checkpoint_path)
+        cfg = saved.config
         check_exportable(cfg)
-        model = model_around_weights(cfg, state["model"], self.checkpoint_path)
-        vocab = vocab_of(state, self.checkpoint_path)
-        self.spm_model = vocab.model_bytes
-        tokens = vocabulary(vocab, cfg.vocab_size)
+        self.spm_model = saved.vocab.model_bytes
+        tokens = vocabulary(saved.vocab, cfg.vocab_size)
         specials = {"unk": tokens[UNK], "bos": tokens[BOS], "eos": tokens[EOS]}
         with torch.no_grad():
-            return build_spec(model.eval(), cfg, tokens, specials)
+            return build_spec(saved.model(), cfg, tokens, specials)
 
 
 def convert(checkpoint_path: Path, output_dir: Path, quantization: str | None) -> None:

@@ -18,13 +18,13 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from nmt_cli.checkpoint import load_checkpoint, model_around_weights, model_config_of, search_config_of, vocab_of
-from nmt_cli.config import SearchConfig, parses_trees
+from nmt_cli.checkpoint import read_saved_model
+from nmt_cli.config import SearchConfig
 from nmt_cli.data.vocab import BOS, EOS, Vocab
 from nmt_cli.errors import ConfigError, DataError
 from nmt_cli.model.transformer import AttentionWeights, EncoderOut, Transformer
-from nmt_cli.parsing.generate import TreeParser, ptb_words
 from nmt_cli.parsing.linearize import COPY_MODES
+from nmt_cli.parsing.parser import TreeParser, ptb_words
 from nmt_cli.plot import check_output, pyplot, save_figure
 from nmt_cli.search.beam import max_lengths
 from nmt_cli.search.greedy import greedy_search
@@ -71,12 +71,10 @@ def sentence_attention(checkpoint_path: Path, sentence: str) -> SentenceAttentio
             f"--input {sentence} names a file, and plot attention draws the sentence given as text; "
             'give one of its lines, e.g. --input "$(head -1 FILE)"'
         )
-    state = load_checkpoint(checkpoint_path)
-    model = model_around_weights(model_config_of(state, checkpoint_path), state["model"], checkpoint_path)
-    model.eval()
-    vocab = vocab_of(state, checkpoint_path)
-    # a parser reads the words as the treebank writes them, as `nmt generate` parses (parsing/generate.py)
-    words = ptb_words(sentence) if parses_trees(state.get("target_format")) else None
+    saved = read_saved_model(checkpoint_path)
+    model, vocab = saved.model(), saved.vocab
+    # a parser reads the words as the treebank writes them, as `nmt generate` parses (parsing/parser.py)
+    words = ptb_words(sentence) if saved.is_parser else None
     src_ids = vocab.encode([sentence if words is None else " ".join(words)])[0]
     if not src_ids:
         raise DataError("--input is empty; give a sentence to translate")
@@ -86,9 +84,8 @@ def sentence_attention(checkpoint_path: Path, sentence: str) -> SentenceAttentio
         src_ids = src_ids[:limit]
     src = torch.tensor([src_ids + [EOS]])
     src_pad = torch.zeros_like(src, dtype=torch.bool)
-    cfg = replace(search_config_of(state), beam=1, sampling=False, nbest=1)
-    leaves = state.get("tree_leaves")
-    tokens = greedy_output(model, vocab, src, model.encode(src, src_pad), cfg, words, leaves)
+    cfg = replace(saved.search, beam=1, sampling=False, nbest=1)
+    tokens = greedy_output(model, vocab, src, model.encode(src, src_pad), cfg, words, saved.tree_leaves)
     weights = AttentionWeights()
     model(src, src_pad, torch.tensor([[BOS] + tokens]), weights)
     if words is None:

@@ -41,8 +41,9 @@ def search_settings(path: str, saved: SearchConfig, overrides: dict[str, Any], i
     return search
 
 
-def generation_precision(precision: str | None, device: torch.device, state: dict[str, Any]) -> str:
-    """--precision, else the checkpoint's training precision on CUDA; fp32 on CPU (its fastest float path)."""
+def generation_precision(precision: str | None, device: torch.device, trained: str | None) -> str:
+    """--precision, else the checkpoint's training precision (`trained`) on CUDA; fp32 on CPU (its fastest float
+    path)."""
     if precision is None:
-        precision = state["train_config"].get("precision") if device.type == "cuda" else "fp32"
+        precision = trained if device.type == "cuda" else "fp32"
     return resolve_precision(device, precision)

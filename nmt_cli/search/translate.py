@@ -1,31 +1,33 @@
-"""The search driver that `nmt generate`, `nmt serve`, training's BLEU validation and the parser share: load a
-checkpoint into a Translator, batch token sequences by length, search each batch, and return results in input
-order. A parser plugs its tree constraint in through `SearchConstraint`; the skeleton exists once."""
+"""The search driver that `nmt generate`, `nmt serve`, training's BLEU validation and the parser share: open a
+checkpoint for inference (`open_for_inference`: the one way generate and serve read it) into a Translator, batch
+token sequences by length, search each batch, and return results in input order. A parser plugs its tree
+constraint in through `SearchConstraint`; the skeleton exists once."""
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
 import torch
 
-from nmt_cli.checkpoint import load_checkpoint, model_around_weights, model_config_of, vocab_of
-from nmt_cli.config import SearchConfig
+from nmt_cli.checkpoint import SavedModel, read_saved_model
+from nmt_cli.config import InferenceConfig, SearchConfig
 from nmt_cli.data.batching import batch_by_tokens, pad_sources
 from nmt_cli.data.vocab import PAD, Vocab
 from nmt_cli.errors import ConfigError
 from nmt_cli.model.linear import ONEDNN_AVAILABLE, pack_for_cpu_inference
 from nmt_cli.model.quantize import quantize_for_cpu_inference
 from nmt_cli.model.transformer import Transformer
-from nmt_cli.runtime import autocast
+from nmt_cli.runtime import AMP_DTYPES, autocast, choose_attention_backends, choose_device
 from nmt_cli.search.beam import beam_search, max_lengths
 from nmt_cli.search.constraint import StepConstraint
 from nmt_cli.search.greedy import greedy_search
 from nmt_cli.search.hypothesis import Hypothesis
+from nmt_cli.search.settings import generation_precision, search_settings
 
 logger = logging.getLogger(__name__)
 
@@ -52,31 +54,63 @@ class Translator:
     amp_dtype: torch.dtype | None = None
 
 
+@dataclass
+class Inference:
+    """A checkpoint opened to translate with (`open_for_inference`): what it holds (`saved`), where and in which
+    precision it runs, and the search settings requests start from. The Translator is built on first use, by
+    the thread that searches with it (serve's worker: intra-op thread pools are per thread)."""
+
+    saved: SavedModel
+    device: torch.device
+    precision: str
+    quantize: str | None
+    search: SearchConfig
+    _translator: Translator | None = field(default=None, repr=False)
+
+    def translator(self) -> Translator:
+        """The model (built, moved and packed on the first call) and its vocabulary."""
+        if self._translator is None:
+            self._translator = translator_from(self.saved, self.device, AMP_DTYPES[self.precision], self.quantize)
+            self.saved = self.saved.without_weights()  # the model holds its own copy
+        return self._translator
+
+
+def open_for_inference(cfg: InferenceConfig, search_overrides: dict[str, Any], *, local_rank: int = 0) -> Inference:
+    """Read the checkpoint cfg.path once, for generate and serve: the device (GPU `local_rank` under torchrun) and
+    its attention kernels, the precision (--precision, else the checkpoint's on CUDA), and the checkpoint's
+    search settings with `search_overrides` (search/settings.py refuses those the search would ignore)."""
+    device = choose_device(cfg.device, local_rank)
+    choose_attention_backends(device, cfg.cudnn_attention)
+    saved = read_saved_model(Path(cfg.path))
+    precision = generation_precision(cfg.precision, device, saved.train_precision)
+    search = search_settings(cfg.path, saved.search, search_overrides, saved.is_parser)
+    return Inference(saved, device, precision, cfg.quantize, search)
+
+
 def load_translator(
     path: Path, device: torch.device, amp_dtype: torch.dtype | None, quantize: str | None = None
-) -> tuple[Translator, dict]:
-    """Build the model a checkpoint file describes and load its weights; returns it with the raw checkpoint."""
-    state = load_checkpoint(path)
-    return translator_from(state, path, device, amp_dtype, quantize), state
+) -> tuple[Translator, SavedModel]:
+    """The Translator of a checkpoint file, with what else it holds (tests and benchmarks)."""
+    saved = read_saved_model(path)
+    return translator_from(saved, device, amp_dtype, quantize), saved
 
 
 def translator_from(
-    state: dict, path: Path, device: torch.device, amp_dtype: torch.dtype | None, quantize: str | None = None
+    saved: SavedModel, device: torch.device, amp_dtype: torch.dtype | None, quantize: str | None = None
 ) -> Translator:
-    """The Translator of a loaded checkpoint (`path` names it in errors).
+    """The Translator of a read checkpoint.
 
     On CPU in float32 the linear layers are packed for oneDNN; quantize="int8" (CPU, float32 only) makes
     them dynamic int8 ones instead.
     """
     if quantize is not None and (device.type != "cpu" or amp_dtype is not None):
         raise ConfigError(f"--quantize {quantize} runs on the CPU in fp32; use --device cpu and --precision fp32")
-    model = model_around_weights(model_config_of(state, path), state["model"], path)
-    model.to(device).eval()
+    model = saved.model().to(device)
     if quantize == "int8":
         quantize_for_cpu_inference(model)
     elif device.type == "cpu" and amp_dtype is None and ONEDNN_AVAILABLE:
         pack_for_cpu_inference(model)
-    return Translator(model, vocab_of(state, path), device, amp_dtype)
+    return Translator(model, saved.vocab, device, amp_dtype)
 
 
 def search_batch(

@@ -20,15 +20,14 @@ import numpy as np
 import torch
 
 from nmt_cli import __version__
-from nmt_cli.checkpoint import load_checkpoint, model_config_of, search_config_of, vocab_of
-from nmt_cli.config import SearchConfig, ServeConfig, parses_trees
-from nmt_cli.data import WORD_MARK
+from nmt_cli.checkpoint import SavedModel
+from nmt_cli.config import SearchConfig, ServeConfig
+from nmt_cli.data import raw_text_problem
 from nmt_cli.errors import DataError
-from nmt_cli.parsing.generate import TreeParser, ptb_words
-from nmt_cli.runtime import AMP_DTYPES, choose_attention_backends, choose_device
+from nmt_cli.parsing.parser import TreeParser, ptb_words
 from nmt_cli.search.hypothesis import hypothesis_record
-from nmt_cli.search.settings import generation_precision, search_settings
-from nmt_cli.search.translate import Translator, sampling_generator, translate, translator_from
+from nmt_cli.search.settings import search_settings
+from nmt_cli.search.translate import Translator, open_for_inference, sampling_generator, translate
 from nmt_cli.serve.batcher import Batcher
 
 logger = logging.getLogger(__name__)
@@ -51,37 +50,32 @@ class Engine:
 
     def __init__(self, cfg: ServeConfig, search_overrides: dict[str, Any]) -> None:
         self.path = cfg.path
-        self.device = choose_device(cfg.device)
-        choose_attention_backends(self.device, cfg.cudnn_attention)  # as generate: cuDNN re-planned every step
-        state = load_checkpoint(Path(cfg.path))
-        self.precision = generation_precision(cfg.precision, self.device, state)
-        self.is_parser = parses_trees(state.get("target_format"))
-        self.search = search_settings(cfg.path, search_config_of(state), search_overrides, self.is_parser)
-        self.vocab = vocab_of(state, Path(cfg.path))
+        self.inference = open_for_inference(cfg, search_overrides)  # the checkpoint read as generate reads it
+        saved = self.inference.saved
+        self.device, self.precision = self.inference.device, self.inference.precision
+        self.is_parser = saved.is_parser
+        self.search = self.inference.search
+        self.vocab = saved.vocab
         # The model is built (and packed for the CPU) in the worker thread, by warm_up: intra-op thread pools are
         # per thread, and when the main thread's pool packs the model, the worker's own pool competes with it
         # for the cores and searches far slower (benchmarks/bench_serve.py measures the server).
-        self._build = lambda: translator_from(
-            state, Path(cfg.path), self.device, AMP_DTYPES[self.precision], cfg.quantize
-        )
         self._tr: Translator | None = None
         self.parser: TreeParser | None = None
-        self.leaves = state.get("tree_leaves")
-        self.max_positions = model_config_of(state, Path(cfg.path)).max_positions
+        self.leaves = saved.tree_leaves
+        self.max_positions = saved.config.max_positions
         self.max_tokens = cfg.max_batch_tokens
         self.threads = torch.get_num_threads()  # as set_threads left it in the main thread
         self.limit = self.max_positions - 1
-        self.info = self._info(state, cfg)
+        self.info = self._info(saved, cfg)
 
-    def _info(self, state: dict[str, Any], cfg: ServeConfig) -> dict[str, Any]:
-        model = dict(state["model_config"])
+    def _info(self, saved: SavedModel, cfg: ServeConfig) -> dict[str, Any]:
         return {
-            "source_lang": state.get("source_lang"),
-            "target_lang": state.get("target_lang"),
+            "source_lang": saved.source_lang,
+            "target_lang": saved.target_lang,
             "task": "parsing" if self.is_parser else "translation",
             "checkpoint": str(Path(cfg.path).resolve()),
-            "update": state.get("update"),
-            "model": model,
+            "update": saved.update,
+            "model": asdict(saved.config),
             "vocab_size": self.vocab.n_pieces,
             "max_positions": self.max_positions,
             "search": asdict(self.search),
@@ -134,9 +128,8 @@ class Engine:
     def tr(self) -> Translator:
         """The model and its vocabulary, built by the worker thread (`warm_up`) on first use."""
         if self._tr is None:
-            self._tr = self._build()
+            self._tr = self.inference.translator()  # which lets the checkpoint's tensors go
             self.parser = TreeParser.of(self._tr, self.leaves) if self.is_parser else None
-            del self._build  # the checkpoint's tensors with it: the model holds its own copy
         return self._tr
 
     def warm_up(self) -> None:
@@ -182,16 +175,8 @@ def typed(name: str, value: Any) -> Any:
 
 
 def check_text(i: int, text: str) -> None:
-    """A text is one line of raw text, as a line of generate's --input."""
-    where = f"texts[{i}]"
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as e:
-        raise DataError(f"{where}: not valid Unicode (an unpaired surrogate at character {e.start})") from None
+    """A text is one line of raw text, as a line of generate's --input (data.raw_text_problem)."""
     if "\n" in text or "\r" in text:
-        raise DataError(f"{where}: holds a line break; send one sentence per text")
-    if WORD_MARK in text:
-        raise DataError(
-            f"{where}: holds sentencepiece pieces ({WORD_MARK}); send raw text, which the server encodes with the "
-            "checkpoint's own sentencepiece model"
-        )
+        raise DataError(f"texts[{i}]: the text holds a line break; send one sentence per text")
+    if problem := raw_text_problem(text):
+        raise DataError(f"texts[{i}]: the text {problem}")

@@ -10,7 +10,7 @@ from conftest import SHARED_DATA
 from nmt_cli.cli import cli
 from nmt_cli.data.dataset import ParallelDataset, load_vocab
 from nmt_cli.data.vocab import EOS, UNK, Vocab, train_spm
-from nmt_cli.parsing.generate import tree_tokens
+from nmt_cli.parsing.parser import tree_tokens
 
 PTB = SHARED_DATA / "ptb-sample"
 # Words that are also tags or hold their characters: , . : $ # and the . inside abbreviations.

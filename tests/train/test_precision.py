@@ -71,10 +71,9 @@ def test_bf16_on_a_cpu_without_bf16_instructions_warns_that_fp32_is_faster(has_b
 
 @pytest.mark.parametrize("saved", ["fp32", "bf16", "fp16"])
 def test_generate_follows_the_checkpoints_precision_on_cuda_unless_told(saved, keep_tf32):
-    state = {"train_config": {"precision": saved}}
-    assert generation_precision(None, torch.device("cuda"), state) == saved
-    assert generation_precision("bf16", torch.device("cuda"), state) == "bf16"
-    assert generation_precision(None, torch.device("cpu"), state) == "fp32"  # CPU: its fastest float path
+    assert generation_precision(None, torch.device("cuda"), saved) == saved
+    assert generation_precision("bf16", torch.device("cuda"), saved) == "bf16"
+    assert generation_precision(None, torch.device("cpu"), saved) == "fp32"  # CPU: its fastest float path
 
 
 @pytest.fixture

@@ -1,29 +1,26 @@
-"""`nmt generate` with a parsing checkpoint: sentences in, one bracketed tree per line out.
+"""A parsing checkpoint's search: sentences in, bracketed trees out (`TreeParser`; generate, serve and plot
+attention all parse through it).
 
-Each input line is split on whitespace into words written as the treebank writes them (brackets as
+Each sentence is split on whitespace into words written as the treebank writes them (brackets as
 -LRB- -RRB- -LSB- -RSB- -LCB- -RCB-, also inside a word: `ptb_words`, which keeps the output's brackets
 balanced); the words are encoded with the checkpoint's sentencepiece model, searched under the tree
 constraint (constraint.py) with exactly as many leaves as words, and the best hypothesis is turned back
 into a tree holding those words (`(TOP ...)`, EVALB's gold format); punctuation words, the escaped
-brackets among them, get their fixed tag (linearize.tag_punctuation). An empty line gives an empty line.
+brackets among them, get their fixed tag (linearize.tag_punctuation). A sentence without words gets no tree.
 """
 
 from __future__ import annotations
 
-import logging
-import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TextIO
 
 import numpy as np
 import torch
 from torch import Tensor
 
-from nmt_cli.config import GenerateConfig, SearchConfig
+from nmt_cli.config import SearchConfig
 from nmt_cli.data import WORD_MARK
 from nmt_cli.data.vocab import EOS, PAD, Vocab
-from nmt_cli.errors import ConfigError
 from nmt_cli.parsing.constraint import TreeConstraint
 from nmt_cli.parsing.copy_constraint import CopyingTreeConstraint
 from nmt_cli.parsing.linearize import (
@@ -40,10 +37,7 @@ from nmt_cli.parsing.linearize import (
 )
 from nmt_cli.parsing.tree import Tree
 from nmt_cli.search.beam import max_lengths
-from nmt_cli.search.translate import Summary, Translator, sampling_generator, translate
-
-logger = logging.getLogger(__name__)
-
+from nmt_cli.search.translate import Translator, translate
 
 PTB_ESCAPES = str.maketrans(BRACKET_ESCAPES)
 
@@ -154,54 +148,3 @@ class TreeParser:
             except ValueError:  # the constraint rules this out; keep the output usable if it ever fails
                 n_fallback += 1
         return trees, n_fallback
-
-
-def generate_trees(
-    tr: Translator,
-    chunks: Iterable[list[str]],
-    cfg: SearchConfig,
-    max_tokens: int,
-    batch_size: int,
-    out: TextIO,
-    leaves: str | None = "pos",
-) -> Summary:
-    """Parse raw sentences one buffer (chunk of lines) at a time; one tree (or an empty line) per input line.
-    leaves: the checkpoint's --tree-leaves ("words": its trees copy their words, copy_constraint.py)."""
-    parser = TreeParser.of(tr, leaves)
-    generator = sampling_generator(cfg, tr.device)  # one for every chunk
-    summary, n_fallback, n_empty = Summary(), 0, 0
-    for chunk in chunks:
-        start = time.perf_counter()
-        words = [ptb_words(line) for line in chunk]
-        trees, fallback = parser.parse(words, cfg, max_tokens, batch_size, generator)
-        n_fallback += fallback
-        n_empty += sum(t is None for t in trees)
-        summary.n_sentences += len(chunk)
-        summary.n_tokens += sum(len(w) for w in words)
-        summary.seconds += time.perf_counter() - start
-        for tree in trees:
-            print("" if tree is None else str(tree), file=out)
-        out.flush()
-    if n_empty:
-        logger.warning("%d empty input line(s) gave empty output lines", n_empty)
-    if n_fallback:
-        logger.warning(
-            "%d sentence(s) had no tree within the maximum length (--max-len-a/--max-len-b or the "
-            "model's positions); they got a flat (S ...) tree",
-            n_fallback,
-        )
-    return summary
-
-
-def check_parse_request(cfg: GenerateConfig) -> None:
-    """A parser reads sentences (--input) and writes trees (plain output), so refuse anything else."""
-    if cfg.input is None:
-        raise ConfigError(
-            f"{cfg.path} is a parsing model: give the sentences with --input FILE|- "
-            "(one tokenised sentence per line), not a DATA_DIR"
-        )
-    if cfg.output_format not in (None, "plain"):
-        raise ConfigError(
-            f"{cfg.path} is a parsing model; it writes one tree per line "
-            f"(--output-format plain), not {cfg.output_format}"
-        )
