@@ -25,7 +25,7 @@ from nmt_cli.files import atomic_text_output, require_file
 from nmt_cli.parsing.generate import check_parse_request, generate_trees
 from nmt_cli.runtime import AMP_DTYPES, choose_attention_backends, choose_device, set_threads
 from nmt_cli.search.hypothesis import Hypothesis, hypothesis_record
-from nmt_cli.search.settings import generation_precision, search_settings
+from nmt_cli.search.settings import generation_precision, search_bounds, search_settings
 from nmt_cli.search.translate import Summary, Translator, sampling_generator, translate, translator_from
 
 # Sentences of a DATA_DIR split translated (and written) at a time: memory bounded and output steady on a
@@ -61,7 +61,8 @@ def generate(cfg: GenerateConfig, search_overrides: dict[str, Any] | None = None
     tree_leaves = state.get("tree_leaves")
     if is_parser:
         check_parse_request(cfg)
-    search = search_settings(cfg.path, search_config_of(state), search_overrides or {}, is_parser)
+    bounds = search_bounds(state, Path(cfg.path), device, precision)
+    search = search_settings(cfg.path, search_config_of(state), search_overrides or {}, is_parser, bounds)
     translator = translator_from(state, Path(cfg.path), device, AMP_DTYPES[precision], cfg.quantize)
     del state  # the model holds its own copy of the weights
     fmt = cfg.output_format or ("fairseq" if cfg.data_dir else "plain")

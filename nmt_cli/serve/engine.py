@@ -28,7 +28,7 @@ from nmt_cli.parsing.generate import TreeParser, ptb_words
 from nmt_cli.runtime import AMP_DTYPES, choose_attention_backends, choose_device
 from nmt_cli.search.hypothesis import hypothesis_record
 from nmt_cli.search.pool import BeamPool, pool_searches
-from nmt_cli.search.settings import generation_precision, search_settings
+from nmt_cli.search.settings import generation_precision, search_bounds, search_settings
 from nmt_cli.search.translate import Translator, sampling_generator, translate, translator_from
 from nmt_cli.serve.batcher import Batcher
 
@@ -57,7 +57,8 @@ class Engine:
         state = load_checkpoint(Path(cfg.path))
         self.precision = generation_precision(cfg.precision, self.device, state)
         self.is_parser = parses_trees(state.get("target_format"))
-        self.search = search_settings(cfg.path, search_config_of(state), search_overrides, self.is_parser)
+        self.bounds = search_bounds(state, Path(cfg.path), self.device, self.precision)  # each request's, too
+        self.search = search_settings(cfg.path, search_config_of(state), search_overrides, self.is_parser, self.bounds)
         self.vocab = vocab_of(state, Path(cfg.path))
         # The model is built (and packed for the CPU) in the worker thread, by warm_up: intra-op thread pools are
         # per thread, and once the main thread's pool had packed the model, the worker's own pool competed with
@@ -100,7 +101,7 @@ class Engine:
     def search_config(self, fields_given: dict[str, Any]) -> SearchConfig:
         """The server's search settings with a request's own; ConfigError names a field that does not fit."""
         overrides = {name: typed(name, value) for name, value in fields_given.items()}
-        return search_settings(self.path, self.search, overrides, self.is_parser)
+        return search_settings(self.path, self.search, overrides, self.is_parser, self.bounds)
 
     def prepare(self, texts: list[str]) -> list[Sentence]:
         """Encode a request's texts with the checkpoint's sentencepiece model (a parser's as treebank words)."""
