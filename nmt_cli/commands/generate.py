@@ -84,9 +84,12 @@ def generate(cfg: GenerateConfig, search_overrides: dict[str, Any] | None = None
             raw_lines, first_line = open_input(cfg.input, stack, num_shards, shard_id)
             interactive = cfg.input == "-" and sys.stdin.isatty()
             buffer_size = cfg.buffer_size or (1 if interactive else 1000)
-            lines = read_lines(raw_lines, buffer_size, "stdin" if cfg.input == "-" else str(cfg.input), first_line)
+            name = "stdin" if cfg.input == "-" else str(cfg.input)
+            lines = read_lines(raw_lines, buffer_size, name, first_line)
             if is_parser:  # one bracketed tree per input line (nmt_cli/parsing)
-                summary = generate_trees(translator, lines, search, cfg.max_tokens, cfg.batch_size, out, tree_leaves)
+                summary = generate_trees(
+                    translator, lines, search, cfg.max_tokens, cfg.batch_size, out, tree_leaves, (name, first_line)
+                )
             else:
                 summary = generate_text(translator, lines, search, cfg.max_tokens, cfg.batch_size, fmt, out)
     log_summary(summary, search)
