@@ -22,7 +22,7 @@ from nmt_cli.data.dataset import load_meta, load_vocab
 from nmt_cli.data.vocab import Vocab
 from nmt_cli.errors import ConfigError, DataError
 from nmt_cli.files import atomic_text_output, require_file
-from nmt_cli.parsing.parser import TreeParser, ptb_words
+from nmt_cli.parsing.parser import ParseNotes, TreeParser, ptb_words
 from nmt_cli.runtime import set_threads
 from nmt_cli.search.hypothesis import Hypothesis, hypothesis_record
 from nmt_cli.search.translate import Summary, Translator, open_for_inference, sampling_generator, translate
@@ -77,11 +77,18 @@ def generate(cfg: GenerateConfig, search_overrides: dict[str, Any] | None = None
             raw_lines, first_line = open_input(cfg.input, stack, num_shards, shard_id)
             interactive = cfg.input == "-" and sys.stdin.isatty()
             buffer_size = cfg.buffer_size or (1 if interactive else 1000)
-            lines = read_lines(raw_lines, buffer_size, "stdin" if cfg.input == "-" else str(cfg.input), first_line)
+            name = "stdin" if cfg.input == "-" else str(cfg.input)
+            lines = read_lines(raw_lines, buffer_size, name, first_line)
             if saved.is_parser:  # one bracketed tree per input line (nmt_cli/parsing)
-                leaves = saved.tree_leaves
                 summary = generate_trees(
-                    tr, lines, search=search, max_tokens=max_tokens, batch_size=batch_size, out=out, leaves=leaves
+                    tr,
+                    lines,
+                    search=search,
+                    max_tokens=max_tokens,
+                    batch_size=batch_size,
+                    out=out,
+                    leaves=saved.tree_leaves,
+                    source=(name, first_line),
                 )
             else:
                 summary = generate_text(
@@ -308,17 +315,19 @@ def generate_trees(
     batch_size: int,
     out: TextIO,
     leaves: str | None = "pos",
+    source: tuple[str, int] = ("input", 1),
 ) -> Summary:
     """Parse raw sentences one buffer (chunk of lines) at a time; one tree (or an empty line) per input line.
-    leaves: the checkpoint's --tree-leaves ("words": its trees copy their words, parsing/copy_constraint.py)."""
+    leaves: the checkpoint's --tree-leaves ("words": its trees copy their words, parsing/copy_constraint.py).
+    source: the input's name and the number of its first line, for the warnings."""
     parser = TreeParser.of(tr, leaves)
     generator = sampling_generator(search, tr.device)  # one for every chunk
-    summary, n_fallback, n_empty = Summary(), 0, 0
+    summary, notes, n_empty = Summary(), ParseNotes(), 0
     for chunk in chunks:
         start = time.perf_counter()
         words = [ptb_words(line) for line in chunk]
-        trees, fallback = parser.parse(words, search, max_tokens, batch_size, generator)
-        n_fallback += fallback
+        trees, found = parser.parse(words, search, max_tokens, batch_size, generator)
+        notes.add(found, source[1] + summary.n_sentences)
         n_empty += sum(t is None for t in trees)
         summary.n_sentences += len(chunk)
         summary.n_tokens += sum(len(w) for w in words)
@@ -328,10 +337,5 @@ def generate_trees(
         out.flush()
     if n_empty:
         logger.warning("%d empty input line(s) gave empty output lines", n_empty)
-    if n_fallback:
-        logger.warning(
-            "%d sentence(s) had no tree within the maximum length (--max-len-a/--max-len-b or the "
-            "model's positions); they got a flat (S ...) tree",
-            n_fallback,
-        )
+    notes.warn(source[0])
     return summary

@@ -6,13 +6,20 @@ Each sentence is split on whitespace into words written as the treebank writes t
 balanced); the words are encoded with the checkpoint's sentencepiece model, searched under the tree
 constraint (constraint.py) with exactly as many leaves as words, and the best hypothesis is turned back
 into a tree holding those words (`(TOP ...)`, EVALB's gold format); punctuation words, the escaped
-brackets among them, get their fixed tag (linearize.tag_punctuation). A sentence without words gets no tree.
+brackets among them, get their fixed tag (linearize.tag_punctuation). An empty line gives an empty line.
+
+A word that sentencepiece's normalisation removes entirely (U+200B zero-width space, a U+FEFF byte-order mark
+in mid-file, other format characters) has no pieces: the model never sees it, and with it counted as a leaf
+the tree's leaves and the source's words disagree (the copying constraint finds no tree at all). Such words are
+left out of the search and put back into the tree as `(XX word)` leaves beside the word before them, so that
+the tree still has a leaf per input word, as EVALB needs; the run warns with the lines that held them.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 
 import numpy as np
 import torch
@@ -39,6 +46,8 @@ from nmt_cli.parsing.tree import Tree
 from nmt_cli.search.beam import max_lengths
 from nmt_cli.search.translate import Translator, translate
 
+logger = logging.getLogger(__name__)
+
 PTB_ESCAPES = str.maketrans(BRACKET_ESCAPES)
 
 
@@ -64,6 +73,97 @@ def flat_tree(words: Sequence[str]) -> Tree:
     """The fallback when no tree fits the length limit: every word under one S, punctuation tagged as the
     treebank tags it (EVALB drops punctuation by its tag: an XX comma would make the sentence an error)."""
     return tag_punctuation(Tree(TOP, [Tree("S", [Tree(SLOT, word=w) for w in words])]))
+
+
+def has_pieces(vocab: Vocab, words: Sequence[Sequence[str]]) -> list[list[bool]]:
+    """Whether each word of each sentence encodes to any piece (see the module's docstring)."""
+    unique = sorted({w for ws in words for w in ws})
+    empty = {w for w, ids in zip(unique, vocab.encode(unique)) if not ids}
+    return [[w not in empty for w in ws] for ws in words]
+
+
+def with_words_without_pieces(tree: Tree, words: Sequence[str], pieces: Sequence[bool]) -> Tree:
+    """A tree over the words that have pieces -> the tree over all `words`: each word without pieces becomes an
+    `(XX word)` leaf right after the leaf of the word before it, in its constituent (before the first leaf,
+    where such words lead the sentence). Iterative, as Tree's own walks, for trees of any depth."""
+    leading: list[str] = []
+    after: list[list[str]] = []
+    for word, has in zip(words, pieces):
+        if has:
+            after.append([])
+        else:
+            (after[-1] if after else leading).append(word)
+    if not leading and not any(after):
+        return tree
+    index = {id(leaf): k for k, leaf in enumerate(tree.preterminals())}
+    stack = [tree]
+    while stack:
+        node = stack.pop()
+        children: list[Tree] = []
+        for child in node.children:
+            if child.is_preterminal:
+                k = index[id(child)]
+                children += [Tree(SLOT, word=w) for w in (leading if k == 0 else [])]
+                children += [child, *(Tree(SLOT, word=w) for w in after[k])]
+            else:
+                children.append(child)
+                stack.append(child)
+        node.children = children
+    return tree
+
+
+@dataclass
+class ParseNotes:
+    """What `TreeParser.parse` did besides searching, for the run's warnings: the sentences (indices into its
+    input, or line numbers once `add`ed up by a run) with words without pieces, and those that got the flat
+    (S ...) tree, by cause."""
+
+    no_pieces: list[int] = field(default_factory=list)  # words without pieces, left out of the search
+    too_long: list[int] = field(default_factory=list)  # no tree within the maximum length
+    split: list[int] = field(default_factory=list)  # a word's pieces are no single word (copying trees)
+    invalid: list[int] = field(default_factory=list)  # the search's tokens were no tree over the words
+
+    def add(self, other: ParseNotes, first: int) -> None:
+        """Take another call's notes, its sentence 0 being number `first` here."""
+        for kind in fields(self):
+            getattr(self, kind.name).extend(first + i for i in getattr(other, kind.name))
+
+    def warn(self, name: str) -> None:
+        """Log each kind of note once, naming `name`'s lines (the numbers `add` gave)."""
+        if self.no_pieces:
+            logger.warning(
+                "%s: word(s) that normalise to nothing (such as U+200B zero-width space or a U+FEFF byte-order "
+                "mark) were left out of the search; each got an (XX word) leaf beside the word before it (a line of "
+                "such words only: the flat (S ...) tree)",
+                line_list(name, self.no_pieces),
+            )
+        if self.too_long:
+            logger.warning(
+                "%d sentence(s) had no tree within the maximum length (--max-len-a/--max-len-b or the "
+                "model's positions); they got a flat (S ...) tree (%s)",
+                len(self.too_long),
+                line_list(name, self.too_long),
+            )
+        if self.split:
+            logger.warning(
+                "%d sentence(s) hold a word that sentencepiece splits into several (a character its normalisation "
+                "turns into a space); a tree copies one word per word, so they got a flat (S ...) tree (%s)",
+                len(self.split),
+                line_list(name, self.split),
+            )
+        if self.invalid:
+            logger.warning(
+                "%d sentence(s) got no well-formed tree from the search; they got a flat (S ...) tree (%s)",
+                len(self.invalid),
+                line_list(name, self.invalid),
+            )
+
+
+def line_list(name: str, lines: Sequence[int], shown: int = 10) -> str:
+    """`name line 3` or `name lines 3, 7, 9 and 12 more`."""
+    text = ", ".join(str(n) for n in lines[:shown])
+    more = f" and {len(lines) - shown} more" if len(lines) > shown else ""
+    return f"{name} line{'s' if len(lines) > 1 else ''} {text}{more}"
 
 
 def word_starts(vocab: Vocab) -> Tensor:
@@ -125,26 +225,40 @@ class TreeParser:
         max_tokens: int,
         batch_size: int,
         generator: torch.Generator | None = None,
-    ) -> tuple[list[Tree | None], int]:
-        """Trees for tokenised sentences, in input order (None for an empty one); also the fallback count.
-        Sampling (cfg.sampling) draws from `generator`, one for every chunk of a run (`sampling_generator`)."""
+    ) -> tuple[list[Tree | None], ParseNotes]:
+        """Trees for tokenised sentences, in input order (None for an empty one); also what the caller warns of.
+        Sampling (cfg.sampling) draws from `generator`, one for every chunk of a run (`sampling_generator`).
+        Words without pieces are searched without and get an (XX word) leaf (see the module's docstring); a
+        sentence of such words only is not searched and gets the flat tree."""
         tr, starts = self.tr, self.starts
         limit = tr.model.max_positions - 1
-        sources = [np.asarray(ids[:limit], dtype=np.int64) for ids in tr.vocab.encode([" ".join(w) for w in words])]
+        pieces = has_pieces(tr.vocab, words)
+        kept = [[w for w, has in zip(ws, p) if has] for ws, p in zip(words, pieces)]
+        encoded = tr.vocab.encode([" ".join(w) for w in kept])
+        sources = [np.asarray(ids[:limit], dtype=np.int64) for ids in encoded]
         src_lens = torch.tensor([len(s) for s in sources])
-        need = [len(w) + 2 + (len(s) if starts is not None else 0) for w, s in zip(words, sources)]
-        fits = max_lengths(src_lens, cfg, tr.model.max_positions) >= torch.tensor(need)
-        if starts is not None:  # and the pieces make one word per word (not so when cut to the model's positions)
-            fits &= torch.tensor([int(starts[torch.from_numpy(s)].sum()) == len(w) for w, s in zip(words, sources)])
+        need = [len(w) + 2 + (len(s) if starts is not None else 0) for w, s in zip(kept, sources)]
+        long_enough = (max_lengths(src_lens, cfg, tr.model.max_positions) >= torch.tensor(need)).tolist()
+        notes = ParseNotes(no_pieces=[i for i, p in enumerate(pieces) if not all(p)])
         trees: list[Tree | None] = [None if not w else flat_tree(w) for w in words]
-        todo = np.flatnonzero(np.array([bool(w) for w in words]) & fits.numpy())
-        n_fallback = sum(1 for i, w in enumerate(words) if w and not bool(fits[i]))
-        rules = self.rules([len(words[i]) for i in todo])
+        todo = []
+        for i, w in enumerate(kept):
+            if not w:
+                continue
+            # with copying trees the pieces must make one word per word (not so when cut to the model's positions)
+            one_each = starts is None or int(starts[torch.from_numpy(sources[i])].sum()) == len(w)
+            if not one_each and len(encoded[i]) <= limit:
+                notes.split.append(i)
+            elif not one_each or not long_enough[i]:
+                notes.too_long.append(i)
+            else:
+                todo.append(i)
+        rules = self.rules([len(kept[i]) for i in todo])
         results = translate(tr, [sources[i] for i in todo], cfg, max_tokens, batch_size, generator, rules)
         for i, hyps in zip(todo, results):
             try:  # (copied pieces are no tree tokens)
-                tree = delinearize([self.tokens_of[t] for t in hyps[0].tokens if self.tokens_of[t]], words[i])
-                trees[i] = with_top(tag_punctuation(tree))
+                tree = delinearize([self.tokens_of[t] for t in hyps[0].tokens if self.tokens_of[t]], kept[i])
+                trees[i] = with_top(tag_punctuation(with_words_without_pieces(tree, words[i], pieces[i])))
             except ValueError:  # the constraint rules this out; keep the output usable if it ever fails
-                n_fallback += 1
-        return trees, n_fallback
+                notes.invalid.append(i)
+        return trees, notes

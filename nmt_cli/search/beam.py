@@ -60,8 +60,13 @@ def length_penalty(length: int, alpha: float, style: str) -> float:
 
 
 def max_lengths(src_lens: Tensor, cfg: SearchConfig, max_positions: int) -> Tensor:
-    """[B] the longest output (without EOS) allowed for each sentence: a * |x| + b, within the model's positions."""
-    return (src_lens.double() * cfg.max_len_a + cfg.max_len_b).long().clamp(min=1, max=max_positions - 1)
+    """[B] the longest output (without EOS) allowed for each sentence: a * |x| + b, within the model's positions.
+
+    a and b are first capped at max_positions (exact: a >= 0, b >= 0 and |x| is 0 or at least 1), so that
+    absurd values (--max-len-b 10**30, --max-len-a 1e300) reach the model's limit instead of overflowing the
+    int64 conversion, which had raised or wrapped round to a negative length and so to 1 piece."""
+    a, b = min(cfg.max_len_a, max_positions), min(cfg.max_len_b, max_positions)
+    return (src_lens.double() * a + b).long().clamp(min=1, max=max_positions - 1)
 
 
 def constrain(

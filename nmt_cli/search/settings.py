@@ -1,23 +1,114 @@
 """The search settings of one request, shared by `nmt generate` and `nmt serve`: the checkpoint's saved
-settings with the options given (refusing those the search would ignore), and the precision to search in."""
+settings with the options given (refusing those the search would ignore, and search sizes that cannot fit in
+the device's memory), and the precision to search in.
+
+The memory refusal (`search_memory`, `available_memory`): one sentence searched with --beam K (or, sampling,
+--nbest N samples: one row each) holds per row the decoder's cached self-attention keys and values of every
+layer for each step, the step's log-probs over the vocabulary, and the tokens and scores of its alive and
+finished hypotheses. Counted at the longest output the shortest input allows (a + b pieces, within the model's
+positions), this is what a one-piece sentence needs when its search runs to its limit; sizes for which that
+exceeds the memory available to the search (free device memory on CUDA, the system's available memory on the
+CPU) are refused up front with one line naming the option, where the search had died in the allocator. Sizes
+that fit one sentence but not a batch of them are left to --max-tokens and --batch-size.
+"""
 
 from __future__ import annotations
 
-from dataclasses import replace
+import os
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 
-from nmt_cli.config import SearchConfig, flag_name
+from nmt_cli.config import ModelConfig, SearchConfig, flag_name
 from nmt_cli.errors import ConfigError
-from nmt_cli.runtime import resolve_precision
+from nmt_cli.runtime import AMP_DTYPES, resolve_precision
+from nmt_cli.search.beam import max_lengths
 
 SAMPLING_FIELDS = ("sampling_topk", "sampling_topp", "temperature", "seed")  # options that only sampling reads
 
 
-def search_settings(path: str, saved: SearchConfig, overrides: dict[str, Any], is_parser: bool) -> SearchConfig:
+@dataclass(frozen=True)
+class SearchBounds:
+    """What bounds a search's sizes: the model's shape, the element size of its cached keys and values, and the
+    device whose memory holds them."""
+
+    vocab_size: int  # V: the log-probs of each row and step
+    decoder_layers: int
+    state_width: int  # a layer's cached key and value widths together, per row and step: H*Dk + d_model
+    max_positions: int
+    element_size: int  # bytes of one cached key or value: 2 under bf16/fp16 autocast, else 4
+    device: torch.device
+
+
+def search_bounds(model: ModelConfig, device: torch.device, precision: str) -> SearchBounds:
+    """The SearchBounds of a model of this shape searched on `device` in `precision` (generation_precision's)."""
+    key_width = model.heads * (model.attention_key_dim or model.d_model // model.heads)
+    amp = AMP_DTYPES[precision]
+    element_size = 4 if amp is None else torch.finfo(amp).bits // 8
+    return SearchBounds(
+        model.vocab_size, model.decoder_layers, key_width + model.d_model, model.max_positions, element_size, device
+    )
+
+
+def search_memory(search: SearchConfig, bounds: SearchBounds) -> int:
+    """Bytes one sentence's search holds when it runs to the longest output the shortest input allows (see the
+    module's docstring): a lower bound on what any sentence may need under these settings."""
+    rows = search.nbest if search.sampling else search.beam
+    steps = int(max_lengths(torch.tensor([1]), search, bounds.max_positions)[0]) + 1  # EOS included
+    cache = bounds.decoder_layers * steps * bounds.state_width * bounds.element_size
+    log_probs = bounds.vocab_size * 4  # float32
+    hypotheses = 2 * steps * (8 + 4)  # alive and finished: int64 tokens, float32 step scores
+    return rows * (cache + log_probs + hypotheses)
+
+
+def available_memory(device: torch.device) -> int | None:
+    """Bytes a search may still allocate on `device`: on CUDA the free memory plus what PyTorch's caching
+    allocator holds unused; on the CPU the system's available memory (MemAvailable, or the free pages where
+    /proc/meminfo is missing). None where neither is known."""
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+    if device.type != "cpu":
+        return None
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError):
+        return None
+
+
+def check_search_memory(search: SearchConfig, bounds: SearchBounds) -> None:
+    """Refuse a --beam (or, sampling, --nbest) whose search of one sentence cannot fit in the device's memory."""
+    need, have = search_memory(search, bounds), available_memory(bounds.device)
+    if have is None or need <= have:
+        return
+    option, rows = ("--nbest", search.nbest) if search.sampling else ("--beam", search.beam)
+    steps = int(max_lengths(torch.tensor([1]), search, bounds.max_positions)[0])
+    raise ConfigError(
+        f"{option} {rows} cannot fit: searching even one sentence with {rows} "
+        f"{'samples' if search.sampling else 'hypotheses'} of up to {steps} pieces needs about {size(need)} "
+        f"(each holds the decoder's keys and values of every step and {bounds.vocab_size} scores), and "
+        f"{bounds.device} has {size(have)} available; give a smaller {option}"
+    )
+
+
+def size(n_bytes: int) -> str:
+    """A memory size for an error line: GiB, or MiB below one GiB."""
+    return f"{n_bytes / 2**30:,.1f} GiB" if n_bytes >= 2**30 else f"{n_bytes / 2**20:,.1f} MiB"
+
+
+def search_settings(
+    path: str, saved: SearchConfig, overrides: dict[str, Any], is_parser: bool, bounds: SearchBounds
+) -> SearchConfig:
     """The checkpoint's search settings (`saved`) with the options given; refuse options the search would
-    ignore. `path` names the checkpoint in errors."""
+    ignore, and sizes that cannot fit in `bounds`' device memory. `path` names the checkpoint in errors."""
     search = replace(saved, **overrides)
     sampling_only = [flag_name(k) for k in SAMPLING_FIELDS if k in overrides]
     if sampling_only and not search.sampling:
@@ -38,6 +129,7 @@ def search_settings(path: str, saved: SearchConfig, overrides: dict[str, Any], i
         raise ConfigError(
             f"{path} is a parsing model; it writes its best tree per sentence, not --nbest {search.nbest}"
         )
+    check_search_memory(search, bounds)
     return search
 
 

@@ -27,7 +27,7 @@ from nmt_cli.search.beam import beam_search, max_lengths
 from nmt_cli.search.constraint import StepConstraint
 from nmt_cli.search.greedy import greedy_search
 from nmt_cli.search.hypothesis import Hypothesis
-from nmt_cli.search.settings import generation_precision, search_settings
+from nmt_cli.search.settings import SearchBounds, generation_precision, search_bounds, search_settings
 
 logger = logging.getLogger(__name__)
 
@@ -65,6 +65,7 @@ class Inference:
     precision: str
     quantize: str | None
     search: SearchConfig
+    bounds: SearchBounds  # what each request's search settings must fit (serve checks them per request)
     _translator: Translator | None = field(default=None, repr=False)
 
     def translator(self) -> Translator:
@@ -83,8 +84,9 @@ def open_for_inference(cfg: InferenceConfig, search_overrides: dict[str, Any], *
     choose_attention_backends(device, cfg.cudnn_attention)
     saved = read_saved_model(Path(cfg.path))
     precision = generation_precision(cfg.precision, device, saved.train_precision)
-    search = search_settings(cfg.path, saved.search, search_overrides, saved.is_parser)
-    return Inference(saved, device, precision, cfg.quantize, search)
+    bounds = search_bounds(saved.config, device, precision)
+    search = search_settings(cfg.path, saved.search, search_overrides, saved.is_parser, bounds)
+    return Inference(saved, device, precision, cfg.quantize, search, bounds)
 
 
 def load_translator(

@@ -91,7 +91,7 @@ class Engine:
     def search_config(self, fields_given: dict[str, Any]) -> SearchConfig:
         """The server's search settings with a request's own; ConfigError names a field that does not fit."""
         overrides = {name: typed(name, value) for name, value in fields_given.items()}
-        return search_settings(self.path, self.search, overrides, self.is_parser)
+        return search_settings(self.path, self.search, overrides, self.is_parser, self.inference.bounds)
 
     def prepare(self, texts: list[str]) -> list[Sentence]:
         """Encode a request's texts with the checkpoint's sentencepiece model (a parser's as treebank words)."""

@@ -100,6 +100,27 @@ def test_fallback_trees_tag_punctuation_so_evalb_scores_them(parser_checkpoint):
     assert summary["error_sentences"] == 0 and summary["valid_sentences"] == 2, summary
 
 
+def test_words_that_normalise_to_nothing_get_a_leaf_and_a_warning_naming_their_lines(parser_checkpoint):
+    """A zero-width space or a mid-file byte-order mark has no sentencepiece piece: counted as a leaf it had
+    made a flat (S ...) tree with a warning blaming --max-len-a/--max-len-b, even at --max-len-b 300."""
+    root, ckpt = parser_checkpoint
+    lines = ["The \u200b dog runs .", "\u200b", "It ran away .", "Dogs \ufeff bark ."]
+    (root / "zw.words").write_text("\n".join(lines) + "\n")
+    args = ["generate", "--path", str(ckpt), "--input", str(root / "zw.words"), "--beam", "3", "--max-len-b", "300"]
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 0, result.output
+    assert "no tree within the maximum length" not in result.output
+    assert f"{root / 'zw.words'} lines 1, 2, 4: word(s) that normalise to nothing" in result.output
+    from nmt_cli.parsing.parser import flat_tree
+    from nmt_cli.parsing.tree import parse_tree
+
+    trees = [parse_tree(line) for line in result.stdout.splitlines()]
+    assert [tree.words() for tree in trees] == [line.split() for line in lines]  # a leaf per input word
+    assert trees[0].tags()[1] == "XX" and trees[3].tags()[1] == "XX"
+    assert str(trees[1]) == "(TOP (S (XX \u200b)))"  # nothing to parse: the flat tree
+    assert str(trees[0]) != str(flat_tree(lines[0].split()))  # searched, without the word it cannot see
+
+
 def test_brackets_in_words_come_out_escaped_as_the_treebank_writes_them(parser_checkpoint):
     """A raw "(" leaf had made an unbalanced line: `(VBZ () (VP (VB big) (NP (DT ))`."""
     root, ckpt = parser_checkpoint
@@ -266,7 +287,8 @@ def test_a_parser_that_copies_its_words_writes_trees_over_the_input(tmp_path, le
     args = ["--arch", "transformer_tiny", "--max-tokens", "400", "--max-update", "2", "--warmup-updates", "2"]
     train = ["train", str(tmp_path / "bin"), "--save-dir", str(tmp_path / "ck"), *args, "--threads", "1"]
     assert CliRunner().invoke(cli, [*train, "--device", "cpu"]).exit_code == 0
-    (tmp_path / "in.words").write_text("The cat sits on the mat .\nDogs bark\nzebras , unseen ( words )\n")
+    # (a zero-width space has no pieces to copy: it had made the tree flat, blamed on the maximum length)
+    (tmp_path / "in.words").write_text("The cat sits on the mat .\nDogs \u200b bark\nzebras , unseen ( words )\n")
     ckpt = str(tmp_path / "ck" / "checkpoint_last.pt")
     gen = ["generate", "--path", ckpt, "--input", str(tmp_path / "in.words"), "--beam", "3", "--max-len-b", "40"]
     result = CliRunner().invoke(cli, gen)
@@ -274,6 +296,29 @@ def test_a_parser_that_copies_its_words_writes_trees_over_the_input(tmp_path, le
     from nmt_cli.parsing.tree import parse_tree
 
     lines = result.stdout.splitlines()
-    expected = ["The cat sits on the mat .", "Dogs bark", "zebras , unseen -LRB- words -RRB-"]  # z: <unk>
+    expected = ["The cat sits on the mat .", "Dogs \u200b bark", "zebras , unseen -LRB- words -RRB-"]  # z: <unk>
     assert [parse_tree(line).words() for line in lines] == [e.split() for e in expected]
-    assert "no tree within the maximum length" not in result.output
+    assert (
+        "no tree within the maximum length" not in result.output and "line 2: word(s) that normalise" in result.output
+    )
+    from nmt_cli.parsing.parser import flat_tree
+
+    assert parse_tree(lines[1]).tags()[1] == "XX" and lines[1] != str(flat_tree(expected[1].split()))
+
+
+def test_words_without_pieces_go_back_beside_the_word_before_them_and_the_warning_names_lines(caplog):
+    from nmt_cli.parsing.parser import ParseNotes, with_words_without_pieces
+    from nmt_cli.parsing.tree import parse_tree
+
+    words = ["\ufeff", "The", "dog", "\u200b", "\u200b", "runs"]
+    tree = with_words_without_pieces(
+        parse_tree("(S (NP (DT The) (NN dog)) (VP (VBZ runs)))"), words, [0, 1, 1, 0, 0, 1]
+    )
+    assert str(tree) == "(S (NP (XX \ufeff) (DT The) (NN dog) (XX \u200b) (XX \u200b)) (VP (VBZ runs)))"
+    notes = ParseNotes()
+    notes.add(ParseNotes(no_pieces=[0, 2], too_long=[1]), 5)
+    notes.add(ParseNotes(no_pieces=list(range(11))), 100)
+    with caplog.at_level("WARNING"):
+        notes.warn("in.txt")
+    assert "in.txt lines 5, 7, 100, 101, 102, 103, 104, 105, 106, 107 and 3 more: word(s)" in caplog.text
+    assert "1 sentence(s) had no tree within the maximum length" in caplog.text and "(in.txt line 6)" in caplog.text

@@ -165,6 +165,19 @@ def test_generate_bad_inputs(tiny_checkpoint, toy_data_bin, tmp_path):
     assert r.exit_code == 1 and "--min-len 6 exceeds every output's maximum length, --max-len-b 5" in r.output
 
 
+def test_search_sizes_that_cannot_fit_are_one_error_line_naming_the_option(tiny_checkpoint):
+    """--beam 1000000000 had died in the allocator with a traceback; --sampling's --nbest is its number of rows."""
+    for options, words in [
+        (["--beam", 10**9], "--beam 1000000000 cannot fit: searching even one sentence with 1000000000 hypotheses"),
+        (["--sampling", "--nbest", 10**9], "--nbest 1000000000 cannot fit"),
+    ]:
+        r = nmt("generate", "--path", tiny_checkpoint, "--input", "-", *options, input="1 2\n")
+        assert r.exit_code == 1 and words in r.output, r.output
+        assert r.output.count("\n") == 1 and r.output.startswith("error: ") and "Traceback" not in r.output
+    r = nmt("generate", "--path", tiny_checkpoint, "--input", "-", "--max-len-b", 10**30, input="1 2\n")
+    assert r.exit_code == 0 and len(r.stdout.splitlines()) == 1, r.output  # the model's positions are the limit
+
+
 def test_inputs_too_short_for_min_len_are_counted(tiny_checkpoint):
     """a*|x|+b under --min-len ends those outputs at a*|x|+b: said, not silent (2 of 3 inputs here)."""
     args = ["--max-len-a", 1, "--max-len-b", 2, "--min-len", 6]

@@ -96,6 +96,8 @@ BAD_REQUESTS = [
     (b'{"text": "1", "beam": true}', 400, "'beam' must be int"),
     (b'{"text": "1", "lenpen": "x"}', 400, "'lenpen' must be a number"),
     (b'{"text": "1", "beam": 0}', 400, "--beam 0"),
+    (b'{"text": "1", "beam": 1000000000}', 400, "--beam 1000000000 cannot fit"),  # had died in the allocator
+    (b'{"text": "1", "sampling": true, "nbest": 1000000000}', 400, "--nbest 1000000000 cannot fit"),
     (b'{"text": "1", "colour": 1}', 400, "unknown field 'colour'"),
     (b'{"text": "1", "seed": 3}', 400, "--sampling is off"),
     (b'{"text": "1\\n2"}', 400, "line break"),
