@@ -96,7 +96,15 @@ BAD_REQUESTS = [
     (b'["1 2"]', 400, "must be a JSON object"),
     (b'{"texts": []}', 400, '"texts" is empty'),
     (b'{"texts": ["1", 2]}', 400, "list of strings"),
+    (b'{"texts": ["1", null]}', 400, '"texts"[1] is null'),
+    (b'{"texts": "1 2"}', 400, '"texts" must be a list of strings, not a string'),
     (b'{"text": 3}', 400, '"text" must be a string'),
+    (b'{"text": ["1"]}', 400, '"text" must be a string, not an array'),
+    (b"[" * 100_000, 400, "nests arrays or objects too deeply"),  # was a RecursionError: a plain-text 500
+    (b'{"text": ' * 50_000 + b'"1"' + b"}" * 50_000, 400, "nests arrays or objects too deeply"),
+    (b'{"text": "1", "lenpen": NaN}', 400, "NaN is not a JSON number"),
+    (b'{"text": "1", "lenpen": -Infinity}', 400, "-Infinity is not a JSON number"),
+    (b'{"text": "1", "beam": 1' + b"0" * 5000 + b"}", 400, "an integer of 5,001 digits"),  # was a 500 too
     (b'{"text": "1", "texts": ["2"]}', 400, 'either "text"'),
     (b"{}", 400, 'either "text"'),
     (b'{"text": "1", "beam": "4"}', 400, "'beam' must be int"),
