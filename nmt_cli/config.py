@@ -204,6 +204,13 @@ class PreprocessConfig:
             raise ConfigError("--tree-leaves is for --target-format ptb-tree")
 
 
+def check_quantize(quantize: str | None, precision: str | None) -> None:
+    """--quantize int8 runs in fp32 on the CPU: refused with another --precision (generate and serve), before the
+    precision's own checks and warnings."""
+    if quantize and precision not in (None, "fp32"):
+        raise ConfigError(f"--quantize {quantize} runs on the CPU in fp32; drop --precision {precision}")
+
+
 def parses_trees(target_format: str | None) -> bool:
     """The one test of the task: a target of bracketed trees (a constituency parser, nmt_cli/parsing) rather
     than text. A data directory's meta.json and a checkpoint record `target_format`; the modules that load
@@ -399,6 +406,12 @@ class ServeConfig:
     max_request_sentences: int = flag(256, "Sentences one request may hold.", min=1)
     max_queue: int = flag(4096, "Sentences waiting at most; a request that would exceed it gets 503.", min=1)
     timeout: float = flag(60.0, "Seconds a request may take before it gets 504.", min=0, min_open=True)
+    drain_timeout: float = flag(
+        30.0,
+        "At SIGTERM or Ctrl-C, seconds the requests already open may take to be answered before each still open "
+        "gets 503 (a second signal ends the wait at once).",
+        min=0,
+    )
     device: str = flag("auto", "Where to translate (auto: CUDA when available).", choices=("auto", "cpu", "cuda"))
     threads: int = flag(0, "CPU threads (0: torch's default).", min=0)
     precision: str | None = flag(
@@ -415,6 +428,7 @@ class ServeConfig:
 
     def __post_init__(self) -> None:
         check_fields(self)
+        check_quantize(self.quantize, self.precision)
         if self.max_request_sentences > self.max_queue:
             raise ConfigError(
                 f"--max-request-sentences {self.max_request_sentences} exceeds --max-queue {self.max_queue}: "

@@ -16,7 +16,7 @@ from typing import Any, TextIO
 import numpy as np
 
 from nmt_cli.checkpoint import check_same_data, load_checkpoint, search_config_of
-from nmt_cli.config import GenerateConfig, SearchConfig, changed_flags, parses_trees
+from nmt_cli.config import GenerateConfig, SearchConfig, changed_flags, check_quantize, parses_trees
 from nmt_cli.data import BOM, WORD_MARK
 from nmt_cli.data.dataset import load_meta, load_vocab
 from nmt_cli.data.vocab import Vocab
@@ -119,8 +119,7 @@ def check_request(cfg: GenerateConfig) -> tuple[int, int]:
         require_file(Path(cfg.input), "--input")
     if cfg.input == "-" and sys.stdin is None:
         raise DataError("--input -: stdin is closed; pipe text in or give --input FILE")
-    if cfg.quantize and cfg.precision not in (None, "fp32"):  # before the precision's own checks and warnings
-        raise ConfigError(f"--quantize {cfg.quantize} runs on the CPU in fp32; drop --precision {cfg.precision}")
+    check_quantize(cfg.quantize, cfg.precision)
     return num_shards, shard_id
 
 

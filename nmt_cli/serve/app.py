@@ -55,6 +55,13 @@ class RequestError(Exception):
         self.status = status
 
 
+class Aborted(RequestError):
+    """An open request answered 503 because the server's drain was cut short."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(503, reason)
+
+
 @dataclass
 class Limits:
     max_request_sentences: int
@@ -160,6 +167,7 @@ class Server:
         self.open_requests = 0  # /translate requests not yet answered
         self.draining = False  # set by `drain`: the server is shutting down
         self.answered_in_drain: Counter[int] = Counter()  # the status of each request answered since
+        self.aborted_requests = 0  # of them, those answered 503 by `abort`
         self.aborted = asyncio.Event()  # set by `abort`: every open request is answered 503 at once
         self.abort_reason = ""
         self.stop_wait: float | None = None  # how long the lifespan's end waits for the worker (None: as it takes)
@@ -184,6 +192,7 @@ class Server:
             answer = await self.answer(request, texts, fields, start)
         except RequestError as e:
             self.answered(e.status, n_sentences, time.perf_counter() - start)
+            self.aborted_requests += isinstance(e, Aborted)
             return error(e.status, str(e))
         finally:
             self.open_requests -= 1
@@ -202,7 +211,7 @@ class Server:
         done = await first_of(reading, asyncio.ensure_future(self.aborted.wait()))
         if reading not in done:
             reading.cancel()
-            raise RequestError(503, self.abort_reason)
+            raise Aborted(self.abort_reason)
         try:
             return reading.result()
         except ClientDisconnect:
@@ -248,7 +257,7 @@ class Server:
         if gone in done:
             raise RequestError(499, "the client closed the connection")
         if aborted in done:
-            raise RequestError(503, self.abort_reason)
+            raise Aborted(self.abort_reason)
         raise RequestError(504, f"the request was not done within --timeout {self.limits.timeout:g} s")
 
     async def health(self, request: Request) -> Response:

@@ -11,7 +11,8 @@ its input, and the batch holding the oldest sentence taken. Empty sentences cost
 A request is answered as soon as its last sentence is done; a cancelled one (timed out, client gone) loses
 its sentences that have not started (in flight: all of them, at the next step). `stop` refuses new
 requests, finishes the queued ones, and returns.
-Before its first batch the worker runs `warm_up` (one sentence through the model), then sets `ready`.
+Before its first batch the worker runs `warm_up` (one sentence through the model), then sets `ready`; either
+way it sets `warmed`, with `warm_up_error` holding what the warm-up raised (`nmt serve` refuses to start on it).
 
 In flight (`make_pool` gives a Pool for the settings, search/pool.py): the oldest sentence's batch starts a
 search at once, without waiting for company, and between its steps the queued sentences of the same settings
@@ -34,6 +35,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from nmt_cli.data.batching import batch_by_tokens
+from nmt_cli.errors import NmtError
 
 logger = logging.getLogger(__name__)
 
@@ -111,6 +113,8 @@ class Batcher:
         self._pool_key: Hashable = object()  # those settings
         self._in_pool: dict[Hashable, Queued] = {}  # its sentences, by tag
         self.ready = threading.Event()  # set once the worker has warmed up (GET /ready)
+        self.warmed = threading.Event()  # set once the warm-up has ended, well or not
+        self.warm_up_error: Exception | None = None  # what it raised
         self._queue: list[Queued] = []
         self._free_since = time.monotonic()  # when the worker last finished a batch
         self._expected = 1  # sentences worth waiting for: the last batch's and those queued at its end
@@ -119,7 +123,9 @@ class Batcher:
         self._thread = threading.Thread(target=self._work, name="nmt-serve-worker", daemon=True)
 
     def start(self) -> None:
-        self._thread.start()
+        """Start the worker, once (a second call does nothing)."""
+        if self._thread.ident is None:
+            self._thread.start()
 
     def stop(self, timeout: float | None = None) -> None:
         """Take no new requests, finish every queued sentence, and end the worker (waiting `timeout` at most)."""
@@ -128,6 +134,11 @@ class Batcher:
             self._cond.notify_all()
         if self._thread.is_alive():
             self._thread.join(timeout)
+
+    @property
+    def running(self) -> bool:
+        """The worker has not ended (after `stop` with a timeout: a batch was still being searched)."""
+        return self._thread.is_alive()
 
     @property
     def queue_length(self) -> int:
@@ -169,16 +180,7 @@ class Batcher:
 
     def _work(self) -> None:
         with self.worker_context():
-            if self.warm_up is not None:
-                try:
-                    self.warm_up()
-                except Exception:  # the requests will fail the same way and say why; keep serving them
-                    logger.exception("the warm-up translation failed")
-                else:
-                    logger.info("ready: the model is loaded and warm")
-                    self.ready.set()
-            else:
-                self.ready.set()
+            self._warm()
             while True:
                 if self._pool is not None and len(self._pool):
                     self._step_pool(self._pool)
@@ -190,6 +192,21 @@ class Batcher:
                     self._run_batch(batch, whole=True)
                 else:
                     self._join(pool, batch)
+
+    def _warm(self) -> None:
+        """Run the warm-up, then set `ready` if it went well, and `warmed` either way."""
+        try:
+            if self.warm_up is not None:
+                self.warm_up()
+        except Exception as e:  # `nmt serve` refuses to start on it, in one error line; requests would fail alike
+            logger.debug("the warm-up translation failed", exc_info=not isinstance(e, NmtError))
+            self.warm_up_error = e
+        else:
+            if self.warm_up is not None:
+                logger.info("ready: the model is loaded and warm")
+            self.ready.set()
+        finally:
+            self.warmed.set()
 
     def _pool_for(self, key: Hashable) -> Pool | None:
         """The pool that searches with the settings `key` (the last one made, kept while they are asked
