@@ -141,7 +141,7 @@ def warm_up(batcher: Batcher) -> None:
     error = batcher.warm_up_error
     if error is None:
         return
-    batcher.stop(0)
+    batcher.stop(5)  # the worker is idle: it ends at once
     if isinstance(error, NmtError):
         raise error
     raise ConfigError(

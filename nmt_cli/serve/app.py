@@ -173,8 +173,10 @@ class Server:
         self.stop_wait: float | None = None  # how long the lifespan's end waits for the worker (None: as it takes)
 
     def drain(self) -> None:
-        """The server is shutting down: count the answers of the requests still open from now on."""
+        """The server is shutting down: queued sentences wait no more for company, and the answers of the requests
+        still open are counted from now on."""
         self.draining = True
+        self.batcher.hurry()
 
     def abort(self, reason: str, stop_wait: float) -> None:
         """Answer every open request 503 `reason` now, dropping its queued sentences; at the lifespan's end, wait

@@ -135,6 +135,12 @@ class Batcher:
         if self._thread.is_alive():
             self._thread.join(timeout)
 
+    def hurry(self) -> None:
+        """Wait no more for company (`max_wait` 0): the server is draining, and no new clients will come."""
+        with self._cond:
+            self.max_wait = 0.0
+            self._cond.notify_all()
+
     @property
     def running(self) -> bool:
         """The worker has not ended (after `stop` with a timeout: a batch was still being searched)."""
