@@ -199,8 +199,13 @@ class Server:
         finally:
             self.open_requests -= 1
         seconds = time.perf_counter() - start
+        try:
+            response = JSONResponse({**answer, "seconds": round(seconds, 4)})
+        except ValueError as e:  # a score of inf or NaN (search settings at their extremes), which JSON lacks
+            self.answered(500, n_sentences, seconds)
+            return error(500, f"the translation cannot be written as JSON: {e}")
         self.answered(200, n_sentences, seconds)
-        return JSONResponse({**answer, "seconds": round(seconds, 4)})
+        return response
 
     def answered(self, status: int, sentences: int, seconds: float) -> None:
         self.metrics.request(status, sentences, seconds)

@@ -210,3 +210,13 @@ def test_in_flight_runs_beam_search_only_the_other_searches_run_in_whole_batches
     assert whole.pool(SearchConfig(beam=4)) is None and whole.info["batching"] == "whole"
     default = Engine(ServeConfig(path=str(tiny_checkpoint), device="cpu"), {})
     assert default.info["batching"] == "whole"
+
+
+def test_a_score_json_cannot_write_is_a_json_500_counted_in_metrics(tiny_checkpoint):
+    with serving(tiny_checkpoint) as client:
+        engine = client.app.state.server.engine
+        engine.translation = lambda hyps, nbest: {"text": "1", "score": float("-inf")}  # lenpen -1e308 did this
+        answer = client.post("/translate", json={"text": "1 2"})
+        metrics = client.get("/metrics").text
+    assert answer.status_code == 500 and "cannot be written as JSON" in answer.json()["error"]
+    assert 'nmt_requests_total{code="500"} 1' in metrics and 'code="200"' not in metrics
