@@ -4,12 +4,12 @@ At the first SIGTERM or SIGINT the server stops accepting connections, closes th
 requests already open (their bodies still arriving, queued, or being searched) be answered, until none is left
 or `drain_timeout` seconds have passed. At that deadline, or at a second signal, every request still open is
 answered 503 {"error": "the server is shutting down ..."} and its queued sentences are dropped; connections
-still open then (a client that stopped sending) are closed. uvicorn's own shutdown instead waited for every
-connection without a bound (a client half-way through its body held the server forever), and a second Ctrl-C
-cancelled the open requests: a plain-text 500 and CancelledError tracebacks.
+still open then (a client that stopped sending) are closed. uvicorn's own shutdown waits for every connection
+without a bound (a client half-way through its body would hold the server forever), and at a second Ctrl-C
+cancels the open requests (a plain-text 500 and CancelledError tracebacks).
 
-`outcome` says what the drain did: the signal that started it, the status of each request answered since, and
-how many got 503 because the drain was cut short (the command exits non-zero then).
+`DrainingServer.drain` records what the drain did: the signal that started it, the status of each request
+answered since, and how many got 503 because the drain was cut short (the command exits non-zero then).
 """
 
 from __future__ import annotations
