@@ -371,6 +371,12 @@ class ServeConfig(InferenceConfig):
     max_request_sentences: int = flag(256, "Sentences one request may hold.", min=1)
     max_queue: int = flag(4096, "Sentences waiting at most; a request that would exceed it gets 503.", min=1)
     timeout: float = flag(60.0, "Seconds a request may take before it gets 504.", min=0, min_open=True)
+    drain_timeout: float = flag(
+        30.0,
+        "At SIGTERM or Ctrl-C, seconds the requests already open may take to be answered before each still open "
+        "gets 503 (a second signal ends the wait at once).",
+        min=0,
+    )
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -1,23 +1,36 @@
-"""`nmt serve`: load the checkpoint, listen, and serve until SIGTERM or Ctrl-C.
+"""`nmt serve`: load the checkpoint, warm the model up, listen, and serve until SIGTERM or Ctrl-C.
 
 Starlette and uvicorn are the optional extra `nmt[serve]`, imported here so that their absence is one
-error line. On SIGTERM (or SIGINT) uvicorn stops accepting connections and waits for the requests it has
-accepted, whose queued sentences the worker finishes; then the command returns (exit status 0).
+error line. Options that cannot work are refused before the server listens, in one error line (exit 1): those
+the configuration and the search settings check, and whatever the warm-up translation fails on (the worker
+builds the model and translates one sentence before the port is opened).
+
+On SIGTERM (or SIGINT) the server stops accepting connections and drains (serve/drain.py): the requests already
+open are answered, for --drain-timeout seconds at most; at that deadline, or at a second signal, those still
+open get a JSON 503. The log's last line says what was answered. Exit status 0 when every open request got its
+own answer, 128 + the signal (143 for SIGTERM, 130 for SIGINT) with one error line when some got 503.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import logging
+import os
 import signal
 import socket
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from nmt_cli.config import ServeConfig
-from nmt_cli.errors import ConfigError
+from nmt_cli.errors import ConfigError, NmtError
+from nmt_cli.log import print_error
 from nmt_cli.runtime import set_threads
+from nmt_cli.signals import Interrupted
+
+if TYPE_CHECKING:
+    from nmt_cli.serve.batcher import Batcher
 
 logger = logging.getLogger(__name__)
 
@@ -48,7 +61,7 @@ def listen(host: str, port: int) -> socket.socket:
 
 @contextmanager
 def quiet_exit_signals() -> Iterator[None]:
-    """uvicorn re-raises the signal that stopped it once it has shut down; let that one end us with status 0."""
+    """Signals after the server has returned (while the command reports) are ignored: the drain is over."""
     handled = (signal.SIGTERM, signal.SIGINT)
     before = {sig: signal.signal(sig, lambda signum, frame: None) for sig in handled}
     try:
@@ -64,13 +77,20 @@ def serve(cfg: ServeConfig, search_overrides: dict[str, Any]) -> None:
     import uvicorn
 
     from nmt_cli.serve.app import Limits, make_app
+    from nmt_cli.serve.drain import DrainingServer
     from nmt_cli.serve.engine import Engine
 
     set_threads(cfg.threads)
     engine = Engine(cfg, search_overrides)
-    sock = listen(cfg.host, cfg.port)
+    sock = listen(cfg.host, cfg.port)  # bound (a port in use is refused now), not yet listening
     app = make_app(engine, cfg.max_wait_ms / 1000, cfg.max_queue, Limits(cfg.max_request_sentences, cfg.timeout))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on"))
+    try:
+        warm_up(app.state.server.batcher)
+    except BaseException:
+        sock.close()
+        raise
+    config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on")
+    server = DrainingServer(config, app.state.server, cfg.drain_timeout)
     host, port = sock.getsockname()[:2]
     logger.info(
         "serving %s (%s) on http://%s:%d (%s, %s, batches of %d tokens, waiting %g ms)",
@@ -85,4 +105,44 @@ def serve(cfg: ServeConfig, search_overrides: dict[str, Any]) -> None:
     )
     with quiet_exit_signals():
         server.run(sockets=[sock])
-    logger.info("stopped: every accepted request was answered")
+        drain = server.drain
+        logger.info("%s", drain.summary())
+    if drain.clean:
+        return
+    stopped = Interrupted(
+        f"{drain.aborted + drain.closed} request(s) open at {drain.signal_name} were not answered with their "
+        f"translations ({drain.cut_short or 'their connections were closed'})",
+        drain.signum or signal.SIGTERM,
+    )
+    if app.state.server.batcher.running:  # mid-batch: the interpreter's exit would abort in the worker's torch call
+        exit_now(stopped)
+    raise stopped
+
+
+def exit_now(stopped: Interrupted) -> NoReturn:
+    """Say why and exit at once, leaving the worker's batch unfinished: at the interpreter's exit a daemon thread
+    inside a torch call is unwound, and the process aborted ("terminate called without an active exception")."""
+    print_error(str(stopped))
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    os._exit(stopped.exit_code)
+
+
+def warm_up(batcher: Batcher) -> None:
+    """Start the worker and wait for its warm-up translation; what it failed on is one error line."""
+    batcher.start()
+    try:
+        while not batcher.warmed.wait(0.1):  # a short wait: Ctrl-C is handled between them
+            pass
+    except KeyboardInterrupt:
+        raise Interrupted("interrupted while the model warmed up", signal.SIGINT) from None
+    error = batcher.warm_up_error
+    if error is None:
+        return
+    batcher.stop(5)  # the worker is idle: it ends at once
+    if isinstance(error, NmtError):
+        raise error
+    raise ConfigError(
+        f"the model failed to translate a warm-up sentence with these options: {type(error).__name__}: {error}"
+    ) from error

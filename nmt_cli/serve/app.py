@@ -6,9 +6,14 @@ GET /health      alive;  GET /ready  loaded and warm (503 until the warm-up sent
 GET /info        languages, model shape, vocabulary, checkpoint, search settings, version
 GET /metrics     Prometheus text;  GET /  a page to translate with
 
-Every error is JSON {"error": "..."}: 400 for a request the server cannot read (malformed JSON, invalid
-UTF-8, a wrong field or type, no texts, more than --max-request-sentences), 413 for an oversized body,
-503 when the queue is full or the server is stopping, 504 past --timeout.
+Every error is JSON {"error": "..."}: 400 for a request the server cannot read (malformed JSON, nested too
+deeply, invalid UTF-8, a wrong field or type, no texts, more than --max-request-sentences), 413 for an oversized
+body, 503 when the queue is full or the server is shutting down, 504 past --timeout, 500 for a failure of the
+server's own (its traceback is logged). A client that closes its connection before its answer is counted under
+499 in /metrics.
+
+At shutdown (`drain`, `abort`: commands/serve.py's server calls them) the requests already open go on; `abort`
+answers those still open with 503 at once and cancels their queued sentences.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import asyncio
 import json
 import logging
 import time
+from collections import Counter
 from collections.abc import AsyncIterator
 from concurrent.futures import Future
 from contextlib import asynccontextmanager
@@ -25,7 +31,7 @@ from typing import Any
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
@@ -38,6 +44,7 @@ from nmt_cli.serve.page import PAGE
 logger = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 8 << 20
+MAX_INT_DIGITS = 4300  # Python's default limit on converting a string to an int
 
 
 class RequestError(Exception):
@@ -46,6 +53,13 @@ class RequestError(Exception):
     def __init__(self, status: int, message: str) -> None:
         super().__init__(message)
         self.status = status
+
+
+class Aborted(RequestError):
+    """An open request answered 503 because the server's drain was cut short."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(503, reason)
 
 
 @dataclass
@@ -58,6 +72,18 @@ def error(status: int, message: str) -> JSONResponse:
     return JSONResponse({"error": message}, status_code=status)
 
 
+def no_constant(name: str) -> Any:
+    """json.loads' hook for NaN and Infinity, which Python reads but JSON (RFC 8259) does not have."""
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def json_int(digits: str) -> int:
+    """json.loads' hook for integers: one longer than Python converts (4,300 digits) is named as such."""
+    if len(digits) > MAX_INT_DIGITS:
+        raise ValueError(f"an integer of {len(digits):,} digits is longer than the server reads ({MAX_INT_DIGITS:,})")
+    return int(digits)
+
+
 def read_json(body: bytes) -> Any:
     """The request body as JSON, decoded as strict UTF-8."""
     if len(body) > MAX_BODY_BYTES:
@@ -67,9 +93,23 @@ def read_json(body: bytes) -> Any:
     except UnicodeDecodeError as e:
         raise RequestError(400, f"the body is not valid UTF-8 (byte {e.start})") from None
     try:
-        return json.loads(text)
+        return json.loads(text, parse_constant=no_constant, parse_int=json_int)
     except json.JSONDecodeError as e:
         raise RequestError(400, f"the body is not valid JSON: {e.msg} (line {e.lineno}, column {e.colno})") from None
+    except RecursionError:  # the decoder recurses once per nested array or object
+        raise RequestError(400, "the body nests arrays or objects too deeply to be read") from None
+    except ValueError as e:  # NaN or Infinity, or too long an integer (the hooks above)
+        raise RequestError(400, f"the body is not valid JSON: {e}") from None
+
+
+def json_kind(value: Any) -> str:
+    """What a JSON value is, in JSON's words."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true or false"
+    kinds = {str: "a string", int: "a number", float: "a number", list: "an array", dict: "an object"}
+    return kinds.get(type(value), type(value).__name__)
 
 
 def request_texts(payload: Any, max_sentences: int) -> tuple[list[str], dict[str, Any]]:
@@ -82,11 +122,14 @@ def request_texts(payload: Any, max_sentences: int) -> tuple[list[str], dict[str
     if "text" in fields:
         texts = [fields.pop("text")]
         if not isinstance(texts[0], str):
-            raise RequestError(400, f'"text" must be a string, not {type(texts[0]).__name__}')
+            raise RequestError(400, f'"text" must be a string, not {json_kind(texts[0])}')
     else:
         texts = fields.pop("texts")
-        if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
-            raise RequestError(400, '"texts" must be a list of strings')
+        if not isinstance(texts, list):
+            raise RequestError(400, f'"texts" must be a list of strings, not {json_kind(texts)}')
+        for i, text in enumerate(texts):
+            if not isinstance(text, str):
+                raise RequestError(400, f'"texts" must be a list of strings; "texts"[{i}] is {json_kind(text)}')
         if not texts:
             raise RequestError(400, '"texts" is empty; give at least one string')
     if len(texts) > max_sentences:
@@ -102,22 +145,18 @@ async def client_gone(request: Request) -> None:
         pass
 
 
-async def outcome(future: Future[list[Any]], request: Request, seconds: float, timeout: float) -> list[Any]:
-    """The results of a submitted request within `seconds` (what is left of `timeout`); cancels the request (its
-    queued sentences are dropped) on 504 or when the client disconnects."""
-    waiter: asyncio.Future[Any] = asyncio.wrap_future(future)
-    gone: asyncio.Future[Any] = asyncio.ensure_future(client_gone(request))
+async def first_of(work: asyncio.Future[Any], *others: asyncio.Future[Any], timeout: float | None = None) -> set:
+    """Wait for `work` or any of `others` (at most `timeout` s); those done. The others are cancelled on return,
+    and `work` too when the wait itself is cancelled."""
     try:
-        done, _ = await asyncio.wait({waiter, gone}, timeout=max(seconds, 0), return_when=asyncio.FIRST_COMPLETED)
+        done, _ = await asyncio.wait({work, *others}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:
+        work.cancel()
+        raise
     finally:
-        gone.cancel()
-    if waiter in done:
-        return waiter.result()
-    future.cancel()
-    waiter.cancel()
-    if gone in done:
-        raise RequestError(499, "the client closed the connection")
-    raise RequestError(504, f"the request was not done within --timeout {timeout:g} s")
+        for other in others:
+            other.cancel()
+    return done
 
 
 class Server:
@@ -125,20 +164,65 @@ class Server:
 
     def __init__(self, engine: Engine, batcher: Batcher, metrics: Metrics, limits: Limits) -> None:
         self.engine, self.batcher, self.metrics, self.limits = engine, batcher, metrics, limits
+        self.open_requests = 0  # /translate requests not yet answered
+        self.draining = False  # set by `drain`: the server is shutting down
+        self.answered_in_drain: Counter[int] = Counter()  # the status of each request answered since
+        self.aborted_requests = 0  # of them, those answered 503 by `abort`
+        self.aborted = asyncio.Event()  # set by `abort`: every open request is answered 503 at once
+        self.abort_reason = ""
+        self.stop_wait: float | None = None  # how long the lifespan's end waits for the worker (None: as it takes)
+
+    def drain(self) -> None:
+        """The server is shutting down: queued sentences wait no more for company, and the answers of the requests
+        still open are counted from now on."""
+        self.draining = True
+        self.batcher.hurry()
+
+    def abort(self, reason: str, stop_wait: float) -> None:
+        """Answer every open request 503 `reason` now, dropping its queued sentences; at the lifespan's end, wait
+        `stop_wait` s at most for the worker's batch in progress."""
+        self.abort_reason, self.stop_wait = reason, stop_wait
+        self.aborted.set()
 
     async def translate(self, request: Request) -> Response:
         start = time.perf_counter()
         n_sentences = 0
+        self.open_requests += 1
         try:
-            texts, fields = request_texts(read_json(await request.body()), self.limits.max_request_sentences)
+            texts, fields = request_texts(read_json(await self.body(request)), self.limits.max_request_sentences)
             n_sentences = len(texts)
             answer = await self.answer(request, texts, fields, start)
         except RequestError as e:
-            self.metrics.request(e.status, n_sentences, time.perf_counter() - start)
+            self.answered(e.status, n_sentences, time.perf_counter() - start)
+            self.aborted_requests += isinstance(e, Aborted)
             return error(e.status, str(e))
+        finally:
+            self.open_requests -= 1
         seconds = time.perf_counter() - start
-        self.metrics.request(200, n_sentences, seconds)
-        return JSONResponse({**answer, "seconds": round(seconds, 4)})
+        try:
+            response = JSONResponse({**answer, "seconds": round(seconds, 4)})
+        except ValueError as e:  # a score of inf or NaN (search settings at their extremes), which JSON lacks
+            self.answered(500, n_sentences, seconds)
+            return error(500, f"the translation cannot be written as JSON: {e}")
+        self.answered(200, n_sentences, seconds)
+        return response
+
+    def answered(self, status: int, sentences: int, seconds: float) -> None:
+        self.metrics.request(status, sentences, seconds)
+        if self.draining:
+            self.answered_in_drain[status] += 1
+
+    async def body(self, request: Request) -> bytes:
+        """The request's body, unless the client goes away first (499) or the server aborts (503)."""
+        reading = asyncio.ensure_future(request.body())
+        done = await first_of(reading, asyncio.ensure_future(self.aborted.wait()))
+        if reading not in done:
+            reading.cancel()
+            raise Aborted(self.abort_reason)
+        try:
+            return reading.result()
+        except ClientDisconnect:
+            raise RequestError(499, "the client closed the connection before sending its whole body") from None
 
     async def answer(self, request: Request, texts: list[str], fields: dict[str, Any], start: float) -> dict:
         try:
@@ -151,7 +235,7 @@ class Server:
             raise RequestError(503, str(e)) from None
         try:
             left = self.limits.timeout - (time.perf_counter() - start)
-            results = await outcome(future, request, left, self.limits.timeout)
+            results = await self.outcome(future, request, left)
         except RequestError:
             raise
         except Exception as e:  # the batch failed (logged with its traceback by the worker)
@@ -161,6 +245,27 @@ class Server:
             warning = self.engine.warning(sentence)
             translations.append({**result, "warning": warning} if warning else result)
         return {"translations": translations}
+
+    async def outcome(self, future: Future[list[Any]], request: Request, seconds: float) -> list[Any]:
+        """The results of a submitted request within `seconds` (what is left of --timeout); cancels the request (its
+        queued sentences are dropped) on 504, when the client disconnects, or when the server aborts."""
+        waiter: asyncio.Future[Any] = asyncio.wrap_future(future)
+        gone = asyncio.ensure_future(client_gone(request))
+        aborted = asyncio.ensure_future(self.aborted.wait())
+        try:
+            done = await first_of(waiter, gone, aborted, timeout=max(seconds, 0))
+        except BaseException:
+            future.cancel()
+            raise
+        if waiter in done:
+            return waiter.result()
+        future.cancel()
+        waiter.cancel()
+        if gone in done:
+            raise RequestError(499, "the client closed the connection")
+        if aborted in done:
+            raise Aborted(self.abort_reason)
+        raise RequestError(504, f"the request was not done within --timeout {self.limits.timeout:g} s")
 
     async def health(self, request: Request) -> Response:
         return JSONResponse({"status": "ok"})
@@ -180,17 +285,22 @@ class Server:
 
     @asynccontextmanager
     async def lifespan(self, app: Starlette) -> AsyncIterator[None]:
-        self.batcher.start()
+        self.batcher.start()  # unless `nmt serve` started it (and warmed it up) before listening
         try:
             yield
-        finally:  # uvicorn has answered every request it accepted; the queue is empty or being finished
-            await asyncio.get_running_loop().run_in_executor(None, self.batcher.stop)
+        finally:  # every open request was answered (its results, or 503 after `abort`); the queue is finished
+            await asyncio.get_running_loop().run_in_executor(None, self.batcher.stop, self.stop_wait)
 
 
 async def http_error(request: Request, exc: Exception) -> Response:
     """Starlette's own errors (404, 405) as JSON too."""
     assert isinstance(exc, HTTPException)
     return error(exc.status_code, str(exc.detail))
+
+
+async def server_error(request: Request, exc: Exception) -> Response:
+    """A failure of the server's own as JSON too (Starlette still logs its traceback: it is a bug)."""
+    return error(500, f"the server failed: {type(exc).__name__}: {exc}")
 
 
 def build_app(engine: Engine, batcher: Batcher, metrics: Metrics, limits: Limits) -> Starlette:
@@ -203,7 +313,9 @@ def build_app(engine: Engine, batcher: Batcher, metrics: Metrics, limits: Limits
         Route("/info", server.info, methods=["GET"]),
         Route("/metrics", server.metrics_text, methods=["GET"]),
     ]
-    app = Starlette(routes=routes, lifespan=server.lifespan, exception_handlers={HTTPException: http_error})
+    app = Starlette(
+        routes=routes, lifespan=server.lifespan, exception_handlers={HTTPException: http_error, Exception: server_error}
+    )
     app.state.server = server
     return app
 

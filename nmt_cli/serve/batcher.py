@@ -10,7 +10,8 @@ the oldest one's search settings (the job's `key`), packed by `batch_by_tokens` 
 its input, and the batch holding the oldest sentence taken. Empty sentences cost nothing and ride along.
 A request is answered as soon as its last sentence is done; a cancelled one (timed out, client gone) loses
 its sentences that have not started. `stop` refuses new requests, finishes the queued ones, and returns.
-Before its first batch the worker runs `warm_up` (one sentence through the model), then sets `ready`.
+Before its first batch the worker runs `warm_up` (one sentence through the model), then sets `ready`; either
+way it sets `warmed`, with `warm_up_error` holding what the warm-up raised (`nmt serve` refuses to start on it).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from nmt_cli.data.batching import batch_by_tokens
+from nmt_cli.errors import NmtError
 
 logger = logging.getLogger(__name__)
 
@@ -84,6 +86,8 @@ class Batcher:
         self.run, self.max_tokens, self.max_wait, self.max_queue = run, max_tokens, max_wait, max_queue
         self.worker_context, self.on_batch, self.warm_up = worker_context, on_batch, warm_up
         self.ready = threading.Event()  # set once the worker has warmed up (GET /ready)
+        self.warmed = threading.Event()  # set once the warm-up has ended, well or not
+        self.warm_up_error: Exception | None = None  # what it raised
         self._queue: list[Queued] = []
         self._free_since = time.monotonic()  # when the worker last finished a batch
         self._expected = 1  # sentences worth waiting for: the last batch's and those queued at its end
@@ -92,7 +96,9 @@ class Batcher:
         self._thread = threading.Thread(target=self._work, name="nmt-serve-worker", daemon=True)
 
     def start(self) -> None:
-        self._thread.start()
+        """Start the worker, once (a second call does nothing)."""
+        if self._thread.ident is None:
+            self._thread.start()
 
     def stop(self, timeout: float | None = None) -> None:
         """Take no new requests, finish every queued sentence, and end the worker (waiting `timeout` at most)."""
@@ -101,6 +107,17 @@ class Batcher:
             self._cond.notify_all()
         if self._thread.is_alive():
             self._thread.join(timeout)
+
+    def hurry(self) -> None:
+        """Wait no more for company (`max_wait` 0): the server is draining, and no new clients will come."""
+        with self._cond:
+            self.max_wait = 0.0
+            self._cond.notify_all()
+
+    @property
+    def running(self) -> bool:
+        """The worker has not ended (after `stop` with a timeout: a batch was still being searched)."""
+        return self._thread.is_alive()
 
     @property
     def queue_length(self) -> int:
@@ -142,18 +159,24 @@ class Batcher:
 
     def _work(self) -> None:
         with self.worker_context():
-            if self.warm_up is not None:
-                try:
-                    self.warm_up()
-                except Exception:  # the requests will fail the same way and say why; keep serving them
-                    logger.exception("the warm-up translation failed")
-                else:
-                    logger.info("ready: the model is loaded and warm")
-                    self.ready.set()
-            else:
-                self.ready.set()
+            self._warm()
             while (batch := self._next_batch()) is not None:
                 self._run_batch(batch)
+
+    def _warm(self) -> None:
+        """Run the warm-up, then set `ready` if it went well, and `warmed` either way."""
+        try:
+            if self.warm_up is not None:
+                self.warm_up()
+        except Exception as e:  # `nmt serve` refuses to start on it, in one error line; requests would fail alike
+            logger.debug("the warm-up translation failed", exc_info=not isinstance(e, NmtError))
+            self.warm_up_error = e
+        else:
+            if self.warm_up is not None:
+                logger.info("ready: the model is loaded and warm")
+            self.ready.set()
+        finally:
+            self.warmed.set()
 
     def _next_batch(self) -> list[Queued] | None:
         """Wait for the oldest sentence's company (or its deadline), then take its batch; None once stopped."""

@@ -1,8 +1,10 @@
 """The server's counters, written in Prometheus' text exposition format (version 0.0.4) for `GET /metrics`.
 
 Requests by status code, sentences translated, the queue's length, batch sizes (sentences, and requests
-sharing a batch) as histograms, and request latency as a summary: quantiles over the latest LATENCY_WINDOW
-answered requests.
+sharing a batch) as histograms, and request latency as a
+summary: quantiles over the latest LATENCY_WINDOW answered requests. Requests a client abandoned count under
+code 499 (it closed the connection before its answer). Counts are written as integers and sums of seconds in
+full precision: a six-digit rounding would freeze a long-running server's totals (1,200,007 read 1.20001e+06).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ class Histogram:
     def __init__(self, bounds: Sequence[float]) -> None:
         self.bounds = tuple(bounds)
         self.counts = [0] * len(self.bounds)
-        self.total = 0.0
+        self.total: float = 0  # stays an int while the values observed are ints (sentences, requests)
         self.count = 0
 
     def observe(self, value: float) -> None:
@@ -36,7 +38,7 @@ class Histogram:
     def lines(self, name: str) -> list[str]:
         out = [f'{name}_bucket{{le="{bound:g}"}} {n}' for bound, n in zip(self.bounds, self.counts)]
         out.append(f'{name}_bucket{{le="+Inf"}} {self.count}')
-        return [*out, f"{name}_sum {self.total:g}", f"{name}_count {self.count}"]
+        return [*out, f"{name}_sum {number(self.total)}", f"{name}_count {self.count}"]
 
 
 def quantile(values: Sequence[float], q: float) -> float:
@@ -48,8 +50,15 @@ def quantile(values: Sequence[float], q: float) -> float:
 
 
 def number(value: float) -> str:
-    """A sample value as Prometheus spells it (NaN, not nan)."""
-    return "NaN" if value != value else f"{value:g}"
+    """A sample value as Prometheus spells it, exactly: an int as digits, a float as its shortest repr that reads
+    back the same (NaN and +Inf, not nan and inf)."""
+    if isinstance(value, int):
+        return str(value)
+    if value != value:
+        return "NaN"
+    if value in (float("inf"), float("-inf")):
+        return "+Inf" if value > 0 else "-Inf"
+    return repr(value)
 
 
 class Metrics:
@@ -101,11 +110,11 @@ class Metrics:
                 *self.batch_requests.lines("nmt_batch_requests"),
                 "# HELP nmt_batch_seconds_total Time spent searching batches.",
                 "# TYPE nmt_batch_seconds_total counter",
-                f"nmt_batch_seconds_total {self.batch_seconds:g}",
+                f"nmt_batch_seconds_total {number(self.batch_seconds)}",
                 f"# HELP nmt_request_seconds Latency of answered requests (quantiles of the last {LATENCY_WINDOW}).",
                 "# TYPE nmt_request_seconds summary",
                 *(f'nmt_request_seconds{{quantile="{q:g}"}} {number(quantile(self.latencies, q))}' for q in QUANTILES),
-                f"nmt_request_seconds_sum {self.latency_sum:g}",
+                f"nmt_request_seconds_sum {number(self.latency_sum)}",
                 f"nmt_request_seconds_count {self.requests[200]}",
             ]
         return "\n".join(lines) + "\n"

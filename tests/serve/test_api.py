@@ -89,7 +89,15 @@ BAD_REQUESTS = [
     (b'["1 2"]', 400, "must be a JSON object"),
     (b'{"texts": []}', 400, '"texts" is empty'),
     (b'{"texts": ["1", 2]}', 400, "list of strings"),
+    (b'{"texts": ["1", null]}', 400, '"texts"[1] is null'),
+    (b'{"texts": "1 2"}', 400, '"texts" must be a list of strings, not a string'),
     (b'{"text": 3}', 400, '"text" must be a string'),
+    (b'{"text": ["1"]}', 400, '"text" must be a string, not an array'),
+    (b"[" * 100_000, 400, "nests arrays or objects too deeply"),  # was a RecursionError: a plain-text 500
+    (b'{"text": ' * 50_000 + b'"1"' + b"}" * 50_000, 400, "nests arrays or objects too deeply"),
+    (b'{"text": "1", "lenpen": NaN}', 400, "NaN is not a JSON number"),
+    (b'{"text": "1", "lenpen": -Infinity}', 400, "-Infinity is not a JSON number"),
+    (b'{"text": "1", "beam": 1' + b"0" * 5000 + b"}", 400, "an integer of 5,001 digits"),  # was a 500 too
     (b'{"text": "1", "texts": ["2"]}', 400, 'either "text"'),
     (b"{}", 400, 'either "text"'),
     (b'{"text": "1", "beam": "4"}', 400, "'beam' must be int"),
@@ -169,3 +177,13 @@ def test_the_server_sets_the_attention_backends_as_generate_does(tiny_checkpoint
             assert torch.backends.cuda.cudnn_sdp_enabled() is cudnn
     finally:
         torch.backends.cuda.enable_cudnn_sdp(True)  # PyTorch's default
+
+
+def test_a_score_json_cannot_write_is_a_json_500_counted_in_metrics(tiny_checkpoint):
+    with serving(tiny_checkpoint) as client:
+        engine = client.app.state.server.engine
+        engine.translation = lambda hyps, nbest: {"text": "1", "score": float("-inf")}  # lenpen -1e308 did this
+        answer = client.post("/translate", json={"text": "1 2"})
+        metrics = client.get("/metrics").text
+    assert answer.status_code == 500 and "cannot be written as JSON" in answer.json()["error"]
+    assert 'nmt_requests_total{code="500"} 1' in metrics and 'code="200"' not in metrics

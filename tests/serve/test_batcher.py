@@ -5,6 +5,8 @@ import time
 
 import pytest
 
+from nmt_cli.commands import serve as serve_command
+from nmt_cli.errors import ConfigError
 from nmt_cli.serve.batcher import Batcher, QueueFull, Stopping
 
 
@@ -134,6 +136,37 @@ def test_ready_is_set_after_the_warm_up_runs_in_the_worker():
     assert not batcher.ready.is_set()
     batcher.start()
     assert batcher.ready.wait(5) and seen == ["nmt-serve-worker"]
+    batcher.stop(timeout=5)
+
+
+@pytest.mark.parametrize(
+    "failure, says",
+    [
+        (ConfigError("--quantize int8 runs on the CPU in fp32"), "--quantize int8 runs on the CPU in fp32"),
+        (RuntimeError("cannot allocate"), "failed to translate a warm-up sentence with these options: RuntimeError"),
+    ],
+)
+def test_a_failed_warm_up_is_refused_at_start_in_one_error(failure, says):
+    def warm_up():
+        raise failure
+
+    batcher = Batcher(Recorder(), max_tokens=10, max_wait=0, max_queue=10, warm_up=warm_up)
+    with pytest.raises(ConfigError, match=says):
+        serve_command.warm_up(batcher)  # `nmt serve` waits for the warm-up before it listens
+    assert batcher.warmed.is_set() and not batcher.ready.is_set() and batcher.warm_up_error is failure
+    assert not batcher.running
+
+
+def test_hurry_runs_sentences_waiting_for_company_at_once():
+    run = Recorder()
+    batcher = Batcher(run, max_tokens=1000, max_wait=60, max_queue=100)
+    batcher.start()
+    assert submit(batcher, "cfg", ["a", "b", "c"]).result(5)  # a batch of 3: the next waits for 3 sentences
+    waiting = submit(batcher, "cfg", ["d"])
+    time.sleep(0.1)
+    assert not waiting.done()
+    batcher.hurry()  # the server drains: no company will come
+    assert waiting.result(5) == ["cfg:d"]
     batcher.stop(timeout=5)
 
 

@@ -1,0 +1,123 @@
+"""uvicorn's server with `nmt serve`'s shutdown: a drain bounded by --drain-timeout.
+
+At the first SIGTERM or SIGINT the server stops accepting connections, closes the idle ones, and lets the
+requests already open (their bodies still arriving, queued, or being searched) be answered, until none is left
+or `drain_timeout` seconds have passed. At that deadline, or at a second signal, every request still open is
+answered 503 {"error": "the server is shutting down ..."} and its queued sentences are dropped; connections
+still open then (a client that stopped sending) are closed. uvicorn's own shutdown waits for every connection
+without a bound (a client half-way through its body would hold the server forever), and at a second Ctrl-C
+cancels the open requests (a plain-text 500 and CancelledError tracebacks).
+
+`DrainingServer.drain` records what the drain did: the signal that started it, the status of each request
+answered since, and how many got 503 because the drain was cut short (the command exits non-zero then).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import socket
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from types import FrameType
+
+import uvicorn
+
+from nmt_cli.serve.app import Server as App
+
+logger = logging.getLogger(__name__)
+
+POLL = 0.05  # seconds between looks at the open requests and connections while draining
+ANSWER_GRACE = 5.0  # seconds the aborted requests' 503s may take to be written before their connections close
+
+
+@dataclass
+class Drain:
+    """What the shutdown did."""
+
+    signum: int | None = None  # the signal that started it
+    cut_short: str = ""  # why the requests still open were answered 503: the deadline, or a second signal
+    answered: Counter[int] = field(default_factory=Counter)  # requests answered since the signal, by status
+    aborted: int = 0  # of them, those answered 503 because the drain was cut short
+    closed: int = 0  # connections closed unanswered (their client stopped sending or reading)
+
+    @property
+    def signal_name(self) -> str:
+        return signal.Signals(self.signum).name if self.signum is not None else "the shutdown"
+
+    @property
+    def clean(self) -> bool:
+        """Every request open at the signal got its own answer."""
+        return not self.aborted and not self.closed
+
+    def summary(self) -> str:
+        """One line: the requests answered during the drain by status, and those cut short."""
+        total = sum(self.answered.values())
+        statuses = ", ".join(f"{n} x {code}" for code, n in sorted(self.answered.items()))
+        said = f"{total} request(s) answered during the drain" + (f" ({statuses})" if total else "")
+        if self.aborted:
+            said += f"; {self.aborted} of them got 503 as {self.cut_short}"
+        if self.closed:
+            said += f"; {self.closed} connection(s) closed without an answer (a client still sending or not reading)"
+        return f"stopped after {self.signal_name}: {said}"
+
+
+class DrainingServer(uvicorn.Server):
+    """A uvicorn Server whose shutdown drains the app's open requests within `drain_timeout` seconds."""
+
+    def __init__(self, config: uvicorn.Config, app: App, drain_timeout: float) -> None:
+        super().__init__(config)
+        self.app, self.drain_timeout = app, drain_timeout
+        self.drain = Drain()
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        """The first signal starts the drain, a second cuts it short. (Unlike uvicorn's handler, this one does not
+        record the signals to raise them again once the server has returned.)"""
+        if self.drain.signum is None:
+            self.drain.signum = sig
+            self.should_exit = True
+        else:
+            self.force_exit = True
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        started = time.monotonic()
+        for server in self.servers:  # stop accepting
+            server.close()
+        for sock in sockets or []:
+            sock.close()
+        self.app.drain()
+        for connection in list(self.server_state.connections):  # idle ones close now, busy ones after their answer
+            connection.shutdown()
+        if self.app.open_requests:
+            logger.info(
+                "%s: answering the %d open request(s), for --drain-timeout %g s at most (a second signal: 503 now)",
+                self.drain.signal_name,
+                self.app.open_requests,
+                self.drain_timeout,
+            )
+        while self._open() and not self.force_exit and time.monotonic() - started < self.drain_timeout:
+            await asyncio.sleep(POLL)
+        if self.app.open_requests:
+            waited = time.monotonic() - started
+            self.drain.cut_short = (
+                f"a second signal came {waited:.1f} s into the drain"
+                if self.force_exit
+                else f"--drain-timeout {self.drain_timeout:g} s passed"
+            )
+            # the worker's batch in progress is not waited for: its requests have their 503s
+            self.app.abort(f"the server is shutting down: {self.drain.cut_short}", stop_wait=0)
+            grace = time.monotonic() + ANSWER_GRACE
+            while self._open() and time.monotonic() < grace:
+                await asyncio.sleep(POLL)
+        for connection in list(self.server_state.connections):  # a client that stopped sending, or reading
+            transport = getattr(connection, "transport", None)
+            if transport is not None and not transport.is_closing():
+                transport.close()
+                self.drain.closed += 1
+        self.drain.answered, self.drain.aborted = Counter(self.app.answered_in_drain), self.app.aborted_requests
+        await self.lifespan.shutdown()  # the worker ends: every queued sentence was answered or dropped
+
+    def _open(self) -> bool:
+        return bool(self.app.open_requests or self.server_state.connections)
