@@ -287,12 +287,12 @@ def bench_generation(args, data_dir: Path, device: torch.device, peak: float) ->
     sources = [rng.integers(4, args.vocab, n) for n in lens]
     cfg = SearchConfig(beam=4, max_len_a=1.1, max_len_b=0, min_len=0)
     amp = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(args.precision)
-    tr = Translator(model, SyntheticVocab(data_dir / "spm.model", args.vocab), device, amp)
-    translate(tr, sources[:200], cfg, args.gen_max_tokens)  # warm-up
+    translator = Translator(model, SyntheticVocab(data_dir / "spm.model", args.vocab), device, amp)
+    translate(translator, sources[:200], cfg, args.gen_max_tokens)  # warm-up
     if device.type == "cuda":
         torch.cuda.synchronize()
     start = time.perf_counter()
-    results = translate(tr, sources, cfg, args.gen_max_tokens)
+    results = translate(translator, sources, cfg, args.gen_max_tokens)
     if device.type == "cuda":
         torch.cuda.synchronize()
     seconds = time.perf_counter() - start

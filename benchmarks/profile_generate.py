@@ -77,10 +77,10 @@ class Counters:
         self.steps = self.rows = 0
 
 
-def instrument(tr: Translator, counters: Counters, label: bool) -> Callable[[], None]:
+def instrument(translator: Translator, counters: Counters, label: bool) -> Callable[[], None]:
     """Time the encoder and the searches of `translate` and count decoding steps and rows; label: name the
     searches for the profiler. Returns the function that undoes it."""
-    model, search = tr.model, translate_module.beam_search
+    model, search = translator.model, translate_module.beam_search
     encode, decode_step, init_cache = model.encode, model.decode_step, model.init_cache
 
     def timed_encode(*args: Any, **kwargs: Any) -> Any:
@@ -215,14 +215,14 @@ def ct2_runner(
     return run
 
 
-def nmt_runner(tr: Translator, sources: list[np.ndarray], counters: Counters) -> Callable[[], float]:
+def nmt_runner(translator: Translator, sources: list[np.ndarray], counters: Counters) -> Callable[[], float]:
     """A function that times `translate` of `sources` as the benchmark runs it, counting into `counters`."""
-    translate(tr, sources[:BATCH], FORCED, 10**9, BATCH)  # oneDNN builds its kernels
+    translate(translator, sources[:BATCH], FORCED, 10**9, BATCH)  # oneDNN builds its kernels
 
     def run() -> float:
-        undo = instrument(tr, counters, label=False)
+        undo = instrument(translator, counters, label=False)
         start = time.perf_counter()
-        translate(tr, sources, FORCED, 10**9, BATCH)
+        translate(translator, sources, FORCED, 10**9, BATCH)
         seconds = time.perf_counter() - start
         undo()
         return seconds
@@ -232,7 +232,7 @@ def nmt_runner(tr: Translator, sources: list[np.ndarray], counters: Counters) ->
 
 def profile(shape: str, n_sentences: int, repeat: int) -> dict[str, object]:
     path = checkpoint(shape)
-    tr, saved = load_translator(path, torch.device("cpu"), None)
+    translator, saved = load_translator(path, torch.device("cpu"), None)
     cfg = saved.config
     data = ParallelDataset(data_bin(), "test")
     sources = [data.src[i] for i in range(min(n_sentences, len(data)))]
@@ -242,12 +242,14 @@ def profile(shape: str, n_sentences: int, repeat: int) -> dict[str, object]:
     workdir = Path(tempfile.mkdtemp(prefix="profile_generate_"))
     atexit.register(shutil.rmtree, workdir, ignore_errors=True)
     runners = {  # CTranslate2's models are exported before the floor's model is packed
-        "CT2": ct2_runner(saved.model(), cfg, tr.vocab, sources, workdir / "model"),
-        "CT2 floor": ct2_runner(tiny_model, tiny_cfg, tr.vocab, tiny_sources, workdir / "floor"),
+        "CT2": ct2_runner(saved.model(), cfg, translator.vocab, sources, workdir / "model"),
+        "CT2 floor": ct2_runner(tiny_model, tiny_cfg, translator.vocab, tiny_sources, workdir / "floor"),
     }
-    tiny = Translator(pack_for_cpu_inference(tiny_model) if ONEDNN_AVAILABLE else tiny_model, tr.vocab, tr.device)
+    tiny = Translator(
+        pack_for_cpu_inference(tiny_model) if ONEDNN_AVAILABLE else tiny_model, translator.vocab, translator.device
+    )
     timing, floor = Counters(), Counters()
-    runners |= {"nmt": nmt_runner(tr, sources, timing), "floor": nmt_runner(tiny, tiny_sources, floor)}
+    runners |= {"nmt": nmt_runner(translator, sources, timing), "floor": nmt_runner(tiny, tiny_sources, floor)}
     best: dict[str, float] = {}
     for _ in range(repeat):  # alternated, the fastest of each kept: this machine's speed drifts
         for name, run in runners.items():
@@ -258,9 +260,9 @@ def profile(shape: str, n_sentences: int, repeat: int) -> dict[str, object]:
     floor.steps //= repeat
 
     profiled = Counters()
-    undo = instrument(tr, profiled, label=True)
+    undo = instrument(translator, profiled, label=True)
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
-        translate(tr, sources, FORCED, 10**9, BATCH)
+        translate(translator, sources, FORCED, 10**9, BATCH)
     undo()
     groups: dict[str, float] = collections.defaultdict(float)
     for event in prof.events():  # the searches' operators, by group; those under init_cache as CROSS
@@ -273,7 +275,7 @@ def profile(shape: str, n_sentences: int, repeat: int) -> dict[str, object]:
     in_ops = sum(groups.values())
 
     rows_per_step = timing.rows / repeat / timing.steps
-    alone_s, weights = alone(tr.model, cfg, round(rows_per_step))
+    alone_s, weights = alone(translator.model, cfg, round(rows_per_step))
     linears_s = groups["matmul"] / profiled.steps
 
     row: dict[str, object] = {

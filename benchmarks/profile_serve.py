@@ -4,7 +4,7 @@ splits its figures.
 One sentence at a time (bench_serve.py's one client), alternated --rounds times, ms per sentence:
 - `main`: translate() on the main thread, one sentence a call (what `nmt generate --batch-size 1` does);
 - `thread`: the same loop on a second thread, the main one waiting (the server searches on a worker thread);
-- `batcher`: serve's Engine and Batcher (serve/engine.py, batcher.py), each sentence submitted and waited for
+- `batcher`: serve's ServedModel and Batcher (serve/served_model.py, batcher.py), each sentence submitted and waited for
   as a client would, without the HTTP server around them.
 If `batcher` is slower than `main`, the time goes in the batcher or the worker thread; if it is not, and
 bench_serve.py's one client is slower than generate, in the HTTP server's process around them.
@@ -31,35 +31,35 @@ from common import MULTI30K
 from nmt_cli.config import ServeConfig
 from nmt_cli.runtime import AMP_DTYPES, set_threads
 from nmt_cli.search.translate import load_translator, translate
-from nmt_cli.serve.engine import Engine
+from nmt_cli.serve.served_model import ServedModel
 
 
 def one_at_a_time(args: argparse.Namespace, lines: list[str]) -> None:
     config = ServeConfig(path=str(args.path), device=args.device)
-    engine = Engine(config, {"beam": args.beam})
+    served = ServedModel(config, {"beam": args.beam})
     # the precision generate and serve choose (the checkpoint's on CUDA)
-    tr, _ = load_translator(args.path, torch.device(args.device), AMP_DTYPES[engine.precision])
-    cfg = engine.search
-    sources = [np.asarray(ids, dtype=np.int64) for ids in tr.vocab.encode(lines)]
+    translator, _ = load_translator(args.path, torch.device(args.device), AMP_DTYPES[served.precision])
+    cfg = served.search
+    sources = [np.asarray(ids, dtype=np.int64) for ids in translator.vocab.encode(lines)]
 
     def loop() -> None:
         with torch.inference_mode():
             for src in sources:
-                translate(tr, [src], cfg, engine.max_tokens)
+                translate(translator, [src], cfg, served.max_tokens)
 
     def on_thread() -> None:
         t = threading.Thread(target=loop)
         t.start()
         t.join()
 
-    batcher = engine.batcher(config.max_wait_ms / 1000, config.max_queue)  # as `nmt serve` makes it
+    batcher = served.batcher(config.max_wait_ms / 1000, config.max_queue)  # as `nmt serve` makes it
     batcher.start()
     batcher.ready.wait()
 
     def through_batcher() -> None:
         for line in lines:
-            s = engine.prepare([line])
-            batcher.submit(engine.search, s, [engine.length(x) for x in s]).result()
+            s = served.prepare([line])
+            batcher.submit(served.search, s, [served.length(x) for x in s]).result()
 
     variants = {"main": loop, "thread": on_thread, "batcher": through_batcher}
     loop()  # warm-up of the main thread's translator

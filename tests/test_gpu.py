@@ -133,15 +133,15 @@ def test_beam_search_on_cuda_returns_the_cpus_hypotheses(tiny_checkpoint, toy_da
         assert abs(a[0].score - b[0].score) < 1e-3
 
 
-def cuda_syncs(tr, sources, n):
+def cuda_syncs(translator, sources, n):
     """Host synchronisations of translating `sources` in exactly n + 1 steps (one batch), after a warm-up."""
     cfg = SearchConfig(beam=4, max_len_a=0, max_len_b=n, min_len=n)
-    translate(tr, sources, cfg, 10000)
+    translate(translator, sources, cfg, 10000)
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("warn")
     try:
         with pytest.warns(UserWarning) as record:
-            translate(tr, sources, cfg, 10000)
+            translate(translator, sources, cfg, 10000)
     finally:
         torch.cuda.set_sync_debug_mode("default")
     return len([w for w in record if "synchroniz" in str(w.message)])
@@ -154,8 +154,8 @@ def test_beam_search_makes_one_host_synchronisation_per_step(tiny_checkpoint, to
     finish(). tests/search/test_beam_syncs.py counts the same on the CPU.)"""
     sources = [ParallelDataset(toy_data_bin, "test").src[i] for i in range(30)]
     choose_attention_backends(torch.device("cuda"), False)  # as `nmt generate` starts
-    tr, _ = load_translator(tiny_checkpoint, torch.device("cuda"), torch.bfloat16)
-    short, long = cuda_syncs(tr, sources, 10), cuda_syncs(tr, sources, 20)
+    translator, _ = load_translator(tiny_checkpoint, torch.device("cuda"), torch.bfloat16)
+    short, long = cuda_syncs(translator, sources, 10), cuda_syncs(translator, sources, 20)
     assert long - short == 10, (short, long)
     assert long <= 21 + 6, long
 
@@ -174,12 +174,12 @@ def test_training_and_beam_search_run_no_cudnn_attention(toy_data_bin, tmp_path)
     ).batches
     trainer.train_step(batches[:1])
     sources = [ParallelDataset(toy_data_bin, "test").src[i] for i in range(8)]
-    tr = Translator(trainer.model, trainer.vocab, torch.device("cuda"), torch.bfloat16)
+    translator = Translator(trainer.model, trainer.vocab, torch.device("cuda"), torch.bfloat16)
     activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
     with torch.profiler.profile(activities=activities) as prof:
         trainer.train_step(batches[1:2])
         trainer.model.eval()
-        translate(tr, sources, SearchConfig(beam=4, max_len_a=0, max_len_b=3, min_len=3), 1000)
+        translate(translator, sources, SearchConfig(beam=4, max_len_a=0, max_len_b=3, min_len=3), 1000)
         torch.cuda.synchronize()
     names = {e.name for e in prof.events()}
     assert any("scaled_dot_product_attention" in n for n in names)  # the profile saw attention run

@@ -56,14 +56,14 @@ def generate(cfg: GenerateConfig, search_overrides: dict[str, Any] | None = None
         saved.check_same_data(data_dir, meta, load_vocab(data_dir, meta).model_bytes)
     if saved.is_parser:
         check_parse_request(cfg)
-    tr = inference.translator()
+    translator = inference.translator()
     max_tokens, batch_size = cfg.max_tokens, cfg.batch_size
     fmt = cfg.output_format or ("fairseq" if cfg.data_dir else "plain")
     with ExitStack() as stack:
         out = open_output(cfg, stack, num_shards, shard_id)
         if cfg.data_dir is not None:
             summary = generate_split(
-                tr,
+                translator,
                 data_dir=Path(cfg.data_dir),
                 subset=cfg.gen_subset,
                 shard=(num_shards, shard_id),
@@ -81,7 +81,7 @@ def generate(cfg: GenerateConfig, search_overrides: dict[str, Any] | None = None
             lines = read_lines(raw_lines, buffer_size, name, first_line)
             if saved.is_parser:  # one bracketed tree per input line (nmt_cli/parsing)
                 summary = generate_trees(
-                    tr,
+                    translator,
                     lines,
                     search=search,
                     max_tokens=max_tokens,
@@ -92,7 +92,7 @@ def generate(cfg: GenerateConfig, search_overrides: dict[str, Any] | None = None
                 )
             else:
                 summary = generate_text(
-                    tr, lines, search=search, max_tokens=max_tokens, batch_size=batch_size, fmt=fmt, out=out
+                    translator, lines, search=search, max_tokens=max_tokens, batch_size=batch_size, fmt=fmt, out=out
                 )
     log_summary(summary, search)
     return summary
@@ -249,7 +249,7 @@ def format_record(
 
 
 def generate_split(
-    tr: Translator,
+    translator: Translator,
     *,
     data_dir: Path,
     subset: str,
@@ -267,21 +267,21 @@ def generate_split(
     data = ParallelDataset(data_dir, subset)
     ids = shard_range(len(data), *shard)
     summary = Summary()
-    generator = sampling_generator(search, tr.device)  # one for every chunk
+    generator = sampling_generator(search, translator.device)  # one for every chunk
     for first in range(0, len(ids), SPLIT_CHUNK):  # a test set is one chunk; a training set (distillation) many
         chunk = ids[first : first + SPLIT_CHUNK]
         start = time.perf_counter()
-        results = translate(tr, [data.src[i] for i in chunk], search, max_tokens, batch_size, generator)
+        results = translate(translator, [data.src[i] for i in chunk], search, max_tokens, batch_size, generator)
         summary.add(results, time.perf_counter() - start)
         for i, hyps in zip(chunk, results):
-            source, reference = tr.vocab.decode(data.src[i]), tr.vocab.decode(data.tgt[i])
-            print(format_record(i, hyps, tr.vocab, fmt, source, reference), file=out)
+            source, reference = translator.vocab.decode(data.src[i]), translator.vocab.decode(data.tgt[i])
+            print(format_record(i, hyps, translator.vocab, fmt, source, reference), file=out)
         out.flush()
     return summary
 
 
 def generate_text(
-    tr: Translator,
+    translator: Translator,
     chunks: Iterable[list[str]],
     *,
     search: SearchConfig,
@@ -293,21 +293,23 @@ def generate_text(
     """Translate raw text with the checkpoint's own sentencepiece model, one buffer (chunk) at a time."""
     summary = Summary()
     first_id = 0
-    generator = sampling_generator(search, tr.device)  # one for every chunk
+    generator = sampling_generator(search, translator.device)  # one for every chunk
     for chunk in chunks:
         start = time.perf_counter()
-        sources = [np.asarray(ids, dtype=np.int64) for ids in tr.vocab.encode(chunk)]
-        results = translate(tr, sources, search, max_tokens, batch_size, generator)
+        sources = [np.asarray(ids, dtype=np.int64) for ids in translator.vocab.encode(chunk)]
+        results = translate(translator, sources, search, max_tokens, batch_size, generator)
         summary.add(results, time.perf_counter() - start)
         for j, hyps in enumerate(results):
-            print(format_record(first_id + j, hyps, tr.vocab, fmt, chunk[j] if fmt != "plain" else None), file=out)
+            print(
+                format_record(first_id + j, hyps, translator.vocab, fmt, chunk[j] if fmt != "plain" else None), file=out
+            )
         out.flush()
         first_id += len(chunk)
     return summary
 
 
 def generate_trees(
-    tr: Translator,
+    translator: Translator,
     chunks: Iterable[list[str]],
     *,
     search: SearchConfig,
@@ -320,8 +322,8 @@ def generate_trees(
     """Parse raw sentences one buffer (chunk of lines) at a time; one tree (or an empty line) per input line.
     leaves: the checkpoint's --tree-leaves ("words": its trees copy their words, parsing/copy_constraint.py).
     source: the input's name and the number of its first line, for the warnings."""
-    parser = TreeParser.of(tr, leaves)
-    generator = sampling_generator(search, tr.device)  # one for every chunk
+    parser = TreeParser.of(translator, leaves)
+    generator = sampling_generator(search, translator.device)  # one for every chunk
     summary, notes, n_empty = Summary(), ParseNotes(), 0
     for chunk in chunks:
         start = time.perf_counter()

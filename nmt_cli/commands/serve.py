@@ -78,12 +78,12 @@ def serve(cfg: ServeConfig, search_overrides: dict[str, Any]) -> None:
 
     from nmt_cli.serve.app import Limits, make_app
     from nmt_cli.serve.drain import DrainingServer
-    from nmt_cli.serve.engine import Engine
+    from nmt_cli.serve.served_model import ServedModel
 
     set_threads(cfg.threads)
-    engine = Engine(cfg, search_overrides)
+    served = ServedModel(cfg, search_overrides)
     sock = listen(cfg.host, cfg.port)  # bound (a port in use is refused now), not yet listening
-    app = make_app(engine, cfg.max_wait_ms / 1000, cfg.max_queue, Limits(cfg.max_request_sentences, cfg.timeout))
+    app = make_app(served, cfg.max_wait_ms / 1000, cfg.max_queue, Limits(cfg.max_request_sentences, cfg.timeout))
     try:
         warm_up(app.state.server.batcher)
     except BaseException:
@@ -95,11 +95,11 @@ def serve(cfg: ServeConfig, search_overrides: dict[str, Any]) -> None:
     logger.info(
         "serving %s (%s) on http://%s:%d (%s, %s, batches of %d tokens, waiting %g ms)",
         cfg.path,
-        engine.info["task"],
+        served.info["task"],
         f"[{host}]" if ":" in host else host,
         port,
-        engine.device,
-        engine.precision if cfg.quantize is None else cfg.quantize,
+        served.device,
+        served.precision if cfg.quantize is None else cfg.quantize,
         cfg.max_batch_tokens,
         cfg.max_wait_ms,
     )

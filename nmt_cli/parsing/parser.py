@@ -175,8 +175,8 @@ def word_starts(vocab: Vocab) -> Tensor:
 
 
 @dataclass
-class TreeSearch:
-    """The parser's rules for `translate` (search/translate.py's SearchConstraint): the tree constraint, each
+class TreeConstraints:
+    """The parser's ConstraintSource for `translate` (search/constraint.py): the tree constraint, each
     sentence's word count (its leaves), and for trees that copy their words (`starts` given) the copying."""
 
     constraint: TreeConstraint
@@ -200,23 +200,23 @@ class TreeParser:
     """A parsing checkpoint's search, built once: the tree constraint, the tree token of every id, and for
     `--tree-leaves words` the pieces that begin a word. generate, serve and plot attention all parse through it."""
 
-    tr: Translator
+    translator: Translator
     constraint: TreeConstraint
     tokens_of: list[str]
     starts: Tensor | None
     ahead: bool = False  # words-ahead: each word is copied right after the previous tag
 
     @classmethod
-    def of(cls, tr: Translator, leaves: str | None) -> TreeParser:
+    def of(cls, translator: Translator, leaves: str | None) -> TreeParser:
         """leaves: the checkpoint's --tree-leaves ("words", "words-ahead": its trees copy their words,
         copy_constraint.py)."""
-        starts = word_starts(tr.vocab) if leaves in COPY_MODES else None
-        constraint = tree_constraint(tr.vocab, tr.vocab.padded_size)
-        return cls(tr, constraint, tree_tokens(tr.vocab), starts, leaves == "words-ahead")
+        starts = word_starts(translator.vocab) if leaves in COPY_MODES else None
+        constraint = tree_constraint(translator.vocab, translator.vocab.padded_size)
+        return cls(translator, constraint, tree_tokens(translator.vocab), starts, leaves == "words-ahead")
 
-    def rules(self, n_words: Sequence[int]) -> TreeSearch:
-        """The search's rules for sentences of these word counts (in the order they are given to the search)."""
-        return TreeSearch(self.constraint, n_words, self.starts, self.ahead)
+    def constraints(self, n_words: Sequence[int]) -> TreeConstraints:
+        """The search's constraints for sentences of these word counts (in the order they are given to the search)."""
+        return TreeConstraints(self.constraint, n_words, self.starts, self.ahead)
 
     def parse(
         self,
@@ -230,15 +230,15 @@ class TreeParser:
         Sampling (cfg.sampling) draws from `generator`, one for every chunk of a run (`sampling_generator`).
         Words without pieces are searched without and get an (XX word) leaf (see the module's docstring); a
         sentence of such words only is not searched and gets the flat tree."""
-        tr, starts = self.tr, self.starts
-        limit = tr.model.max_positions - 1
-        pieces = has_pieces(tr.vocab, words)
+        translator, starts = self.translator, self.starts
+        limit = translator.model.max_positions - 1
+        pieces = has_pieces(translator.vocab, words)
         kept = [[w for w, has in zip(ws, p) if has] for ws, p in zip(words, pieces)]
-        encoded = tr.vocab.encode([" ".join(w) for w in kept])
+        encoded = translator.vocab.encode([" ".join(w) for w in kept])
         sources = [np.asarray(ids[:limit], dtype=np.int64) for ids in encoded]
         src_lens = torch.tensor([len(s) for s in sources])
         need = [len(w) + 2 + (len(s) if starts is not None else 0) for w, s in zip(kept, sources)]
-        long_enough = (max_lengths(src_lens, cfg, tr.model.max_positions) >= torch.tensor(need)).tolist()
+        long_enough = (max_lengths(src_lens, cfg, translator.model.max_positions) >= torch.tensor(need)).tolist()
         notes = ParseNotes(no_pieces=[i for i, p in enumerate(pieces) if not all(p)])
         trees: list[Tree | None] = [None if not w else flat_tree(w) for w in words]
         todo = []
@@ -253,8 +253,8 @@ class TreeParser:
                 notes.too_long.append(i)
             else:
                 todo.append(i)
-        rules = self.rules([len(kept[i]) for i in todo])
-        results = translate(tr, [sources[i] for i in todo], cfg, max_tokens, batch_size, generator, rules)
+        constraints = self.constraints([len(kept[i]) for i in todo])
+        results = translate(translator, [sources[i] for i in todo], cfg, max_tokens, batch_size, generator, constraints)
         for i, hyps in zip(todo, results):
             try:  # (copied pieces are no tree tokens)
                 tree = delinearize([self.tokens_of[t] for t in hyps[0].tokens if self.tokens_of[t]], kept[i])

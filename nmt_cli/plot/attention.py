@@ -121,8 +121,10 @@ def greedy_output(
             f"--input has {len(words)} words: no tree of them fits the checkpoint's length limit; give a shorter "
             "sentence"
         )
-    tr = Translator(model, vocab, src.device)
-    constraint, n_leaves = TreeParser.of(tr, leaves).rules([len(words)]).for_batch(src, src_lens, np.arange(1))
+    translator = Translator(model, vocab, src.device)
+    constraint, n_leaves = (
+        TreeParser.of(translator, leaves).constraints([len(words)]).for_batch(src, src_lens, np.arange(1))
+    )
     hyps = greedy_search(model, enc, src_lens, cfg, None, vocab.n_pieces, constraint=constraint, n_leaves=n_leaves)
     return hyps[0][0].tokens
 

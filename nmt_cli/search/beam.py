@@ -27,7 +27,7 @@ from torch import Tensor
 from nmt_cli.config import SearchConfig
 from nmt_cli.data.vocab import BOS, EOS, PAD, UNK
 from nmt_cli.model.transformer import EncoderOut, Transformer
-from nmt_cli.search.constraint import StepConstraint
+from nmt_cli.search.constraint import Constraint
 from nmt_cli.search.hypothesis import Hypothesis
 
 NEG_INF = float("-inf")
@@ -251,7 +251,7 @@ def beam_search(
     cfg: SearchConfig,
     n_pieces: int | None = None,
     *,
-    constraint: StepConstraint[Any] | None = None,
+    constraint: Constraint[Any] | None = None,
     n_leaves: Tensor | None = None,
 ) -> list[list[Hypothesis]]:
     """Translate a batch of encoded sentences.
@@ -275,10 +275,10 @@ def beam_search(
     row_max_len = per_beam(max_len, k)  # [B*K]
     cache = model.init_cache(enc, 1)  # all beams start equal: step 0 runs once per sentence
     prev = torch.full((b0,), BOS, dtype=torch.long, device=device)
-    tree: Any = None
+    constraint_state: Any = None
     if constraint is not None:
         assert n_leaves is not None, "a constraint needs n_leaves"
-        tree = constraint.start(per_beam(n_leaves.to(device), k))
+        constraint_state = constraint.start(per_beam(n_leaves.to(device), k))
     for step in range(n_steps):
         log_probs, cache = model.decode_step(prev, cache)  # [B*K, V]
         if step == 0:
@@ -286,7 +286,7 @@ def beam_search(
             log_probs, cache = log_probs[to_beams], cache.select_rows(to_beams)
         log_probs = constrain(log_probs, step, row_max_len, cfg, n_pieces, may_reach_max=step >= first_max)
         if constraint is not None:
-            log_probs = constraint.mask(log_probs, tree, step, row_max_len)
+            log_probs = constraint.mask(log_probs, constraint_state, step, row_max_len)
         scores, beams, tokens = top_candidates(state, log_probs)
         finish(state, fin, scores, beams, tokens, log_probs, step, cfg)
         state, rows = survive(state, scores, beams, tokens, log_probs)
@@ -304,5 +304,5 @@ def beam_search(
             cache = cache.select_rows(rows)
         prev = state.tokens[:, :, -1].reshape(-1)
         if constraint is not None:
-            tree = constraint.advance(tree.select(rows), prev)
+            constraint_state = constraint.advance(constraint_state.select(rows), prev)
     return collect(fin, cfg.nbest)

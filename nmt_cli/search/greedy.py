@@ -15,7 +15,7 @@ from torch import Tensor
 from nmt_cli.config import SearchConfig
 from nmt_cli.data.vocab import BOS, EOS, PAD, UNK
 from nmt_cli.model.transformer import EncoderOut, Transformer
-from nmt_cli.search.constraint import StepConstraint
+from nmt_cli.search.constraint import Constraint
 from nmt_cli.search.hypothesis import Hypothesis
 
 NEG_INF = float("-inf")
@@ -44,7 +44,7 @@ def greedy_search(
     generator: torch.Generator | None = None,
     n_pieces: int | None = None,
     *,
-    constraint: StepConstraint[Any] | None = None,
+    constraint: Constraint[Any] | None = None,
     n_leaves: Tensor | None = None,
 ) -> list[list[Hypothesis]]:
     """Pick the most likely token each step (or sample one with cfg.sampling) until EOS or max length.
@@ -59,15 +59,15 @@ def greedy_search(
     prev = torch.full((b,), BOS, dtype=torch.long, device=device)
     tokens, scores = [], []
     done = torch.zeros(b, dtype=torch.bool, device=device)
-    tree: Any = None
+    constraint_state: Any = None
     if constraint is not None:
         assert n_leaves is not None, "a constraint needs n_leaves"
-        tree = constraint.start(n_leaves.to(device))
+        constraint_state = constraint.start(n_leaves.to(device))
     for step in range(max(limits) + 1):
         log_probs, cache = model.decode_step(prev, cache)
         log_probs = allowed_tokens(log_probs, step, max_len, cfg, n_pieces)
         if constraint is not None:
-            log_probs = constraint.mask(log_probs, tree, step, max_len)
+            log_probs = constraint.mask(log_probs, constraint_state, step, max_len)
         choice = sample_from(log_probs, cfg, generator) if cfg.sampling else log_probs.argmax(-1)
         tokens.append(choice.masked_fill(done, PAD))
         scores.append(log_probs.gather(1, choice[:, None]).squeeze(1).masked_fill(done, 0.0))
@@ -76,7 +76,7 @@ def greedy_search(
             break
         prev = choice
         if constraint is not None:
-            tree = constraint.advance(tree, choice)
+            constraint_state = constraint.advance(constraint_state, choice)
     return to_hypotheses(torch.stack(tokens, 1), torch.stack(scores, 1), cfg)
 
 

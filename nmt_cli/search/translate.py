@@ -1,7 +1,7 @@
 """The search driver that `nmt generate`, `nmt serve`, training's BLEU validation and the parser share: open a
 checkpoint for inference (`open_for_inference`: the one way generate and serve read it) into a Translator, batch
 token sequences by length, search each batch, and return results in input order. A parser plugs its tree
-constraint in through `SearchConstraint`; the skeleton exists once."""
+constraint in through a `ConstraintSource` (search/constraint.py); the skeleton exists once."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 import torch
@@ -24,24 +24,12 @@ from nmt_cli.model.quantize import quantize_for_cpu_inference
 from nmt_cli.model.transformer import Transformer
 from nmt_cli.runtime import AMP_DTYPES, autocast, choose_attention_backends, choose_device
 from nmt_cli.search.beam import beam_search, max_lengths
-from nmt_cli.search.constraint import StepConstraint
+from nmt_cli.search.constraint import ConstraintSource
 from nmt_cli.search.greedy import greedy_search
 from nmt_cli.search.hypothesis import Hypothesis
 from nmt_cli.search.settings import SearchBounds, generation_precision, search_bounds, search_settings
 
 logger = logging.getLogger(__name__)
-
-
-class SearchConstraint(Protocol):
-    """What a constrained search asks of its caller for each batch: the constraint that beam and greedy search
-    follow (start / mask / advance, as parsing/constraint.py's) and each sentence's number of leaves [B].
-
-    src: [B, S] the batch's padded sources on the device (EOS included); src_lens: [B] their lengths without EOS,
-    on the host; ids: [B] the batch's sentences as indices into the `sources` given to `translate`."""
-
-    def for_batch(
-        self, src: torch.Tensor, src_lens: torch.Tensor, ids: np.ndarray
-    ) -> tuple[StepConstraint[Any], torch.Tensor]: ...
 
 
 @dataclass
@@ -116,37 +104,37 @@ def translator_from(
 
 
 def search_batch(
-    tr: Translator,
+    translator: Translator,
     sources: Sequence[np.ndarray],
     cfg: SearchConfig,
     generator: torch.Generator | None,
-    constraint: SearchConstraint | None = None,
+    constraints: ConstraintSource | None = None,
     ids: np.ndarray | None = None,
 ) -> list[list[Hypothesis]]:
-    """Encode one padded batch and run beam, greedy or sampling search, under `constraint`'s rules for the
+    """Encode one padded batch and run beam, greedy or sampling search, under the rules `constraints` gives for the
     sentences `ids` (indices into the caller's sources) when one is given."""
-    n, n_pieces = len(sources), tr.vocab.n_pieces
-    src = pad_sources([np.asarray(s, dtype=np.int64) for s in sources]).to(tr.device)
+    n, n_pieces = len(sources), translator.vocab.n_pieces
+    src = pad_sources([np.asarray(s, dtype=np.int64) for s in sources]).to(translator.device)
     lengths = [len(s) for s in sources]
     src_lens = torch.tensor(lengths)  # on the host, where the searches read them (no copy back from the device)
     # On CUDA a batch of equal lengths passes no mask, so SDPA may choose its Flash kernel (known on the host).
-    no_padding = tr.device.type == "cuda" and min(lengths) == max(lengths)
+    no_padding = translator.device.type == "cuda" and min(lengths) == max(lengths)
     rules: dict[str, Any] = {}
-    if constraint is not None:
+    if constraints is not None:
         batch_ids = np.arange(n) if ids is None else ids
-        rules["constraint"], rules["n_leaves"] = constraint.for_batch(src, src_lens, batch_ids)
-    with torch.inference_mode(), autocast(tr.device, tr.amp_dtype):
-        enc = tr.model.encode(src, None if no_padding else src.eq(PAD))
+        rules["constraint"], rules["n_leaves"] = constraints.for_batch(src, src_lens, batch_ids)
+    with torch.inference_mode(), autocast(translator.device, translator.amp_dtype):
+        enc = translator.model.encode(src, None if no_padding else src.eq(PAD))
         if cfg.sampling or cfg.beam == 1:
             if cfg.nbest > 1:  # independent samples: repeat each sentence nbest times
                 rep = torch.arange(n).repeat_interleave(cfg.nbest)
-                on_device = rep.to(tr.device)
+                on_device = rep.to(translator.device)
                 mask = None if enc.src_pad_mask is None else enc.src_pad_mask[on_device]
                 enc = type(enc)(enc.memory[on_device], mask)
-                hyps = greedy_search(tr.model, enc, src_lens[rep], cfg, generator, n_pieces)
+                hyps = greedy_search(translator.model, enc, src_lens[rep], cfg, generator, n_pieces)
                 return [[h[0] for h in hyps[i * cfg.nbest : (i + 1) * cfg.nbest]] for i in range(n)]
-            return greedy_search(tr.model, enc, src_lens, cfg, generator, n_pieces, **rules)
-        return beam_search(tr.model, enc, src_lens, cfg, n_pieces, **rules)
+            return greedy_search(translator.model, enc, src_lens, cfg, generator, n_pieces, **rules)
+        return beam_search(translator.model, enc, src_lens, cfg, n_pieces, **rules)
 
 
 def sampling_generator(cfg: SearchConfig, device: torch.device) -> torch.Generator | None:
@@ -155,15 +143,15 @@ def sampling_generator(cfg: SearchConfig, device: torch.device) -> torch.Generat
 
 
 def translate(
-    tr: Translator,
+    translator: Translator,
     sources: Sequence[np.ndarray],
     cfg: SearchConfig,
     max_tokens: int,
     batch_size: int = 0,
     generator: torch.Generator | None = None,
-    constraint: SearchConstraint | None = None,
+    constraints: ConstraintSource | None = None,
 ) -> list[list[Hypothesis]]:
-    """Translate token-id sequences (no EOS); results come back in input order. `constraint`: the rules of a
+    """Translate token-id sequences (no EOS); results come back in input order. `constraints`: the rules of a
     constrained search (a parser's trees), asked for each batch.
 
     Empty sources get an empty hypothesis without running the model; sources longer than the
@@ -171,7 +159,7 @@ def translate(
     with cfg.seed here: a caller translating in chunks passes one generator for them all
     (`sampling_generator`), so that no two chunks draw the same random numbers.
     """
-    limit = tr.model.max_positions - 1
+    limit = translator.model.max_positions - 1
     n_cut = sum(len(s) > limit for s in sources)
     if n_cut:
         logger.warning("%d input(s) longer than the model's %d positions were truncated", n_cut, limit)
@@ -180,9 +168,9 @@ def translate(
     # An empty input gets --nbest empty hypotheses, as every other input gets --nbest: outputs read in groups
     # of N stay aligned.
     results: list[list[Hypothesis]] = [[Hypothesis([], 0.0, []) for _ in range(cfg.nbest)] for _ in sources]
-    generator = generator or sampling_generator(cfg, tr.device)
+    generator = generator or sampling_generator(cfg, translator.device)
     nonempty = np.flatnonzero(lengths > 0)
-    allowed = max_lengths(torch.from_numpy(lengths[nonempty]), cfg, tr.model.max_positions).numpy()
+    allowed = max_lengths(torch.from_numpy(lengths[nonempty]), cfg, translator.model.max_positions).numpy()
     n_short = int(np.count_nonzero(allowed < cfg.min_len))
     if n_short:
         logger.warning(
@@ -195,7 +183,7 @@ def translate(
     batches, _ = batch_by_tokens(lengths[nonempty], lengths[nonempty], budget, None, batch_size)
     for batch in batches:
         ids = nonempty[batch]
-        for i, hyps in zip(ids, search_batch(tr, [sources[i] for i in ids], cfg, generator, constraint, ids)):
+        for i, hyps in zip(ids, search_batch(translator, [sources[i] for i in ids], cfg, generator, constraints, ids)):
             results[i] = hyps
     return results
 

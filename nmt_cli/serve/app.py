@@ -1,4 +1,4 @@
-"""The HTTP side of `nmt serve`: a Starlette app around an Engine and its Batcher.
+"""The HTTP side of `nmt serve`: a Starlette app around the served model (a ServedModel) and its Batcher.
 
 POST /translate  {"text": "..."} or {"texts": [...]} and optional search fields (beam, nbest, lenpen, ...)
                  -> {"translations": [{"text", "score", "nbest"?, "warning"?}, ...], "seconds"}
@@ -37,9 +37,9 @@ from starlette.routing import Route
 
 from nmt_cli.errors import NmtError
 from nmt_cli.serve.batcher import Batcher, QueueFull, Stopping
-from nmt_cli.serve.engine import Engine
 from nmt_cli.serve.metrics import Metrics
 from nmt_cli.serve.page import PAGE
+from nmt_cli.serve.served_model import ServedModel
 
 logger = logging.getLogger(__name__)
 
@@ -160,10 +160,10 @@ async def first_of(work: asyncio.Future[Any], *others: asyncio.Future[Any], time
 
 
 class Server:
-    """The routes, sharing one engine, batcher and set of counters."""
+    """The routes, sharing one served model, batcher and set of counters."""
 
-    def __init__(self, engine: Engine, batcher: Batcher, metrics: Metrics, limits: Limits) -> None:
-        self.engine, self.batcher, self.metrics, self.limits = engine, batcher, metrics, limits
+    def __init__(self, served: ServedModel, batcher: Batcher, metrics: Metrics, limits: Limits) -> None:
+        self.served, self.batcher, self.metrics, self.limits = served, batcher, metrics, limits
         self.open_requests = 0  # /translate requests not yet answered
         self.draining = False  # set by `drain`: the server is shutting down
         self.answered_in_drain: Counter[int] = Counter()  # the status of each request answered since
@@ -226,9 +226,9 @@ class Server:
 
     async def answer(self, request: Request, texts: list[str], fields: dict[str, Any], start: float) -> dict:
         try:
-            search = self.engine.search_config(fields)
-            sentences = self.engine.prepare(texts)
-            future = self.batcher.submit(search, sentences, [self.engine.length(s) for s in sentences])
+            search = self.served.search_config(fields)
+            sentences = self.served.prepare(texts)
+            future = self.batcher.submit(search, sentences, [self.served.length(s) for s in sentences])
         except NmtError as e:
             raise RequestError(400, str(e)) from None
         except (QueueFull, Stopping) as e:
@@ -242,7 +242,7 @@ class Server:
             raise RequestError(500, f"the translation failed: {e}") from None
         translations = []
         for sentence, result in zip(sentences, results):
-            warning = self.engine.warning(sentence)
+            warning = self.served.warning(sentence)
             translations.append({**result, "warning": warning} if warning else result)
         return {"translations": translations}
 
@@ -275,7 +275,7 @@ class Server:
         return JSONResponse({"ready": ready}, status_code=200 if ready else 503)
 
     async def info(self, request: Request) -> Response:
-        return JSONResponse(self.engine.info)
+        return JSONResponse(self.served.info)
 
     async def metrics_text(self, request: Request) -> Response:
         return PlainTextResponse(self.metrics.text(), media_type="text/plain; version=0.0.4")
@@ -303,8 +303,8 @@ async def server_error(request: Request, exc: Exception) -> Response:
     return error(500, f"the server failed: {type(exc).__name__}: {exc}")
 
 
-def build_app(engine: Engine, batcher: Batcher, metrics: Metrics, limits: Limits) -> Starlette:
-    server = Server(engine, batcher, metrics, limits)
+def build_app(served: ServedModel, batcher: Batcher, metrics: Metrics, limits: Limits) -> Starlette:
+    server = Server(served, batcher, metrics, limits)
     routes = [
         Route("/", server.page, methods=["GET"]),
         Route("/translate", server.translate, methods=["POST"]),
@@ -320,9 +320,9 @@ def build_app(engine: Engine, batcher: Batcher, metrics: Metrics, limits: Limits
     return app
 
 
-def make_app(engine: Engine, max_wait: float, max_queue: int, limits: Limits) -> Starlette:
+def make_app(served: ServedModel, max_wait: float, max_queue: int, limits: Limits) -> Starlette:
     """The app with its own batcher and metrics: the one place they are wired together."""
-    batcher = engine.batcher(max_wait, max_queue)
+    batcher = served.batcher(max_wait, max_queue)
     metrics = Metrics(lambda: batcher.queue_length)
     batcher.on_batch = metrics.batch
-    return build_app(engine, batcher, metrics, limits)
+    return build_app(served, batcher, metrics, limits)

@@ -86,9 +86,9 @@ def evaluate_bleu(
     """sacreBLEU of the valid split's translations against its detokenized references (rank 0 computes it)."""
     score = torch.zeros(1, dtype=torch.float64, device=device)
     if info.is_main:
-        tr = Translator(model, vocab, device, amp_dtype)
+        translator = Translator(model, vocab, device, amp_dtype)
         sources = [data.src[i] for i in range(len(data))]
-        hyps = translate(tr, sources, cfg, max_tokens)
+        hyps = translate(translator, sources, cfg, max_tokens)
         refs = [vocab.decode(data.tgt[i]) for i in range(len(data))]
         score[0] = sacrebleu_score([vocab.decode(h[0].tokens) for h in hyps], [refs]).score
     if info.world_size > 1:

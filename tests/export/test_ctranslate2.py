@@ -51,10 +51,10 @@ def sentences(toy_corpus) -> list[str]:
 
 
 def nmt_results(checkpoint: Path, vocab_lines: list[str], cfg: SearchConfig):
-    tr, _ = load_translator(checkpoint, torch.device("cpu"), None)
-    sources = [np.asarray(ids, dtype=np.int64) for ids in tr.vocab.encode(vocab_lines)]
-    hyps = translate(tr, sources, cfg, max_tokens=4000)
-    return [tr.vocab.pieces(h[0].tokens) for h in hyps], [h[0].score for h in hyps], tr.vocab
+    translator, _ = load_translator(checkpoint, torch.device("cpu"), None)
+    sources = [np.asarray(ids, dtype=np.int64) for ids in translator.vocab.encode(vocab_lines)]
+    hyps = translate(translator, sources, cfg, max_tokens=4000)
+    return [translator.vocab.pieces(h[0].tokens) for h in hyps], [h[0].score for h in hyps], translator.vocab
 
 
 def ct2_results(model_dir: Path, vocab, lines: list[str], **options):

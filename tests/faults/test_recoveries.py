@@ -110,10 +110,10 @@ def test_search_never_emits_vocabulary_padding_ids(toy_data_bin):
     with torch.no_grad():
         model.output.weight[vocab.n_pieces :] = 0.0
         model.output.weight[vocab.n_pieces + 3] = 50.0 * model.output.weight.abs().max()  # the likeliest row
-    tr = Translator(model, vocab, torch.device("cpu"))
+    translator = Translator(model, vocab, torch.device("cpu"))
     sources = [np.array(vocab.encode(["1 2 3"])[0])]
     for cfg in (SearchConfig(beam=3), SearchConfig(beam=1), SearchConfig(sampling=True, beam=1, seed=1)):
-        hyps = translate(tr, sources, cfg, 256)
+        hyps = translate(translator, sources, cfg, 256)
         assert all(t < vocab.n_pieces for t in hyps[0][0].tokens), (cfg, hyps[0][0].tokens)
 
 

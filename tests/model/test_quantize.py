@@ -44,12 +44,12 @@ def test_generate_int8_translates_like_float32(trained_copy_checkpoint, toy_corp
     cfg = SearchConfig(beam=4, lenpen=0.6, nbest=2)
     results = []
     for quantize in (None, "int8"):
-        tr, _ = load_translator(trained_copy_checkpoint, torch.device("cpu"), None, quantize)
-        sources = [np.asarray(ids, dtype=np.int64) for ids in tr.vocab.encode(lines)]
-        results.append(translate(tr, sources, cfg, max_tokens=4000))
+        translator, _ = load_translator(trained_copy_checkpoint, torch.device("cpu"), None, quantize)
+        sources = [np.asarray(ids, dtype=np.int64) for ids in translator.vocab.encode(lines)]
+        results.append(translate(translator, sources, cfg, max_tokens=4000))
     # int8 keeps no float32 copy of the weights: the model holds int8 linears only, and the checkpoint is
     # memory-mapped (checkpoint.load_checkpoint), its tensors read once into the model and not kept.
-    assert not any(isinstance(m, nn.Linear) for m in tr.model.modules())
+    assert not any(isinstance(m, nn.Linear) for m in translator.model.modules())
     # Where float32 is sure (its best beats its runner-up by half a nat), int8 must choose the same. Near
     # ties may go either way: over all sentences the agreement depends on how decisive the 300-update model
     # is, and it was 23-29 of 30 over training seeds 1-8 (2026-11-25); on the decided ones 94-100%, with

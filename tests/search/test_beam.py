@@ -149,13 +149,13 @@ def test_beam_one_equals_greedy(tiny_model, seed):
 def test_sentence_translates_the_same_alone_and_in_a_batch(tiny_model, toy_data_bin, beam):
     from nmt_cli.data.dataset import load_vocab
 
-    tr = Translator(tiny_model, load_vocab(toy_data_bin), torch.device("cpu"))
+    translator = Translator(tiny_model, load_vocab(toy_data_bin), torch.device("cpu"))
     g = np.random.default_rng(0)
     sources = [g.integers(4, 24, n) for n in (3, 9, 1, 6, 12, 2)]
     cfg = SearchConfig(beam=beam, max_len_a=1.0, max_len_b=4, nbest=beam)
-    together = translate(tr, sources, cfg, max_tokens=1000)
+    together = translate(translator, sources, cfg, max_tokens=1000)
     for src, hyps in zip(sources, together):
-        alone = translate(tr, [src], cfg, max_tokens=1000)[0]
+        alone = translate(translator, [src], cfg, max_tokens=1000)[0]
         assert [h.tokens for h in alone] == [h.tokens for h in hyps]
         assert [h.score for h in alone] == pytest.approx([h.score for h in hyps], abs=1e-4)
 
@@ -163,20 +163,20 @@ def test_sentence_translates_the_same_alone_and_in_a_batch(tiny_model, toy_data_
 def test_forced_length(tiny_model, toy_data_bin):
     from nmt_cli.data.dataset import load_vocab
 
-    tr = Translator(tiny_model, load_vocab(toy_data_bin), torch.device("cpu"))
+    translator = Translator(tiny_model, load_vocab(toy_data_bin), torch.device("cpu"))
     cfg = SearchConfig(beam=4, min_len=7, max_len_a=0, max_len_b=7)
-    for hyps in translate(tr, [np.array([5, 6, 7]), np.array([8])], cfg, max_tokens=100):
+    for hyps in translate(translator, [np.array([5, 6, 7]), np.array([8])], cfg, max_tokens=100):
         assert len(hyps[0].tokens) == 7
 
 
 def test_sampling_is_seeded(tiny_model, toy_data_bin):
     from nmt_cli.data.dataset import load_vocab
 
-    tr = Translator(tiny_model, load_vocab(toy_data_bin), torch.device("cpu"))
+    translator = Translator(tiny_model, load_vocab(toy_data_bin), torch.device("cpu"))
     src = [np.array([5, 6, 7, 8])] * 4
     cfg = SearchConfig(sampling=True, sampling_topk=5, sampling_topp=0.9, temperature=1.5, beam=1, seed=3)
-    a = [h[0].tokens for h in translate(tr, src, cfg, 100)]
-    b = [h[0].tokens for h in translate(tr, src, cfg, 100)]
+    a = [h[0].tokens for h in translate(translator, src, cfg, 100)]
+    b = [h[0].tokens for h in translate(translator, src, cfg, 100)]
     assert a == b and len({tuple(x) for x in a}) > 1
 
 

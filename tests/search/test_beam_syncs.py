@@ -23,28 +23,28 @@ PER_BATCH = Counter({("cpu", "collect"): 4, ("cpu", "beam_search"): 1})
 PER_STEP = ("__int__", "beam_search")
 
 
-def syncs_and_steps(tr, sources, cfg):
+def syncs_and_steps(translator, sources, cfg):
     """The waits of one translate call as (call, function), and the decoder steps it ran."""
     steps = []
-    decode_step = tr.model.decode_step
-    tr.model.decode_step = lambda *a: steps.append(1) or decode_step(*a)
+    decode_step = translator.model.decode_step
+    translator.model.decode_step = lambda *a: steps.append(1) or decode_step(*a)
     try:
         with SyncLog() as log:
-            translate(tr, sources, cfg, 10000)
+            translate(translator, sources, cfg, 10000)
     finally:
-        del tr.model.decode_step
+        del translator.model.decode_step
     return Counter((call, where.rsplit(" in ", 1)[1]) for call, where in log.syncs), len(steps)
 
 
 def test_beam_search_waits_for_the_device_once_a_step(tiny_checkpoint, toy_data_bin):
     sources = [ParallelDataset(toy_data_bin, "test").src[i] for i in range(30)]
-    tr, _ = load_translator(tiny_checkpoint, torch.device("cpu"), None)
+    translator, _ = load_translator(tiny_checkpoint, torch.device("cpu"), None)
     for n in (10, 20):  # forced: exactly n + 1 steps, one batch
-        syncs, steps = syncs_and_steps(tr, sources, SearchConfig(beam=4, max_len_a=0, max_len_b=n, min_len=n))
+        syncs, steps = syncs_and_steps(translator, sources, SearchConfig(beam=4, max_len_a=0, max_len_b=n, min_len=n))
         assert steps == n + 1
         assert syncs == PER_BATCH + Counter({PER_STEP: n + 1}), syncs
     # Natural lengths: sentences finish at different steps and leave the batch (select_sentences).
-    syncs, steps = syncs_and_steps(tr, sources, SearchConfig(beam=4))
+    syncs, steps = syncs_and_steps(translator, sources, SearchConfig(beam=4))
     assert syncs == PER_BATCH + Counter({PER_STEP: steps}), syncs
 
 

@@ -29,10 +29,13 @@ def test_generate_reads_the_checkpoint_once(tiny_checkpoint, tmp_path, monkeypat
 def test_the_model_is_built_on_first_use_and_holds_the_weights(tiny_checkpoint):
     inference = open_for_inference(InferenceConfig(path=str(tiny_checkpoint), device="cpu"), {"beam": 2})
     assert inference.saved.weights and inference.search.beam == 2 and inference.precision == "fp32"
-    tr = inference.translator()
-    assert inference.translator() is tr
+    translator = inference.translator()
+    assert inference.translator() is translator
     assert inference.saved.weights == {}  # let go: the model holds its own copy
-    assert tr.vocab is inference.saved.vocab and tr.model.max_positions == inference.saved.config.max_positions
+    assert (
+        translator.vocab is inference.saved.vocab
+        and translator.model.max_positions == inference.saved.config.max_positions
+    )
 
 
 @pytest.mark.parametrize("cls", [GenerateConfig, ServeConfig])

@@ -22,11 +22,11 @@ def serving(ckpt, *, max_wait=0.01, max_queue=256, timeout=30.0, max_request_sen
         from starlette.testclient import TestClient
 
     from nmt_cli.serve.app import Limits, make_app
-    from nmt_cli.serve.engine import Engine
+    from nmt_cli.serve.served_model import ServedModel
 
     cfg = ServeConfig(path=str(ckpt), device="cpu", threads=1, **serve)
-    engine = Engine(cfg, search or {})
-    app = make_app(engine, max_wait, max_queue, Limits(max_request_sentences, timeout))
+    served = ServedModel(cfg, search or {})
+    app = make_app(served, max_wait, max_queue, Limits(max_request_sentences, timeout))
     with TestClient(app) as client:
         deadline = time.monotonic() + 30
         while client.get("/ready").status_code != 200:

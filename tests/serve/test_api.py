@@ -181,8 +181,8 @@ def test_the_server_sets_the_attention_backends_as_generate_does(tiny_checkpoint
 
 def test_a_score_json_cannot_write_is_a_json_500_counted_in_metrics(tiny_checkpoint):
     with serving(tiny_checkpoint) as client:
-        engine = client.app.state.server.engine
-        engine.translation = lambda hyps, nbest: {"text": "1", "score": float("-inf")}  # lenpen -1e308 did this
+        served = client.app.state.server.served
+        served.translation = lambda hyps, nbest: {"text": "1", "score": float("-inf")}  # lenpen -1e308 did this
         answer = client.post("/translate", json={"text": "1 2"})
         metrics = client.get("/metrics").text
     assert answer.status_code == 500 and "cannot be written as JSON" in answer.json()["error"]

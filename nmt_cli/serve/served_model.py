@@ -45,7 +45,7 @@ class Sentence:
     words: list[str] | None = None
 
 
-class Engine:
+class ServedModel:
     """A loaded checkpoint and the settings every request starts from."""
 
     def __init__(self, cfg: ServeConfig, search_overrides: dict[str, Any]) -> None:
@@ -59,7 +59,7 @@ class Engine:
         # The model is built (and packed for the CPU) in the worker thread, by warm_up: intra-op thread pools are
         # per thread, and when the main thread's pool packs the model, the worker's own pool competes with it
         # for the cores and searches far slower (benchmarks/bench_serve.py measures the server).
-        self._tr: Translator | None = None
+        self._translator: Translator | None = None
         self.parser: TreeParser | None = None
         self.leaves = saved.tree_leaves
         self.max_positions = saved.config.max_positions
@@ -90,7 +90,7 @@ class Engine:
 
     def search_config(self, fields_given: dict[str, Any]) -> SearchConfig:
         """The server's search settings with a request's own; ConfigError names a field that does not fit."""
-        overrides = {name: typed(name, value) for name, value in fields_given.items()}
+        overrides = {name: search_field_value(name, value) for name, value in fields_given.items()}
         return search_settings(self.path, self.search, overrides, self.is_parser, self.inference.bounds)
 
     def prepare(self, texts: list[str]) -> list[Sentence]:
@@ -125,12 +125,12 @@ class Engine:
             yield
 
     @property
-    def tr(self) -> Translator:
+    def translator(self) -> Translator:
         """The model and its vocabulary, built by the worker thread (`warm_up`) on first use."""
-        if self._tr is None:
-            self._tr = self.inference.translator()  # which lets the checkpoint's tensors go
-            self.parser = TreeParser.of(self._tr, self.leaves) if self.is_parser else None
-        return self._tr
+        if self._translator is None:
+            self._translator = self.inference.translator()  # which lets the checkpoint's tensors go
+            self.parser = TreeParser.of(self._translator, self.leaves) if self.is_parser else None
+        return self._translator
 
     def warm_up(self) -> None:
         """Build the model in the worker thread, then run one sentence through it, so that the first request
@@ -139,17 +139,17 @@ class Engine:
 
     def run(self, search: Any, sentences: list[Sentence]) -> list[dict[str, Any]]:
         """Search one batch (the worker thread calls this); one JSON-ready result per sentence."""
-        tr = self.tr
+        translator = self.translator
         generator = sampling_generator(search, self.device)
         if self.parser is not None:
             words = [s.words or [] for s in sentences]
             trees, _ = self.parser.parse(words, search, self.max_tokens, 0, generator)
             return [{"text": "" if tree is None else str(tree)} for tree in trees]
-        results = translate(tr, [s.ids for s in sentences], search, self.max_tokens, 0, generator)
+        results = translate(translator, [s.ids for s in sentences], search, self.max_tokens, 0, generator)
         return [self.translation(hyps, search.nbest) for hyps in results]
 
     def batcher(self, max_wait: float, max_queue: int) -> Batcher:
-        """The batcher (not started) whose worker searches with this engine: the server's, or a benchmark's."""
+        """The batcher (not started) whose worker searches with this model: the server's, or a benchmark's."""
         return Batcher(self.run, self.max_tokens, max_wait, max_queue, self.worker_context, None, self.warm_up)
 
     def translation(self, hyps: list[Any], nbest: int) -> dict[str, Any]:
@@ -158,7 +158,7 @@ class Engine:
         return {**best, "nbest": records} if nbest > 1 else best
 
 
-def typed(name: str, value: Any) -> Any:
+def search_field_value(name: str, value: Any) -> Any:
     """A request's search field, which must be one of SearchConfig's, of its type (JSON's true is no number)."""
     if name not in SEARCH_TYPES:
         raise DataError(f"unknown field {name!r}; the search fields are {', '.join(SEARCH_FIELDS)}")
