@@ -3,7 +3,8 @@ run directories, the clean-up of temporaries a killed run left behind, and check
 
 Every writer here turns a full disk into one NmtError line, and SIGINT or SIGTERM during the write into a
 clean stop (`Interrupted`, signals.py), and removes its temporary; a file that existed before the write is untouched
-until the final rename. A temporary that SIGKILL left is removed by the next run that writes the same path.
+until the final rename. A temporary that SIGKILL left is removed by the next run that writes the same path, or
+by the next run that writes into its directory (`remove_abandoned_temporaries`: a live writer's is locked).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import glob
 import logging
 import os
 import shutil
+import stat
 import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -81,7 +83,7 @@ def _atomic_file(path: Path, mode: str, what: str, kept: str | None) -> Iterator
             f"{what} {path} was not written" + (f"; the previous {what} is intact" if existed else "")
         ):
             try:
-                with tmp.open(mode, encoding=None if "b" in mode else "utf-8") as f:
+                with open_held(tmp, mode) as f:
                     yield f
                     f.flush()
                     os.fsync(f.fileno())
@@ -96,6 +98,23 @@ def _atomic_file(path: Path, mode: str, what: str, kept: str | None) -> Iterator
             raise
         raise error from None
     fsync_dir(path.parent)
+
+
+def open_held(tmp: Path, mode: str) -> IO[Any]:
+    """`tmp` opened in `mode` and held with an flock until it is closed, so that `remove_abandoned_temporaries`
+    leaves it alone: opened again if a clean-up removed it between the open and the lock."""
+    while True:
+        f = tmp.open(mode, encoding=None if "b" in mode else "utf-8")
+        try:
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+            if os.fstat(f.fileno()).st_ino == os.stat(tmp).st_ino:
+                return f
+        except FileNotFoundError:
+            pass
+        except BaseException:
+            f.close()
+            raise
+        f.close()
 
 
 def user_error(e: BaseException, where: str, kept: str, what: str = "") -> BaseException:
@@ -216,6 +235,38 @@ def remove_stale_temporaries(directory: Path, patterns: tuple[str, ...] = (f"*{T
             else:
                 path.unlink(missing_ok=True)
             removed.append(path)
+    if removed:
+        logger.info(
+            "removed %d temporary file(s) left by an interrupted run: %s",
+            len(removed),
+            ", ".join(p.name for p in removed),
+        )
+    return removed
+
+
+def remove_abandoned_temporaries(directory: Path, patterns: tuple[str, ...]) -> list[Path]:
+    """Delete the temporaries of `patterns` in `directory` that no live process is writing, for a directory that
+    several runs may write into at once (generate's --results-path, average's --output directory), without a lock
+    on it. The writers here hold an flock on their temporary (`open_held`), which the kernel drops when the
+    process dies: a temporary that can be locked is a killed run's. Regular files only; links are left alone."""
+    removed = []
+    for pattern in patterns:
+        for path in directory.glob(pattern):
+            try:
+                fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+            except OSError:  # a link, gone meanwhile, or not ours to read
+                continue
+            try:
+                if not stat.S_ISREG(os.fstat(fd).st_mode):
+                    continue
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                if os.stat(path, follow_symlinks=False).st_ino == os.fstat(fd).st_ino:
+                    path.unlink()
+                    removed.append(path)
+            except OSError:  # locked: a live writer's; or replaced or removed meanwhile
+                continue
+            finally:
+                os.close(fd)
     if removed:
         logger.info(
             "removed %d temporary file(s) left by an interrupted run: %s",

@@ -3,14 +3,20 @@
 The only package that imports click. Every subcommand parses options into a typed config and calls one
 core function. Errors the user can fix (NmtError) become one red `error:` line and exit 1; click's usage
 errors exit 2; `--debug` shows tracebacks. Every command writes to stdout through cli/output.py.
+Nothing here imports torch: the subcommands import their commands when they run, so `--help` and argument
+errors answer at once. Ctrl-C at any moment, an `import torch` included, is one `error: interrupted` line, exit 130.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
+import importlib
 import os
+import signal
 import sys
-from typing import Any
+from collections.abc import Callable
+from typing import Any, NoReturn
 
 import click
 
@@ -26,16 +32,25 @@ from nmt_cli.cli.preprocess import preprocess
 from nmt_cli.cli.score import score
 from nmt_cli.cli.serve import serve
 from nmt_cli.cli.train import train
-from nmt_cli.errors import NmtError
+from nmt_cli.errors import INTERRUPTED_STATUS, NmtError, quit_on_ctrl_c, raise_on_ctrl_c
 from nmt_cli.log import print_error, setup_logging
-from nmt_cli.model.linear import route_from_environment
 from nmt_cli.signals import Interrupted
+
+
+def stop_interrupted() -> NoReturn:
+    """Ctrl-C in a command's work, where the command does not handle it itself: one error line and exit 130. A
+    second Ctrl-C while the line is printed is ignored, so that it cannot become a traceback."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    print_error("interrupted")
+    sys.exit(INTERRUPTED_STATUS)
 
 
 class NmtGroup(click.Group):
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
+        except KeyboardInterrupt:  # before click turns it into "Aborted!" and exit 1
+            stop_interrupted()
         except (NmtError, Interrupted) as e:
             if ctx.params.get("debug"):
                 raise
@@ -62,10 +77,37 @@ def cli(quiet: bool, no_progress: bool, debug: bool) -> None:
     other engines, plot to see.
     """
     setup_logging(quiet, progress=not no_progress)
-    route_from_environment()  # a bad NMT_CPU_MATMUL is one error line before any work
+
+
+def start_command(callback: Callable[..., Any]) -> Callable[..., Any]:
+    """`callback`, run once its subcommand's arguments are parsed (so that `--help` and usage errors import no
+    torch): the command's modules are imported while Ctrl-C still quits at once, a bad NMT_CPU_MATMUL is one error
+    line before any work, and then Ctrl-C raises KeyboardInterrupt for the work's clean stops."""
+    commands_module = callback.__module__.replace("nmt_cli.cli.", "nmt_cli.commands.")  # cli/X.py runs commands/X.py
+
+    @functools.wraps(callback)
+    def started(*args: Any, **kwargs: Any) -> Any:
+        importlib.import_module(commands_module)
+        from nmt_cli.model.linear import route_from_environment
+
+        route_from_environment()
+        raise_on_ctrl_c()
+        return callback(*args, **kwargs)
+
+    return started
+
+
+def start_commands_in(command: click.Command) -> None:
+    """Every command under `command` (the subcommands of `plot` too) starts as `start_command` says."""
+    if isinstance(command, click.Group):
+        for subcommand in command.commands.values():
+            start_commands_in(subcommand)
+    elif command.callback is not None:
+        command.callback = start_command(command.callback)
 
 
 for command in (preprocess, train, average_checkpoints, generate, score, export, plot, serve):
+    start_commands_in(command)
     cli.add_command(command)
 
 
@@ -76,6 +118,7 @@ def main() -> None:
     # speed of a larger cache in training and generation, where fewer cost speed (peak RSS and speed:
     # benchmarks/bench_train.py, bench_generate.py; figures in benchmarks/record/cpu.md).
     os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "32")
+    quit_on_ctrl_c()  # until a command's work begins (start_command); already so when run as `nmt`
     tune_allocator()
     guard_stdout()  # before any file is opened: a closed stdout's descriptor must not become one of them
     try:
@@ -83,6 +126,8 @@ def main() -> None:
             cli(prog_name="nmt")
         finally:
             finish_stdout()  # a failure here replaces the command's exit 0
+    except KeyboardInterrupt:  # the final flush
+        stop_interrupted()
     except StdoutError as e:  # outside a command (--help, --version) or at the final flush
         print_error(str(e))
         sys.exit(1)

@@ -23,7 +23,7 @@ from nmt_cli.checkpoint import (
     shape_differences,
 )
 from nmt_cli.errors import CheckpointError, ConfigError
-from nmt_cli.files import make_parent
+from nmt_cli.files import TMP_SUFFIX, make_parent, remove_abandoned_temporaries
 
 logger = logging.getLogger(__name__)
 
@@ -32,6 +32,7 @@ def average(inputs: list[Path], num_update_checkpoints: int | None, output: Path
     """Average the checkpoints `inputs` name (files, or one directory's newest N) into `output`."""
     paths = checkpoints_to_average(inputs, num_update_checkpoints)
     check_average_output(output, paths, force)
+    remove_abandoned_temporaries(output.parent, (f"*.pt{TMP_SUFFIX}",))  # killed runs', whatever their --output
     save_checkpoint(average_checkpoints(paths), output)
     logger.info("averaged %d checkpoints into %s: %s", len(paths), output, ", ".join(p.name for p in paths))
 

@@ -21,7 +21,7 @@ from nmt_cli.data import BOM, raw_text_problem
 from nmt_cli.data.dataset import load_meta, load_vocab
 from nmt_cli.data.vocab import Vocab
 from nmt_cli.errors import ConfigError, DataError
-from nmt_cli.files import atomic_text_output, require_file
+from nmt_cli.files import TMP_SUFFIX, atomic_text_output, remove_abandoned_temporaries, require_file
 from nmt_cli.parsing.parser import ParseNotes, TreeParser, ptb_words
 from nmt_cli.runtime import set_threads
 from nmt_cli.search.hypothesis import Hypothesis, hypothesis_record
@@ -170,6 +170,7 @@ def open_output(cfg: GenerateConfig, stack: ExitStack, num_shards: int, shard_id
         results_path.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise DataError(f"cannot create --results-path {cfg.results_path}: {e.strerror}") from None
+    remove_abandoned_temporaries(results_path, (f"generate-*.txt{TMP_SUFFIX}",))  # killed runs', of any input
     # named after what is translated, so that two input files translated into one directory do not collide
     source = cfg.gen_subset if cfg.data_dir else ("stdin" if cfg.input == "-" else Path(str(cfg.input)).name)
     name = f"generate-{source}"

@@ -18,6 +18,7 @@ from nmt_cli.checkpoint import (
     DROPOUTS,
     LAST,
     check_same_data,
+    check_training_fields,
     has_training_state,
     load_checkpoint,
     model_config_of,
@@ -299,6 +300,7 @@ def check_resumable(ckpt: dict[str, Any], model_cfg: ModelConfig, cfg: TrainConf
         raise CheckpointError(
             f"{path} has no training state (an averaged checkpoint?); it cannot be resumed; use another --save-dir"
         )
+    check_training_fields(ckpt, path)
     saved_model = model_config_of(ckpt, path)
     diff = shape_differences(saved_model, model_cfg)
     if diff:
