@@ -255,18 +255,14 @@ class TrainConfig:
         choices=PRECISIONS,
     )
     max_nonfinite: int = flag(10, "Stop after this many non-finite losses in a row.", min=1)
-    min_loss_scale: float = flag(
-        1e-4, "fp16: stop when overflows push the loss scale below this.", min=0, min_open=True
-    )
+    min_loss_scale: float = flag(1e-4, "fp16: stop when overflows push the loss scale below.", min=0, min_open=True)
     eval_bleu: bool = flag(False, "Also translate the valid split and log sacreBLEU.")
     eval_bleu_max_tokens: int = flag(8000, "Token budget of BLEU batches.", min=1)
     best_checkpoint_metric: str = flag("loss", "What checkpoint_best.pt is best at.", choices=("loss", "bleu"))
     reset_optimizer: bool = flag(False, "Do not restore the optimizer state.")
     reset_lr_scheduler: bool = flag(False, "Restart the lr schedule (the update count goes on).")
     reset_dataloader: bool = flag(False, "Restart the epoch's data order.")
-    compile: bool = flag(
-        False, "Compile each encoder and decoder layer with torch.compile (the first updates are slow; not saved)."
-    )
+    compile: bool = flag(False, "torch.compile each encoder and decoder layer (first updates slow; not saved).")
     cudnn_attention: bool = flag(
         False,
         "CUDA: let attention use cuDNN's kernels, which build a plan for every new batch shape (slow with "
@@ -283,10 +279,7 @@ class TrainConfig:
         if not (self.max_update or self.max_epoch or self.max_time_minutes):
             raise ConfigError("give a stopping rule: --max-update, --max-epoch or --max-time-minutes")
         if self.lr_scheduler == "noam" and self.lr is not None:
-            raise ConfigError(
-                "--lr sets the peak of inverse_sqrt; noam's peak follows d_model and "
-                "--warmup-updates, scale it with --lr-scale"
-            )
+            raise ConfigError("--lr sets inverse_sqrt's peak; noam's follows d_model and --warmup-updates (--lr-scale)")
         if self.lr_scheduler == "inverse_sqrt" and self.lr_scale != 1.0:
             raise ConfigError("--lr-scale multiplies noam's lr; inverse_sqrt's peak is --lr")
         if self.best_checkpoint_metric == "bleu" and not self.eval_bleu:
@@ -295,10 +288,6 @@ class TrainConfig:
             raise ConfigError("--eval-bleu-max-tokens needs --eval-bleu")
         if len(self.adam_betas) != 2 or not all(0.0 <= b < 1.0 for b in self.adam_betas):
             raise ConfigError(f"--adam-betas {self.adam_betas} must be two numbers in [0, 1)")
-
-    @property
-    def peak_lr(self) -> float:
-        return 5e-4 if self.lr is None else self.lr
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -57,34 +57,34 @@ def average_checkpoints(paths: list[Path]) -> dict[str, Any]:
     sums = {k: v.double() if v.is_floating_point() else v.clone() for k, v in first["model"].items()}
     by_update = {first.get("update"): [paths[0]]}  # to refuse the same weights twice
     for path in paths[1:]:
-        state = load_checkpoint(path)
-        if shape_differences(model_config_of(first, paths[0]), model_config_of(state, path)):
+        ckpt = load_checkpoint(path)
+        if shape_differences(model_config_of(first, paths[0]), model_config_of(ckpt, path)):
             raise CheckpointError(
                 f"{path} has another model config than {paths[0]}; only checkpoints of one model can be averaged"
             )
-        if bytes(state["spm_model"]) != bytes(first["spm_model"]):
+        if bytes(ckpt["spm_model"]) != bytes(first["spm_model"]):
             raise CheckpointError(
                 f"{path} has another sentencepiece model than {paths[0]}; only checkpoints of one vocabulary "
                 "can be averaged"
             )
-        task, first_task = (tuple(c.get(k) for k in TASK_KEYS) for c in (state, first))
+        task, first_task = (tuple(c.get(k) for k in TASK_KEYS) for c in (ckpt, first))
         if task != first_task:
             raise CheckpointError(
                 f"{path} was trained for {_task_in_words(task)}, {paths[0]} for {_task_in_words(first_task)}; "
                 "only checkpoints of one task can be averaged"
             )
-        if set(state["model"]) != set(sums):
+        if set(ckpt["model"]) != set(sums):
             raise CheckpointError(f"{path} has other parameter names than {paths[0]}")
         # checkpoint_last.pt is also the newest checkpoint_<update>.pt: given both, that update would count twice
         # (the earlier one is loaded again, memory-mapped, only then: no input stays mapped while averaging)
-        update = state.get("update")
+        update = ckpt.get("update")
         for other in by_update.setdefault(update, []):
             weights = load_checkpoint(other)["model"]
-            if all(torch.equal(v, weights[k]) for k, v in state["model"].items()):
+            if all(torch.equal(v, weights[k]) for k, v in ckpt["model"].items()):
                 same = f"{path} is given twice" if path.samefile(other) else f"{path} and {other} hold the same weights"
                 raise CheckpointError(f"{same} (update {update}); averaging would count that update twice")
         by_update[update].append(path)
-        for k, v in state["model"].items():
+        for k, v in ckpt["model"].items():
             if v.shape != sums[k].shape:
                 raise CheckpointError(f"{path}: {k} has shape {tuple(v.shape)}, {paths[0]} has {tuple(sums[k].shape)}")
             if v.is_floating_point():

@@ -18,12 +18,12 @@ from nmt_cli.checkpoint import (
     DROPOUTS,
     LAST,
     check_same_data,
-    check_training_fields,
     has_training_state,
     load_checkpoint,
     model_config_of,
     shape_differences,
 )
+from nmt_cli.checkpoint.fields import check_training_fields
 from nmt_cli.config import (
     PARSE_SEARCH,
     ModelConfig,

@@ -267,7 +267,7 @@ class Trainer:
             self.model_cfg.d_model,
             c.warmup_updates,
             c.lr_scale,
-            c.peak_lr,
+            c.lr,
         )
 
     # ---- checkpoints ------------------------------------------------------------------------------

@@ -1,0 +1,348 @@
+"""Checkpoints, the format defined once: make, atomic save, checked load (every field: fields.py), upgrade of
+older formats.
+
+A checkpoint is a dict of primitives and tensors that loads with `torch.load(weights_only=True)`;
+it carries the model and training configs, the search settings and the sentencepiece model, so
+`generate` and `average-checkpoints` (commands/average.py) need nothing else.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import re
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from nmt_cli import __version__
+from nmt_cli.checkpoint.fields import check_fields
+from nmt_cli.config import ModelConfig, SearchConfig, TrainConfig, config_to_dict, parses_trees
+from nmt_cli.data.dataset import SPM_FILE
+from nmt_cli.data.vocab import Vocab
+from nmt_cli.errors import CheckpointError
+from nmt_cli.files import atomic_write
+from nmt_cli.model.transformer import Transformer, build_model
+
+logger = logging.getLogger(__name__)
+
+FORMAT_VERSION = 4
+LAST, BEST = "checkpoint_last.pt", "checkpoint_best.pt"
+# The checkpoint format, defined once. Every checkpoint has the model keys (all that translating and averaging
+# need); a checkpoint that training can resume from has the training keys too.
+MODEL_KEYS = (
+    "format_version",
+    "nmt_version",
+    "model_config",
+    "train_config",
+    "search_config",
+    "spm_model",
+    "source_lang",
+    "target_lang",
+    "target_format",
+    "tree_leaves",
+    "update",
+    "epoch",
+    "model",
+)
+# Train options about how a run computes, not what it trains: not saved, so a resumed run may change them.
+RUNTIME_OPTIONS = ("compile", "cudnn_attention")
+TRAINING_KEYS = ("optimizer", "scheduler", "grad_scaler", "train_state", "world_size", "rng")
+
+
+def make_checkpoint(
+    *,
+    model_cfg: ModelConfig,
+    train_cfg: TrainConfig,
+    search_cfg: SearchConfig,
+    vocab: Vocab,
+    langs: tuple[str, str],
+    weights: dict[str, torch.Tensor],
+    update: int,
+    epoch: int,
+    training: dict[str, Any] | None = None,
+    target_format: str = "text",
+    tree_leaves: str | None = None,
+) -> dict[str, Any]:
+    """A checkpoint dict with every model key, plus the training keys when `training` is given.
+
+    target_format: "text" (translation) or "ptb-tree" (a constituency parser, nmt_cli/parsing), with its
+    tree_leaves ("pos" or "slot")."""
+    ckpt = {
+        "format_version": FORMAT_VERSION,
+        "nmt_version": __version__,
+        "model_config": config_to_dict(model_cfg),
+        "train_config": {k: v for k, v in config_to_dict(train_cfg).items() if k not in RUNTIME_OPTIONS},
+        "search_config": config_to_dict(search_cfg),
+        "spm_model": vocab.model_bytes,
+        "source_lang": langs[0],
+        "target_lang": langs[1],
+        "target_format": target_format,
+        "tree_leaves": tree_leaves,
+        "update": update,
+        "epoch": epoch,
+        "model": weights,
+    }
+    if training is not None:
+        assert set(training) == set(TRAINING_KEYS), sorted(set(training) ^ set(TRAINING_KEYS))
+        ckpt.update(training)
+    return ckpt
+
+
+def upgrade(ckpt: dict[str, Any]) -> dict[str, Any]:
+    """Bring an older checkpoint to FORMAT_VERSION, one version step at a time."""
+    if ckpt["format_version"] == 1:
+        ckpt = upgrade_v1_to_v2(ckpt)
+    if ckpt["format_version"] == 2:
+        ckpt = upgrade_v2_to_v3(ckpt)
+    if ckpt["format_version"] == 3:
+        ckpt = upgrade_v3_to_v4(ckpt)
+    return ckpt
+
+
+def upgrade_v1_to_v2(ckpt: dict[str, Any]) -> dict[str, Any]:
+    """v2: --arch lives in the model config only; --bf16/--fp16 became one --precision field."""
+    train = dict(ckpt.get("train_config", {}))
+    train.pop("arch", None)
+    bf16, fp16 = train.pop("bf16", False), train.pop("fp16", False)
+    train["precision"] = "fp16" if fp16 else "bf16" if bf16 else "fp32"
+    return {**ckpt, "train_config": train, "format_version": 2}
+
+
+def upgrade_v2_to_v3(ckpt: dict[str, Any]) -> dict[str, Any]:
+    """v3: `rng` holds every rank's random streams, a list by rank; v2 held one process's."""
+    if isinstance(ckpt.get("rng"), dict):
+        ckpt = {**ckpt, "rng": [ckpt["rng"]]}
+    return {**ckpt, "format_version": 3}
+
+
+def upgrade_v3_to_v4(ckpt: dict[str, Any]) -> dict[str, Any]:
+    """v4: the task is recorded (target_format "text" or "ptb-tree"); every earlier checkpoint translates."""
+    return {**ckpt, "target_format": "text", "tree_leaves": None, "format_version": 4}
+
+
+def has_training_state(ckpt: dict[str, Any]) -> bool:
+    return all(k in ckpt for k in TRAINING_KEYS)
+
+
+def save_checkpoint(ckpt: dict[str, Any], path: Path, kept: str | None = None) -> None:
+    """Write through `path.tmp`, fsync, then rename: a killed job or a full disk never leaves a half-written file.
+
+    Raises:
+        DiskFullError: no space left; the temporary is removed and the previous file is intact (`kept` says
+            what the user still has).
+    """
+    atomic_write(path, lambda f: torch.save(ckpt, f), "checkpoint", kept)
+
+
+def spm_fingerprint(model_bytes: bytes) -> str:
+    """The sentencepiece model's identity: sha256 of its bytes (data dirs and checkpoints are bound by it)."""
+    return hashlib.sha256(model_bytes).hexdigest()
+
+
+def check_same_data(
+    ckpt: dict[str, Any],
+    ckpt_path: Path,
+    data_dir: Path,
+    meta: dict[str, Any],
+    spm_bytes: bytes,
+    remedy: str = "use a data directory of the checkpoint's languages and direction",
+) -> None:
+    """Refuse a data directory made with another sentencepiece model, or for other languages or the
+    other direction, than the checkpoint was trained on (`remedy` ends that error)."""
+    trained = (ckpt.get("source_lang"), ckpt.get("target_lang"))
+    check_data_fits(
+        bytes(ckpt["spm_model"]), trained, ckpt_path, data_dir=data_dir, meta=meta, spm_bytes=spm_bytes, remedy=remedy
+    )
+
+
+def check_data_fits(
+    spm_model: bytes,
+    trained: tuple[str | None, str | None],
+    ckpt_path: Path,
+    *,
+    data_dir: Path,
+    meta: dict[str, Any],
+    spm_bytes: bytes,
+    remedy: str = "use a data directory of the checkpoint's languages and direction",
+) -> None:
+    """check_same_data, given the checkpoint's sentencepiece model and its languages (`trained`)."""
+    ours, theirs = spm_fingerprint(spm_model), spm_fingerprint(spm_bytes)
+    if ours != theirs:
+        raise CheckpointError(
+            f"{data_dir / SPM_FILE} (sha256 {theirs[:12]}) is not the sentencepiece model of {ckpt_path} "
+            f"(sha256 {ours[:12]}); the data directory was made with another vocabulary"
+        )
+    given = (meta["source_lang"], meta["target_lang"])
+    if None not in trained and trained != given:
+        raise CheckpointError(
+            f"{ckpt_path} was trained {trained[0]}->{trained[1]} but {data_dir} holds {given[0]}->{given[1]}; {remedy}"
+        )
+
+
+def load_checkpoint(path: Path) -> dict[str, Any]:
+    """Load and check a checkpoint on the CPU; CheckpointError if it is missing or not one of ours."""
+    if path.is_dir():
+        raise CheckpointError(f"checkpoint {path} is a directory; give a checkpoint file")
+    if not path.is_file():
+        parts = [Path(p) for p in str(path).split(":")]
+        if len(parts) > 1 and all(p.is_file() for p in parts):  # fairseq's --path A.pt:B.pt, an ensemble
+            raise CheckpointError(
+                f"checkpoint {path} names {len(parts)} checkpoints; nmt translates with one (no ensembles): average "
+                f"them with `nmt average-checkpoints --inputs {' '.join(map(str, parts))} --output average.pt`"
+            )
+        raise CheckpointError(f"checkpoint {path} does not exist")
+    try:
+        # Memory-mapped: tensors are read when touched, so the optimizer state of a checkpoint that is only
+        # translated with is never read, and weights copied into a model are not kept twice in memory.
+        ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception as e:  # torch raises many types for a file that is not a checkpoint
+        raise CheckpointError(f"{path} is not a readable nmt checkpoint ({type(e).__name__})") from None
+    if not isinstance(ckpt, dict) or any(
+        k not in ckpt for k in ("format_version", "model_config", "model", "spm_model")
+    ):
+        raise CheckpointError(f"{path} is not an nmt checkpoint (missing model, config or vocabulary)")
+    if not isinstance(ckpt["format_version"], int):
+        raise CheckpointError(f"{path} has an invalid format version {ckpt['format_version']!r}")
+    if ckpt["format_version"] > FORMAT_VERSION:
+        raise CheckpointError(
+            f"{path} has format version {ckpt['format_version']}; this nmt "
+            f"{__version__} reads up to {FORMAT_VERSION}; upgrade nmt"
+        )
+    ckpt = upgrade(ckpt)
+    check_fields(ckpt, path)
+    return ckpt
+
+
+def config_from_dict(cls: type, d: dict[str, Any], what: str) -> Any:
+    """Rebuild a config saved in a checkpoint; unknown keys mean a newer nmt wrote it."""
+    known = {f.name for f in fields(cls)}
+    unknown = sorted(set(d) - known)
+    if unknown:
+        raise CheckpointError(f"{what} has unknown fields {unknown}; it was written by a newer nmt")
+    d = {k: tuple(v) if isinstance(v, list) else v for k, v in d.items()}
+    return cls(**d)
+
+
+def model_config_of(ckpt: dict[str, Any], path: Path) -> ModelConfig:
+    return config_from_dict(ModelConfig, ckpt["model_config"], f"model config of {path}")
+
+
+def search_config_of(ckpt: dict[str, Any]) -> SearchConfig:
+    return config_from_dict(SearchConfig, ckpt.get("search_config", {}), "search config")
+
+
+def vocab_of(ckpt: dict[str, Any], path: Path) -> Vocab:
+    return Vocab(ckpt["spm_model"], f"sentencepiece model inside {path}")
+
+
+def load_model_weights(
+    model: torch.nn.Module, weights: dict[str, torch.Tensor], path: Path, assign: bool = False
+) -> None:
+    """Load a state dict, turning shape or name mismatches into one-line CheckpointErrors.
+
+    assign: the model takes the checkpoint's tensors themselves instead of copying them (for a model built
+    on the meta device, see `model_around_weights`); floating tensors are cast to the model's dtype.
+    """
+    expected = model.state_dict()
+    missing = sorted(set(expected) - set(weights))
+    unexpected = sorted(set(weights) - set(expected))
+    if missing or unexpected:
+        raise CheckpointError(f"{path} does not fit this model: missing {missing[:3]}, unexpected {unexpected[:3]}")
+    for name, tensor in weights.items():
+        if tensor.shape != expected[name].shape:
+            raise CheckpointError(
+                f"{path} does not fit this model: {name} has shape {tuple(tensor.shape)}, "
+                f"the model needs {tuple(expected[name].shape)}"
+            )
+    if assign:
+        weights = {name: t.to(expected[name].dtype) if t.is_floating_point() else t for name, t in weights.items()}
+    model.load_state_dict(weights, assign=assign)
+
+
+def model_around_weights(cfg: ModelConfig, weights: dict[str, torch.Tensor], path: Path) -> Transformer:
+    """The model of `cfg` holding the checkpoint's own tensors, for inference.
+
+    Built on the meta device, so nothing is allocated or randomly initialised for weights that are
+    replaced at once, and with a memory-mapped checkpoint the weights are read from the file as used.
+    Tied weights come back as separate parameters that share their storage.
+    """
+    with torch.device("meta"):
+        model = build_model(cfg)
+    load_model_weights(model, weights, path, assign=True)
+    return model
+
+
+# Regularisation, not shape: a run may resume with other rates, and checkpoints that differ only in them average.
+DROPOUTS = ("dropout", "attention_dropout", "activation_dropout")
+
+
+def shape_differences(saved: ModelConfig, wanted: ModelConfig) -> list[str]:
+    """The fields, dropouts aside, in which two model configs differ: `name=saved (options say wanted)`."""
+    return [
+        f"{f.name}={getattr(saved, f.name)!r} (options say {getattr(wanted, f.name)!r})"
+        for f in fields(ModelConfig)
+        if f.name not in DROPOUTS and getattr(saved, f.name) != getattr(wanted, f.name)
+    ]
+
+
+@dataclass(frozen=True)
+class SavedModel:
+    """A checkpoint as translating reads it (`read_saved_model`), once and typed: the model's config and weights,
+    its vocabulary and saved search settings, the task, and what it was trained on. generate, serve, plot
+    attention and export read a checkpoint through this, not through the raw dict."""
+
+    path: Path
+    config: ModelConfig
+    search: SearchConfig
+    vocab: Vocab
+    is_parser: bool  # config.parses_trees of its target_format, asked here once
+    tree_leaves: str | None  # a parser's --tree-leaves
+    train_precision: str | None
+    source_lang: str | None
+    target_lang: str | None
+    update: int | None
+    weights: dict[str, torch.Tensor]
+
+    def model(self) -> Transformer:
+        """The model holding the checkpoint's own tensors (`model_around_weights`), in eval mode, on the CPU."""
+        return model_around_weights(self.config, self.weights, self.path).eval()
+
+    def without_weights(self) -> SavedModel:
+        """The same, its weights let go (a model built from them holds its own copy)."""
+        return replace(self, weights={})
+
+    def check_same_data(self, data_dir: Path, meta: dict[str, Any], spm_bytes: bytes) -> None:
+        """Refuse a data directory of another vocabulary or direction (`check_same_data`)."""
+        trained = (self.source_lang, self.target_lang)
+        check_data_fits(self.vocab.model_bytes, trained, self.path, data_dir=data_dir, meta=meta, spm_bytes=spm_bytes)
+
+
+def read_saved_model(path: Path) -> SavedModel:
+    """The checkpoint at `path`, loaded and checked (`load_checkpoint`), as translating reads it."""
+    ckpt = load_checkpoint(path)
+    return SavedModel(
+        path=path,
+        config=model_config_of(ckpt, path),
+        search=search_config_of(ckpt),
+        vocab=vocab_of(ckpt, path),
+        is_parser=parses_trees(ckpt.get("target_format")),
+        tree_leaves=ckpt.get("tree_leaves"),
+        train_precision=ckpt.get("train_config", {}).get("precision"),
+        source_lang=ckpt.get("source_lang"),
+        target_lang=ckpt.get("target_lang"),
+        update=ckpt.get("update"),
+        weights=ckpt["model"],
+    )
+
+
+def numbered_checkpoints(directory: Path) -> list[Path]:
+    """checkpoint_<update>.pt files in update order."""
+    found = []
+    for path in directory.glob("checkpoint_*.pt"):
+        match = re.fullmatch(r"checkpoint_(\d+)\.pt", path.name)
+        if match:
+            found.append((int(match.group(1)), path))
+    return [p for _, p in sorted(found)]
