@@ -1,5 +1,5 @@
 """Checkpoints written by older nmt revisions (formats 1-3, tests/data/checkpoints/README.md) still load, translate
-as they did, average and resume: each upgrade step of checkpoint.py is run on a real file of its format."""
+as they did, average and resume: each upgrade step of nmt_cli/checkpoint is run on a real file of its format."""
 
 import shutil
 from pathlib import Path

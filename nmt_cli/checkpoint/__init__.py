@@ -1,4 +1,4 @@
-"""Checkpoints, the format defined once: make, atomic save, checked load (every field: fields.py), upgrade of
+"""Checkpoints, the format defined once: make, atomic save, checked load (every field: checks.py), upgrade of
 older formats.
 
 A checkpoint is a dict of primitives and tensors that loads with `torch.load(weights_only=True)`;
@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from nmt_cli import __version__
-from nmt_cli.checkpoint.fields import check_fields
+from nmt_cli.checkpoint.checks import check_fields
 from nmt_cli.config import ModelConfig, SearchConfig, TrainConfig, config_to_dict, parses_trees
 from nmt_cli.data.dataset import SPM_FILE
 from nmt_cli.data.vocab import Vocab

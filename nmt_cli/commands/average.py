@@ -1,5 +1,5 @@
 """`nmt average-checkpoints`: average the weights of the last N (or the given) checkpoints of one model into a
-checkpoint without training state (checkpoint.py keeps the format this reads and writes)."""
+checkpoint without training state (checkpoint/ keeps the format this reads and writes)."""
 
 from __future__ import annotations
 

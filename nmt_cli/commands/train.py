@@ -23,7 +23,7 @@ from nmt_cli.checkpoint import (
     model_config_of,
     shape_differences,
 )
-from nmt_cli.checkpoint.fields import check_training_fields
+from nmt_cli.checkpoint.checks import check_training_fields
 from nmt_cli.config import (
     PARSE_SEARCH,
     ModelConfig,

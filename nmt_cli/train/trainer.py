@@ -276,7 +276,7 @@ class Trainer:
         return gather_objects(rng_state(), self.info)
 
     def checkpoint(self, rng: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-        """The whole training state as a checkpoint (nmt_cli/checkpoint.py defines the format).
+        """The whole training state as a checkpoint (nmt_cli/checkpoint/ defines the format).
 
         rng: every rank's random streams (`rng_states`); this process's alone when not given.
         """

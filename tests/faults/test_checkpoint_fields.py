@@ -113,8 +113,8 @@ def test_generate_with_a_checkpoint_with_a_corrupted_field(field, how, tiny_chec
 
 
 def test_the_checked_counters_are_those_of_train_state():
-    """checkpoint.py checks train_state's counters by a table of its own (it cannot import train/): the same names."""
-    from nmt_cli.checkpoint.fields import TRAIN_STATE_FIELDS
+    """nmt_cli/checkpoint checks train_state's counters by a table of its own (it cannot import train/): the same names."""
+    from nmt_cli.checkpoint.checks import TRAIN_STATE_FIELDS
 
     assert set(TRAIN_STATE_FIELDS) == {f.name for f in fields(TrainState)}
 
