@@ -76,6 +76,7 @@ class Batcher:
     def __init__(
         self,
         run: RunBatch,
+        *,
         max_tokens: int,
         max_wait: float,
         max_queue: int,

@@ -150,7 +150,14 @@ class ServedModel:
 
     def batcher(self, max_wait: float, max_queue: int) -> Batcher:
         """The batcher (not started) whose worker searches with this model: the server's, or a benchmark's."""
-        return Batcher(self.run, self.max_tokens, max_wait, max_queue, self.worker_context, None, self.warm_up)
+        return Batcher(
+            self.run,
+            max_tokens=self.max_tokens,
+            max_wait=max_wait,
+            max_queue=max_queue,
+            worker_context=self.worker_context,
+            warm_up=self.warm_up,
+        )
 
     def translation(self, hyps: list[Any], nbest: int) -> dict[str, Any]:
         records = [hypothesis_record(h, self.vocab) for h in hyps]
