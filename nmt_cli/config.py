@@ -366,6 +366,10 @@ class ServeConfig(InferenceConfig):
         "gets 503 (a second signal ends the wait at once).",
         min=0,
     )
+    max_body_bytes: int = flag(8 << 20, "Bytes a request body may hold; a longer one gets 413 unread.", min=1)
+    api_key: str | None = flag(None, "Key a client sends as `Authorization: Bearer KEY` (seen in process lists).")
+    api_key_file: str | None = flag(None, "File whose first line is the API key (or set NMT_API_KEY).", path="file")
+    cors_origin: str | None = flag(None, "Origins a browser may call the API from, comma-separated (none: same).")
 
     def __post_init__(self) -> None:
         super().__post_init__()

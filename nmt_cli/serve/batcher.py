@@ -149,6 +149,7 @@ class Batcher:
         with self._cond:
             if self._stopping:
                 raise Stopping("the server is shutting down")
+            self._drop_cancelled()  # a request that timed out or went away holds no room
             if len(self._queue) + len(items) > self.max_queue:
                 raise QueueFull(
                     f"the queue holds {len(self._queue)} sentences and takes {self.max_queue}; "

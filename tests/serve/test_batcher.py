@@ -92,6 +92,19 @@ def test_a_full_queue_refuses_and_a_stopped_batcher_finishes_what_is_queued():
         submit(batcher, "k", ["g"])
 
 
+def test_a_cancelled_request_no_longer_holds_room_in_the_queue():
+    batcher = Batcher(Recorder(), max_tokens=4, max_wait=10, max_queue=5)  # not started: nothing leaves the queue
+    timed_out = submit(batcher, "k", ["a", "b", "c", "d"])
+    with pytest.raises(QueueFull, match="holds 4 sentences"):
+        submit(batcher, "k", ["e", "f"])
+    timed_out.cancel()  # what the server does on 504 or when the client goes away
+    assert batcher.queue_length == 0
+    accepted = submit(batcher, "k", ["e", "f", "g", "h", "i"])
+    batcher.start()
+    batcher.stop(timeout=10)
+    assert accepted.result(timeout=0) == ["k:e", "k:f", "k:g", "k:h", "k:i"]
+
+
 def test_a_cancelled_request_loses_its_queued_sentences():
     run = Recorder()
     batcher = Batcher(run, max_tokens=1000, max_wait=0.2, max_queue=100)
