@@ -9,6 +9,9 @@ On SIGTERM (or SIGINT) the server stops accepting connections and drains (serve/
 open are answered, for --drain-timeout seconds at most; at that deadline, or at a second signal, those still
 open get a JSON 503. The log's last line says what was answered. Exit status 0 when every open request got its
 own answer, 128 + the signal (143 for SIGTERM, 130 for SIGINT) with one error line when some got 503.
+
+The API key comes from --api-key (visible in process lists: for trials), --api-key-file (its first line), or the
+environment variable NMT_API_KEY, in that order of precedence; giving both flags is an error.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from __future__ import annotations
 import importlib.util
 import logging
 import os
+import re
 import signal
 import socket
 import sys
@@ -83,7 +87,9 @@ def serve(cfg: ServeConfig, search_overrides: dict[str, Any]) -> None:
     set_threads(cfg.threads)
     served = ServedModel(cfg, search_overrides)
     sock = listen(cfg.host, cfg.port)  # bound (a port in use is refused now), not yet listening
-    app = make_app(served, cfg.max_wait_ms / 1000, cfg.max_queue, Limits(cfg.max_request_sentences, cfg.timeout))
+    key, key_source = api_key(cfg)
+    limits = Limits(cfg.max_request_sentences, cfg.timeout, cfg.max_body_bytes, key, cors_origins(cfg.cors_origin))
+    app = make_app(served, cfg.max_wait_ms / 1000, cfg.max_queue, limits)
     try:
         warm_up(app.state.server.batcher)
     except BaseException:
@@ -103,6 +109,8 @@ def serve(cfg: ServeConfig, search_overrides: dict[str, Any]) -> None:
         cfg.max_batch_tokens,
         cfg.max_wait_ms,
     )
+    if key_source:
+        logger.info("clients must send `Authorization: Bearer KEY` (the key from %s)", key_source)
     with quiet_exit_signals():
         server.run(sockets=[sock])
         drain = server.drain
@@ -117,6 +125,46 @@ def serve(cfg: ServeConfig, search_overrides: dict[str, Any]) -> None:
     if app.state.server.batcher.running:  # mid-batch: the interpreter's exit would abort in the worker's torch call
         exit_now(stopped)
     raise stopped
+
+
+API_KEY_ENV = "NMT_API_KEY"
+HEADER_TOKEN = re.compile(r"[\x21-\x7e]+")  # printable ASCII without spaces: what a Bearer header carries whole
+ORIGIN = re.compile(r"https?://[^/\s]+")  # an Origin header: scheme, host and port, no path
+
+
+def api_key(cfg: ServeConfig) -> tuple[str | None, str]:
+    """The API key clients must send (None: none), and where it came from, for the log (never the key itself)."""
+    if cfg.api_key is not None and cfg.api_key_file is not None:
+        raise ConfigError("give the API key once: --api-key or --api-key-file, not both")
+    if cfg.api_key is not None:
+        key, source = cfg.api_key, "--api-key"
+    elif cfg.api_key_file is not None:
+        try:
+            with open(cfg.api_key_file, encoding="utf-8") as f:
+                key, source = f.readline().strip(), f"--api-key-file {cfg.api_key_file}"
+        except (OSError, UnicodeDecodeError) as e:
+            raise ConfigError(f"--api-key-file {cfg.api_key_file}: cannot read the key: {e}") from None
+    elif API_KEY_ENV in os.environ:
+        key, source = os.environ[API_KEY_ENV], API_KEY_ENV
+    else:
+        return None, ""
+    if not HEADER_TOKEN.fullmatch(key):
+        raise ConfigError(
+            f"the API key from {source} must be printable ASCII without spaces (it is sent in an HTTP header)"
+            + (", and not empty" if not key else "")
+        )
+    return key, source
+
+
+def cors_origins(text: str | None) -> tuple[str, ...]:
+    """--cors-origin's comma-separated origins, each as a browser sends it (https://host[:port]) or *."""
+    origins = tuple(o.strip().rstrip("/") for o in (text or "").split(",") if o.strip())
+    for origin in origins:
+        if origin != "*" and not ORIGIN.fullmatch(origin):
+            raise ConfigError(
+                f"--cors-origin {origin!r} is not an origin: give scheme://host[:port] (https://example.org), or *"
+            )
+    return origins
 
 
 def exit_now(stopped: Interrupted) -> NoReturn:

@@ -6,11 +6,18 @@ GET /health      alive;  GET /ready  loaded and warm (503 until the warm-up sent
 GET /info        languages, model shape, vocabulary, checkpoint, search settings, version
 GET /metrics     Prometheus text;  GET /  a page to translate with
 
-Every error is JSON {"error": "..."}: 400 for a request the server cannot read (malformed JSON, nested too
-deeply, invalid UTF-8, a wrong field or type, no texts, more than --max-request-sentences), 413 for an oversized
-body, 503 when the queue is full or the server is shutting down, 504 past --timeout, 500 for a failure of the
-server's own (its traceback is logged). A client that closes its connection before its answer is counted under
-499 in /metrics.
+Every error is JSON {"error": "...", "request_id": "..."}: 400 for a request the server cannot read (malformed
+JSON, nested too deeply, invalid UTF-8, a wrong field or type, no texts, more than --max-request-sentences), 401
+without the API key (when the server has one: /translate, /info and /metrics need `Authorization: Bearer KEY`;
+/, /health and /ready stay open), 413 for a body over --max-body-bytes (refused from its Content-Length before
+it is read, or cut off where a chunked body passes it), 503 with Retry-After when the queue is full or the server
+is shutting down, 504 past --timeout, 500 for a failure of the server's own (its traceback is logged). A client
+that closes its connection before its answer is counted under 499 in /metrics.
+
+Every response carries X-Request-ID: the request's own when it is printable ASCII of 128 characters at most,
+else a new one; every request but a successful probe (/health, /ready, /metrics) gets an access log line. A large
+body is parsed and its texts encoded on a thread, so that the event loop (and /health) is not held up by them.
+With --cors-origin, browsers on those origins may call the API (preflight answered); none by default.
 
 At shutdown (`drain`, `abort`: commands/serve.py's server calls them) the requests already open go on; `abort`
 answers those still open with 503 at once and cancels their queued sentences.
@@ -30,46 +37,58 @@ from dataclasses import dataclass
 from typing import Any
 
 from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
+from nmt_cli.config import SearchConfig
 from nmt_cli.errors import NmtError
+from nmt_cli.serve.access import AccessLog, authorized, cors
 from nmt_cli.serve.batcher import Batcher, QueueFull, Stopping
 from nmt_cli.serve.metrics import Metrics
 from nmt_cli.serve.page import PAGE
-from nmt_cli.serve.served_model import ServedModel
+from nmt_cli.serve.served_model import Sentence, ServedModel
 
 logger = logging.getLogger(__name__)
 
-MAX_BODY_BYTES = 8 << 20
 MAX_INT_DIGITS = 4300  # Python's default limit on converting a string to an int
+OFFLOAD_BYTES = 64 << 10  # a body longer than this is parsed and encoded on a thread, off the event loop
+RETRY_AFTER = {"Retry-After": "1"}  # seconds: a full queue empties within a batch or two
 
 
 class RequestError(Exception):
-    """A request the server answers with `status` and {"error": message}."""
+    """A request the server answers with `status`, {"error": message} and `headers`."""
 
-    def __init__(self, status: int, message: str) -> None:
+    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
         self.status = status
+        self.headers = headers or {}
 
 
 class Aborted(RequestError):
     """An open request answered 503 because the server's drain was cut short."""
 
     def __init__(self, reason: str) -> None:
-        super().__init__(503, reason)
+        super().__init__(503, reason, RETRY_AFTER)
 
 
 @dataclass
 class Limits:
     max_request_sentences: int
     timeout: float  # seconds
+    max_body_bytes: int = 8 << 20
+    api_key: str | None = None  # None: no key asked
+    cors_origins: tuple[str, ...] = ()
 
 
-def error(status: int, message: str) -> JSONResponse:
-    return JSONResponse({"error": message}, status_code=status)
+def error(status: int, message: str, request: Request | None = None, headers: dict[str, str] | None = None) -> Response:
+    body = {"error": message}
+    if request is not None and "request_id" in request.scope.get("state", {}):
+        body["request_id"] = request.scope["state"]["request_id"]
+    return JSONResponse(body, status_code=status, headers=headers)
 
 
 def no_constant(name: str) -> Any:
@@ -85,9 +104,7 @@ def json_int(digits: str) -> int:
 
 
 def read_json(body: bytes) -> Any:
-    """The request body as JSON, decoded as strict UTF-8."""
-    if len(body) > MAX_BODY_BYTES:
-        raise RequestError(413, f"the body has {len(body):,} bytes; the server takes {MAX_BODY_BYTES:,} at most")
+    """The request body as JSON, decoded as strict UTF-8 (its size was checked as it was read)."""
     try:
         text = body.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -189,13 +206,16 @@ class Server:
         n_sentences = 0
         self.open_requests += 1
         try:
-            texts, fields = request_texts(read_json(await self.body(request)), self.limits.max_request_sentences)
-            n_sentences = len(texts)
-            answer = await self.answer(request, texts, fields, start)
+            self.check_key(request)
+            body = await self.body(request)
+            # A large body's JSON and sentencepiece encoding take long enough to stall every other request
+            parsed = await run_in_threadpool(self.parse, body) if len(body) > OFFLOAD_BYTES else self.parse(body)
+            n_sentences = request.state.sentences = len(parsed[0])
+            answer = await self.answer(request, *parsed, start)
         except RequestError as e:
             self.answered(e.status, n_sentences, time.perf_counter() - start)
             self.aborted_requests += isinstance(e, Aborted)
-            return error(e.status, str(e))
+            return error(e.status, str(e), request, e.headers)
         finally:
             self.open_requests -= 1
         seconds = time.perf_counter() - start
@@ -203,9 +223,26 @@ class Server:
             response = JSONResponse({**answer, "seconds": round(seconds, 4)})
         except ValueError as e:  # a score of inf or NaN (search settings at their extremes), which JSON lacks
             self.answered(500, n_sentences, seconds)
-            return error(500, f"the translation cannot be written as JSON: {e}")
+            return error(500, f"the translation cannot be written as JSON: {e}", request)
         self.answered(200, n_sentences, seconds)
         return response
+
+    def check_key(self, request: Request) -> None:
+        """401 unless the server has no API key or the request carries it."""
+        if not authorized(request.headers.get("authorization"), self.limits.api_key):
+            raise RequestError(
+                401, "this server needs its API key: send `Authorization: Bearer KEY`", {"WWW-Authenticate": "Bearer"}
+            )
+
+    def parse(self, body: bytes) -> tuple[list[Sentence], SearchConfig, list[int]]:
+        """A /translate body read: its texts encoded, its search settings, the sentences' lengths."""
+        texts, fields = request_texts(read_json(body), self.limits.max_request_sentences)
+        try:
+            search = self.served.search_config(fields)
+            sentences = self.served.prepare(texts)
+        except NmtError as e:
+            raise RequestError(400, str(e)) from None
+        return sentences, search, [self.served.length(s) for s in sentences]
 
     def answered(self, status: int, sentences: int, seconds: float) -> None:
         self.metrics.request(status, sentences, seconds)
@@ -214,7 +251,7 @@ class Server:
 
     async def body(self, request: Request) -> bytes:
         """The request's body, unless the client goes away first (499) or the server aborts (503)."""
-        reading = asyncio.ensure_future(request.body())
+        reading = asyncio.ensure_future(self.read_body(request))
         done = await first_of(reading, asyncio.ensure_future(self.aborted.wait()))
         if reading not in done:
             reading.cancel()
@@ -224,15 +261,31 @@ class Server:
         except ClientDisconnect:
             raise RequestError(499, "the client closed the connection before sending its whole body") from None
 
-    async def answer(self, request: Request, texts: list[str], fields: dict[str, Any], start: float) -> dict:
+    async def read_body(self, request: Request) -> bytes:
+        """The body, refused (413) from its Content-Length before it is read, or where the stream passes
+        --max-body-bytes: no more than that is ever held."""
+        limit = self.limits.max_body_bytes
+        declared = request.headers.get("content-length", "")
+        if declared.isdigit() and (len(declared) > 18 or int(declared) > limit):
+            raise RequestError(
+                413, f"the body has {declared} bytes; the server takes {limit:,} at most (--max-body-bytes)"
+            )
+        body = bytearray()
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > limit:
+                raise RequestError(
+                    413, f"the body passes {limit:,} bytes, the most the server takes (--max-body-bytes)"
+                )
+        return bytes(body)
+
+    async def answer(
+        self, request: Request, sentences: list[Sentence], search: SearchConfig, lengths: list[int], start: float
+    ) -> dict:
         try:
-            search = self.served.search_config(fields)
-            sentences = self.served.prepare(texts)
-            future = self.batcher.submit(search, sentences, [self.served.length(s) for s in sentences])
-        except NmtError as e:
-            raise RequestError(400, str(e)) from None
+            future = self.batcher.submit(search, sentences, lengths)
         except (QueueFull, Stopping) as e:
-            raise RequestError(503, str(e)) from None
+            raise RequestError(503, str(e), RETRY_AFTER) from None
         try:
             left = self.limits.timeout - (time.perf_counter() - start)
             results = await self.outcome(future, request, left)
@@ -275,9 +328,17 @@ class Server:
         return JSONResponse({"ready": ready}, status_code=200 if ready else 503)
 
     async def info(self, request: Request) -> Response:
+        try:
+            self.check_key(request)
+        except RequestError as e:
+            return error(e.status, str(e), request, e.headers)
         return JSONResponse(self.served.info)
 
     async def metrics_text(self, request: Request) -> Response:
+        try:
+            self.check_key(request)
+        except RequestError as e:
+            return error(e.status, str(e), request, e.headers)
         return PlainTextResponse(self.metrics.text(), media_type="text/plain; version=0.0.4")
 
     async def page(self, request: Request) -> Response:
@@ -295,12 +356,12 @@ class Server:
 async def http_error(request: Request, exc: Exception) -> Response:
     """Starlette's own errors (404, 405) as JSON too."""
     assert isinstance(exc, HTTPException)
-    return error(exc.status_code, str(exc.detail))
+    return error(exc.status_code, str(exc.detail), request)
 
 
 async def server_error(request: Request, exc: Exception) -> Response:
     """A failure of the server's own as JSON too (Starlette still logs its traceback: it is a bug)."""
-    return error(500, f"the server failed: {type(exc).__name__}: {exc}")
+    return error(500, f"the server failed: {type(exc).__name__}: {exc}", request)
 
 
 def build_app(served: ServedModel, batcher: Batcher, metrics: Metrics, limits: Limits) -> Starlette:
@@ -313,8 +374,12 @@ def build_app(served: ServedModel, batcher: Batcher, metrics: Metrics, limits: L
         Route("/info", server.info, methods=["GET"]),
         Route("/metrics", server.metrics_text, methods=["GET"]),
     ]
+    middleware = [Middleware(AccessLog), *cors(limits.cors_origins)]
     app = Starlette(
-        routes=routes, lifespan=server.lifespan, exception_handlers={HTTPException: http_error, Exception: server_error}
+        routes=routes,
+        middleware=middleware,
+        lifespan=server.lifespan,
+        exception_handlers={HTTPException: http_error, Exception: server_error},
     )
     app.state.server = server
     return app

@@ -15,8 +15,11 @@ SENTENCES = ["1 2 3", "4 5 6 7 8 9", "0", "9 9 8", "3 1 4 1 5 9 2 6", "7 7", "5 
 
 
 @contextmanager
-def serving(ckpt, *, max_wait=0.01, max_queue=256, timeout=30.0, max_request_sentences=64, search=None, **serve):
-    """A TestClient of the app `nmt serve --path ckpt` builds, once /ready says the model is warm."""
+def serving(
+    ckpt, *, max_wait=0.01, max_queue=256, timeout=30.0, max_request_sentences=64, search=None, limits=None, **serve
+):
+    """A TestClient of the app `nmt serve --path ckpt` builds, once /ready says the model is warm; `limits`: more
+    of Limits' fields (max_body_bytes, api_key, cors_origins)."""
     with warnings.catch_warnings():  # starlette 1.x prefers httpx2 and warns about httpx, which works
         warnings.filterwarnings("ignore", message="Using `httpx` with `starlette.testclient`")
         from starlette.testclient import TestClient
@@ -26,7 +29,7 @@ def serving(ckpt, *, max_wait=0.01, max_queue=256, timeout=30.0, max_request_sen
 
     cfg = ServeConfig(path=str(ckpt), device="cpu", threads=1, **serve)
     served = ServedModel(cfg, search or {})
-    app = make_app(served, max_wait, max_queue, Limits(max_request_sentences, timeout))
+    app = make_app(served, max_wait, max_queue, Limits(max_request_sentences, timeout, **(limits or {})))
     with TestClient(app) as client:
         deadline = time.monotonic() + 30
         while client.get("/ready").status_code != 200:

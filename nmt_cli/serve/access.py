@@ -1,0 +1,99 @@
+"""Who may call `nmt serve` and what is recorded of each call: the API key check, browsers' cross-origin access
+(CORS), and the access log with its request ids.
+
+The key is compared in constant time and never logged. A request's id is its X-Request-ID when that is printable
+ASCII of 128 characters at most (a proxy's id, kept so the two logs can be joined), else a new one; it is echoed
+in the response's X-Request-ID and in every error body.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import re
+import time
+import uuid
+
+from starlette.middleware import Middleware
+from starlette.middleware.cors import CORSMiddleware
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+access_log = logging.getLogger("nmt_cli.serve.access")
+
+REQUEST_ID = re.compile(r"[\x21-\x7e]{1,128}")  # printable ASCII: safe in a log line and a header
+PROBES = ("/health", "/ready", "/metrics")  # polled by monitors: logged only when they fail
+
+
+def authorized(header: str | None, key: str | None) -> bool:
+    """Whether an Authorization header carries the key as `Bearer KEY` (always, when the server has no key)."""
+    if key is None:
+        return True
+    scheme, _, given = (header or "").partition(" ")
+    return scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), key.encode())
+
+
+def cors(origins: tuple[str, ...]) -> list[Middleware]:
+    """Browsers on these origins may call the API: preflight answered, Access-Control-Allow-Origin for them only."""
+    if not origins:
+        return []
+    return [
+        Middleware(
+            CORSMiddleware,
+            allow_origins=list(origins),
+            allow_methods=["GET", "POST"],
+            allow_headers=["Authorization", "Content-Type", "X-Request-ID"],
+            expose_headers=["X-Request-ID", "Retry-After"],
+            max_age=600,
+        )
+    ]
+
+
+def request_id(scope: Scope) -> str:
+    """The client's (or its proxy's) X-Request-ID when it is printable ASCII of 128 characters at most, else a new
+    one."""
+    for name, value in scope["headers"]:
+        if name == b"x-request-id":
+            given = value.decode("latin-1")
+            if REQUEST_ID.fullmatch(given):
+                return given
+    return uuid.uuid4().hex
+
+
+class AccessLog:
+    """ASGI middleware: the request's id (scope["state"]["request_id"], echoed as X-Request-ID) and one log line
+    per request (method, path, status, sentences, milliseconds, id); successful probes are not logged."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        start = time.perf_counter()
+        state = scope.setdefault("state", {})
+        state["request_id"] = rid = request_id(scope)
+        status = 500  # unless a response starts: the app failed before answering
+
+        async def send_with_id(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+                message = {**message, "headers": [*message.get("headers", []), (b"x-request-id", rid.encode())]}
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_with_id)
+        finally:
+            if scope["path"] not in PROBES or status >= 400:
+                client = scope.get("client")
+                access_log.info(
+                    "%s %s %s %d %s sentences %.1f ms id=%s",
+                    client[0] if client else "-",
+                    scope["method"],
+                    scope["path"],
+                    status,
+                    state.get("sentences", "-"),
+                    (time.perf_counter() - start) * 1000,
+                    rid,
+                )
