@@ -61,7 +61,8 @@ def request_id(scope: Scope) -> str:
 
 class AccessLog:
     """ASGI middleware: the request's id (scope["state"]["request_id"], echoed as X-Request-ID) and one log line
-    per request (method, path, status, sentences, milliseconds, id); successful probes are not logged."""
+    per request (client, method, path, status, sentences for /translate, milliseconds, id); probes are logged only
+    when they fail (/ready's 503 before the warm-up is done is not a failure)."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
@@ -85,15 +86,17 @@ class AccessLog:
         try:
             await self.app(scope, receive, send_with_id)
         finally:
-            if scope["path"] not in PROBES or status >= 400:
+            path = scope["path"]
+            if path not in PROBES or (status >= 400 and (path, status) != ("/ready", 503)):  # 503: not warm yet
                 client = scope.get("client")
+                sentences = state.get("sentences")
                 access_log.info(
-                    "%s %s %s %d %s sentences %.1f ms id=%s",
+                    "%s %s %s %d %s%.1f ms id=%s",
                     client[0] if client else "-",
                     scope["method"],
-                    scope["path"],
+                    path,
                     status,
-                    state.get("sentences", "-"),
+                    "" if sentences is None else f"{sentences} sentences ",
                     (time.perf_counter() - start) * 1000,
                     rid,
                 )

@@ -203,7 +203,7 @@ class Server:
 
     async def translate(self, request: Request) -> Response:
         start = time.perf_counter()
-        n_sentences = 0
+        n_sentences = request.state.sentences = 0  # for the access log: 0 until the body is read
         self.open_requests += 1
         try:
             self.check_key(request)
