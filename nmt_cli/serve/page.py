@@ -1,6 +1,7 @@
 """The page `nmt serve` answers at `/`: a text box, the language pair, a translate button, n-best on demand
 and the time the request took. Plain HTML and a little JavaScript calling /info and /translate; every line
-of the box is a sentence."""
+of the box is a sentence. The page itself is open; when the server answers 401 (it has an API key) a key field
+appears, and the key typed there is sent as `Authorization: Bearer KEY` (kept for the tab's session)."""
 
 PAGE = """<!doctype html>
 <html lang="en">
@@ -23,6 +24,7 @@ PAGE = """<!doctype html>
 <div class="controls">
   <button id="translate">Translate</button>
   <label id="nbest-label">n-best <input id="nbest" type="number" min="1" value="1" style="width: 4rem"></label>
+  <label id="key-label" style="display: none">API key <input id="key" type="password" autocomplete="off"></label>
   <span id="time"></span>
 </div>
 <div id="error"></div>
@@ -53,6 +55,16 @@ function show(translation) {
   $("result").appendChild(box);
 }
 
+async function call(path, options) {
+  const headers = Object.assign({}, (options || {}).headers);
+  const key = $("key").value || sessionStorage.getItem("nmtApiKey") || "";
+  if (key) headers["Authorization"] = "Bearer " + key;
+  const response = await fetch(path, Object.assign({}, options, {headers: headers}));
+  if (response.status === 401) $("key-label").style.display = "";
+  else if (key) sessionStorage.setItem("nmtApiKey", key);
+  return response;
+}
+
 async function translate() {
   $("error").textContent = "";
   $("result").textContent = "";
@@ -63,12 +75,13 @@ async function translate() {
   if (nbest > 1) { body.nbest = nbest; body.beam = Math.max(nbest, window.nmtBeam || 1); }
   const start = performance.now();
   try {
-    const response = await fetch("translate", {method: "POST", headers: {"Content-Type": "application/json"},
-                                               body: JSON.stringify(body)});
+    const response = await call("translate", {method: "POST", headers: {"Content-Type": "application/json"},
+                                              body: JSON.stringify(body)});
     const answer = await response.json();
     const ms = performance.now() - start;
     if (!response.ok) { $("error").textContent = answer.error; $("time").textContent = ""; return; }
     answer.translations.forEach(show);
+    if (!$("pair").textContent) describe();  // the key has just been given
     $("time").textContent = texts.length + " sentence(s) in " + ms.toFixed(0) + " ms";
   } catch (e) {
     $("error").textContent = "no answer from the server: " + e;
@@ -77,7 +90,9 @@ async function translate() {
 }
 
 async function describe() {
-  const info = await (await fetch("info")).json();
+  const response = await call("info");
+  const info = await response.json();
+  if (!response.ok) { $("error").textContent = info.error; return; }
   $("pair").textContent = info.task === "parsing" ? "(parser, " + info.source_lang + ")"
                                                  : info.source_lang + " \\u2192 " + info.target_lang;
   window.nmtBeam = info.search.beam;

@@ -114,3 +114,22 @@ def test_a_person_types_sentences_clicks_translate_and_reads_them(trained_copy_c
     finally:
         proc.terminate()
         proc.wait(30)
+
+
+def test_with_an_api_key_the_page_asks_for_it_and_then_translates(trained_copy_checkpoint, browser):
+    proc, port, _ = start_server(trained_copy_checkpoint, "--api-key", "page-key-1")
+    try:
+        wait_ready(port)
+        browser.do("POST", "/url", {"url": f"http://127.0.0.1:{port}/"})
+        assert "API key" in browser.wait_for("#error", lambda t: t[0] != "")[0]  # /info answered 401
+        [key] = browser.find_all("#key")
+        browser.do("POST", f"/element/{key}/value", {"text": "page-key-1"})
+        [source] = browser.find_all("#source")
+        browser.do("POST", f"/element/{source}/value", {"text": "1 2 3"})
+        [button] = browser.find_all("#translate")
+        browser.do("POST", f"/element/{button}/click", {})
+        assert browser.wait_for(".translation .text", lambda t: len(t) == 1) != [""]
+        assert browser.wait_for("#pair", lambda t: t[0] != "") == ["src \u2192 tgt"]
+    finally:
+        proc.terminate()
+        proc.wait(30)
