@@ -84,11 +84,11 @@ def serve(cfg: ServeConfig, search_overrides: dict[str, Any]) -> None:
     from nmt_cli.serve.drain import DrainingServer
     from nmt_cli.serve.served_model import ServedModel
 
+    key, key_source = api_key(cfg)  # refused before the model is loaded
+    limits = Limits(cfg.max_request_sentences, cfg.timeout, cfg.max_body_bytes, key, cors_origins(cfg.cors_origin))
     set_threads(cfg.threads)
     served = ServedModel(cfg, search_overrides)
     sock = listen(cfg.host, cfg.port)  # bound (a port in use is refused now), not yet listening
-    key, key_source = api_key(cfg)
-    limits = Limits(cfg.max_request_sentences, cfg.timeout, cfg.max_body_bytes, key, cors_origins(cfg.cors_origin))
     app = make_app(served, cfg.max_wait_ms / 1000, cfg.max_queue, limits)
     try:
         warm_up(app.state.server.batcher)
