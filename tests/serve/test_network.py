@@ -20,6 +20,7 @@ from nmt_cli.config import ServeConfig
 from nmt_cli.errors import ConfigError
 from tests.serve.serving import serving
 from tests.serve.test_signals import ROOT, wait_ready
+from tests.serve.test_signals import test_options_that_cannot_work_are_refused_before_listening as refused
 
 pytest.importorskip("starlette")
 pytest.importorskip("httpx")
@@ -206,6 +207,17 @@ def test_the_api_key_comes_from_one_place_and_must_fit_a_header(tmp_path, monkey
     assert cors_origins(None) == ()
     with pytest.raises(ConfigError, match="--cors-origin 'a.example/path' is not an origin"):
         cors_origins("a.example/path")
+
+
+@pytest.mark.parametrize(
+    "options, says",
+    [
+        (["--cors-origin", "app.example"], "error: --cors-origin 'app.example' is not an origin"),
+        (["--api-key", "k", "--api-key-file", __file__], "error: give the API key once"),
+    ],
+)
+def test_a_bad_key_or_origin_is_one_error_line(tiny_checkpoint, options, says):
+    refused(tiny_checkpoint, options, says)
 
 
 def raw_request(port, head, body=b""):
