@@ -1,64 +1,21 @@
 """Typed configs for every command, the architecture presets, and their validation.
 
 Each config field is one CLI flag of the same name (`d_model` <-> `--d-model`): its default, help text and
-allowed values are written once, here, in the field's metadata (`flag(...)`); the CLI builds its options
-from them and `__post_init__` checks the same bounds when a config is built from Python. Configs are frozen
+allowed values are written once, here, in the field's metadata (`flag(...)`, flags.py); the CLI builds its
+options from them and `__post_init__` checks the same bounds (flags.check_fields) when a config is built from
+Python. Configs are frozen
 dataclasses of primitives, so they travel inside checkpoints as plain dicts.
 """
 
 from __future__ import annotations
 
-import math
-from dataclasses import MISSING, asdict, dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from nmt_cli.errors import ConfigError
+from nmt_cli.flags import changed_flags, check_fields, flag
 
 PRECISIONS = ("fp32", "bf16", "fp16")
-
-
-def flag(
-    default: Any = MISSING,
-    help: str = "",
-    *,
-    min: float | None = None,
-    max: float | None = None,
-    min_open: bool = False,
-    max_open: bool = False,
-    choices: tuple[str, ...] | None = None,
-    path: str | None = None,
-    argument: bool = False,
-    short: str | None = None,
-    cli: bool = True,
-) -> Any:
-    """A config field that is also a CLI flag: default, help and allowed values in one place.
-
-    path: "file" / "dir" (must exist) or "new" (a path to be written) for the CLI's path checks;
-    argument: a positional argument instead of an option; cli=False: set by the program, not a flag.
-    """
-    meta = {k: v for k, v in locals().items() if k != "default"}  # every argument but the default, by name
-    return field(default=default, metadata=meta)
-
-
-def flag_name(name: str) -> str:
-    return "--" + name.replace("_", "-")
-
-
-def check_fields(cfg: Any) -> None:
-    """Raise ConfigError when a field's value breaks the bounds or choices the field declares."""
-    for f in fields(cfg):
-        value, m, name = getattr(cfg, f.name), f.metadata, flag_name(f.name)
-        if value is None or isinstance(value, bool):
-            continue
-        if m.get("choices") and value not in m["choices"]:
-            raise ConfigError(f"{name} {value!r} must be one of {', '.join(m['choices'])}")
-        if isinstance(value, float) and not math.isfinite(value):
-            raise ConfigError(f"{name} {value} must be a finite number")
-        low, high = m.get("min"), m.get("max")
-        if low is not None and (value <= low if m["min_open"] else value < low):
-            raise ConfigError(f"{name} {value} must be {'above' if m['min_open'] else 'at least'} {low:g}")
-        if high is not None and (value >= high if m["max_open"] else value > high):
-            raise ConfigError(f"{name} {value} must be {'below' if m['max_open'] else 'at most'} {high:g}")
 
 
 @dataclass(frozen=True)
@@ -120,11 +77,6 @@ def model_config(arch: str, **given: Any) -> ModelConfig:
     if arch not in ARCHITECTURES:
         raise ConfigError(f"unknown --arch {arch!r}; choose one of {', '.join(ARCHITECTURES)}")
     return replace(ARCHITECTURES[arch], **{k: v for k, v in given.items() if v is not None})
-
-
-def changed_flags(cfg: Any) -> list[str]:
-    """The flags of a config dataclass that differ from their defaults (given, or set to another value)."""
-    return [flag_name(f.name) for f in fields(cfg) if f.default is not MISSING and getattr(cfg, f.name) != f.default]
 
 
 SPM_TRAINING_FLAGS = ("--vocab-size", "--model-type", "--character-coverage", "--spm-train-sentences")

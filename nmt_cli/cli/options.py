@@ -15,8 +15,9 @@ from typing import Any, TypeVar
 
 import click
 
-from nmt_cli.config import InferenceConfig, SearchConfig, flag_name
+from nmt_cli.config import InferenceConfig, SearchConfig
 from nmt_cli.errors import ConfigError
+from nmt_cli.flags import flag_name
 
 F = TypeVar("F", bound=Callable[..., Any])
 C = TypeVar("C", bound=InferenceConfig)

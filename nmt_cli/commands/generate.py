@@ -16,12 +16,13 @@ from typing import Any, TextIO
 
 import numpy as np
 
-from nmt_cli.config import GenerateConfig, SearchConfig, changed_flags
+from nmt_cli.config import GenerateConfig, SearchConfig
 from nmt_cli.data import BOM, raw_text_problem
 from nmt_cli.data.dataset import load_meta, load_vocab
 from nmt_cli.data.vocab import Vocab
 from nmt_cli.errors import ConfigError, DataError
 from nmt_cli.files import TMP_SUFFIX, atomic_text_output, remove_abandoned_temporaries, require_file
+from nmt_cli.flags import changed_flags
 from nmt_cli.parsing.parser import ParseNotes, TreeParser, ptb_words
 from nmt_cli.runtime import set_threads
 from nmt_cli.search.hypothesis import Hypothesis, hypothesis_record

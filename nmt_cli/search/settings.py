@@ -20,8 +20,9 @@ from typing import Any
 
 import torch
 
-from nmt_cli.config import ModelConfig, SearchConfig, flag_name
+from nmt_cli.config import ModelConfig, SearchConfig
 from nmt_cli.errors import ConfigError
+from nmt_cli.flags import flag_name
 from nmt_cli.runtime import AMP_DTYPES, resolve_precision
 from nmt_cli.search.beam import max_lengths
 

@@ -14,7 +14,8 @@ from typing import Any
 import torch
 
 from nmt_cli.checkpoint import BEST, load_model_weights
-from nmt_cli.config import SearchConfig, TrainConfig, config_to_dict, flag_name
+from nmt_cli.config import SearchConfig, TrainConfig, config_to_dict
+from nmt_cli.flags import flag_name
 from nmt_cli.runtime import DistInfo, set_rng_state
 
 logger = logging.getLogger(__name__)
