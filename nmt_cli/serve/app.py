@@ -227,7 +227,7 @@ class Server:
     async def answer(self, request: Request, texts: list[str], fields: dict[str, Any], start: float) -> dict:
         try:
             search = self.served.search_config(fields)
-            sentences = self.served.prepare(texts)
+            sentences = self.served.prepare(texts, search)
             future = self.batcher.submit(search, sentences, [self.served.length(s) for s in sentences])
         except NmtError as e:
             raise RequestError(400, str(e)) from None
