@@ -243,7 +243,10 @@ class Unwanted:
         """Ask again; the [B0] mask of sentences no longer wanted, or None while every one is."""
         gone = [not w for w in self.still_wanted()]
         if any(gone) and gone != self.host:
-            self.host, self.on_device = gone, torch.tensor(gone).to(self.device)
+            mask = torch.tensor(gone)
+            if self.device.type == "cuda":  # pinned and asynchronous: the copy waits for no kernel
+                mask = mask.pin_memory()
+            self.host, self.on_device = gone, mask.to(self.device, non_blocking=True)
         return self.on_device
 
 
