@@ -20,6 +20,7 @@ from nmt_cli.config import SearchConfig, ServeConfig
 from nmt_cli.errors import ConfigError, DataError
 from nmt_cli.search.beam import max_lengths
 
+DEFAULT_MAX_BEAM = 16
 SEARCH_FLAGS = {"--" + f.name.replace("_", "-"): f.name for f in fields(SearchConfig)}
 FLAG = re.compile(r"--[a-z][a-z0-9-]*")
 
@@ -35,8 +36,14 @@ class Caps:
     max_positions: int
 
     @classmethod
-    def of(cls, cfg: ServeConfig, max_positions: int) -> Caps:
-        return cls(cfg.max_beam, cfg.max_nbest, cfg.max_output_tokens, cfg.max_input_chars, max_positions)
+    def of(cls, cfg: ServeConfig, search: SearchConfig, max_positions: int) -> Caps:
+        """The caps given, else the defaults: a beam of 16 (or the server's own `search.beam` where larger, as a
+        parser's 21), as many hypotheses (or the server's --nbest), and the model's longest output (its positions
+        less one)."""
+        max_beam = cfg.max_beam or max(DEFAULT_MAX_BEAM, search.beam)
+        max_output = cfg.max_output_tokens or max_positions - 1
+        max_nbest = cfg.max_nbest or max(max_beam, search.nbest)  # sampling's --nbest may pass its --beam
+        return cls(max_beam, max_nbest, max_output, cfg.max_input_chars, max_positions)
 
 
 def request_terms(message: str) -> str:

@@ -68,7 +68,7 @@ class ServedModel:
         self.max_tokens = cfg.max_batch_tokens
         self.threads = torch.get_num_threads()  # as set_threads left it in the main thread
         self.limit = self.max_positions - 1
-        self.caps = Caps.of(cfg, self.max_positions)
+        self.caps = Caps.of(cfg, self.search, self.max_positions)
         check_server(self.search, self.caps)
         self.info = self._info(saved, cfg)
 
@@ -89,10 +89,10 @@ class ServedModel:
             "max_batch_tokens": cfg.max_batch_tokens,
             "max_wait_ms": cfg.max_wait_ms,
             "max_request_sentences": cfg.max_request_sentences,
-            "max_beam": cfg.max_beam,
-            "max_nbest": cfg.max_nbest,
-            "max_output_tokens": cfg.max_output_tokens,
-            "max_input_chars": cfg.max_input_chars,
+            "max_beam": self.caps.max_beam,
+            "max_nbest": self.caps.max_nbest,
+            "max_output_tokens": self.caps.max_output_tokens,
+            "max_input_chars": self.caps.max_input_chars,
             "nmt_version": __version__,
         }
 

@@ -67,6 +67,20 @@ def test_the_servers_own_settings_must_fit_its_caps(tiny_checkpoint, caps, searc
     assert says in str(refused.value)
 
 
+def test_the_default_caps_fit_the_servers_own_settings(tiny_checkpoint):
+    """Unless given, --max-beam is 16 or the server's --beam (a parser's 21), --max-nbest as large (or the server's
+    sampling --nbest), and --max-output-tokens the model's longest output."""
+    from nmt_cli.serve.served_model import ServedModel
+
+    def caps(search):
+        served = ServedModel(ServeConfig(path=str(tiny_checkpoint), device="cpu", threads=1), search)
+        return served.caps.max_beam, served.caps.max_nbest, served.caps.max_output_tokens
+
+    assert caps({}) == (16, 16, 255)  # transformer_tiny has 256 positions
+    assert caps({"beam": 21}) == (21, 21, 255)
+    assert caps({"sampling": True, "beam": 1, "nbest": 20}) == (16, 20, 255)
+
+
 def test_nmt_serve_refuses_to_start_above_its_caps_in_one_error_line(tiny_checkpoint):
     pytest.importorskip("uvicorn")
     args = ["serve", "--path", str(tiny_checkpoint), "--device", "cpu", "--port", "0", "--max-beam", "2"]
