@@ -312,6 +312,10 @@ class ServeConfig(InferenceConfig):
     max_request_sentences: int = flag(256, "Sentences one request may hold.", min=1)
     max_queue: int = flag(4096, "Sentences waiting at most; a request that would exceed it gets 503.", min=1)
     timeout: float = flag(60.0, "Seconds a request may take before it gets 504.", min=0, min_open=True)
+    max_beam: int | None = flag(None, "Largest beam a request may ask for [default: 16, or --beam].", min=1)
+    max_nbest: int | None = flag(None, "Most hypotheses per text a request may ask for [default: --max-beam's].", min=1)
+    max_output_tokens: int | None = flag(None, "Longest output a request may ask for [default: the model's].", min=1)
+    max_input_chars: int = flag(10_000, "Longest text a request may send, in characters.", min=1)
     drain_timeout: float = flag(
         30.0,
         "At SIGTERM or Ctrl-C, seconds the requests already open may take to be answered before each still open "

@@ -43,8 +43,8 @@ from nmt_cli.parsing.linearize import (
     with_top,
 )
 from nmt_cli.parsing.tree import Tree
-from nmt_cli.search.beam import max_lengths
-from nmt_cli.search.translate import Translator, translate
+from nmt_cli.search.beam import StillWanted, max_lengths
+from nmt_cli.search.translate import Translator, subset, translate
 
 logger = logging.getLogger(__name__)
 
@@ -225,11 +225,13 @@ class TreeParser:
         max_tokens: int,
         batch_size: int,
         generator: torch.Generator | None = None,
+        still_wanted: StillWanted | None = None,
     ) -> tuple[list[Tree | None], ParseNotes]:
         """Trees for tokenised sentences, in input order (None for an empty one); also what the caller warns of.
         Sampling (cfg.sampling) draws from `generator`, one for every chunk of a run (`sampling_generator`).
         Words without pieces are searched without and get an (XX word) leaf (see the module's docstring); a
-        sentence of such words only is not searched and gets the flat tree."""
+        sentence of such words only is not searched and gets the flat tree. `still_wanted` (one answer per sentence,
+        search/beam.py's StillWanted): sentences no longer wanted stop at the next step, their trees to be discarded."""
         translator, starts = self.translator, self.starts
         limit = translator.model.max_positions - 1
         pieces = has_pieces(translator.vocab, words)
@@ -254,7 +256,10 @@ class TreeParser:
             else:
                 todo.append(i)
         constraints = self.constraints([len(kept[i]) for i in todo])
-        results = translate(translator, [sources[i] for i in todo], cfg, max_tokens, batch_size, generator, constraints)
+        wanted = None if still_wanted is None else subset(still_wanted, np.array(todo, dtype=np.int64))
+        results = translate(
+            translator, [sources[i] for i in todo], cfg, max_tokens, batch_size, generator, constraints, wanted
+        )
         for i, hyps in zip(todo, results):
             try:  # (copied pieces are no tree tokens)
                 tree = delinearize([self.tokens_of[t] for t in hyps[0].tokens if self.tokens_of[t]], kept[i])

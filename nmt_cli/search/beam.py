@@ -13,10 +13,13 @@ This is fairseq's rule; with K = 1 it is exactly greedy search.
 The host waits for the device once per step, to learn how many sentences are done (`beam_search`);
 everything else is decided on the device, or on the host from what it already knows (the lengths).
 An optional `constraint` (parsing/constraint.py) masks log-probs before the top-k and follows the beams.
+An optional `still_wanted` (serve's requests that timed out or went away) is asked on the host once a step;
+a sentence no longer wanted leaves the batch as a finished one does, and the batch stops when none is wanted.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,6 +34,10 @@ from nmt_cli.search.constraint import Constraint
 from nmt_cli.search.hypothesis import Hypothesis
 
 NEG_INF = float("-inf")
+
+# Asked once a step: for each sentence of the call, in order, whether its result is still wanted (host-side,
+# e.g. a request's Future not yet done). The hypotheses of a sentence no longer wanted are to be discarded.
+StillWanted = Callable[[], Sequence[bool]]
 
 
 @dataclass
@@ -223,6 +230,26 @@ def collect(fin: Finished, nbest: int) -> list[list[Hypothesis]]:
     return results
 
 
+class Unwanted:
+    """The sentences of a call no longer wanted (`still_wanted`'s answers), on the host and on the device; copied
+    to the device only when the answer changes (host booleans: no wait for the device)."""
+
+    def __init__(self, still_wanted: StillWanted, device: torch.device) -> None:
+        self.still_wanted, self.device = still_wanted, device
+        self.host: list[bool] = []
+        self.on_device: Tensor | None = None  # [B0] bool; None while every sentence is wanted
+
+    def update(self) -> Tensor | None:
+        """Ask again; the [B0] mask of sentences no longer wanted, or None while every one is."""
+        gone = [not w for w in self.still_wanted()]
+        if any(gone) and gone != self.host:
+            mask = torch.tensor(gone)
+            if self.device.type == "cuda":  # pinned and asynchronous: the copy waits for no kernel
+                mask = mask.pin_memory()
+            self.host, self.on_device = gone, mask.to(self.device, non_blocking=True)
+        return self.on_device
+
+
 def start(b0: int, k: int, n_steps: int, device: torch.device) -> tuple[BeamState, Finished]:
     """Empty hypotheses; only beam 0 of each sentence is live at first (the others score -inf)."""
     scores = torch.full((b0, k), NEG_INF, device=device)
@@ -253,6 +280,7 @@ def beam_search(
     *,
     constraint: Constraint[Any] | None = None,
     n_leaves: Tensor | None = None,
+    still_wanted: StillWanted | None = None,
 ) -> list[list[Hypothesis]]:
     """Translate a batch of encoded sentences.
 
@@ -263,6 +291,8 @@ def beam_search(
         cfg: beam size, length penalty, length limits, nbest.
         n_pieces: the vocabulary's real size; ids from here to V are embedding padding, never output.
         constraint: optional rules (search/constraint.py; a parser's tree), with n_leaves [B0] per sentence.
+        still_wanted: optional, asked once a step (see StillWanted); the sentences no longer wanted leave the
+            batch at that step, and their hypotheses (those finished by then, or none) are to be discarded.
 
     Returns:
         For each sentence, `cfg.nbest` hypotheses, best first.
@@ -279,6 +309,7 @@ def beam_search(
     if constraint is not None:
         assert n_leaves is not None, "a constraint needs n_leaves"
         constraint_state = constraint.start(per_beam(n_leaves.to(device), k))
+    unwanted = None if still_wanted is None else Unwanted(still_wanted, device)
     for step in range(n_steps):
         log_probs, cache = model.decode_step(prev, cache)  # [B*K, V]
         if step == 0:
@@ -291,6 +322,8 @@ def beam_search(
         finish(state, fin, scores, beams, tokens, log_probs, step, cfg)
         state, rows = survive(state, scores, beams, tokens, log_probs)
         done = fin.count[state.sent_ids] >= k  # [B]
+        if unwanted is not None and (gone := unwanted.update()) is not None:
+            done = done | gone[state.sent_ids]  # they leave with the finished ones, counted in the same host sync
         b, n_done = done.shape[0], int(done.sum())  # the step's one host synchronisation
         if n_done == b:
             break

@@ -2,7 +2,8 @@
 
 Shapes: B sentences, V vocabulary. Greedy is the reference that beam search with K = 1 must match, so it
 shares none of beam.py's code: its length limits, token masks and length penalty are written out here again,
-plainly, one sentence at a time where that is clearer.
+plainly, one sentence at a time where that is clearer. A sentence no longer wanted (`still_wanted`, asked once
+a step as beam search asks it) ends with EOS at that step, its hypothesis to be discarded.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from torch import Tensor
 from nmt_cli.config import SearchConfig
 from nmt_cli.data.vocab import BOS, EOS, PAD, UNK
 from nmt_cli.model.transformer import EncoderOut, Transformer
+from nmt_cli.search.beam import StillWanted, Unwanted
 from nmt_cli.search.constraint import Constraint
 from nmt_cli.search.hypothesis import Hypothesis
 
@@ -46,6 +48,7 @@ def greedy_search(
     *,
     constraint: Constraint[Any] | None = None,
     n_leaves: Tensor | None = None,
+    still_wanted: StillWanted | None = None,
 ) -> list[list[Hypothesis]]:
     """Pick the most likely token each step (or sample one with cfg.sampling) until EOS or max length.
 
@@ -63,12 +66,15 @@ def greedy_search(
     if constraint is not None:
         assert n_leaves is not None, "a constraint needs n_leaves"
         constraint_state = constraint.start(n_leaves.to(device))
+    unwanted = None if still_wanted is None else Unwanted(still_wanted, device)
     for step in range(max(limits) + 1):
         log_probs, cache = model.decode_step(prev, cache)
         log_probs = allowed_tokens(log_probs, step, max_len, cfg, n_pieces)
         if constraint is not None:
             log_probs = constraint.mask(log_probs, constraint_state, step, max_len)
         choice = sample_from(log_probs, cfg, generator) if cfg.sampling else log_probs.argmax(-1)
+        if unwanted is not None and (gone := unwanted.update()) is not None:
+            choice = choice.masked_fill(gone, EOS)  # ends them now, checked with the others' EOS below
         tokens.append(choice.masked_fill(done, PAD))
         scores.append(log_probs.gather(1, choice[:, None]).squeeze(1).masked_fill(done, 0.0))
         done = done | (choice == EOS)

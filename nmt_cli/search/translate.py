@@ -23,7 +23,7 @@ from nmt_cli.model.linear import ONEDNN_AVAILABLE, pack_for_cpu_inference
 from nmt_cli.model.quantize import quantize_for_cpu_inference
 from nmt_cli.model.transformer import Transformer
 from nmt_cli.runtime import AMP_DTYPES, autocast, choose_attention_backends, choose_device
-from nmt_cli.search.beam import beam_search, max_lengths
+from nmt_cli.search.beam import StillWanted, beam_search, max_lengths
 from nmt_cli.search.constraint import ConstraintSource
 from nmt_cli.search.greedy import greedy_search
 from nmt_cli.search.hypothesis import Hypothesis
@@ -110,16 +110,18 @@ def search_batch(
     generator: torch.Generator | None,
     constraints: ConstraintSource | None = None,
     ids: np.ndarray | None = None,
+    still_wanted: StillWanted | None = None,
 ) -> list[list[Hypothesis]]:
     """Encode one padded batch and run beam, greedy or sampling search, under the rules `constraints` gives for the
-    sentences `ids` (indices into the caller's sources) when one is given."""
+    sentences `ids` (indices into the caller's sources) when one is given. `still_wanted` (one answer per source,
+    asked once a step): sentences no longer wanted stop there, their hypotheses to be discarded."""
     n, n_pieces = len(sources), translator.vocab.n_pieces
     src = pad_sources([np.asarray(s, dtype=np.int64) for s in sources]).to(translator.device)
     lengths = [len(s) for s in sources]
     src_lens = torch.tensor(lengths)  # on the host, where the searches read them (no copy back from the device)
     # On CUDA a batch of equal lengths passes no mask, so SDPA may choose its Flash kernel (known on the host).
     no_padding = translator.device.type == "cuda" and min(lengths) == max(lengths)
-    rules: dict[str, Any] = {}
+    rules: dict[str, Any] = {} if still_wanted is None else {"still_wanted": still_wanted}
     if constraints is not None:
         batch_ids = np.arange(n) if ids is None else ids
         rules["constraint"], rules["n_leaves"] = constraints.for_batch(src, src_lens, batch_ids)
@@ -131,10 +133,23 @@ def search_batch(
                 on_device = rep.to(translator.device)
                 mask = None if enc.src_pad_mask is None else enc.src_pad_mask[on_device]
                 enc = type(enc)(enc.memory[on_device], mask)
-                hyps = greedy_search(translator.model, enc, src_lens[rep], cfg, generator, n_pieces)
+                per_row = None if still_wanted is None else repeated(still_wanted, cfg.nbest)
+                hyps = greedy_search(
+                    translator.model, enc, src_lens[rep], cfg, generator, n_pieces, still_wanted=per_row
+                )
                 return [[h[0] for h in hyps[i * cfg.nbest : (i + 1) * cfg.nbest]] for i in range(n)]
             return greedy_search(translator.model, enc, src_lens, cfg, generator, n_pieces, **rules)
         return beam_search(translator.model, enc, src_lens, cfg, n_pieces, **rules)
+
+
+def repeated(still_wanted: StillWanted, n: int) -> StillWanted:
+    """`still_wanted` for a batch that holds each sentence n times in a row (n samples of each)."""
+    return lambda: [w for w in still_wanted() for _ in range(n)]
+
+
+def subset(still_wanted: StillWanted, ids: np.ndarray) -> StillWanted:
+    """`still_wanted` of a batch of the sentences `ids` (indices into the sentences `still_wanted` answers for)."""
+    return lambda: [bool(w) for w in np.asarray(still_wanted(), dtype=bool)[ids]]
 
 
 def sampling_generator(cfg: SearchConfig, device: torch.device) -> torch.Generator | None:
@@ -150,9 +165,12 @@ def translate(
     batch_size: int = 0,
     generator: torch.Generator | None = None,
     constraints: ConstraintSource | None = None,
+    still_wanted: StillWanted | None = None,
 ) -> list[list[Hypothesis]]:
     """Translate token-id sequences (no EOS); results come back in input order. `constraints`: the rules of a
-    constrained search (a parser's trees), asked for each batch.
+    constrained search (a parser's trees), asked for each batch. `still_wanted`: one answer per source, asked
+    once a step (search/beam.py's StillWanted); a sentence no longer wanted leaves its batch at the next step,
+    a batch of none wanted is not searched, and their results (empty or partial) are to be discarded.
 
     Empty sources get an empty hypothesis without running the model; sources longer than the
     model's positions are cut (with a warning). Sampling draws from `generator`, else from one seeded
@@ -183,7 +201,11 @@ def translate(
     batches, _ = batch_by_tokens(lengths[nonempty], lengths[nonempty], budget, None, batch_size)
     for batch in batches:
         ids = nonempty[batch]
-        for i, hyps in zip(ids, search_batch(translator, [sources[i] for i in ids], cfg, generator, constraints, ids)):
+        wanted = None if still_wanted is None else subset(still_wanted, ids)
+        if wanted is not None and not any(wanted()):
+            continue
+        hyps_of = search_batch(translator, [sources[i] for i in ids], cfg, generator, constraints, ids, wanted)
+        for i, hyps in zip(ids, hyps_of):
             results[i] = hyps
     return results
 

@@ -239,7 +239,7 @@ class Server:
         texts, fields = request_texts(read_json(body), self.limits.max_request_sentences)
         try:
             search = self.served.search_config(fields)
-            sentences = self.served.prepare(texts)
+            sentences = self.served.prepare(texts, search)
         except NmtError as e:
             raise RequestError(400, str(e)) from None
         return sentences, search, [self.served.length(s) for s in sentences]

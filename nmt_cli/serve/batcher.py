@@ -9,7 +9,9 @@ last batch when that is later). A lone client is never kept waiting, and 32 clie
 the oldest one's search settings (the job's `key`), packed by `batch_by_tokens` as `nmt generate` packs
 its input, and the batch holding the oldest sentence taken. Empty sentences cost nothing and ride along.
 A request is answered as soon as its last sentence is done; a cancelled one (timed out, client gone) loses
-its sentences that have not started. `stop` refuses new requests, finishes the queued ones, and returns.
+its sentences that have not started, and those of the running batch stop at the search's next step (the
+whole batch when none is wanted), so that the others' latency does not depend on it. `stop` refuses new
+requests, finishes the queued ones, and returns.
 Before its first batch the worker runs `warm_up` (one sentence through the model), then sets `ready`; either
 way it sets `warmed`, with `warm_up_error` holding what the warm-up raised (`nmt serve` refuses to start on it).
 """
@@ -32,7 +34,9 @@ from nmt_cli.errors import NmtError
 
 logger = logging.getLogger(__name__)
 
-RunBatch = Callable[[Hashable, list[Any]], list[Any]]  # (key, items) -> one result per item, in order
+# (key, items, still_wanted) -> one result per item, in order; still_wanted() says, per item, whether its request
+# is still waiting (the search asks it once a step and drops the others: their results are not used)
+RunBatch = Callable[[Hashable, list[Any], Callable[[], list[bool]]], list[Any]]
 OnBatch = Callable[[int, int, float], None]  # (sentences, requests, seconds) of each batch run
 
 
@@ -224,9 +228,10 @@ class Batcher:
     def _run_batch(self, batch: list[Queued]) -> None:
         """Search a batch and answer its requests; the next batch waits for the company this one expects."""
         jobs = list({id(q.job): q.job for q in batch}.values())
+        futures = [q.job.future for q in batch]
         start = time.perf_counter()
         try:
-            results = self.run(batch[0].job.key, [q.job.items[q.index] for q in batch])
+            results = self.run(batch[0].job.key, [q.job.items[q.index] for q in batch], lambda: still_waiting(futures))
         except Exception as e:  # a bug or a device error: fail these requests, keep serving the others
             logger.exception("a batch of %d sentences failed", len(batch))
             for job in jobs:
@@ -241,6 +246,11 @@ class Batcher:
             self.on_batch(len(batch), len(jobs), time.perf_counter() - start)
         for q, result in zip(batch, results):
             q.answer(result)
+
+
+def still_waiting(futures: list[Future[list[Any]]]) -> list[bool]:
+    """Per sentence, whether its request still waits for it: not answered, timed out, cancelled, or gone."""
+    return [not f.done() for f in futures]
 
 
 def settle(future: Future[list[Any]], result: list[Any] | None = None, exception: Exception | None = None) -> None:

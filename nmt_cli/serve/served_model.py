@@ -12,7 +12,7 @@ import logging
 import typing
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -23,12 +23,14 @@ from nmt_cli import __version__
 from nmt_cli.checkpoint import SavedModel
 from nmt_cli.config import SearchConfig, ServeConfig
 from nmt_cli.data import raw_text_problem
-from nmt_cli.errors import DataError
+from nmt_cli.errors import ConfigError, DataError
 from nmt_cli.parsing.parser import TreeParser, ptb_words
+from nmt_cli.search.beam import StillWanted
 from nmt_cli.search.hypothesis import hypothesis_record
 from nmt_cli.search.settings import search_settings
 from nmt_cli.search.translate import Translator, open_for_inference, sampling_generator, translate
 from nmt_cli.serve.batcher import Batcher
+from nmt_cli.serve.caps import Caps, check_outputs, check_request, check_server, check_text_length, request_terms
 
 logger = logging.getLogger(__name__)
 
@@ -66,6 +68,8 @@ class ServedModel:
         self.max_tokens = cfg.max_batch_tokens
         self.threads = torch.get_num_threads()  # as set_threads left it in the main thread
         self.limit = self.max_positions - 1
+        self.caps = Caps.of(cfg, self.search, self.max_positions)
+        check_server(self.search, self.caps)
         self.info = self._info(saved, cfg)
 
     def _info(self, saved: SavedModel, cfg: ServeConfig) -> dict[str, Any]:
@@ -85,23 +89,38 @@ class ServedModel:
             "max_batch_tokens": cfg.max_batch_tokens,
             "max_wait_ms": cfg.max_wait_ms,
             "max_request_sentences": cfg.max_request_sentences,
+            "max_beam": self.caps.max_beam,
+            "max_nbest": self.caps.max_nbest,
+            "max_output_tokens": self.caps.max_output_tokens,
+            "max_input_chars": self.caps.max_input_chars,
             "nmt_version": __version__,
         }
 
     def search_config(self, fields_given: dict[str, Any]) -> SearchConfig:
-        """The server's search settings with a request's own; ConfigError names a field that does not fit."""
+        """The server's search settings with a request's own; ConfigError or DataError names a field that does not
+        fit (in the request's words: `beam`, not generate's `--beam`), or a cap it exceeds."""
         overrides = {name: search_field_value(name, value) for name, value in fields_given.items()}
-        return search_settings(self.path, self.search, overrides, self.is_parser, self.inference.bounds)
+        try:
+            check_request(replace(self.search, **overrides), self.caps)  # the caps first: they say the most
+            return search_settings(self.path, self.search, overrides, self.is_parser, self.inference.bounds)
+        except ConfigError as e:
+            raise ConfigError(request_terms(str(e))) from None
 
-    def prepare(self, texts: list[str]) -> list[Sentence]:
-        """Encode a request's texts with the checkpoint's sentencepiece model (a parser's as treebank words)."""
+    def prepare(self, texts: list[str], search: SearchConfig | None = None) -> list[Sentence]:
+        """Encode a request's texts with the checkpoint's sentencepiece model (a parser's as treebank words);
+        with the request's `search`, refuse a text whose output may run past --max-output-tokens."""
         for i, text in enumerate(texts):
+            check_text_length(i, text, self.caps)
             check_text(i, text)
         if not self.is_parser:
-            return [Sentence(np.asarray(ids, dtype=np.int64), len(ids)) for ids in self.vocab.encode(texts)]
-        words = [ptb_words(text) for text in texts]
-        encoded = self.vocab.encode([" ".join(w) for w in words])
-        return [Sentence(np.asarray(ids, dtype=np.int64), len(ids), w) for ids, w in zip(encoded, words)]
+            sentences = [Sentence(np.asarray(ids, dtype=np.int64), len(ids)) for ids in self.vocab.encode(texts)]
+        else:
+            words = [ptb_words(text) for text in texts]
+            encoded = self.vocab.encode([" ".join(w) for w in words])
+            sentences = [Sentence(np.asarray(ids, dtype=np.int64), len(ids), w) for ids, w in zip(encoded, words)]
+        if search is not None:
+            check_outputs(search, [self.length(s) for s in sentences], self.caps)
+        return sentences
 
     def length(self, sentence: Sentence) -> int:
         """The pieces the search sees (a parser's sentence without words is not searched)."""
@@ -137,16 +156,24 @@ class ServedModel:
         does not pay for first-call set-up."""
         self.run(self.search, self.prepare(["Hello, world."]))
 
-    def run(self, search: Any, sentences: list[Sentence]) -> list[dict[str, Any]]:
-        """Search one batch (the worker thread calls this); one JSON-ready result per sentence."""
+    def run(
+        self, search: Any, sentences: list[Sentence], still_wanted: StillWanted | None = None
+    ) -> list[dict[str, Any] | None]:
+        """Search one batch (the worker thread calls this); one JSON-ready result per sentence. `still_wanted`
+        (per sentence, asked once a step): those no longer wanted stop at the next step, and get None."""
         translator = self.translator
         generator = sampling_generator(search, self.device)
         if self.parser is not None:
             words = [s.words or [] for s in sentences]
-            trees, _ = self.parser.parse(words, search, self.max_tokens, 0, generator)
-            return [{"text": "" if tree is None else str(tree)} for tree in trees]
-        results = translate(translator, [s.ids for s in sentences], search, self.max_tokens, 0, generator)
-        return [self.translation(hyps, search.nbest) for hyps in results]
+            trees, _ = self.parser.parse(words, search, self.max_tokens, 0, generator, still_wanted)
+            answers: list[dict[str, Any] | None] = [{"text": "" if tree is None else str(tree)} for tree in trees]
+        else:
+            ids = [s.ids for s in sentences]
+            results = translate(translator, ids, search, self.max_tokens, 0, generator, None, still_wanted)
+            answers = [self.translation(hyps, search.nbest) for hyps in results]
+        if still_wanted is None:
+            return answers
+        return [answer if wanted else None for answer, wanted in zip(answers, still_wanted())]
 
     def batcher(self, max_wait: float, max_queue: int) -> Batcher:
         """The batcher (not started) whose worker searches with this model: the server's, or a benchmark's."""

@@ -18,7 +18,7 @@ class Recorder:
         self.delay = delay
         self.fail_on = fail_on
 
-    def __call__(self, key, items):
+    def __call__(self, key, items, still_wanted=None):
         self.batches.append((key, list(items)))
         if self.fail_on is not None and self.fail_on in items:
             raise RuntimeError("boom")

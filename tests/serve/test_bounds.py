@@ -1,0 +1,175 @@
+"""Bounded work per request: the caps on what one request may ask for (400 in the request's own words; the
+server's own settings must fit them at start), and a request that times out stops costing compute at the next
+search step, so that the requests after it are answered in their usual time."""
+
+import threading
+import time
+
+import pytest
+from click.testing import CliRunner
+
+from nmt_cli.cli import cli
+from nmt_cli.config import ServeConfig
+from nmt_cli.errors import ConfigError
+from tests.serve.serving import SENTENCES, serving
+
+pytest.importorskip("starlette")
+pytest.importorskip("httpx")
+
+CAPPED = [
+    ({"beam": 17}, "beam 17 is above this server's limit of 16 (--max-beam)"),
+    ({"beam": 0}, "beam 0 must be at least 1"),
+    ({"sampling": True, "nbest": 17}, "nbest 17 is above this server's limit of 16 (--max-nbest)"),
+    ({"min_len": 41}, "min_len 41 is above this server's limit of 40 output pieces (--max-output-tokens)"),
+    ({"max_len_b": 40}, "max_len_a 1 and max_len_b 40 allow 41 output pieces for a text of one piece"),
+    ({"max_len_a": 0, "max_len_b": 0}, "max_len_a 0 and max_len_b 0 leave no room for any output"),
+    ({"nbest": 5}, "nbest 5 cannot exceed beam 4"),
+]
+
+
+def test_each_cap_refuses_a_request_beyond_it_naming_the_requests_field(tiny_checkpoint):
+    with serving(tiny_checkpoint, max_output_tokens=40, max_input_chars=30, search={"max_len_b": 10}) as client:
+        answers = [client.post("/translate", json={"text": "1 2", **fields}) for fields, _ in CAPPED]
+        long_output = client.post("/translate", json={"texts": ["1", " ".join(["5"] * 11)], "max_len_a": 3})
+        long_text = client.post("/translate", json={"texts": ["1 2", "1" * 31]})
+        at_the_caps = client.post("/translate", json={"text": "1 2", "beam": 16, "nbest": 16, "min_len": 40})
+        info = client.get("/info").json()
+    for (fields, words), answer in zip(CAPPED, answers):
+        assert answer.status_code == 400 and words in answer.json()["error"], (fields, answer.json())
+        assert "--beam" not in answer.json()["error"] and "--nbest" not in answer.json()["error"]
+    assert long_output.status_code == 400
+    assert long_output.json()["error"].startswith(
+        "texts[1] has 11 pieces, for which max_len_a 3 and max_len_b 10 allow 43 output pieces, above this "
+        "server's limit of 40 (--max-output-tokens)"
+    )
+    assert long_text.status_code == 400
+    assert (
+        "texts[1] has 31 characters, above this server's limit of 30 (--max-input-chars)" in long_text.json()["error"]
+    )
+    assert at_the_caps.status_code == 200 and len(at_the_caps.json()["translations"][0]["nbest"]) == 16
+    assert (info["max_beam"], info["max_nbest"], info["max_output_tokens"], info["max_input_chars"]) == (16, 16, 40, 30)
+
+
+@pytest.mark.parametrize(
+    "caps, search, says",
+    [
+        ({"max_beam": 2}, {}, "--beam 4 is above this server's limit of 2 (--max-beam)"),
+        ({"max_nbest": 2}, {"nbest": 3}, "--nbest 3 is above this server's limit of 2 (--max-nbest)"),
+        ({"max_output_tokens": 30}, {}, "--max-len-a 1 and --max-len-b 50 allow 51 output pieces"),
+        ({"max_output_tokens": 60}, {"min_len": 61}, "--min-len 61 is above this server's limit of 60"),
+    ],
+)
+def test_the_servers_own_settings_must_fit_its_caps(tiny_checkpoint, caps, search, says):
+    from nmt_cli.serve.served_model import ServedModel
+
+    with pytest.raises(ConfigError, match="raise the limit or lower the setting") as refused:
+        ServedModel(ServeConfig(path=str(tiny_checkpoint), device="cpu", threads=1, **caps), search)
+    assert says in str(refused.value)
+
+
+def test_the_default_caps_fit_the_servers_own_settings(tiny_checkpoint):
+    """Unless given, --max-beam is 16 or the server's --beam (a parser's 21), --max-nbest as large (or the server's
+    sampling --nbest), and --max-output-tokens the model's longest output."""
+    from nmt_cli.serve.served_model import ServedModel
+
+    def caps(search):
+        served = ServedModel(ServeConfig(path=str(tiny_checkpoint), device="cpu", threads=1), search)
+        return served.caps.max_beam, served.caps.max_nbest, served.caps.max_output_tokens
+
+    assert caps({}) == (16, 16, 255)  # transformer_tiny has 256 positions
+    assert caps({"beam": 21}) == (21, 21, 255)
+    assert caps({"sampling": True, "beam": 1, "nbest": 20}) == (16, 20, 255)
+
+
+def test_nmt_serve_refuses_to_start_above_its_caps_in_one_error_line(tiny_checkpoint):
+    pytest.importorskip("uvicorn")
+    args = ["serve", "--path", str(tiny_checkpoint), "--device", "cpu", "--port", "0", "--max-beam", "2"]
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 1
+    assert result.output.strip().splitlines() == [
+        "error: --beam 4 is above this server's limit of 2 (--max-beam); raise the limit or lower the setting"
+    ]
+
+
+class SlowSteps:
+    """Wraps the served model's decoder: each step sleeps `delay` s (a big model on a slow machine) and records its
+    rows, so that the steps of the beam-16 request (16 rows a step) can be counted."""
+
+    def __init__(self, model, delay):
+        self.model, self.delay, self.rows = model, delay, []
+        self.decode_step = model.decode_step
+        model.decode_step = self
+
+    def __call__(self, prev, cache):
+        self.rows.append(prev.shape[0])
+        time.sleep(self.delay)
+        return self.decode_step(prev, cache)
+
+    def steps_of(self, rows):
+        return sum(r == rows for r in self.rows)
+
+
+def test_a_request_that_times_out_stops_at_the_next_step_and_the_others_are_answered_in_their_usual_time(
+    tiny_checkpoint,
+):
+    timeout, delay, forced = 0.5, 0.01, 255
+    # Three clients of one sentence each, batched together at the server's beam 4: at most 12 rows a step.
+    with serving(tiny_checkpoint, timeout=timeout, max_wait=0.05, search={"max_len_b": 5}) as client:
+        slow = SlowSteps(client.app.state.server.served.translator.model, delay)
+
+        def ask(texts, fields=None):
+            start = time.perf_counter()
+            answer = client.post("/translate", json={"texts": texts, **(fields or {})})
+            return answer, time.perf_counter() - start
+
+        def three_clients():
+            answers = []
+            clients = [threading.Thread(target=lambda t=t: answers.append(ask([t]))) for t in SENTENCES[:3]]
+            for c in clients:
+                c.start()
+            for c in clients:
+                c.join()
+            return answers
+
+        alone = three_clients()
+        usual = max(seconds for _, seconds in alone)
+        # The most expensive request the caps allow on this model: beam 16, forced to the model's 255 pieces.
+        worst = {"beam": 16, "min_len": forced, "max_len_a": 0, "max_len_b": forced}
+        pathological, took = ask(["1 2 3"], worst)
+        after = three_clients()
+    steps = slow.steps_of(16)  # the server has stopped: every step the worker ran is counted
+    assert all(answer.status_code == 200 for answer, _ in alone)
+    assert pathological.status_code == 504 and took < timeout + 0.5
+    # It left its batch at the step after its 504: far below the 255 steps it asked for (at 10 ms a step,
+    # about 50 by the timeout), where the worker had searched on for every step and the others got 504.
+    assert steps < forced / 2, steps
+    assert [answer.status_code for answer, _ in after] == [200] * 3
+    assert max(seconds for _, seconds in after) < 2 * usual + 0.1, (usual, after)
+
+
+def test_a_cancelled_request_leaves_the_running_batch_at_the_next_step():
+    """The batcher's run gets still_wanted: a request cancelled while its batch runs reads False from then on,
+    and a batch of none wanted ends at once (the search stops at the step it asks)."""
+    from nmt_cli.serve.batcher import Batcher
+
+    asked = []
+
+    def run(key, items, still_wanted):
+        for _ in range(500 if "a" in items else 1):  # a search of 500 steps (1 for "c"), 10 ms each, asking each
+            wanted = still_wanted()
+            asked.append(wanted)
+            if not any(wanted):
+                break
+            time.sleep(0.01)
+        return [None] * len(items)
+
+    batcher = Batcher(run, max_tokens=1000, max_wait=0.0, max_queue=10)
+    batcher.start()
+    future = batcher.submit("k", ["a", "b"], [1, 1])
+    time.sleep(0.1)
+    start = time.perf_counter()
+    future.cancel()
+    other = batcher.submit("k", ["c"], [1])
+    assert other.result(timeout=5) == [None] and time.perf_counter() - start < 1.0
+    batcher.stop(5)
+    assert asked[0] == [True, True] and [False, False] in asked
