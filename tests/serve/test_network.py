@@ -83,7 +83,7 @@ def test_a_body_over_the_limit_is_refused_without_being_read_whole(tiny_checkpoi
 
 def test_health_answers_while_a_large_text_is_encoded(tiny_checkpoint):
     text = " ".join(str(i % 10) for i in range(1_000_000))  # 2 MB of digits: encoding it takes a while
-    with serving(tiny_checkpoint, limits={"max_body_bytes": 4 << 20}) as client:
+    with serving(tiny_checkpoint, limits={"max_body_bytes": 4 << 20}, max_input_chars=4 << 20) as client:
         start = time.perf_counter()
         client.app.state.server.parse(json.dumps({"text": text}).encode())  # what the event loop would be held for
         held = time.perf_counter() - start
