@@ -238,8 +238,8 @@ class Server:
     def parse(self, body: bytes, headers: Mapping[str, str] | None = None) -> libretranslate.Parsed:
         """A /translate body read, ours or LibreTranslate's: texts encoded, search settings, lengths, LibreRequest."""
         try:
-            payload = libretranslate.form_fields(body) if libretranslate.is_form(headers) else read_json(body)
-            if not libretranslate.keyed(headers, payload, self.limits.api_key):  # the header's key, or the body's
+            payload, keyed = libretranslate.read(body, headers, self.limits.api_key, read_json)
+            if not keyed:  # neither the header nor LibreTranslate's body carries the key
                 raise RequestError(401, KEY_NEEDED, {"WWW-Authenticate": "Bearer"})
             payload, libre = libretranslate.translate_body(payload, self.served.info)
             texts, fields = request_texts(payload, self.limits.max_request_sentences)

@@ -74,13 +74,21 @@ def is_form(headers: Mapping[str, str] | None) -> bool:
     return (headers or {}).get("content-type", "").startswith("application/x-www-form-urlencoded")
 
 
-def keyed(headers: Mapping[str, str] | None, payload: Any, key: str | None) -> bool:
-    """Whether a request carries the server's API key (always, when it has none): in its Authorization header, or
-    in a LibreTranslate body's api_key, where that API's clients send it (compared the same way)."""
+def read(
+    body: bytes, headers: Mapping[str, str] | None, key: str | None, read_json: Callable[[bytes], Any]
+) -> tuple[Any, bool]:
+    """A /translate body read (a form, or JSON by `read_json`), and whether the request carries the server's API
+    key (always, when it has none): in its Authorization header, or in a LibreTranslate body's api_key, where that
+    API's clients send it (compared the same way). Without the key in the header, a body that cannot be read is
+    answered 401 (payload None), as it was before its body was looked at, not 400 with the reason."""
     if authorized((headers or {}).get("authorization"), key):
-        return True
+        return form_fields(body) if is_form(headers) else read_json(body), True
+    try:
+        payload = form_fields(body) if is_form(headers) else read_json(body)
+    except Exception:  # read_json's own error or form_fields' DataError: what to do is to send the key
+        return None, False
     given = payload.get("api_key") if is_libretranslate(payload) else None
-    return isinstance(given, str) and authorized(f"Bearer {given}", key)
+    return payload, isinstance(given, str) and authorized(f"Bearer {given}", key)
 
 
 def form_fields(body: bytes) -> dict[str, Any]:

@@ -81,10 +81,11 @@ def test_a_libretranslate_body_may_carry_the_api_key(tiny_checkpoint):
         wrong = client.post("/translate", json=libre("1 2", api_key="wrong"))
         missing = client.post("/translate", json=libre("1 2"))
         ours_with_key_field = client.post("/translate", json={"text": "1 2", "api_key": KEY})
+        unreadable = client.post("/translate", content=b"{not json")  # without the key: 401, not why it is bad
         languages = client.get("/languages")
         openapi = client.get("/openapi.json")
     assert keyed.status_code == form.status_code == header.status_code == 200, (keyed.text, form.text)
-    for response in (wrong, missing, ours_with_key_field):  # only LibreTranslate's body carries a key
+    for response in (wrong, missing, ours_with_key_field, unreadable):  # only LibreTranslate's body carries a key
         assert response.status_code == 401, response.text
         assert "api_key" in response.json()["error"] and response.headers["www-authenticate"] == "Bearer"
     assert languages.status_code == openapi.status_code == 200  # open, like /health
