@@ -305,6 +305,8 @@ class SavedModel:
     target_lang: str | None
     update: int | None
     weights: dict[str, torch.Tensor]
+    averaged_from: tuple[str, ...] = ()  # an average's inputs (average-checkpoints), and their updates where known
+    averaged_updates: tuple[int | None, ...] = ()
 
     def model(self) -> Transformer:
         """The model holding the checkpoint's own tensors (`model_around_weights`), in eval mode, on the CPU."""
@@ -335,6 +337,8 @@ def read_saved_model(path: Path) -> SavedModel:
         target_lang=ckpt.get("target_lang"),
         update=ckpt.get("update"),
         weights=ckpt["model"],
+        averaged_from=tuple(ckpt.get("averaged_from", ())),
+        averaged_updates=tuple(ckpt.get("averaged_updates", ())),
     )
 
 

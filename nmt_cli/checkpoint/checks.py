@@ -246,6 +246,13 @@ def check_fields(ckpt: dict[str, Any], path: Path) -> None:
         averaged,
         "a list of paths",
     )
+    updates = ckpt.get("averaged_updates", [])
+    check.expect(
+        isinstance(updates, list) and all(u is None or _is_int(u, 0) for u in updates),
+        "averaged_updates",
+        updates,
+        "a list of whole numbers >= 0",
+    )
 
 
 def check_training_fields(ckpt: dict[str, Any], path: Path) -> None:

@@ -56,6 +56,7 @@ def average_checkpoints(paths: list[Path]) -> dict[str, Any]:
     first = load_checkpoint(paths[0])
     sums = {k: v.double() if v.is_floating_point() else v.clone() for k, v in first["model"].items()}
     by_update = {first.get("update"): [paths[0]]}  # to refuse the same weights twice
+    updates = [first.get("update")]  # each input's, in order: what the average is of (serve's /info says it)
     for path in paths[1:]:
         ckpt = load_checkpoint(path)
         if shape_differences(model_config_of(first, paths[0]), model_config_of(ckpt, path)):
@@ -84,6 +85,7 @@ def average_checkpoints(paths: list[Path]) -> dict[str, Any]:
                 same = f"{path} is given twice" if path.samefile(other) else f"{path} and {other} hold the same weights"
                 raise CheckpointError(f"{same} (update {update}); averaging would count that update twice")
         by_update[update].append(path)
+        updates.append(update)
         for k, v in ckpt["model"].items():
             if v.shape != sums[k].shape:
                 raise CheckpointError(f"{path}: {k} has shape {tuple(v.shape)}, {paths[0]} has {tuple(sums[k].shape)}")
@@ -97,7 +99,7 @@ def average_checkpoints(paths: list[Path]) -> dict[str, Any]:
             by_storage[ptr] = (v / len(paths)).to(first["model"][k].dtype) if v.is_floating_point() else v
         averaged[k] = by_storage[ptr]
     out = {k: first[k] for k in MODEL_KEYS if k in first}
-    out.update(model=averaged, averaged_from=[str(p) for p in paths], nmt_version=__version__)
+    out.update(model=averaged, averaged_from=[str(p) for p in paths], averaged_updates=updates, nmt_version=__version__)
     return out
 
 

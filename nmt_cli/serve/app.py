@@ -4,12 +4,13 @@ POST /translate  {"text": "..."} or {"texts": [...]} and optional search fields 
                  -> {"translations": [{"text", "score", "nbest"?, "warning"?}, ...], "seconds"}
 GET /health      alive;  GET /ready  loaded and warm (503 until the warm-up sentence is done)
 GET /info        languages, model shape, vocabulary, checkpoint, search settings, version
-GET /metrics     Prometheus text;  GET /  a page to translate with
+GET /metrics     Prometheus text;  GET /  a page to translate with;  GET /openapi.json  this API (openapi.py)
+LibreTranslate's /translate body ("q", api_key in place of the header) and GET /languages: libretranslate.py
 
 Every error is JSON {"error": "...", "request_id": "..."}: 400 for a request the server cannot read (malformed
 JSON, nested too deeply, invalid UTF-8, a wrong field or type, no texts, more than --max-request-sentences), 401
 without the API key (when the server has one: /translate, /info and /metrics need `Authorization: Bearer KEY`;
-/, /health and /ready stay open), 413 for a body over --max-body-bytes (refused from its Content-Length before
+the others stay open), 413 for a body over --max-body-bytes (refused from its Content-Length before
 it is read, or cut off where a chunked body passes it), 503 with Retry-After when the queue is full or the server
 is shutting down, 504 past --timeout, 500 for a failure of the server's own (its traceback is logged). A client
 that closes its connection before its answer is counted under 499 in /metrics.
@@ -30,7 +31,7 @@ import json
 import logging
 import time
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from concurrent.futures import Future
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -46,9 +47,11 @@ from starlette.routing import Route
 
 from nmt_cli.config import SearchConfig
 from nmt_cli.errors import NmtError
+from nmt_cli.serve import libretranslate
 from nmt_cli.serve.access import AccessLog, authorized, cors
 from nmt_cli.serve.batcher import Batcher, QueueFull, Stopping
 from nmt_cli.serve.metrics import Metrics
+from nmt_cli.serve.openapi import openapi_json
 from nmt_cli.serve.page import PAGE
 from nmt_cli.serve.served_model import Sentence, ServedModel
 
@@ -57,6 +60,7 @@ logger = logging.getLogger(__name__)
 MAX_INT_DIGITS = 4300  # Python's default limit on converting a string to an int
 OFFLOAD_BYTES = 64 << 10  # a body longer than this is parsed and encoded on a thread, off the event loop
 RETRY_AFTER = {"Retry-After": "1"}  # seconds: a full queue empties within a batch or two
+KEY_NEEDED = "this server needs its API key: send `Authorization: Bearer KEY` (or LibreTranslate's api_key field)"
 
 
 class RequestError(Exception):
@@ -206,12 +210,11 @@ class Server:
         n_sentences = request.state.sentences = 0  # for the access log: 0 until the body is read
         self.open_requests += 1
         try:
-            self.check_key(request)
-            body = await self.body(request)
+            body, h = await self.body(request), request.headers
             # A large body's JSON and sentencepiece encoding take long enough to stall every other request
-            parsed = await run_in_threadpool(self.parse, body) if len(body) > OFFLOAD_BYTES else self.parse(body)
+            parsed = await run_in_threadpool(self.parse, body, h) if len(body) > OFFLOAD_BYTES else self.parse(body, h)
             n_sentences = request.state.sentences = len(parsed[0])
-            answer = await self.answer(request, *parsed, start)
+            answer = await self.answer(request, *parsed[:3], start)
         except RequestError as e:
             self.answered(e.status, n_sentences, time.perf_counter() - start)
             self.aborted_requests += isinstance(e, Aborted)
@@ -220,7 +223,7 @@ class Server:
             self.open_requests -= 1
         seconds = time.perf_counter() - start
         try:
-            response = JSONResponse({**answer, "seconds": round(seconds, 4)})
+            response = JSONResponse(libretranslate.shaped(parsed[3], answer, seconds))
         except ValueError as e:  # a score of inf or NaN (search settings at their extremes), which JSON lacks
             self.answered(500, n_sentences, seconds)
             return error(500, f"the translation cannot be written as JSON: {e}", request)
@@ -230,19 +233,21 @@ class Server:
     def check_key(self, request: Request) -> None:
         """401 unless the server has no API key or the request carries it."""
         if not authorized(request.headers.get("authorization"), self.limits.api_key):
-            raise RequestError(
-                401, "this server needs its API key: send `Authorization: Bearer KEY`", {"WWW-Authenticate": "Bearer"}
-            )
+            raise RequestError(401, KEY_NEEDED, {"WWW-Authenticate": "Bearer"})
 
-    def parse(self, body: bytes) -> tuple[list[Sentence], SearchConfig, list[int]]:
-        """A /translate body read: its texts encoded, its search settings, the sentences' lengths."""
-        texts, fields = request_texts(read_json(body), self.limits.max_request_sentences)
+    def parse(self, body: bytes, headers: Mapping[str, str] | None = None) -> libretranslate.Parsed:
+        """A /translate body read, ours or LibreTranslate's: texts encoded, search settings, lengths, LibreRequest."""
         try:
+            payload, keyed = libretranslate.read(body, headers, self.limits.api_key, read_json)
+            if not keyed:  # neither the header nor LibreTranslate's body carries the key
+                raise RequestError(401, KEY_NEEDED, {"WWW-Authenticate": "Bearer"})
+            payload, libre = libretranslate.translate_body(payload, self.served.info)
+            texts, fields = request_texts(payload, self.limits.max_request_sentences)
             search = self.served.search_config(fields)
             sentences = self.served.prepare(texts, search)
         except NmtError as e:
             raise RequestError(400, str(e)) from None
-        return sentences, search, [self.served.length(s) for s in sentences]
+        return sentences, search, [self.served.length(s) for s in sentences], libre
 
     def answered(self, status: int, sentences: int, seconds: float) -> None:
         self.metrics.request(status, sentences, seconds)
@@ -373,6 +378,8 @@ def build_app(served: ServedModel, batcher: Batcher, metrics: Metrics, limits: L
         Route("/ready", server.ready_check, methods=["GET"]),
         Route("/info", server.info, methods=["GET"]),
         Route("/metrics", server.metrics_text, methods=["GET"]),
+        Route("/languages", libretranslate.languages_route(served.info), methods=["GET"]),
+        Route("/openapi.json", openapi_json, methods=["GET"]),
     ]
     middleware = [Middleware(AccessLog), *cors(limits.cors_origins)]
     app = Starlette(

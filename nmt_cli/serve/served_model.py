@@ -78,7 +78,7 @@ class ServedModel:
             "target_lang": saved.target_lang,
             "task": "parsing" if self.is_parser else "translation",
             "checkpoint": str(Path(cfg.path).resolve()),
-            "update": saved.update,
+            **updates_of(saved),
             "model": asdict(saved.config),
             "vocab_size": self.vocab.n_pieces,
             "max_positions": self.max_positions,
@@ -206,6 +206,20 @@ def search_field_value(name: str, value: Any) -> Any:
     if not ok:
         raise DataError(f"{name!r} must be {'a number' if want is float else want.__name__}, not {value!r}")
     return float(value) if want is float else value
+
+
+def updates_of(saved: SavedModel) -> dict[str, Any]:
+    """/info's `update`: the checkpoint's; for an average, the newest update averaged (an average records its
+    first input's), with the inputs and each one's update (None where an older average did not record them)."""
+    if not saved.averaged_from:
+        return {"update": saved.update}
+    known = [u for u in saved.averaged_updates if u is not None]
+    updates = list(saved.averaged_updates) or [None] * len(saved.averaged_from)
+    return {
+        "update": max(known) if known else None,
+        "averaged_from": list(saved.averaged_from),
+        "averaged_updates": updates,
+    }
 
 
 def check_text(i: int, text: str) -> None:

@@ -65,8 +65,12 @@ def test_a_parser_answers_the_trees_generate_writes(tmp_path, leaves):
         answer = client.post("/translate", json={"texts": SENTENCES})
         refused = client.post("/translate", json={"text": "Dogs bark", "nbest": 2, "beam": 3})
         info = client.get("/info").json()
+        libre = client.post("/translate", json={"q": "Dogs bark", "source": "auto", "target": info["target_lang"]})
+        languages = client.get("/languages").json()
     assert answer.status_code == 200, answer.text
     assert [t["text"] for t in answer.json()["translations"]] == expected
     assert expected[0].startswith("(TOP") and expected[2] == ""
     assert refused.status_code == 400 and "parsing model" in refused.json()["error"]
     assert info["task"] == "parsing"
+    assert libre.status_code == 400 and "this server parses" in libre.json()["error"]
+    assert languages == [{"code": info["source_lang"], "name": info["source_lang"], "targets": []}]

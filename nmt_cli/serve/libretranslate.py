@@ -1,0 +1,168 @@
+"""LibreTranslate's API beside ours, so that its client libraries work with `nmt serve` unchanged.
+
+POST /translate  {"q": "..." or ["...", ...], "source", "target", "format": "text", "api_key"?, "alternatives"?}
+                 (JSON, or the same fields form-encoded) -> {"translatedText": "..."} or, for a list, a list of them,
+                 with "alternatives" (a list of texts per text) when asked for
+GET /languages   [{"code", "name", "targets"}]: the checkpoint's source language, its one target the checkpoint's
+
+A body is LibreTranslate's when it has "q"; it is turned into one of ours ({"texts": [...]}, `nbest` for
+alternatives), so both are searched alike. `source` must be the checkpoint's source language or "auto" (the
+server does not detect a language: it translates from the one it was trained on, so "auto" reports none), and
+`target` its target language; a side the checkpoint does not name takes any code. Only `format: text`: HTML is
+not translated. A parser parses, it does not translate: it refuses LibreTranslate's body and lists its source
+language with no targets.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import parse_qsl
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from nmt_cli.config import SearchConfig
+from nmt_cli.errors import DataError
+from nmt_cli.serve.access import authorized
+from nmt_cli.serve.served_model import Sentence
+
+FIELDS = ("q", "source", "target", "format", "api_key", "alternatives")
+NAMES = {
+    "ar": "Arabic", "cs": "Czech", "de": "German", "en": "English", "es": "Spanish", "fi": "Finnish",
+    "fr": "French", "hi": "Hindi", "it": "Italian", "ja": "Japanese", "ko": "Korean", "nl": "Dutch",
+    "pl": "Polish", "pt": "Portuguese", "ro": "Romanian", "ru": "Russian", "tr": "Turkish", "uk": "Ukrainian",
+    "zh": "Chinese",
+}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class LibreRequest:
+    """What a LibreTranslate body asks of its answer: one text or a list, and how many alternatives."""
+
+    single: bool
+    alternatives: int
+
+    def answer(self, translations: list[dict[str, Any]]) -> dict[str, Any]:
+        """Our answer's translations in LibreTranslate's shape."""
+        texts = [t["text"] for t in translations]
+        others = [[h["text"] for h in t.get("nbest", [])[1:]] for t in translations]
+        body: dict[str, Any] = {"translatedText": texts[0] if self.single else texts}
+        if self.alternatives:
+            body["alternatives"] = others[0] if self.single else others
+        return body
+
+
+# A /translate body read (Server.parse): its texts encoded, search settings, the sentences' lengths, and what a
+# LibreTranslate body asks of its answer (None for ours)
+Parsed = tuple[list[Sentence], SearchConfig, list[int], LibreRequest | None]
+
+
+def shaped(libre: LibreRequest | None, answer: dict[str, Any], seconds: float) -> dict[str, Any]:
+    """The answer to a /translate request: ours with its seconds, or in LibreTranslate's shape."""
+    return libre.answer(answer["translations"]) if libre else {**answer, "seconds": round(seconds, 4)}
+
+
+def is_libretranslate(payload: Any) -> bool:
+    """Whether a /translate body is LibreTranslate's (it has "q"; ours has "text" or "texts")."""
+    return isinstance(payload, dict) and "q" in payload
+
+
+def is_form(headers: Mapping[str, str] | None) -> bool:
+    """Whether a request's body is form-encoded (as LibreTranslate's clients may send it), not JSON."""
+    return (headers or {}).get("content-type", "").startswith("application/x-www-form-urlencoded")
+
+
+def read(
+    body: bytes, headers: Mapping[str, str] | None, key: str | None, read_json: Callable[[bytes], Any]
+) -> tuple[Any, bool]:
+    """A /translate body read (a form, or JSON by `read_json`), and whether the request carries the server's API
+    key (always, when it has none): in its Authorization header, or in a LibreTranslate body's api_key, where that
+    API's clients send it (compared the same way). Without the key in the header, a body that cannot be read is
+    answered 401 (payload None), as it was before its body was looked at, not 400 with the reason."""
+    if authorized((headers or {}).get("authorization"), key):
+        return form_fields(body) if is_form(headers) else read_json(body), True
+    try:
+        payload = form_fields(body) if is_form(headers) else read_json(body)
+    except Exception:  # read_json's own error or form_fields' DataError: what to do is to send the key
+        return None, False
+    given = payload.get("api_key") if is_libretranslate(payload) else None
+    return payload, isinstance(given, str) and authorized(f"Bearer {given}", key)
+
+
+def form_fields(body: bytes) -> dict[str, Any]:
+    """A form-encoded body's fields (a repeated "q" is a list of texts); DataError names what is wrong."""
+    try:
+        pairs = parse_qsl(body.decode("utf-8"), keep_blank_values=True, strict_parsing=bool(body), errors="strict")
+    except UnicodeDecodeError as e:
+        raise DataError(f"the form body is not valid UTF-8 (byte {e.start})") from None
+    except ValueError as e:
+        raise DataError(f"the form body cannot be read: {e}") from None
+    fields: dict[str, Any] = {}
+    for name, value in pairs:
+        if name == "q" and "q" in fields:
+            fields["q"] = [*(fields["q"] if isinstance(fields["q"], list) else [fields["q"]]), value]
+        elif name in fields:
+            raise DataError(f"the form gives {name!r} twice")
+        else:
+            fields[name] = value
+    if fields.get("alternatives", "").isdigit():  # a form has only strings
+        fields["alternatives"] = int(fields["alternatives"])
+    return fields
+
+
+def translate_body(payload: Any, info: dict[str, Any]) -> tuple[Any, LibreRequest | None]:
+    """A LibreTranslate body checked against the checkpoint (`info`, ServedModel.info) and turned into ours, and
+    what it asks of its answer; DataError names the field that does not fit. Any other body is left as it is."""
+    if not is_libretranslate(payload):
+        return payload, None
+    if info["task"] != "translation":
+        raise DataError('this server parses; LibreTranslate\'s "q" body translates: send {"texts": [...]} instead')
+    unknown = sorted(set(payload) - set(FIELDS))
+    if unknown:
+        raise DataError(f"unknown field {unknown[0]!r}; LibreTranslate's fields are {', '.join(FIELDS)}")
+    q = payload["q"]
+    single = isinstance(q, str)
+    texts = [q] if single else q
+    if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
+        raise DataError('"q" must be a string or a list of strings')
+    if not texts:
+        raise DataError('"q" is empty; give at least one string')
+    for side, allowed in (("source", (info["source_lang"], "auto")), ("target", (info["target_lang"],))):
+        given = payload.get(side)
+        if not isinstance(given, str):
+            raise DataError(f'"{side}" must be a language code ({" or ".join(a for a in allowed if a)})')
+        if allowed[0] is not None and given not in allowed:
+            raise DataError(
+                f'"{side}" is {given!r}; this server translates {info["source_lang"]} to {info["target_lang"]}'
+                + (' (source may be "auto")' if side == "source" else "")
+            )
+    text_format = payload.get("format", "text")
+    if text_format != "text":
+        raise DataError(f'"format" is {text_format!r}; this server translates "text" only')
+    alternatives = payload.get("alternatives", 0)
+    if not isinstance(alternatives, int) or isinstance(alternatives, bool) or alternatives < 0:
+        raise DataError(f'"alternatives" must be a whole number >= 0, not {alternatives!r}')
+    ours: dict[str, Any] = {"texts": texts, **({"nbest": alternatives + 1} if alternatives else {})}
+    return ours, LibreRequest(single, alternatives)
+
+
+def languages_route(info: dict[str, Any]) -> Callable[[Request], Awaitable[Response]]:
+    """The GET /languages endpoint of a server whose ServedModel.info is `info`."""
+    listed = languages(info)
+
+    async def endpoint(request: Request) -> Response:
+        return JSONResponse(listed)
+
+    return endpoint
+
+
+def languages(info: dict[str, Any]) -> list[dict[str, Any]]:
+    """GET /languages: the checkpoint's source language and its target (none for a parser, which does not
+    translate; nothing where the checkpoint names no source language)."""
+    source, target = info["source_lang"], info["target_lang"]
+    if source is None:
+        return []
+    targets = [target] if target is not None and info["task"] == "translation" else []
+    return [{"code": source, "name": NAMES.get(source, source), "targets": targets}]

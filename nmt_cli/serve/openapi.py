@@ -1,0 +1,162 @@
+"""GET /openapi.json: a hand-written OpenAPI 3.1 description of every route of `nmt serve` (app.py), our
+/translate body and LibreTranslate's (libretranslate.py) both. It is open, like /health: it describes the API
+and holds nothing of the server's own (the checkpoint, its languages and settings are /info's).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from nmt_cli import __version__
+
+JSON = "application/json"
+FORM = "application/x-www-form-urlencoded"
+
+
+def ref(name: str) -> dict[str, str]:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def answers(ok: dict[str, Any], *errors: int, media: str = JSON) -> dict[str, Any]:
+    """A route's responses: `ok` for 200, the Error schema for each of `errors`."""
+    out: dict[str, Any] = {"200": {"description": "OK", "content": {media: {"schema": ok}}}}
+    for status in errors:
+        out[str(status)] = {"description": ERRORS[status], "content": {JSON: {"schema": ref("Error")}}}
+    return out
+
+
+ERRORS = {
+    400: "a request the server cannot read, or a field that does not fit (named in the error)",
+    401: "the server has an API key and the request does not carry it",
+    413: "the body is over --max-body-bytes",
+    499: "the client closed the connection (counted in /metrics, never received)",
+    500: "a failure of the server's own",
+    503: "the queue is full, or the server is shutting down or not ready (Retry-After)",
+    504: "not done within --timeout",
+}
+SEARCH = {
+    "type": "object",
+    "description": "any of generate's search settings by their field names (beam, nbest, lenpen, sampling, ...)",
+    "additionalProperties": True,
+}
+SCHEMAS: dict[str, Any] = {
+    "Error": {
+        "type": "object",
+        "required": ["error"],
+        "properties": {"error": {"type": "string"}, "request_id": {"type": "string"}},
+    },
+    "TranslateRequest": {
+        "allOf": [
+            SEARCH,
+            {
+                "type": "object",
+                "properties": {"text": {"type": "string"}, "texts": {"type": "array", "items": {"type": "string"}}},
+                "oneOf": [{"required": ["text"]}, {"required": ["texts"]}],
+            },
+        ]
+    },
+    "Hypothesis": {"type": "object", "properties": {"text": {"type": "string"}, "score": {"type": "number"}}},
+    "TranslateResponse": {
+        "type": "object",
+        "required": ["translations", "seconds"],
+        "properties": {
+            "translations": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "required": ["text"],
+                    "properties": {
+                        "text": {"type": "string"},
+                        "score": {"type": "number"},
+                        "nbest": {"type": "array", "items": ref("Hypothesis")},
+                        "warning": {"type": "string"},
+                    },
+                },
+            },
+            "seconds": {"type": "number"},
+        },
+    },
+    "LibreTranslateRequest": {
+        "type": "object",
+        "required": ["q", "source", "target"],
+        "additionalProperties": False,
+        "properties": {
+            "q": {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]},
+            "source": {"type": "string", "description": 'the checkpoint\'s source language, or "auto"'},
+            "target": {"type": "string", "description": "the checkpoint's target language"},
+            "format": {"type": "string", "enum": ["text"]},
+            "api_key": {"type": "string", "description": "the server's API key, instead of the Bearer header"},
+            "alternatives": {"type": "integer", "minimum": 0},
+        },
+    },
+    "LibreTranslateResponse": {
+        "type": "object",
+        "required": ["translatedText"],
+        "properties": {
+            "translatedText": {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]},
+            "alternatives": {"type": "array"},
+        },
+    },
+    "Language": {
+        "type": "object",
+        "properties": {
+            "code": {"type": "string"},
+            "name": {"type": "string"},
+            "targets": {"type": "array", "items": {"type": "string"}},
+        },
+    },
+}
+KEYED: list[dict[str, list[str]]] = [{"bearer": []}]
+OPEN: list[dict[str, list[str]]] = []
+
+
+def get(summary: str, ok: dict[str, Any], *errors: int, media: str = JSON, keyed: bool = False) -> dict[str, Any]:
+    return {
+        "get": {
+            "summary": summary,
+            "security": KEYED if keyed else OPEN,
+            "responses": answers(ok, *errors, media=media),
+        }
+    }
+
+
+def document() -> dict[str, Any]:
+    """The OpenAPI 3.1 document of `nmt serve`'s routes."""
+    libre = ref("LibreTranslateRequest")
+    translate = {
+        "summary": "translate texts: our body, or LibreTranslate's (it has q), answered in its own shape",
+        "security": KEYED,
+        "requestBody": {
+            "required": True,
+            "content": {JSON: {"schema": {"oneOf": [ref("TranslateRequest"), libre]}}, FORM: {"schema": libre}},
+        },
+        "responses": answers(
+            {"oneOf": [ref("TranslateResponse"), ref("LibreTranslateResponse")]}, 400, 401, 413, 500, 503, 504
+        ),
+    }
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "nmt serve", "version": __version__},
+        "paths": {
+            "/": get("a page to translate with", {"type": "string"}, media="text/html"),
+            "/translate": {"post": translate},
+            "/languages": get("LibreTranslate's language list", {"type": "array", "items": ref("Language")}),
+            "/health": get("the server is alive", {"type": "object"}),
+            "/ready": get("the model is loaded and warm (503 until then)", {"type": "object"}, 503),
+            "/info": get("the checkpoint, model, search settings and caps", {"type": "object"}, 401, keyed=True),
+            "/metrics": get("Prometheus text", {"type": "string"}, 401, media="text/plain", keyed=True),
+            "/openapi.json": get("this document", {"type": "object"}),
+        },
+        "components": {
+            "schemas": SCHEMAS,
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+        },
+    }
+
+
+async def openapi_json(request: Request) -> Response:
+    """GET /openapi.json."""
+    return JSONResponse(document())
