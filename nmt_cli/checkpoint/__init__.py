@@ -143,22 +143,6 @@ def spm_fingerprint(model_bytes: bytes) -> str:
 
 
 def check_same_data(
-    ckpt: dict[str, Any],
-    ckpt_path: Path,
-    data_dir: Path,
-    meta: dict[str, Any],
-    spm_bytes: bytes,
-    remedy: str = "use a data directory of the checkpoint's languages and direction",
-) -> None:
-    """Refuse a data directory made with another sentencepiece model, or for other languages or the
-    other direction, than the checkpoint was trained on (`remedy` ends that error)."""
-    trained = (ckpt.get("source_lang"), ckpt.get("target_lang"))
-    check_data_fits(
-        bytes(ckpt["spm_model"]), trained, ckpt_path, data_dir=data_dir, meta=meta, spm_bytes=spm_bytes, remedy=remedy
-    )
-
-
-def check_data_fits(
     spm_model: bytes,
     trained: tuple[str | None, str | None],
     ckpt_path: Path,
@@ -168,7 +152,8 @@ def check_data_fits(
     spm_bytes: bytes,
     remedy: str = "use a data directory of the checkpoint's languages and direction",
 ) -> None:
-    """check_same_data, given the checkpoint's sentencepiece model and its languages (`trained`)."""
+    """Refuse a data directory made with another sentencepiece model than the checkpoint's (`spm_model`), or for
+    other languages or the other direction than it was trained on (`trained`; `remedy` ends that error)."""
     ours, theirs = spm_fingerprint(spm_model), spm_fingerprint(spm_bytes)
     if ours != theirs:
         raise CheckpointError(
@@ -319,7 +304,7 @@ class SavedModel:
     def check_same_data(self, data_dir: Path, meta: dict[str, Any], spm_bytes: bytes) -> None:
         """Refuse a data directory of another vocabulary or direction (`check_same_data`)."""
         trained = (self.source_lang, self.target_lang)
-        check_data_fits(self.vocab.model_bytes, trained, self.path, data_dir=data_dir, meta=meta, spm_bytes=spm_bytes)
+        check_same_data(self.vocab.model_bytes, trained, self.path, data_dir=data_dir, meta=meta, spm_bytes=spm_bytes)
 
 
 def read_saved_model(path: Path) -> SavedModel:

@@ -186,12 +186,13 @@ def checkpoint_to_resume(
         return None
     ckpt = load_checkpoint(last)
     check_same_data(
-        ckpt,
+        bytes(ckpt["spm_model"]),
+        (ckpt.get("source_lang"), ckpt.get("target_lang")),
         last,
-        Path(cfg.data_dir),
-        meta,
-        spm_model,
-        "resume on its data directory, or train anew in another --save-dir",
+        data_dir=Path(cfg.data_dir),
+        meta=meta,
+        spm_bytes=spm_model,
+        remedy="resume on its data directory, or train anew in another --save-dir",
     )
     check_resumable(ckpt, model_cfg, cfg, last)
     return ckpt
