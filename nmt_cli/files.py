@@ -225,6 +225,12 @@ def directory_in_place(path: Path, what: str, command: str) -> Iterator[Path]:
             raise error from None
 
 
+def log_removed(removed: list[Path]) -> None:
+    if removed:
+        names = ", ".join(p.name for p in removed)
+        logger.info("removed %d temporary file(s) left by an interrupted run: %s", len(removed), names)
+
+
 def remove_stale_temporaries(directory: Path, patterns: tuple[str, ...] = (f"*{TMP_SUFFIX}",)) -> list[Path]:
     """Delete temporaries a killed run left in `directory` (call it holding the directory's lock)."""
     removed = []
@@ -235,12 +241,7 @@ def remove_stale_temporaries(directory: Path, patterns: tuple[str, ...] = (f"*{T
             else:
                 path.unlink(missing_ok=True)
             removed.append(path)
-    if removed:
-        logger.info(
-            "removed %d temporary file(s) left by an interrupted run: %s",
-            len(removed),
-            ", ".join(p.name for p in removed),
-        )
+    log_removed(removed)
     return removed
 
 
@@ -267,12 +268,7 @@ def remove_abandoned_temporaries(directory: Path, patterns: tuple[str, ...]) -> 
                 continue
             finally:
                 os.close(fd)
-    if removed:
-        logger.info(
-            "removed %d temporary file(s) left by an interrupted run: %s",
-            len(removed),
-            ", ".join(p.name for p in removed),
-        )
+    log_removed(removed)
     return removed
 
 
