@@ -128,16 +128,13 @@ class Batcher:
     def queue_length(self) -> int:
         """Sentences waiting, not counting those of requests already cancelled (the worker drops them)."""
         with self._cond:
-            return self._waiting()
+            self._drop_cancelled()
+            return len(self._queue)
 
     def _drop_cancelled(self) -> None:
         """Forget the queued sentences of requests already answered (timed out, client gone, failed); the
         caller holds the lock."""
         self._queue = [q for q in self._queue if not q.job.future.done()]
-
-    def _waiting(self) -> int:
-        """queue_length, for a caller that holds the lock."""
-        return sum(not q.job.future.done() for q in self._queue)
 
     def submit(self, key: Hashable, items: Sequence[Any], lengths: Sequence[int]) -> Future[list[Any]]:
         """Queue a request's sentences; the Future gets their results in order (or the batch's exception).
@@ -241,7 +238,8 @@ class Batcher:
             # its next sentence as well as its last made the next batch wait for one too many
             with self._cond:
                 self._free_since = time.monotonic()
-                self._expected = len(batch) + self._waiting()
+                self._drop_cancelled()
+                self._expected = len(batch) + len(self._queue)
         if self.on_batch is not None:  # counted before the answers go out: a client answered sees it
             self.on_batch(len(batch), len(jobs), time.perf_counter() - start)
         for q, result in zip(batch, results):
