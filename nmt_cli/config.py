@@ -9,6 +9,7 @@ dataclasses of primitives, so they travel inside checkpoints as plain dicts.
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
@@ -247,7 +248,14 @@ class InferenceConfig:
     """What `nmt generate` and `nmt serve` share: the checkpoint and where and how its model runs
     (search/translate.py's `open_for_inference` reads them)."""
 
-    path: str = flag(help="Checkpoint to translate with.")
+    path: str = flag(
+        help="Checkpoint to translate with; A.pt:B.pt (colon-separated, as fairseq's) translates with their ensemble."
+    )
+    weights: str | None = flag(
+        None,
+        "An ensemble's weights, one per checkpoint of --path, comma-separated (e.g. 0.6,0.4), normalised to sum 1; "
+        "each step scores by the weighted average of the members' log-probabilities [default: equal].",
+    )
     device: str = flag("auto", "Where to translate (auto: CUDA when available).", choices=("auto", "cpu", "cuda"))
     threads: int = flag(0, "CPU threads (0: torch's default).", min=0)
     precision: str | None = flag(
@@ -266,6 +274,21 @@ class InferenceConfig:
         check_fields(self)
         if self.quantize and self.precision not in (None, "fp32"):  # before the precision's own checks and warnings
             raise ConfigError(f"--quantize {self.quantize} runs on the CPU in fp32; drop --precision {self.precision}")
+        if self.weights is not None:
+            ensemble_weights(self.weights)
+
+
+def ensemble_weights(text: str) -> tuple[float, ...]:
+    """--weights' values normalised to sum 1 (search/ensemble.py checks their count against --path's checkpoints);
+    ConfigError naming --weights for anything but positive finite numbers."""
+    try:
+        values = tuple(float(part) for part in text.split(","))
+    except ValueError:
+        raise ConfigError(f"--weights {text!r} must be positive numbers separated by commas, like 0.6,0.4") from None
+    total = sum(values)
+    if not all(w > 0 for w in values) or not math.isfinite(total):
+        raise ConfigError(f"--weights {text!r} must be positive finite numbers, like 0.6,0.4")
+    return tuple(w / total for w in values)
 
 
 @dataclass(frozen=True, kw_only=True)

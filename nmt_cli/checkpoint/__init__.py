@@ -175,8 +175,9 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
         parts = [Path(p) for p in str(path).split(":")]
         if len(parts) > 1 and all(p.is_file() for p in parts):  # fairseq's --path A.pt:B.pt, an ensemble
             raise CheckpointError(
-                f"checkpoint {path} names {len(parts)} checkpoints; nmt translates with one (no ensembles): average "
-                f"them with `nmt average-checkpoints --inputs {' '.join(map(str, parts))} --output average.pt`"
+                f"checkpoint {path} names {len(parts)} checkpoints, an ensemble, which only generate and serve "
+                f"translate with; give one, or average them with `nmt average-checkpoints --inputs "
+                f"{' '.join(map(str, parts))} --output average.pt`"
             )
         raise CheckpointError(f"checkpoint {path} does not exist")
     try:

@@ -28,6 +28,10 @@ class EncoderOut:
     memory: Tensor  # [B, S, D]
     src_pad_mask: Tensor | None  # [B, S] True at padding; None: no padding
 
+    def select(self, rows: Tensor) -> EncoderOut:
+        """The sentences `rows` [B'] (repeats allowed) of this output."""
+        return EncoderOut(self.memory[rows], None if self.src_pad_mask is None else self.src_pad_mask[rows])
+
 
 @dataclass
 class AttentionWeights:

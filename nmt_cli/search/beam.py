@@ -29,9 +29,9 @@ from torch import Tensor
 
 from nmt_cli.config import SearchConfig
 from nmt_cli.data.vocab import BOS, EOS, PAD, UNK
-from nmt_cli.model.transformer import EncoderOut, Transformer
 from nmt_cli.search.constraint import Constraint
 from nmt_cli.search.hypothesis import Hypothesis
+from nmt_cli.search.searchable import SearchEncoderOut, SearchModel
 
 NEG_INF = float("-inf")
 
@@ -272,8 +272,8 @@ def start(b0: int, k: int, n_steps: int, device: torch.device) -> tuple[BeamStat
 
 @torch.inference_mode()
 def beam_search(
-    model: Transformer,
-    enc: EncoderOut,
+    model: SearchModel,
+    enc: SearchEncoderOut,
     src_lens: Tensor,
     cfg: SearchConfig,
     n_pieces: int | None = None,
@@ -285,7 +285,7 @@ def beam_search(
     """Translate a batch of encoded sentences.
 
     Args:
-        model: the Transformer (in eval mode).
+        model: the Transformer (in eval mode), or an Ensemble of them (search/ensemble.py).
         enc: encoder output for B0 sentences.
         src_lens: [B0] source lengths without EOS.
         cfg: beam size, length penalty, length limits, nbest.

@@ -15,10 +15,10 @@ from torch import Tensor
 
 from nmt_cli.config import SearchConfig
 from nmt_cli.data.vocab import BOS, EOS, PAD, UNK
-from nmt_cli.model.transformer import EncoderOut, Transformer
 from nmt_cli.search.beam import StillWanted, Unwanted
 from nmt_cli.search.constraint import Constraint
 from nmt_cli.search.hypothesis import Hypothesis
+from nmt_cli.search.searchable import SearchEncoderOut, SearchModel
 
 NEG_INF = float("-inf")
 
@@ -39,8 +39,8 @@ def sample_from(log_probs: Tensor, cfg: SearchConfig, generator: torch.Generator
 
 @torch.inference_mode()
 def greedy_search(
-    model: Transformer,
-    enc: EncoderOut,
+    model: SearchModel,
+    enc: SearchEncoderOut,
     src_lens: Tensor,
     cfg: SearchConfig,
     generator: torch.Generator | None = None,

@@ -1,5 +1,6 @@
 """The search driver that `nmt generate`, `nmt serve`, training's BLEU validation and the parser share: open a
-checkpoint for inference (`open_for_inference`: the one way generate and serve read it) into a Translator, batch
+checkpoint, or the checkpoints of an ensemble (search/ensemble.py), for inference (`open_for_inference`: the one way
+generate and serve read them) into a Translator, batch
 token sequences by length, search each batch, and return results in input order. A parser plugs its tree
 constraint in through a `ConstraintSource` (search/constraint.py); the skeleton exists once."""
 
@@ -15,7 +16,7 @@ import numpy as np
 import torch
 
 from nmt_cli.checkpoint import SavedModel, read_saved_model
-from nmt_cli.config import InferenceConfig, SearchConfig
+from nmt_cli.config import InferenceConfig, SearchConfig, ensemble_weights
 from nmt_cli.data.batching import batch_by_tokens, pad_sources
 from nmt_cli.data.vocab import PAD, Vocab
 from nmt_cli.errors import ConfigError
@@ -25,6 +26,7 @@ from nmt_cli.model.transformer import Transformer
 from nmt_cli.runtime import AMP_DTYPES, autocast, choose_attention_backends, choose_device
 from nmt_cli.search.beam import StillWanted, beam_search, max_lengths
 from nmt_cli.search.constraint import ConstraintSource
+from nmt_cli.search.ensemble import Ensemble, check_members, ensemble_bounds, member_paths, member_weights
 from nmt_cli.search.greedy import greedy_search
 from nmt_cli.search.hypothesis import Hypothesis
 from nmt_cli.search.settings import SearchBounds, generation_precision, search_bounds, search_settings
@@ -34,9 +36,9 @@ logger = logging.getLogger(__name__)
 
 @dataclass
 class Translator:
-    """Everything a search needs: the model, its vocabulary, and where and how to run."""
+    """Everything a search needs: the model (or an ensemble of them), its vocabulary, and where and how to run."""
 
-    model: Transformer
+    model: Transformer | Ensemble
     vocab: Vocab
     device: torch.device
     amp_dtype: torch.dtype | None = None
@@ -48,33 +50,60 @@ class Inference:
     precision it runs, and the search settings requests start from. The Translator is built on first use, by
     the thread that searches with it (serve's worker: intra-op thread pools are per thread)."""
 
-    saved: SavedModel
+    saved: SavedModel  # an ensemble's first checkpoint: its vocabulary, languages, task and search settings
     device: torch.device
     precision: str
     quantize: str | None
     search: SearchConfig
     bounds: SearchBounds  # what each request's search settings must fit (serve checks them per request)
+    others: tuple[SavedModel, ...] = ()  # an ensemble's other checkpoints (search/ensemble.py)
+    weights: tuple[float, ...] = (1.0,)  # one per member, summing to 1
     _translator: Translator | None = field(default=None, repr=False)
 
+    @property
+    def members(self) -> tuple[SavedModel, ...]:
+        """Every checkpoint translated with: one, or an ensemble's, in --path's order."""
+        return (self.saved, *self.others)
+
+    @property
+    def max_positions(self) -> int:
+        """The positions every member has: the longest input and output."""
+        return min(m.config.max_positions for m in self.members)
+
     def translator(self) -> Translator:
-        """The model (built, moved and packed on the first call) and its vocabulary."""
+        """The model, or the Ensemble of the members' (built, moved and packed on the first call), and the
+        vocabulary."""
         if self._translator is None:
-            self._translator = translator_from(self.saved, self.device, AMP_DTYPES[self.precision], self.quantize)
-            self.saved = self.saved.without_weights()  # the model holds its own copy
+            amp_dtype = AMP_DTYPES[self.precision]
+            if not self.others:
+                self._translator = translator_from(self.saved, self.device, amp_dtype, self.quantize)
+            else:
+                models = [inference_model(m, self.device, amp_dtype, self.quantize) for m in self.members]
+                self._translator = Translator(Ensemble(models, self.weights), self.saved.vocab, self.device, amp_dtype)
+            # the models hold their own copies
+            self.saved, self.others = self.saved.without_weights(), tuple(m.without_weights() for m in self.others)
         return self._translator
 
 
 def open_for_inference(cfg: InferenceConfig, search_overrides: dict[str, Any], *, local_rank: int = 0) -> Inference:
     """Read the checkpoint cfg.path once, for generate and serve: the device (GPU `local_rank` under torchrun) and
     its attention kernels, the precision (--precision, else the checkpoint's on CUDA), and the checkpoint's
-    search settings with `search_overrides` (search/settings.py refuses those the search would ignore)."""
+    search settings with `search_overrides` (search/settings.py refuses those the search would ignore).
+
+    cfg.path A.pt:B.pt names an ensemble (search/ensemble.py), weighted by cfg.weights: its checkpoints must share
+    the vocabulary, languages and task (CheckpointError naming both files); the first one's training precision
+    and search settings are the ensemble's."""
     device = choose_device(cfg.device, local_rank)
     choose_attention_backends(device, cfg.cudnn_attention)
-    saved = read_saved_model(Path(cfg.path))
+    paths = member_paths(cfg.path)
+    weights = member_weights(None if cfg.weights is None else ensemble_weights(cfg.weights), paths)
+    members = [read_saved_model(path) for path in paths]
+    check_members(members)
+    saved = members[0]
     precision = generation_precision(cfg.precision, device, saved.train_precision)
-    bounds = search_bounds(saved.config, device, precision)
+    bounds = ensemble_bounds([search_bounds(m.config, device, precision) for m in members])
     search = search_settings(cfg.path, saved.search, search_overrides, saved.is_parser, bounds)
-    return Inference(saved, device, precision, cfg.quantize, search, bounds)
+    return Inference(saved, device, precision, cfg.quantize, search, bounds, tuple(members[1:]), weights)
 
 
 def load_translator(
@@ -93,6 +122,14 @@ def translator_from(
     On CPU in float32 the linear layers are packed for oneDNN; quantize="int8" (CPU, float32 only) makes
     them dynamic int8 ones instead.
     """
+    return Translator(inference_model(saved, device, amp_dtype, quantize), saved.vocab, device, amp_dtype)
+
+
+def inference_model(
+    saved: SavedModel, device: torch.device, amp_dtype: torch.dtype | None, quantize: str | None
+) -> Transformer:
+    """The model of a read checkpoint, moved to `device` and packed or quantised (`translator_from`): a single
+    model's, or each member's of an ensemble."""
     if quantize is not None and (device.type != "cpu" or amp_dtype is not None):
         raise ConfigError(f"--quantize {quantize} runs on the CPU in fp32; use --device cpu and --precision fp32")
     model = saved.model().to(device)
@@ -100,7 +137,7 @@ def translator_from(
         quantize_for_cpu_inference(model)
     elif device.type == "cpu" and amp_dtype is None and ONEDNN_AVAILABLE:
         pack_for_cpu_inference(model)
-    return Translator(model, saved.vocab, device, amp_dtype)
+    return model
 
 
 def search_batch(
@@ -130,9 +167,7 @@ def search_batch(
         if cfg.sampling or cfg.beam == 1:
             if cfg.nbest > 1:  # independent samples: repeat each sentence nbest times
                 rep = torch.arange(n).repeat_interleave(cfg.nbest)
-                on_device = rep.to(translator.device)
-                mask = None if enc.src_pad_mask is None else enc.src_pad_mask[on_device]
-                enc = type(enc)(enc.memory[on_device], mask)
+                enc = enc.select(rep.to(translator.device))
                 per_row = None if still_wanted is None else repeated(still_wanted, cfg.nbest)
                 hyps = greedy_search(
                     translator.model, enc, src_lens[rep], cfg, generator, n_pieces, still_wanted=per_row

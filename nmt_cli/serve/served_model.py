@@ -13,7 +13,6 @@ import typing
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, fields, replace
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -28,7 +27,7 @@ from nmt_cli.parsing.parser import TreeParser, ptb_words
 from nmt_cli.search.beam import StillWanted
 from nmt_cli.search.hypothesis import hypothesis_record
 from nmt_cli.search.settings import search_settings
-from nmt_cli.search.translate import Translator, open_for_inference, sampling_generator, translate
+from nmt_cli.search.translate import Inference, Translator, open_for_inference, sampling_generator, translate
 from nmt_cli.serve.batcher import Batcher
 from nmt_cli.serve.caps import Caps, check_outputs, check_request, check_server, check_text_length, request_terms
 
@@ -64,7 +63,7 @@ class ServedModel:
         self._translator: Translator | None = None
         self.parser: TreeParser | None = None
         self.leaves = saved.tree_leaves
-        self.max_positions = saved.config.max_positions
+        self.max_positions = self.inference.max_positions  # an ensemble's: the smallest member's
         self.max_tokens = cfg.max_batch_tokens
         self.threads = torch.get_num_threads()  # as set_threads left it in the main thread
         self.limit = self.max_positions - 1
@@ -77,8 +76,9 @@ class ServedModel:
             "source_lang": saved.source_lang,
             "target_lang": saved.target_lang,
             "task": "parsing" if self.is_parser else "translation",
-            "checkpoint": str(Path(cfg.path).resolve()),
+            "checkpoint": ":".join(str(m.path.resolve()) for m in self.inference.members),
             **updates_of(saved),
+            **ensemble_of(self.inference),
             "model": asdict(saved.config),
             "vocab_size": self.vocab.n_pieces,
             "max_positions": self.max_positions,
@@ -206,6 +206,19 @@ def search_field_value(name: str, value: Any) -> Any:
     if not ok:
         raise DataError(f"{name!r} must be {'a number' if want is float else want.__name__}, not {value!r}")
     return float(value) if want is float else value
+
+
+def ensemble_of(inference: Inference) -> dict[str, Any]:
+    """/info's `ensemble` (none for one checkpoint): each member's checkpoint, weight, shape and updates."""
+    if not inference.others:
+        return {}
+    members = zip(inference.members, inference.weights)
+    return {
+        "ensemble": [
+            {"checkpoint": str(m.path.resolve()), "weight": w, "model": asdict(m.config), **updates_of(m)}
+            for m, w in members
+        ]
+    }
 
 
 def updates_of(saved: SavedModel) -> dict[str, Any]:

@@ -1,0 +1,142 @@
+"""Ensembles of checkpoints (`--path A.pt:B.pt`, fairseq's syntax): several models searched as one.
+
+An `Ensemble` offers the search (beam.py, greedy.py, translate.py) what a Transformer offers it (searchable.py):
+`encode` gives every member's encoder output, `init_cache` every member's decoder cache, and `decode_step` steps
+each member on its own cache and scores each row by the weighted average of the members' log-probabilities
+(`weights`, summing to 1), as Marian does. The members share the vocabulary and languages (`check_members`) and
+may differ in shape. One checkpoint is no Ensemble: search/translate.py searches its Transformer itself.
+
+Shapes: B sentences, N rows (sentences times beams), V vocabulary.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from torch import Tensor
+
+from nmt_cli.checkpoint import SavedModel, spm_fingerprint
+from nmt_cli.errors import CheckpointError, ConfigError
+from nmt_cli.model.cache import DecoderCache
+from nmt_cli.model.transformer import EncoderOut, Transformer
+from nmt_cli.search.settings import SearchBounds
+
+
+@dataclass
+class EnsembleEncoderOut:
+    """Each member's encoder output, in member order."""
+
+    members: list[EncoderOut]
+
+    @property
+    def memory(self) -> Tensor:
+        """The first member's memory [B, S, D]: the batch size and device the search reads."""
+        return self.members[0].memory
+
+    def select(self, rows: Tensor) -> EnsembleEncoderOut:
+        """The sentences `rows` [B'] (repeats allowed) of every member's output."""
+        return EnsembleEncoderOut([enc.select(rows) for enc in self.members])
+
+
+@dataclass
+class EnsembleCache:
+    """Each member's decoder cache, in member order; the search reorders them all alike."""
+
+    members: list[DecoderCache]
+
+    def select_rows(self, rows: Tensor) -> EnsembleCache:
+        """Follow the surviving beams in every member (DecoderCache.select_rows)."""
+        return EnsembleCache([cache.select_rows(rows) for cache in self.members])
+
+    def select_sentences(self, sentences: Tensor, rows: Tensor) -> EnsembleCache:
+        """Keep only some sentences in every member (DecoderCache.select_sentences)."""
+        return EnsembleCache([cache.select_sentences(sentences, rows) for cache in self.members])
+
+
+class Ensemble:
+    """Several Transformers of one vocabulary, searched as one model (see the module's docstring).
+
+    members: the models, each built, moved and packed as a single model is (search/translate.py);
+    weights: one per member, positive, summing to 1.
+    """
+
+    def __init__(self, members: Sequence[Transformer], weights: Sequence[float]) -> None:
+        assert len(members) == len(weights) > 1, "an ensemble has a weight per member, and two members or more"
+        self.members = list(members)
+        self.weights = tuple(weights)
+        self.max_positions = min(m.max_positions for m in self.members)  # every member's positions fit
+
+    def encode(self, src_tokens: Tensor, src_pad_mask: Tensor | None) -> EnsembleEncoderOut:
+        """src_tokens: [B, S] -> each member's memory."""
+        return EnsembleEncoderOut([m.encode(src_tokens, src_pad_mask) for m in self.members])
+
+    def init_cache(self, enc: EnsembleEncoderOut, beam: int) -> EnsembleCache:
+        return EnsembleCache([m.init_cache(e, beam) for m, e in zip(self.members, enc.members)])
+
+    def decode_step(self, prev_tokens: Tensor, cache: EnsembleCache) -> tuple[Tensor, EnsembleCache]:
+        """Advance every member one token on its own cache. prev_tokens: [N] -> (the weighted average of the
+        members' log-probs [N, V] in float32, the cache). Each member's step returns its own tensor, so the sum
+        is made in the first one's; the weights are host numbers: no wait for the device."""
+        steps = [m.decode_step(prev_tokens, c) for m, c in zip(self.members, cache.members)]
+        total = steps[0][0].mul_(self.weights[0])
+        for (log_probs, _), weight in zip(steps[1:], self.weights[1:]):
+            total.add_(log_probs, alpha=weight)
+        return total, EnsembleCache([c for _, c in steps])
+
+
+def member_paths(path: str) -> list[Path]:
+    """The checkpoints `--path` names: itself when it is a file (or holds no colon), else its colon-separated
+    parts (fairseq's A.pt:B.pt); ConfigError for an empty part."""
+    if ":" not in path or Path(path).is_file():
+        return [Path(path)]
+    parts = path.split(":")
+    if not all(parts):
+        raise ConfigError(f"--path {path!r} has an empty checkpoint name; give A.pt:B.pt for an ensemble")
+    return [Path(p) for p in parts]
+
+
+def member_weights(weights: tuple[float, ...] | None, paths: Sequence[Path]) -> tuple[float, ...]:
+    """The members' weights: `weights` (config.ensemble_weights' values), else equal; ConfigError naming
+    --weights when their count is not that of the checkpoints."""
+    if weights is None:
+        return tuple(1.0 / len(paths) for _ in paths)
+    if len(weights) != len(paths):
+        raise ConfigError(
+            f"--weights has {len(weights)} value(s) for {len(paths)} checkpoint(s) of --path "
+            f"{':'.join(map(str, paths))}; give one weight per checkpoint"
+        )
+    return weights
+
+
+def check_members(members: Sequence[SavedModel]) -> None:
+    """Refuse an ensemble whose members do not translate alike: another sentencepiece model, other languages or
+    direction, or another task (a parser beside a translation model, or parsers of other --tree-leaves); the
+    CheckpointError names both files. Members may differ in shape."""
+    first = members[0]
+    for other in members[1:]:
+        if spm_fingerprint(other.vocab.model_bytes) != spm_fingerprint(first.vocab.model_bytes):
+            problem = "have different sentencepiece models"
+        elif other.config.vocab_size != first.config.vocab_size:
+            problem = f"have vocabularies of {first.config.vocab_size} and {other.config.vocab_size} entries"
+        elif (first.source_lang, first.target_lang) != (other.source_lang, other.target_lang):
+            problem = f"translate {first.source_lang}->{first.target_lang} and {other.source_lang}->{other.target_lang}"
+        elif first.is_parser != other.is_parser:
+            problem = "do different tasks (parsing and translation)"
+        elif first.tree_leaves != other.tree_leaves:
+            problem = f"parse with --tree-leaves {first.tree_leaves} and {other.tree_leaves}"
+        else:
+            continue
+        raise CheckpointError(
+            f"{first.path} and {other.path} {problem}; an ensemble's checkpoints must share the vocabulary, "
+            "the languages and the task"
+        )
+
+
+def ensemble_bounds(members: Sequence[SearchBounds]) -> SearchBounds:
+    """The SearchBounds of an ensemble (search/settings.py's memory refusal): every member's cached keys and values
+    together, counted as one layer's, within the smallest member's positions."""
+    first = members[0]
+    width = sum(b.decoder_layers * b.state_width for b in members)
+    return replace(first, decoder_layers=1, state_width=width, max_positions=min(b.max_positions for b in members))
