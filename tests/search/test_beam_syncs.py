@@ -7,9 +7,9 @@ import pytest
 import torch
 from host_syncs import SyncLog
 
-from nmt_cli.config import SearchConfig
+from nmt_cli.config import InferenceConfig, SearchConfig
 from nmt_cli.data.dataset import ParallelDataset
-from nmt_cli.search.translate import load_translator, translate
+from nmt_cli.search.translate import load_translator, open_for_inference, translate
 
 pytestmark = pytest.mark.usefixtures("cpu_matmul_route")  # both CPU matmul routes on every machine (conftest.py)
 
@@ -44,6 +44,18 @@ def test_beam_search_waits_for_the_device_once_a_step(tiny_checkpoint, toy_data_
         assert steps == n + 1
         assert syncs == PER_BATCH + Counter({PER_STEP: n + 1}), syncs
     # Natural lengths: sentences finish at different steps and leave the batch (select_sentences).
+    syncs, steps = syncs_and_steps(translator, sources, SearchConfig(beam=4))
+    assert syncs == PER_BATCH + Counter({PER_STEP: steps}), syncs
+
+
+def test_an_ensemble_waits_as_one_model_does(tiny_checkpoint, toy_data_bin):
+    """Each member steps on its own cache, and their weighted sum takes the weights as host numbers: no wait."""
+    sources = [ParallelDataset(toy_data_bin, "test").src[i] for i in range(30)]
+    cfg = InferenceConfig(path=f"{tiny_checkpoint}:{tiny_checkpoint}", weights="1,2", device="cpu")
+    translator = open_for_inference(cfg, {}).translator()
+    syncs, steps = syncs_and_steps(translator, sources, SearchConfig(beam=4, max_len_a=0, max_len_b=10, min_len=10))
+    assert steps == 11
+    assert syncs == PER_BATCH + Counter({PER_STEP: 11}), syncs
     syncs, steps = syncs_and_steps(translator, sources, SearchConfig(beam=4))
     assert syncs == PER_BATCH + Counter({PER_STEP: steps}), syncs
 

@@ -173,8 +173,9 @@ def test_paths_of_an_ensemble(tiny_checkpoint, tmp_path):
     assert r.exit_code == 1 and "none.pt does not exist" in r.output, r.output
     r = nmt("generate", "--path", f"{tiny_checkpoint}:", "--input", "-", input="1\n")
     assert r.exit_code == 1 and "has an empty checkpoint name" in r.output, r.output
-    with pytest.raises(CheckpointError, match="names 2 checkpoints, an ensemble, which only generate and serve"):
+    with pytest.raises(CheckpointError, match="names 2 checkpoints, an ensemble, which only generate and serve") as e:
         read_saved_model(Path(f"{tiny_checkpoint}:{tiny_checkpoint}"))  # the commands that read one checkpoint
+    assert f"nmt average-checkpoints --inputs {tiny_checkpoint} {tiny_checkpoint}" in str(e.value)
     colon = tmp_path / "a:b.pt"  # a file whose name holds a colon is one checkpoint
     colon.write_bytes(tiny_checkpoint.read_bytes())
     assert opened(colon).others == ()
@@ -192,35 +193,3 @@ def test_generate_translates_with_an_ensemble(tiny_checkpoint, others, tmp_path)
     mixed = nmt("generate", "--path", f"{tiny_checkpoint}:{others[1]}", "--weights", "0.7,0.3", "--input", src)
     assert mixed.exit_code == 0, mixed.output
     assert len(mixed.stdout.splitlines()) == 4
-
-
-def test_serve_translates_with_an_ensemble(tiny_checkpoint, others):
-    pytest.importorskip("starlette")
-    from tests.serve.serving import SENTENCES, serving
-
-    with serving(tiny_checkpoint) as client:
-        alone = client.post("/translate", json={"texts": SENTENCES}).json()
-    with serving(f"{tiny_checkpoint}:{tiny_checkpoint}") as client:
-        twice = client.post("/translate", json={"texts": SENTENCES}).json()
-        info = client.get("/info").json()
-    assert [t["text"] for t in twice["translations"]] == [t["text"] for t in alone["translations"]]
-    assert [t["score"] for t in twice["translations"]] == pytest.approx(
-        [t["score"] for t in alone["translations"]], abs=1e-5
-    )
-    assert info["checkpoint"] == f"{tiny_checkpoint.resolve()}:{tiny_checkpoint.resolve()}"
-    assert [(m["checkpoint"], m["weight"]) for m in info["ensemble"]] == [(str(tiny_checkpoint.resolve()), 0.5)] * 2
-    with serving(f"{tiny_checkpoint}:{others[1]}", weights="1,3") as client:
-        info = client.get("/info").json()
-        response = client.post("/translate", json={"texts": SENTENCES})
-    assert response.status_code == 200, response.text
-    assert [m["weight"] for m in info["ensemble"]] == [0.25, 0.75]
-    assert info["max_positions"] == 48 and info["ensemble"][1]["model"]["decoder_layers"] == 1
-
-
-def test_an_ensemble_still_translates_np_arrays_in_input_order(tiny_checkpoint, others, toy_data_bin):
-    translator = opened(f"{tiny_checkpoint}:{others[0]}").translator()
-    srcs = sources(toy_data_bin)
-    together = translate(translator, srcs, SearchConfig(beam=3), 1000)
-    for i in (0, 5):
-        alone = translate(translator, [np.asarray(srcs[i])], SearchConfig(beam=3), 1000)[0]
-        assert alone[0].tokens == together[i][0].tokens

@@ -143,10 +143,6 @@ def test_under_torchrun_each_rank_writes_its_shard_file(tiny_checkpoint, tmp_pat
 def test_generate_bad_inputs(tiny_checkpoint, toy_data_bin, tmp_path):
     r = nmt("generate", "--path", tmp_path / "none.pt", "--input", "-", input="1\n")
     assert r.exit_code == 1 and "none.pt does not exist" in r.output
-    ensemble = f"{tiny_checkpoint}:{tiny_checkpoint}"  # fairseq's --path A:B
-    r = nmt("generate", "--path", ensemble, "--input", "-", input="1\n")
-    assert r.exit_code == 1 and "names 2 checkpoints; nmt translates with one" in r.output
-    assert f"nmt average-checkpoints --inputs {tiny_checkpoint} {tiny_checkpoint}" in r.output
     junk = tmp_path / "junk.pt"
     junk.write_bytes(b"\x00garbage")
     r = nmt("generate", "--path", junk, "--input", "-", input="1\n")
