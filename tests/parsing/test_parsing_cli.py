@@ -158,6 +158,27 @@ def test_parser_sampling_follows_the_seed_and_nbest_is_refused(parser_checkpoint
     assert code == 1 and "writes its best tree per sentence, not --nbest 2" in output[0]
 
 
+def test_an_ensemble_of_parsers_parses_through_the_same_tree_constraint(parser_checkpoint, tmp_path):
+    """Two copies of a parser parse as it does (the tree constraint only sees the search's log-probs); a parser
+    beside a translation model is refused."""
+    root, ckpt = parser_checkpoint
+    words = tmp_path / "in.words"
+    words.write_text("The cat sits on the mat .\nDogs bark\n")
+    args = ["generate", "--input", str(words), "--beam", "3", "--max-len-b", "30"]
+    alone = CliRunner().invoke(cli, [*args, "--path", str(ckpt)])
+    twice = CliRunner().invoke(cli, [*args, "--path", f"{ckpt}:{ckpt}", "--weights", "1,1"])
+    assert alone.exit_code == 0 and twice.exit_code == 0, twice.output
+    assert twice.stdout == alone.stdout and len(alone.stdout.splitlines()) == 2
+    assert "had no tree" not in alone.output  # searched, not the fallback
+    import torch
+
+    state = torch.load(ckpt, weights_only=True)
+    state["target_format"] = None
+    torch.save(state, tmp_path / "text.pt")
+    mixed = CliRunner().invoke(cli, [*args, "--path", f"{ckpt}:{tmp_path / 'text.pt'}"])
+    assert mixed.exit_code == 1 and "do different tasks (parsing and translation)" in mixed.output, mixed.output
+
+
 def test_a_parser_refuses_min_len(parser_checkpoint):
     """--min-len beyond the tree's length left no token allowed: sampling then died in torch.multinomial."""
     root, ckpt = parser_checkpoint
