@@ -101,6 +101,19 @@ def test_two_copies_of_a_checkpoint_translate_as_it_does(tiny_checkpoint, toy_da
             assert hx.positional_scores == pytest.approx(hy.positional_scores, abs=1e-5)
 
 
+def test_every_member_is_quantised_as_one_model_is(tiny_checkpoint, toy_data_bin):
+    from nmt_cli.model.quantize import Int8Linear
+
+    ensemble = opened(f"{tiny_checkpoint}:{tiny_checkpoint}", quantize="int8").translator()
+    assert all(isinstance(m.output, Int8Linear) for m in ensemble.model.members)
+    single, _ = load_translator(tiny_checkpoint, torch.device("cpu"), None, "int8")
+    cfg = SearchConfig(beam=3)
+    for x, y in zip(
+        translate(ensemble, sources(toy_data_bin), cfg, 1000), translate(single, sources(toy_data_bin), cfg, 1000)
+    ):
+        assert x[0].tokens == y[0].tokens and x[0].score == pytest.approx(y[0].score, abs=1e-5)
+
+
 def test_each_step_scores_by_the_members_weighted_average(tiny_checkpoint, others, toy_data_bin):
     inference = opened(":".join(map(str, [tiny_checkpoint, *others])), weights="1,2,1")
     assert inference.weights == (0.25, 0.5, 0.25)
@@ -181,7 +194,7 @@ def test_paths_of_an_ensemble(tiny_checkpoint, tmp_path):
     assert opened(colon).others == ()
 
 
-def test_generate_translates_with_an_ensemble(tiny_checkpoint, others, tmp_path):
+def test_generate_translates_with_an_ensemble(tiny_checkpoint, others, toy_data_bin, tmp_path):
     src = tmp_path / "in.txt"
     src.write_text("1 2 3\n4 5 6 7\n\n9\n")
     single = nmt("generate", "--path", tiny_checkpoint, "--input", src, "--output-format", "jsonl")
@@ -190,6 +203,11 @@ def test_generate_translates_with_an_ensemble(tiny_checkpoint, others, tmp_path)
     )
     assert single.exit_code == 0 and twice.exit_code == 0, twice.output
     assert twice.stdout == single.stdout
+    split = [toy_data_bin, "--gen-subset", "valid", "--beam", "2", "--max-len-b", "6"]
+    single = nmt("generate", *split, "--path", tiny_checkpoint)
+    twice = nmt("generate", *split, "--path", f"{tiny_checkpoint}:{tiny_checkpoint}")
+    assert single.exit_code == 0 and twice.exit_code == 0, twice.output
+    assert twice.stdout == single.stdout and "H-49\t" in single.stdout
     mixed = nmt("generate", "--path", f"{tiny_checkpoint}:{others[1]}", "--weights", "0.7,0.3", "--input", src)
     assert mixed.exit_code == 0, mixed.output
     assert len(mixed.stdout.splitlines()) == 4
