@@ -1,8 +1,8 @@
 """The search driver that `nmt generate`, `nmt serve`, training's BLEU validation and the parser share: open a
-checkpoint, or the checkpoints of an ensemble (search/ensemble.py), for inference (`open_for_inference`: the one way
-generate and serve read them) into a Translator, batch
-token sequences by length, search each batch, and return results in input order. A parser plugs its tree
-constraint in through a `ConstraintSource` (search/constraint.py); the skeleton exists once."""
+checkpoint, or an ensemble's checkpoints (search/ensemble.py), for inference (`open_for_inference`: the one way
+generate and serve read them) into a Translator, batch token sequences by length, search each batch, and return
+results in input order. A parser plugs its tree constraint in through a `ConstraintSource` (search/constraint.py);
+the skeleton exists once."""
 
 from __future__ import annotations
 
