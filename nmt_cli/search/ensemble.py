@@ -138,5 +138,7 @@ def ensemble_bounds(members: Sequence[SearchBounds]) -> SearchBounds:
     """The SearchBounds of an ensemble (search/settings.py's memory refusal): every member's cached keys and values
     together, counted as one layer's, within the smallest member's positions."""
     first = members[0]
+    if len(members) == 1:
+        return first
     width = sum(b.decoder_layers * b.state_width for b in members)
     return replace(first, decoder_layers=1, state_width=width, max_positions=min(b.max_positions for b in members))

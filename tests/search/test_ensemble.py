@@ -19,6 +19,7 @@ from nmt_cli.data.vocab import BOS, PAD
 from nmt_cli.errors import CheckpointError, ConfigError
 from nmt_cli.model.transformer import Transformer, build_model
 from nmt_cli.search.ensemble import Ensemble, check_members
+from nmt_cli.search.settings import search_bounds
 from nmt_cli.search.translate import load_translator, open_for_inference, translate
 
 pytestmark = pytest.mark.usefixtures("cpu_matmul_route")  # both CPU matmul routes on every machine (conftest.py)
@@ -139,6 +140,17 @@ def test_each_step_scores_by_the_members_weighted_average(tiny_checkpoint, other
             assert not torch.equal(steps[0][0], steps[1][0])  # the members do differ
             cache, own = cache.select_rows(rows), [c.select_rows(rows) for _, c in steps]
             prev = got.argmax(-1)[rows]
+
+
+def test_the_memory_refusal_counts_every_members_cache(tiny_checkpoint, others):
+    """search/settings.py refuses search sizes whose cached keys and values cannot fit: an ensemble holds each
+    member's."""
+    one = opened(tiny_checkpoint).bounds
+    assert one == search_bounds(read_saved_model(tiny_checkpoint).config, torch.device("cpu"), "fp32")
+    two = opened(f"{tiny_checkpoint}:{others[1]}").bounds
+    shaped = read_saved_model(others[1]).config
+    per_step = one.decoder_layers * one.state_width + shaped.decoder_layers * 2 * shaped.d_model
+    assert two.decoder_layers * two.state_width == per_step and two.max_positions == 48
 
 
 def test_weights_are_normalised_and_checked(tiny_checkpoint):
