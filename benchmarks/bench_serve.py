@@ -14,7 +14,16 @@ of generate's; p99 <= 2x generate's batch of 32; one client: <= 10 ms over gener
 32 clients with one sentence each in flight can fill batches of 32 at most, so the throughput is also given
 next to generate's with `--batch-size 32` (its batches of 32 sentences of like length, the server's of
 whichever 32 came).
+
+--adversary (issue 48): the server starts with explicit caps and --timeout (ADVERSARY_CAPS, each its own option),
+and after the phases above the --clients phase runs again, --rounds times without and with one more client that
+sends, at once and every --adversary-every seconds, the most expensive request those caps allow (every text
+at --max-input-chars, --max-request-sentences of them, beam and nbest at their caps, every output forced to
+the longest length); the normal clients' p50/p99 in both conditions (a 504 counts at its latency) and p99's
+ratio, whose target is <= 1.5. --threads-compare 1,2: the --clients phase on a server of each thread count
+(0: serve's default), all with the same settings, in turn round after round.
     .venv/bin/python benchmarks/bench_serve.py --path work/multi30k_en_de/average.pt --conditions idle
+    .venv/bin/python benchmarks/bench_serve.py --path CKPT --adversary --rounds 2 --threads-compare 0,1,2
     .venv/bin/python benchmarks/bench_serve.py --tiny --path CKPT   # a few seconds: does it all run
 """
 
