@@ -8,7 +8,9 @@ translation), `--no-repeat-ngram-size 3`, and `--print-alignment hard` (jsonl ou
 Scoring is `nmt score-pairs` of the baseline's own translations, compared in sentences per second. The runs
 alternate, round after round (--rounds), and each figure is the median over the rounds of the command's own logged
 translation (or scoring) time, without start-up and loading. A feature this checkout's `nmt` does not have (its
-option is not in `nmt generate --help`, or `score-pairs` not in `nmt --help`) is reported as not available.
+option is not in `nmt generate --help`, or `score-pairs` not in `nmt --help`) is reported as not available, one
+whose run fails as failed (and the exit status is 1). The check column says what the first round's output shows:
+how many outputs hold their constraints, begin with their prefix, and (the ensemble) equal the baseline's.
 
 Issue 49's targets: an ensemble of 2 at most 2.2x the baseline's time, 2 constraints per sentence at most 3x,
 scoring at least 10x the baseline's sentences per second.
@@ -45,6 +47,7 @@ class Feature:
     seconds: list[float] = field(default_factory=list)
     available: bool = True
     error: str | None = None  # why its run failed
+    check: str = ""  # what its first run's output was checked for
 
 
 def help_text(*command: str) -> str:
@@ -96,6 +99,25 @@ def write_inputs(hyps: list[str], constraints: Path = CONSTRAINTS, prefixes: Pat
     prefixes.write_text("".join((h.split() or [""])[0] + "\n" for h in hyps), encoding="utf-8")
 
 
+def read_lines(path: Path) -> list[str]:
+    return path.read_text(encoding="utf-8").splitlines()
+
+
+def check_output(name: str, hyps: list[str], baseline: list[str]) -> str:
+    """What a feature's translations show it did (a feature that silently did nothing would look cheap): every
+    output holds its constraints, begins with its prefix; an ensemble's outputs beside the baseline's."""
+    constraints = [line.split("\t") if line else [] for line in read_lines(CONSTRAINTS)]
+    prefixes = read_lines(PREFIXES)
+    if name == "2 constraints":
+        met = sum(all(c in h for c in cs) for h, cs in zip(hyps, constraints))
+        return f"{met}/{len(constraints)} hold their constraints"
+    if name == "target prefix":
+        return f"{sum(h.startswith(p) for h, p in zip(hyps, prefixes))}/{len(prefixes)} begin with their prefix"
+    if name == "ensemble of 2":
+        return f"{sum(h == b for h, b in zip(hyps, baseline))}/{len(baseline)} equal the baseline's"
+    return ""
+
+
 def runs(args: argparse.Namespace) -> dict[str, list[str]]:
     """Each generate run's options beside the others' (--path included)."""
     path = str(args.path)
@@ -127,6 +149,7 @@ def rows_of(table: list[Feature], n_sentences: int) -> list[dict]:
     rows = []
     for f in table:
         row: dict = {"feature": f.name, "seconds": "not available", "sent/s": "", "x baseline": "", "target": f.target}
+        row["check"] = f.check
         if f.error:
             row["seconds"] = f"failed: {f.error}"
         elif f.available:
@@ -170,7 +193,7 @@ def main() -> None:
     for turn in range(args.rounds):
         table[0].seconds.append(generate(args, src, hyp, options[table[0].name]))
         if turn == 0:  # the baseline's translations make the constraints and prefixes
-            write_inputs(hyp.read_text(encoding="utf-8").splitlines())
+            write_inputs(read_lines(hyp))
         for f in table[1:]:
             if f.available and not f.error:
                 try:
@@ -180,6 +203,8 @@ def main() -> None:
                     )
                 except SystemExit as e:  # reported in the table, and the exit status
                     f.error = str(e).strip().splitlines()[-1]
+                if turn == 0 and not f.error and not scoring:
+                    f.check = check_output(f.name, read_lines(out), read_lines(hyp))
     rows = rows_of(table, len(lines))
     for row in rows:
         row["conditions"] = args.conditions or "not given"
