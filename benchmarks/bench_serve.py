@@ -14,7 +14,16 @@ of generate's; p99 <= 2x generate's batch of 32; one client: <= 10 ms over gener
 32 clients with one sentence each in flight can fill batches of 32 at most, so the throughput is also given
 next to generate's with `--batch-size 32` (its batches of 32 sentences of like length, the server's of
 whichever 32 came).
+
+--adversary (issue 48): the server starts with explicit caps and --timeout (ADVERSARY_CAPS, each its own option),
+and after the phases above the --clients phase runs again, --rounds times without and with one more client that
+sends, at once and every --adversary-every seconds, the most expensive request those caps allow (every text
+at --max-input-chars, --max-request-sentences of them, beam and nbest at their caps, every output forced to
+the longest length); the normal clients' p50/p99 in both conditions (a 504 counts at its latency) and p99's
+ratio, whose target is <= 1.5. --threads-compare 1,2: the --clients phase on a server of each thread count
+(0: serve's default), all with the same settings, in turn round after round.
     .venv/bin/python benchmarks/bench_serve.py --path work/multi30k_en_de/average.pt --conditions idle
+    .venv/bin/python benchmarks/bench_serve.py --path CKPT --adversary --rounds 2 --threads-compare 0,1,2
     .venv/bin/python benchmarks/bench_serve.py --tiny --path CKPT   # a few seconds: does it all run
 """
 
@@ -30,11 +39,22 @@ import subprocess
 import sys
 import threading
 import time
+from collections import Counter
 from pathlib import Path
 
 from common import MULTI30K, NMT, RESULTS, ROOT, WORK, machine, run
 
 TINY_SENTENCES = ["1 2 3", "4 5 6 7 8", "9 0", "3 3 1 4", "2 7 1 8 2 8", "5", "6 6 6", "8 1 9 0 2"]
+# The caps and --timeout the server starts with under --adversary (each overridden by its own option), so that its
+# most expensive request is bounded: the timeout answers it 504, which stops its search at the next step.
+ADVERSARY_CAPS = {
+    "max_beam": 8,
+    "max_nbest": 8,
+    "max_output_tokens": 256,
+    "max_input_chars": 2000,
+    "max_request_sentences": 16,
+    "timeout": 5.0,
+}
 
 
 def generate_seconds(path: Path, src: Path, args: argparse.Namespace, *extra: str) -> tuple[float, list[str]]:
@@ -54,11 +74,21 @@ def generate_seconds(path: Path, src: Path, args: argparse.Namespace, *extra: st
     return int(found.group(1)) / float(found.group(2)), out.read_text().splitlines()
 
 
-def start_server(path: Path, args: argparse.Namespace) -> tuple[subprocess.Popen, int]:
+def server_caps(args: argparse.Namespace) -> list[str]:
+    """The server's caps and timeout given to this run (with --adversary, explicit ones: ADVERSARY_CAPS)."""
+    return [
+        part
+        for name in ADVERSARY_CAPS
+        if getattr(args, name) is not None
+        for part in ("--" + name.replace("_", "-"), str(getattr(args, name)))
+    ]
+
+
+def start_server(path: Path, args: argparse.Namespace, threads: int) -> tuple[subprocess.Popen, int]:
     proc = subprocess.Popen(
         NMT
-        + ["serve", "--path", str(path), "--port", "0", "--device", args.device, "--threads", str(args.threads)]
-        + ["--beam", str(args.beam), "--max-queue", "100000"]
+        + ["serve", "--path", str(path), "--port", "0", "--device", args.device, "--threads", str(threads)]
+        + ["--beam", str(args.beam), "--max-queue", "100000", *server_caps(args)]
         + ([] if args.max_wait_ms is None else ["--max-wait-ms", str(args.max_wait_ms)]),
         stderr=subprocess.PIPE,
         text=True,
@@ -105,7 +135,10 @@ class Client:
         self.buffer = b""
 
     def translate(self, text: str) -> tuple[int, dict]:
-        body = json.dumps({"text": text}).encode()
+        return self.post({"text": text})
+
+    def post(self, payload: dict) -> tuple[int, dict]:
+        body = json.dumps(payload).encode()
         self.sock.sendall(f"{self.head}Content-Length: {len(body)}\r\n\r\n".encode() + body)
         while b"\r\n\r\n" not in self.buffer:
             self.buffer += self.receive()
@@ -127,8 +160,11 @@ class Client:
         self.sock.close()
 
 
-def load(port: int, sentences: list[str], clients: int, time_limit: float) -> tuple[list[float], dict, float]:
-    """`clients` threads send the sentences one per request until all are sent or time runs out."""
+def load(
+    port: int, sentences: list[str], clients: int, time_limit: float, failed: Counter | None = None
+) -> tuple[list[float], dict, float]:
+    """`clients` threads send the sentences one per request until all are sent or time runs out. An answer other
+    than 200 stops the run, or, with `failed`, is counted there by status (its latency counted too)."""
     latencies: list[float] = []
     answers: dict[int, str] = {}
     lock = threading.Lock()
@@ -145,11 +181,14 @@ def load(port: int, sentences: list[str], clients: int, time_limit: float) -> tu
             start = time.perf_counter()
             status, body = conn.translate(sentences[i])
             seconds = time.perf_counter() - start
-            if status != 200:
+            if status != 200 and failed is None:
                 raise SystemExit(f"the server answered {status}: {body}")
             with lock:
                 latencies.append(seconds)
-                answers[i] = body["translations"][0]["text"]
+                if status == 200:
+                    answers[i] = body["translations"][0]["text"]
+                else:
+                    failed[status] += 1
         conn.close()
 
     start = time.perf_counter()
@@ -159,6 +198,143 @@ def load(port: int, sentences: list[str], clients: int, time_limit: float) -> tu
     for t in threads:
         t.join()
     return latencies, answers, time.perf_counter() - start
+
+
+def adversarial_payload(lines: list[str], args: argparse.Namespace, max_positions: int) -> dict:
+    """The most expensive request the server's caps allow: --max-request-sentences texts of --max-input-chars
+    characters (the input's sentences run together, each text starting at another), the widest beam, as many
+    hypotheses, and every output forced to the longest length the caps and the model allow (min_len = max_len_b,
+    max_len_a 0)."""
+    steps = min(args.max_output_tokens, max_positions - 1)
+    texts = []
+    for i in range(args.max_request_sentences):
+        text, j = "", i
+        while len(text) < args.max_input_chars:
+            text, j = f"{text} {lines[j % len(lines)]}".lstrip(), j + 1
+        text = text[: args.max_input_chars]
+        texts.append(text[:-1] + "." if text.endswith(" ") else text)  # a text does not end in a space
+    nbest = min(args.max_nbest, args.max_beam)  # beam search keeps nbest <= beam
+    return {"texts": texts, "beam": args.max_beam, "nbest": nbest, "min_len": steps, "max_len_a": 0, "max_len_b": steps}
+
+
+class Adversary(threading.Thread):
+    """One client sending `payload` at once and then every `every` seconds (at once where its previous request took
+    longer), one request at a time, until `finish`: each answer's status and seconds."""
+
+    def __init__(self, port: int, payload: dict, every: float) -> None:
+        super().__init__(daemon=True)
+        self.port, self.payload, self.every = port, payload, every
+        self.answers: list[tuple[int, float]] = []
+        self.error: str | None = None
+        self.stopping = threading.Event()
+
+    def run(self) -> None:
+        next_at = time.monotonic()
+        while not self.stopping.wait(max(0.0, next_at - time.monotonic())):
+            next_at = time.monotonic() + self.every
+            conn = Client(self.port)
+            start = time.perf_counter()
+            try:
+                status, body = conn.post(self.payload)
+            except SystemExit as e:  # the server closed the connection
+                self.error = str(e)
+                return
+            finally:
+                conn.close()
+            self.answers.append((status, time.perf_counter() - start))
+            if status not in (200, 504):
+                self.error = f"the adversary's request got {status}: {body}"
+                return
+
+    def finish(self) -> None:
+        """Stop sending, and wait for the answer to the request in flight (the next phase starts on an idle server)."""
+        self.stopping.set()
+        self.join()
+        if self.error:
+            raise SystemExit(self.error)
+
+
+def adversary_phases(port: int, lines: list[str], args: argparse.Namespace, expected: list[str]) -> dict:
+    """--rounds rounds, each a --clients phase without the adversary and one with it, on one server: the normal
+    clients' p50 and p99 in each condition (pooled over the rounds), their ratio, and what the adversary got."""
+    status, info = request(port, "GET", "/info")
+    if status != 200:
+        raise SystemExit(f"/info answered {status}: {info}")
+    payload = adversarial_payload(lines, args, int(info.get("max_positions") or 1 << 30))
+    latencies: dict[bool, list[float]] = {False: [], True: []}
+    failed: dict[bool, Counter] = {False: Counter(), True: Counter()}
+    sent: list[tuple[int, float]] = []
+    differ = 0
+    for _ in range(args.rounds):
+        for with_adversary in (False, True):
+            adversary = Adversary(port, payload, args.adversary_every) if with_adversary else None
+            if adversary:
+                adversary.start()
+            try:
+                phase, answers, _ = load(port, lines, args.clients, args.time_limit, failed[with_adversary])
+            finally:
+                if adversary:
+                    adversary.finish()
+                    sent += adversary.answers
+            latencies[with_adversary] += phase
+            differ += sum(answers[i] != expected[i] for i in answers)
+    row: dict = {
+        "adversary request": f"{len(payload['texts'])} texts of {max(map(len, payload['texts']))} chars, beam "
+        f"{payload['beam']}, nbest {payload['nbest']}, min_len = max_len_b {payload['min_len']}",
+        "adversary every s": args.adversary_every,
+        "adversary answers": by_status(Counter(code for code, _ in sent)),
+        "adversary mean s": round(sum(t for _, t in sent) / max(len(sent), 1), 2),
+    }
+    for with_adversary, name in ((False, "without adversary"), (True, "with adversary")):
+        row[f"{name} p50 ms"] = round(percentile(latencies[with_adversary], 0.5) * 1000, 1)
+        row[f"{name} p99 ms"] = round(percentile(latencies[with_adversary], 0.99) * 1000, 1)
+        row[f"{name} not 200"] = by_status(failed[with_adversary])  # their latency is in the percentiles
+    row["p99 with / without"] = round(row["with adversary p99 ms"] / max(row["without adversary p99 ms"], 1e-9), 2)
+    row["p99 with / without target"] = "<= 1.5"
+    row["adversary phases differ"] = differ
+    return row
+
+
+def by_status(counts: Counter) -> str:
+    """Answers counted by HTTP status: `3 x 200, 1 x 504`, or `none`."""
+    return ", ".join(f"{n} x {code}" for code, n in sorted(counts.items())) or "none"
+
+
+def compare_threads(lines: list[str], args: argparse.Namespace) -> dict:
+    """The --clients phase on one server per --threads-compare count (0: serve's default), all started with the
+    same settings and loaded in turn, round after round (--rounds): throughput and p50/p99 for each count."""
+    servers: dict[int, tuple[subprocess.Popen, int]] = {}
+    latencies: dict[int, list[float]] = {n: [] for n in args.threads_compare}
+    seconds = dict.fromkeys(args.threads_compare, 0.0)
+    try:
+        for n in args.threads_compare:
+            servers[n] = start_server(args.path, args, n)
+        for _ in range(args.rounds):
+            for n in args.threads_compare:
+                phase, _, took = load(servers[n][1], lines, args.clients, args.time_limit)
+                latencies[n] += phase
+                seconds[n] += took
+    finally:
+        for proc, _ in servers.values():
+            proc.terminate()
+            proc.wait(60)
+    row = {}
+    for n in args.threads_compare:
+        row[f"threads {n} sent/s"] = round(len(latencies[n]) / seconds[n], 1)
+        row[f"threads {n} p50 ms"] = round(percentile(latencies[n], 0.5) * 1000, 1)
+        row[f"threads {n} p99 ms"] = round(percentile(latencies[n], 0.99) * 1000, 1)
+    return row
+
+
+def thread_counts(text: str) -> list[int]:
+    """--threads-compare's comma-separated thread counts."""
+    try:
+        counts = [int(part) for part in text.split(",")]
+    except ValueError:
+        counts = []
+    if not counts or min(counts) < 0 or len(set(counts)) < len(counts):
+        raise argparse.ArgumentTypeError(f"{text!r}: give distinct thread counts >= 0, comma-separated (1,2)")
+    return counts
 
 
 def metrics(port: int) -> str:
@@ -218,9 +394,35 @@ def main() -> None:
     ap.add_argument("--max-wait-ms", type=float, default=None, help="The server's --max-wait-ms (default: its own).")
     ap.add_argument("--tiny", action="store_true", help="Digit sentences, 4 clients: a few seconds.")
     ap.add_argument("--conditions", default="", help="How the machine was (idle, under load), for the record.")
+    ap.add_argument(
+        "--adversary",
+        action="store_true",
+        help="Also run the --clients phase without and with one more client that sends the most expensive request "
+        "the server's caps allow every --adversary-every seconds; the normal clients' p50/p99 in both, and the ratio.",
+    )
+    ap.add_argument("--adversary-every", type=float, default=3.0, help="Seconds between the adversary's requests.")
+    ap.add_argument("--rounds", type=int, default=1, help="Rounds of the alternated phases (--adversary, compare).")
+    ap.add_argument(
+        "--threads-compare",
+        type=thread_counts,
+        default=None,
+        help="Thread counts (0: serve's default), e.g. 1,2: the --clients phase on a server of each, in turn.",
+    )
+    for name, value in ADVERSARY_CAPS.items():
+        ap.add_argument(
+            "--" + name.replace("_", "-"),
+            type=type(value),
+            default=None,
+            help=f"The server's --{name.replace('_', '-')} [default: its own; {value} with --adversary].",
+        )
     args = ap.parse_args()
+    if args.adversary:
+        for name, value in ADVERSARY_CAPS.items():
+            if getattr(args, name) is None:
+                setattr(args, name, value)
     if args.tiny:
         lines, args.clients, args.single, args.time_limit = TINY_SENTENCES * 3, 4, 4, 20.0
+        args.adversary_every = min(args.adversary_every, 0.5)
     else:
         lines = args.input.read_text(encoding="utf-8").splitlines()[: args.sentences]
     WORK.mkdir(parents=True, exist_ok=True)
@@ -234,7 +436,7 @@ def main() -> None:
     gen_one, _ = generate_seconds(args.path, single_src, args, "--batch-size", "1")
     per_batch = gen_batch / -(-len(lines) // args.clients)
 
-    proc, port = start_server(args.path, args)
+    proc, port = start_server(args.path, args, args.threads)
     try:
         loop_before, all_before = thread_seconds(proc.pid)
         latencies, answers, seconds = load(port, lines, args.clients, args.time_limit)
@@ -243,6 +445,7 @@ def main() -> None:
         searched = search_seconds(port)
         single, _, _ = load(port, lines[: args.single], 1, args.time_limit)
         searched = search_seconds(port) - searched
+        adversary = adversary_phases(port, lines, args, expected) if args.adversary else {}
     finally:
         proc.terminate()
         proc.wait(60)
@@ -269,9 +472,14 @@ def main() -> None:
         "HTTP share of CPU %": round(100 * (loop_after - loop_before) / max(all_after - all_before, 1e-9), 1),
         "differ from generate": sum(answers[i] != expected[i] for i in answers),
         "conditions": args.conditions or "not given",
+        "threads": args.threads,
+        "server caps": " ".join(server_caps(args)) or "its defaults",
+        **adversary,
+        **(compare_threads(lines, args) if args.threads_compare else {}),
     }
     for key, value in row.items():  # a row of many columns reads better down the page
         print(f"{key:>28}  {value!s:>12}")
+    print(f"{'machine':>28}  {json.dumps(machine())}")
     if not args.tiny:
         report_json("serve", [row])
 

@@ -71,12 +71,17 @@ def choose_device(name: str, local_rank: int = 0) -> torch.device:
     return torch.device("cpu")
 
 
+def usable_cores() -> int:
+    """The CPU cores this process may run on: its affinity where the OS reports one, else the machine's."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
 def set_threads(n_threads: int | None) -> None:
     """--threads: torch's intra-op threads (None or 0: torch's default), with a warning when they outnumber
     the cores this process may run on: more threads than cores take turns, and every product waits for the
     slowest of them, so translation slows down many times over."""
     if n_threads:
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        cores = usable_cores()
         if n_threads > cores:
             logger.warning(
                 "--threads %d is more than the %d CPU core(s) this process may use: the threads will take turns "

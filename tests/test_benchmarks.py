@@ -1,12 +1,13 @@
 """The benchmark scripts that have a tiny mode run in the fast suite, so that none can rot unseen between the
 sessions that run them for figures (issue 33: bench_gpu.py crashed on the first GPU run before its first figure):
-each runs as a user runs it (a child process) at sizes that take seconds. bench_serve.py's tiny mode and
-gpu_check.sh's CPU dry run take longer and are slow tests."""
+each runs as a user runs it (a child process) at sizes that take seconds. bench_serve.py's and bench_decoding.py's
+tiny modes and gpu_check.sh's CPU dry run take longer and are slow tests."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -14,7 +15,7 @@ import pytest
 from conftest import ROOT
 
 
-def run_benchmark(script: str, *args: str, tmp_path) -> str:
+def run_benchmark(script: str, *args: str, tmp_path, timeout: float = 120) -> str:
     env = os.environ | {"NMT_BENCH_RESULTS": str(tmp_path / "results"), "NMT_BENCH_DIR": str(tmp_path / "work")}
     env["PYTHONPATH"] = f"{ROOT}:{env.get('PYTHONPATH', '')}"
     done = subprocess.run(
@@ -22,7 +23,7 @@ def run_benchmark(script: str, *args: str, tmp_path) -> str:
         capture_output=True,
         text=True,
         env=env,
-        timeout=120,
+        timeout=timeout,
     )
     assert done.returncode == 0, done.stdout + done.stderr
     return done.stdout
@@ -35,6 +36,36 @@ def test_bench_matmul_prints_both_routes_for_every_product(tmp_path):
     assert [" ".join(r.split()[:3]) for r in rows] == ["512 x 1536", "512 x 512", "512 x 2048", "2048 x 512"]
     assert "training's float32 products take" in out
     assert (tmp_path / "results" / "matmul.json").exists()
+
+
+@pytest.mark.slow  # a generate run per feature this checkout has, and score-pairs: up to 8 child processes
+def test_bench_decoding_reports_each_feature_or_that_it_is_not_available(trained_copy_checkpoint, tmp_path):
+    ckpt = str(trained_copy_checkpoint)
+    out = run_benchmark("bench_decoding.py", "--tiny", "--threads", "1", "--path", ckpt, tmp_path=tmp_path, timeout=600)
+    # a row's cells: seconds, sent/s, x baseline, target, conditions (the empty ones run together)
+    rows = {cells[0]: cells[1:] for line in out.splitlines() if len(cells := re.split(r"\s{2,}", line.strip())) > 2}
+    baseline = rows["beam 4 (baseline)"]
+    assert float(baseline[0]) > 0 and float(baseline[1]) > 0 and baseline[2] == "1.00x time"
+    helps = {
+        name: subprocess.run(
+            [sys.executable, "-m", "nmt_cli", *command, "--help"], capture_output=True, text=True, cwd=ROOT, check=True
+        ).stdout
+        for name, command in (("generate", ["generate"]), ("nmt", []))
+    }
+    for feature, command, option in [
+        ("ensemble of 2", "generate", "--weights"),
+        ("2 constraints", "generate", "--constraints-file"),
+        ("target prefix", "generate", "--prefix-file"),
+        ("no-repeat-ngram 3", "generate", "--no-repeat-ngram-size"),
+        ("alignment hard", "generate", "--print-alignment"),
+        ("score-pairs", "nmt", "score-pairs"),
+    ]:
+        cells = rows[feature]
+        if option in helps[command]:
+            assert float(cells[0]) > 0 and re.fullmatch(r"\d+\.\d\dx (time|sent/s)", cells[2]), cells
+        else:
+            assert cells[0] == "not available", cells
+    assert "machine: {" in out and (tmp_path / "results" / "decoding.json").exists()
 
 
 def test_bench_gpu_runs_on_cpu(tmp_path):

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from nmt_cli.config import ServeConfig
 from nmt_cli.errors import ConfigError, NmtError
 from nmt_cli.log import print_error
-from nmt_cli.runtime import set_threads
+from nmt_cli.runtime import set_threads, usable_cores
 from nmt_cli.signals import Interrupted
 
 if TYPE_CHECKING:
@@ -86,7 +86,7 @@ def serve(cfg: ServeConfig, search_overrides: dict[str, Any]) -> None:
 
     key, key_source = api_key(cfg)  # refused before the model is loaded
     limits = Limits(cfg.max_request_sentences, cfg.timeout, cfg.max_body_bytes, key, cors_origins(cfg.cors_origin))
-    set_threads(cfg.threads)
+    set_serving_threads(cfg.threads)
     served = ServedModel(cfg, search_overrides)
     sock = listen(cfg.host, cfg.port)  # bound (a port in use is refused now), not yet listening
     app = make_app(served, cfg.max_wait_ms / 1000, cfg.max_queue, limits)
@@ -125,6 +125,22 @@ def serve(cfg: ServeConfig, search_overrides: dict[str, Any]) -> None:
     if app.state.server.batcher.running:  # mid-batch: the interpreter's exit would abort in the worker's torch call
         exit_now(stopped)
     raise stopped
+
+
+def serving_threads(n_threads: int) -> int:
+    """--threads as given, or for 0 every core this process may use but one, at least one: the worker is the
+    one thread doing torch work, and the event loop (HTTP, JSON, the tokenizer) needs a core of its own, as do
+    clients on the same machine; torch's default takes every core and its threads wait on one another
+    (benchmarks/bench_serve.py --threads-compare measures both)."""
+    return n_threads or max(1, usable_cores() - 1)
+
+
+def set_serving_threads(n_threads: int) -> None:
+    """Set the search's intra-op threads (`serving_threads`) and log how many."""
+    threads = serving_threads(n_threads)
+    set_threads(threads)
+    how = "--threads" if n_threads else f"--threads 0: {usable_cores()} usable core(s) less one for HTTP, at least 1"
+    logger.info("searching with %d CPU thread(s) (%s)", threads, how)
 
 
 API_KEY_ENV = "NMT_API_KEY"

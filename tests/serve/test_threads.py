@@ -1,0 +1,43 @@
+"""serve's --threads default: every core the process may use but one (left to the event loop and the clients),
+at least one; a --threads given is kept. The affinity is mocked, so the cases run on any machine."""
+
+import logging
+import os
+
+import pytest
+import torch
+
+from nmt_cli.commands.serve import serving_threads, set_serving_threads
+
+
+@pytest.mark.parametrize(("cores", "threads"), [(1, 1), (2, 1), (16, 15)])
+def test_default_leaves_one_core_to_http(monkeypatch, cores, threads):
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(cores)), raising=False)
+    assert serving_threads(0) == threads
+
+
+@pytest.mark.parametrize("cores", [1, 2, 16])
+def test_threads_given_are_kept(monkeypatch, cores):
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(cores)), raising=False)
+    assert serving_threads(3) == 3
+
+
+def test_without_affinity_the_machine_cores_count(monkeypatch):
+    monkeypatch.delattr(os, "sched_getaffinity", raising=False)
+    monkeypatch.setattr(os, "cpu_count", lambda: 4)
+    assert serving_threads(0) == 3
+
+
+def test_the_chosen_number_is_set_and_logged(monkeypatch, caplog):
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2}, raising=False)
+    before = torch.get_num_threads()
+    try:
+        with caplog.at_level(logging.INFO, logger="nmt_cli"):
+            set_serving_threads(0)
+            assert torch.get_num_threads() == 2
+            set_serving_threads(1)
+            assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
+    assert "searching with 2 CPU thread(s) (--threads 0: 3 usable core(s) less one for HTTP" in caplog.text
+    assert "searching with 1 CPU thread(s) (--threads)" in caplog.text
