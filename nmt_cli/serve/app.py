@@ -1,9 +1,11 @@
-"""The HTTP side of `nmt serve`: a Starlette app around the served model (a ServedModel) and its Batcher.
+"""The HTTP side of `nmt serve`: a Starlette app around the served models (Models, models.py) and their Batcher.
 
-POST /translate  {"text": "..."} or {"texts": [...]} and optional search fields (beam, nbest, lenpen, ...)
+POST /translate  {"text": "..."} or {"texts": [...]}, optional "model" (a name; default: the first --path) and
+                 search fields (beam, nbest, lenpen, ...)
                  -> {"translations": [{"text", "score", "nbest"?, "warning"?}, ...], "seconds"}
-GET /health      alive;  GET /ready  loaded and warm (503 until the warm-up sentence is done)
-GET /info        languages, model shape, vocabulary, checkpoint, search settings, version
+GET /health      alive;  GET /ready  loaded and warm (503 until every model's warm-up sentence is done)
+GET /info        the default model's languages, shape, vocabulary, checkpoint, search settings, version, and
+                 "models" (each one's name, languages, task, checkpoint); ?model=NAME: that model's own
 GET /metrics     Prometheus text;  GET /  a page to translate with;  GET /openapi.json  this API (openapi.py)
 LibreTranslate's /translate body ("q", api_key in place of the header) and GET /languages: libretranslate.py
 
@@ -11,7 +13,8 @@ Every error is JSON {"error": "...", "request_id": "..."}: 400 for a request the
 JSON, nested too deeply, invalid UTF-8, a wrong field or type, no texts, more than --max-request-sentences), 401
 without the API key (when the server has one: /translate, /info and /metrics need `Authorization: Bearer KEY`;
 the others stay open), 413 for a body over --max-body-bytes (refused from its Content-Length before
-it is read, or cut off where a chunked body passes it), 503 with Retry-After when the queue is full or the server
+it is read, or cut off where a chunked body passes it), 429 with Retry-After when the client (its address) has
+--max-client-sentences queued or in progress, 503 with Retry-After when the queue is full or the server
 is shutting down, 504 past --timeout, 500 for a failure of the server's own (its traceback is logged). A client
 that closes its connection before its answer is counted under 499 in /metrics.
 

@@ -163,9 +163,17 @@ class Models:
         return self.models[name].served.run(search, sentences, still_wanted)
 
     def warm_up(self) -> None:
-        """Build and warm up every model in the worker thread, in --path order."""
+        """Build and warm up every model in the worker thread, in --path order; with several, what one fails on is
+        a ConfigError naming its --path."""
         for model in self:
-            model.served.warm_up()
+            try:
+                model.served.warm_up()
+            except Exception as e:
+                if len(self.models) == 1:
+                    raise
+                raise ConfigError(
+                    f"--path {model.spec}: the model failed to translate a warm-up sentence: {type(e).__name__}: {e}"
+                ) from e
 
     @contextmanager
     def worker_context(self) -> Iterator[None]:

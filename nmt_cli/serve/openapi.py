@@ -32,6 +32,7 @@ ERRORS = {
     400: "a request the server cannot read, or a field that does not fit (named in the error)",
     401: "the server has an API key and the request does not carry it",
     413: "the body is over --max-body-bytes",
+    429: "the client has --max-client-sentences queued or in progress (Retry-After)",
     499: "the client closed the connection (counted in /metrics, never received)",
     500: "a failure of the server's own",
     503: "the queue is full, or the server is shutting down or not ready (Retry-After)",
@@ -138,7 +139,7 @@ def document() -> dict[str, Any]:
             "content": {JSON: {"schema": {"oneOf": [ref("TranslateRequest"), libre]}}, FORM: {"schema": libre}},
         },
         "responses": answers(
-            {"oneOf": [ref("TranslateResponse"), ref("LibreTranslateResponse")]}, 400, 401, 413, 500, 503, 504
+            {"oneOf": [ref("TranslateResponse"), ref("LibreTranslateResponse")]}, 400, 401, 413, 429, 500, 503, 504
         ),
     }
     return {

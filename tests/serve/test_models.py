@@ -127,3 +127,19 @@ def test_the_command_serves_several_paths_with_one_worker(trained_copy_checkpoin
         proc.wait(30)
     assert status == default_status == 200, answer
     assert f"serving src-tgt: {trained_copy_checkpoint}, dutch: {de_en} on http://" in "".join(lines)
+
+
+def test_a_model_that_fails_its_warm_up_is_named_by_its_path():
+    from types import SimpleNamespace
+
+    from nmt_cli.serve.models import Model
+
+    def fails():
+        raise RuntimeError("no kernel for this precision")
+
+    fine, broken = SimpleNamespace(warm_up=lambda: None), SimpleNamespace(warm_up=fails)
+    models = Models([Model("a", "a.pt", fine), Model("b", "b=x.pt", broken)])
+    with pytest.raises(ConfigError, match=r"^--path b=x\.pt: the model failed to translate a warm-up sentence: "):
+        models.warm_up()
+    with pytest.raises(RuntimeError):  # one model: as before, commands/serve.py words it
+        Models([Model("b", "x.pt", broken)]).warm_up()
