@@ -145,6 +145,7 @@ def test_with_several_models_the_page_offers_them_and_translates_with_the_one_ch
     try:
         wait_ready(port)
         expected = post(port, {"texts": ["1 2 3", "4 5 6 7"], "model": "de-en"})[1]["translations"]
+        assert post(port, {"texts": ["1 2 3", "4 5 6 7"]})[1]["translations"] != expected  # the models differ
         browser.do("POST", "/url", {"url": f"http://127.0.0.1:{port}/"})
         assert browser.wait_for("#pair", lambda t: t[0] != "") == ["src \u2192 tgt"]
         assert browser.wait_for("#model option", lambda t: len(t) == 2) == [
