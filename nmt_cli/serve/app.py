@@ -138,7 +138,7 @@ async def first_of(work: asyncio.Future[Any], *others: asyncio.Future[Any], time
 
 
 class Server:
-    """The routes, sharing one served model, batcher and set of counters."""
+    """The routes, sharing the served models, their batcher and one set of counters."""
 
     def __init__(self, models: Models, batcher: Batcher, metrics: Metrics, limits: Limits) -> None:
         self.models, self.batcher, self.metrics, self.limits = models, batcher, metrics, limits
