@@ -328,6 +328,13 @@ class GenerateConfig(InferenceConfig):
 class ServeConfig(InferenceConfig):
     """`nmt serve` apart from the search (SearchConfig, whose defaults come from the checkpoint)."""
 
+    # --path is repeatable for serve: cli/serve.py gives its first value to `path`, the others to `more_paths`
+    path: str = flag(
+        help="Checkpoint to serve, as [NAME=]CKPT (NAME: what requests choose it by [default: SRC-TGT, else the "
+        "file's stem]); repeat --path to serve several models, the first answering requests that name none.",
+        cli=False,
+    )
+    more_paths: tuple[str, ...] = flag((), "The models served beside `path`, each [NAME=]CKPT.", cli=False)
     host: str = flag("127.0.0.1", "Address to listen on (0.0.0.0: every interface).")
     port: int = flag(8080, "Port to listen on (0: a free one, logged at start).", min=0, max=65535)
     threads: int = flag(
@@ -352,6 +359,18 @@ class ServeConfig(InferenceConfig):
     api_key: str | None = flag(None, "Key a client sends as `Authorization: Bearer KEY` (seen in process lists).")
     api_key_file: str | None = flag(None, "File whose first line is the API key (or set NMT_API_KEY).", path="file")
     cors_origin: str | None = flag(None, "Origins a browser may call the API from, comma-separated (none: same).")
+    max_client_sentences: int | None = flag(
+        None,
+        "Sentences one client (its address) may have queued or in progress; a request past it gets 429 [default: "
+        "no limit: behind a proxy every client has the proxy's address, unless the proxy sends X-Forwarded-For "
+        "and --forwarded-allow-ips trusts it].",
+        min=1,
+    )
+    forwarded_allow_ips: str | None = flag(
+        None,
+        "Proxy addresses (comma-separated, or *) whose X-Forwarded-For gives the client's address "
+        "[default: $FORWARDED_ALLOW_IPS, else the loopback addresses].",
+    )
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -359,6 +378,11 @@ class ServeConfig(InferenceConfig):
             raise ConfigError(
                 f"--max-request-sentences {self.max_request_sentences} exceeds --max-queue {self.max_queue}: "
                 "such a request could never be queued"
+            )
+        if self.max_client_sentences is not None and self.max_request_sentences > self.max_client_sentences:
+            raise ConfigError(
+                f"--max-request-sentences {self.max_request_sentences} exceeds --max-client-sentences "
+                f"{self.max_client_sentences}: such a request could never be queued; lower --max-request-sentences"
             )
 
 

@@ -1,7 +1,9 @@
-"""`nmt serve`: the search flags default to the settings saved in the checkpoint, as in `nmt generate`."""
+"""`nmt serve`: the search flags default to the settings saved in the checkpoint, as in `nmt generate`; --path is
+repeatable (several models in one server)."""
 
 from __future__ import annotations
 
+from dataclasses import fields
 from typing import Any
 
 import click
@@ -9,11 +11,14 @@ import click
 from nmt_cli.cli.options import CONTEXT, inference_config, inference_options
 from nmt_cli.config import ServeConfig
 
+PATH_HELP = next(f.metadata["help"] for f in fields(ServeConfig) if f.name == "path")
+
 
 @click.command(context_settings=CONTEXT)
+@click.option("--path", "paths", multiple=True, required=True, metavar="[NAME=]CKPT", help=PATH_HELP)
 @inference_options(ServeConfig)
-def serve(**values: Any) -> None:
+def serve(paths: tuple[str, ...], **values: Any) -> None:
     """Translate over HTTP (POST /translate, a page at /), batching sentences across requests (needs nmt[serve])."""
     from nmt_cli.commands.serve import serve as run_server
 
-    run_server(*inference_config(ServeConfig, values))
+    run_server(*inference_config(ServeConfig, {**values, "path": paths[0], "more_paths": paths[1:]}))

@@ -76,32 +76,38 @@ def quiet_exit_signals() -> Iterator[None]:
 
 
 def serve(cfg: ServeConfig, search_overrides: dict[str, Any]) -> None:
-    """Serve the checkpoint cfg.path over HTTP until a signal stops it."""
+    """Serve the checkpoints cfg.path and cfg.more_paths over HTTP until a signal stops it."""
     require_server_library()
     import uvicorn
 
     from nmt_cli.serve.app import Limits, make_app
     from nmt_cli.serve.drain import DrainingServer
-    from nmt_cli.serve.served_model import ServedModel
+    from nmt_cli.serve.models import Models
 
     key, key_source = api_key(cfg)  # refused before the model is loaded
-    limits = Limits(cfg.max_request_sentences, cfg.timeout, cfg.max_body_bytes, key, cors_origins(cfg.cors_origin))
+    origins = cors_origins(cfg.cors_origin)
+    limits = Limits(cfg.max_request_sentences, cfg.timeout, cfg.max_body_bytes, key, origins, cfg.max_client_sentences)
     set_serving_threads(cfg.threads)
-    served = ServedModel(cfg, search_overrides)
+    models = Models.open(cfg, search_overrides)
+    served = models.default.served
     sock = listen(cfg.host, cfg.port)  # bound (a port in use is refused now), not yet listening
-    app = make_app(served, cfg.max_wait_ms / 1000, cfg.max_queue, limits)
+    app = make_app(models, cfg.max_wait_ms / 1000, cfg.max_queue, limits)
     try:
         warm_up(app.state.server.batcher)
     except BaseException:
         sock.close()
         raise
-    config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on")
+    # None: uvicorn's own default, $FORWARDED_ALLOW_IPS else the loopback addresses
+    config = uvicorn.Config(
+        app, log_level="warning", access_log=False, lifespan="on", forwarded_allow_ips=cfg.forwarded_allow_ips
+    )
     server = DrainingServer(config, app.state.server, cfg.drain_timeout)
     host, port = sock.getsockname()[:2]
     logger.info(
-        "serving %s (%s) on http://%s:%d (%s, %s, batches of %d tokens, waiting %g ms)",
-        cfg.path,
-        served.info["task"],
+        "serving %s on http://%s:%d (%s, %s, batches of %d tokens, waiting %g ms)",
+        ", ".join(
+            f"{m.spec} ({m.served.info['task']})" if len(models) == 1 else f"{m.name}: {m.served.path}" for m in models
+        ),
         f"[{host}]" if ":" in host else host,
         port,
         served.device,

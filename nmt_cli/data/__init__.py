@@ -28,9 +28,21 @@ def raw_text_problem(text: str) -> str | None:
         text.encode("utf-8")
     except UnicodeEncodeError as e:
         return f"is not valid Unicode (an unpaired surrogate at character {e.start})"
-    if WORD_MARK in text:
+    if looks_like_pieces(text):
         return (
             f"holds sentencepiece pieces ({WORD_MARK}); give raw text, which nmt encodes with the checkpoint's own "
             "sentencepiece model"
         )
     return None
+
+
+def looks_like_pieces(text: str) -> bool:
+    """Whether a text reads as sentencepiece's pieces joined by spaces ("▁Ein ▁Mann ▁in ▁eine m"):
+    its first token and at least one other start with the word mark, and the mark starts every token that holds it
+    (sentencepiece puts it nowhere else). Text that merely holds the character ("press ▁ to continue", a lone
+    "▁word") is text; sentencepiece reads each mark in it as a space."""
+    tokens = text.split()
+    marked = [token for token in tokens if WORD_MARK in token]
+    if len(marked) < 2 or not tokens[0].startswith(WORD_MARK):
+        return False
+    return all(token.startswith(WORD_MARK) and WORD_MARK not in token[1:] for token in marked)

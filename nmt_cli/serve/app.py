@@ -1,9 +1,11 @@
-"""The HTTP side of `nmt serve`: a Starlette app around the served model (a ServedModel) and its Batcher.
+"""The HTTP side of `nmt serve`: a Starlette app around the served models (Models, models.py) and their Batcher.
 
-POST /translate  {"text": "..."} or {"texts": [...]} and optional search fields (beam, nbest, lenpen, ...)
+POST /translate  {"text": "..."} or {"texts": [...]}, optional "model" (a name; default: the first --path) and
+                 search fields (beam, nbest, lenpen, ...)
                  -> {"translations": [{"text", "score", "nbest"?, "warning"?}, ...], "seconds"}
-GET /health      alive;  GET /ready  loaded and warm (503 until the warm-up sentence is done)
-GET /info        languages, model shape, vocabulary, checkpoint, search settings, version
+GET /health      alive;  GET /ready  loaded and warm (503 until every model's warm-up sentence is done)
+GET /info        the default model's languages, shape, vocabulary, checkpoint, search settings, version, and
+                 "models" (each one's name, languages, task, checkpoint); ?model=NAME: that model's own
 GET /metrics     Prometheus text;  GET /  a page to translate with;  GET /openapi.json  this API (openapi.py)
 LibreTranslate's /translate body ("q", api_key in place of the header) and GET /languages: libretranslate.py
 
@@ -11,7 +13,8 @@ Every error is JSON {"error": "...", "request_id": "..."}: 400 for a request the
 JSON, nested too deeply, invalid UTF-8, a wrong field or type, no texts, more than --max-request-sentences), 401
 without the API key (when the server has one: /translate, /info and /metrics need `Authorization: Bearer KEY`;
 the others stay open), 413 for a body over --max-body-bytes (refused from its Content-Length before
-it is read, or cut off where a chunked body passes it), 503 with Retry-After when the queue is full or the server
+it is read, or cut off where a chunked body passes it), 429 with Retry-After when the client (its address) has
+--max-client-sentences queued or in progress, 503 with Retry-After when the queue is full or the server
 is shutting down, 504 past --timeout, 500 for a failure of the server's own (its traceback is logged). A client
 that closes its connection before its answer is counted under 499 in /metrics.
 
@@ -27,7 +30,6 @@ answers those still open with 503 at once and cancels their queued sentences.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from collections import Counter
@@ -45,31 +47,23 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
-from nmt_cli.config import SearchConfig
 from nmt_cli.errors import NmtError
 from nmt_cli.serve import libretranslate
 from nmt_cli.serve.access import AccessLog, authorized, cors
 from nmt_cli.serve.batcher import Batcher, QueueFull, Stopping
+from nmt_cli.serve.body import RequestError, json_kind, read_json
+from nmt_cli.serve.clients import ClientBusy, ClientLoad
 from nmt_cli.serve.metrics import Metrics
+from nmt_cli.serve.models import Models, key_of
 from nmt_cli.serve.openapi import openapi_json
 from nmt_cli.serve.page import PAGE
 from nmt_cli.serve.served_model import Sentence, ServedModel
 
 logger = logging.getLogger(__name__)
 
-MAX_INT_DIGITS = 4300  # Python's default limit on converting a string to an int
 OFFLOAD_BYTES = 64 << 10  # a body longer than this is parsed and encoded on a thread, off the event loop
 RETRY_AFTER = {"Retry-After": "1"}  # seconds: a full queue empties within a batch or two
 KEY_NEEDED = "this server needs its API key: send `Authorization: Bearer KEY` (or LibreTranslate's api_key field)"
-
-
-class RequestError(Exception):
-    """A request the server answers with `status`, {"error": message} and `headers`."""
-
-    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.headers = headers or {}
 
 
 class Aborted(RequestError):
@@ -86,6 +80,7 @@ class Limits:
     max_body_bytes: int = 8 << 20
     api_key: str | None = None  # None: no key asked
     cors_origins: tuple[str, ...] = ()
+    max_client_sentences: int | None = None  # None: no limit per client
 
 
 def error(status: int, message: str, request: Request | None = None, headers: dict[str, str] | None = None) -> Response:
@@ -93,44 +88,6 @@ def error(status: int, message: str, request: Request | None = None, headers: di
     if request is not None and "request_id" in request.scope.get("state", {}):
         body["request_id"] = request.scope["state"]["request_id"]
     return JSONResponse(body, status_code=status, headers=headers)
-
-
-def no_constant(name: str) -> Any:
-    """json.loads' hook for NaN and Infinity, which Python reads but JSON (RFC 8259) does not have."""
-    raise ValueError(f"{name} is not a JSON number")
-
-
-def json_int(digits: str) -> int:
-    """json.loads' hook for integers: one longer than Python converts (4,300 digits) is named as such."""
-    if len(digits) > MAX_INT_DIGITS:
-        raise ValueError(f"an integer of {len(digits):,} digits is longer than the server reads ({MAX_INT_DIGITS:,})")
-    return int(digits)
-
-
-def read_json(body: bytes) -> Any:
-    """The request body as JSON, decoded as strict UTF-8 (its size was checked as it was read)."""
-    try:
-        text = body.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise RequestError(400, f"the body is not valid UTF-8 (byte {e.start})") from None
-    try:
-        return json.loads(text, parse_constant=no_constant, parse_int=json_int)
-    except json.JSONDecodeError as e:
-        raise RequestError(400, f"the body is not valid JSON: {e.msg} (line {e.lineno}, column {e.colno})") from None
-    except RecursionError:  # the decoder recurses once per nested array or object
-        raise RequestError(400, "the body nests arrays or objects too deeply to be read") from None
-    except ValueError as e:  # NaN or Infinity, or too long an integer (the hooks above)
-        raise RequestError(400, f"the body is not valid JSON: {e}") from None
-
-
-def json_kind(value: Any) -> str:
-    """What a JSON value is, in JSON's words."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "true or false"
-    kinds = {str: "a string", int: "a number", float: "a number", list: "an array", dict: "an object"}
-    return kinds.get(type(value), type(value).__name__)
 
 
 def request_texts(payload: Any, max_sentences: int) -> tuple[list[str], dict[str, Any]]:
@@ -181,10 +138,11 @@ async def first_of(work: asyncio.Future[Any], *others: asyncio.Future[Any], time
 
 
 class Server:
-    """The routes, sharing one served model, batcher and set of counters."""
+    """The routes, sharing the served models, their batcher and one set of counters."""
 
-    def __init__(self, served: ServedModel, batcher: Batcher, metrics: Metrics, limits: Limits) -> None:
-        self.served, self.batcher, self.metrics, self.limits = served, batcher, metrics, limits
+    def __init__(self, models: Models, batcher: Batcher, metrics: Metrics, limits: Limits) -> None:
+        self.models, self.batcher, self.metrics, self.limits = models, batcher, metrics, limits
+        self.clients = ClientLoad(limits.max_client_sentences)
         self.open_requests = 0  # /translate requests not yet answered
         self.draining = False  # set by `drain`: the server is shutting down
         self.answered_in_drain: Counter[int] = Counter()  # the status of each request answered since
@@ -192,6 +150,11 @@ class Server:
         self.aborted = asyncio.Event()  # set by `abort`: every open request is answered 503 at once
         self.abort_reason = ""
         self.stop_wait: float | None = None  # how long the lifespan's end waits for the worker (None: as it takes)
+
+    @property
+    def served(self) -> ServedModel:
+        """The default model (the first --path)."""
+        return self.models.default.served
 
     def drain(self) -> None:
         """The server is shutting down: queued sentences wait no more for company, and the answers of the requests
@@ -241,13 +204,14 @@ class Server:
             payload, keyed = libretranslate.read(body, headers, self.limits.api_key, read_json)
             if not keyed:  # neither the header nor LibreTranslate's body carries the key
                 raise RequestError(401, KEY_NEEDED, {"WWW-Authenticate": "Bearer"})
-            payload, libre = libretranslate.translate_body(payload, self.served.info)
+            model = self.models.choose(payload)  # which takes our "model" field out of the payload
+            payload, libre = libretranslate.translate_body(payload, model.served.info)
             texts, fields = request_texts(payload, self.limits.max_request_sentences)
-            search = self.served.search_config(fields)
-            sentences = self.served.prepare(texts, search)
+            search = model.served.search_config(fields)
+            sentences = model.served.prepare(texts, search)
         except NmtError as e:
             raise RequestError(400, str(e)) from None
-        return sentences, search, [self.served.length(s) for s in sentences], libre
+        return sentences, key_of(model, search), [model.served.length(s) for s in sentences], libre
 
     def answered(self, status: int, sentences: int, seconds: float) -> None:
         self.metrics.request(status, sentences, seconds)
@@ -285,12 +249,17 @@ class Server:
         return bytes(body)
 
     async def answer(
-        self, request: Request, sentences: list[Sentence], search: SearchConfig, lengths: list[int], start: float
+        self, request: Request, sentences: list[Sentence], key: tuple[str, Any], lengths: list[int], start: float
     ) -> dict:
+        client = request.client.host if request.client else "unknown"
         try:
-            future = self.batcher.submit(search, sentences, lengths)
+            self.clients.check(client, len(sentences))
+            future = self.batcher.submit(key, sentences, lengths)
+        except ClientBusy as e:
+            raise RequestError(429, str(e), RETRY_AFTER) from None
         except (QueueFull, Stopping) as e:
             raise RequestError(503, str(e), RETRY_AFTER) from None
+        self.clients.add(client, future, len(sentences))
         try:
             left = self.limits.timeout - (time.perf_counter() - start)
             results = await self.outcome(future, request, left)
@@ -300,7 +269,7 @@ class Server:
             raise RequestError(500, f"the translation failed: {e}") from None
         translations = []
         for sentence, result in zip(sentences, results):
-            warning = self.served.warning(sentence)
+            warning = self.models.models[key[0]].served.warning(sentence)
             translations.append({**result, "warning": warning} if warning else result)
         return {"translations": translations}
 
@@ -337,7 +306,12 @@ class Server:
             self.check_key(request)
         except RequestError as e:
             return error(e.status, str(e), request, e.headers)
-        return JSONResponse(self.served.info)
+        if "model" not in request.query_params:
+            return JSONResponse(self.models.info())
+        try:
+            return JSONResponse(self.models.named_model(request.query_params["model"]).served.info)
+        except NmtError as e:
+            return error(400, str(e), request)
 
     async def metrics_text(self, request: Request) -> Response:
         try:
@@ -369,8 +343,8 @@ async def server_error(request: Request, exc: Exception) -> Response:
     return error(500, f"the server failed: {type(exc).__name__}: {exc}", request)
 
 
-def build_app(served: ServedModel, batcher: Batcher, metrics: Metrics, limits: Limits) -> Starlette:
-    server = Server(served, batcher, metrics, limits)
+def build_app(models: Models, batcher: Batcher, metrics: Metrics, limits: Limits) -> Starlette:
+    server = Server(models, batcher, metrics, limits)
     routes = [
         Route("/", server.page, methods=["GET"]),
         Route("/translate", server.translate, methods=["POST"]),
@@ -378,7 +352,7 @@ def build_app(served: ServedModel, batcher: Batcher, metrics: Metrics, limits: L
         Route("/ready", server.ready_check, methods=["GET"]),
         Route("/info", server.info, methods=["GET"]),
         Route("/metrics", server.metrics_text, methods=["GET"]),
-        Route("/languages", libretranslate.languages_route(served.info), methods=["GET"]),
+        Route("/languages", libretranslate.languages_route([m.served.info for m in models]), methods=["GET"]),
         Route("/openapi.json", openapi_json, methods=["GET"]),
     ]
     middleware = [Middleware(AccessLog), *cors(limits.cors_origins)]
@@ -392,9 +366,11 @@ def build_app(served: ServedModel, batcher: Batcher, metrics: Metrics, limits: L
     return app
 
 
-def make_app(served: ServedModel, max_wait: float, max_queue: int, limits: Limits) -> Starlette:
-    """The app with its own batcher and metrics: the one place they are wired together."""
-    batcher = served.batcher(max_wait, max_queue)
+def make_app(served: ServedModel | Models, max_wait: float, max_queue: int, limits: Limits) -> Starlette:
+    """The app with its own batcher and metrics: the one place they are wired together. `served`: the models
+    (Models.open), or one ServedModel."""
+    models = served if isinstance(served, Models) else Models.one(served)
+    batcher = models.batcher(max_wait, max_queue)
     metrics = Metrics(lambda: batcher.queue_length)
     batcher.on_batch = metrics.batch
-    return build_app(served, batcher, metrics, limits)
+    return build_app(models, batcher, metrics, limits)

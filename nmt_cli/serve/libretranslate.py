@@ -3,7 +3,7 @@
 POST /translate  {"q": "..." or ["...", ...], "source", "target", "format": "text", "api_key"?, "alternatives"?}
                  (JSON, or the same fields form-encoded) -> {"translatedText": "..."} or, for a list, a list of them,
                  with "alternatives" (a list of texts per text) when asked for
-GET /languages   [{"code", "name", "targets"}]: the checkpoint's source language, its one target the checkpoint's
+GET /languages   [{"code", "name", "targets"}]: each model's source language, with the targets of every model from it
 
 A body is LibreTranslate's when it has "q"; it is turned into one of ours ({"texts": [...]}, `nbest` for
 alternatives), so both are searched alike. `source` must be the checkpoint's source language or "auto" (the
@@ -54,9 +54,9 @@ class LibreRequest:
         return body
 
 
-# A /translate body read (Server.parse): its texts encoded, search settings, the sentences' lengths, and what a
-# LibreTranslate body asks of its answer (None for ours)
-Parsed = tuple[list[Sentence], SearchConfig, list[int], LibreRequest | None]
+# A /translate body read (Server.parse): its texts encoded, its batcher key (model name, search settings), the
+# sentences' lengths, and what a LibreTranslate body asks of its answer (None for ours)
+Parsed = tuple[list[Sentence], tuple[str, SearchConfig], list[int], LibreRequest | None]
 
 
 def shaped(libre: LibreRequest | None, answer: dict[str, Any], seconds: float) -> dict[str, Any]:
@@ -148,9 +148,15 @@ def translate_body(payload: Any, info: dict[str, Any]) -> tuple[Any, LibreReques
     return ours, LibreRequest(single, alternatives)
 
 
-def languages_route(info: dict[str, Any]) -> Callable[[Request], Awaitable[Response]]:
-    """The GET /languages endpoint of a server whose ServedModel.info is `info`."""
-    listed = languages(info)
+def languages_route(infos: list[dict[str, Any]]) -> Callable[[Request], Awaitable[Response]]:
+    """The GET /languages endpoint of a server whose models' ServedModel.info are `infos`: every source language
+    once, with the union of its targets (in --path order)."""
+    merged: dict[str, dict[str, Any]] = {}
+    for info in infos:
+        for language in languages(info):
+            known = merged.setdefault(language["code"], {**language, "targets": []})
+            known["targets"] += [t for t in language["targets"] if t not in known["targets"]]
+    listed = list(merged.values())
 
     async def endpoint(request: Request) -> Response:
         return JSONResponse(listed)

@@ -32,6 +32,7 @@ ERRORS = {
     400: "a request the server cannot read, or a field that does not fit (named in the error)",
     401: "the server has an API key and the request does not carry it",
     413: "the body is over --max-body-bytes",
+    429: "the client has --max-client-sentences queued or in progress (Retry-After)",
     499: "the client closed the connection (counted in /metrics, never received)",
     500: "a failure of the server's own",
     503: "the queue is full, or the server is shutting down or not ready (Retry-After)",
@@ -53,7 +54,11 @@ SCHEMAS: dict[str, Any] = {
             SEARCH,
             {
                 "type": "object",
-                "properties": {"text": {"type": "string"}, "texts": {"type": "array", "items": {"type": "string"}}},
+                "properties": {
+                    "text": {"type": "string"},
+                    "texts": {"type": "array", "items": {"type": "string"}},
+                    "model": {"type": "string", "description": "a model's name (/info's models) [default: the first]"},
+                },
                 "oneOf": [{"required": ["text"]}, {"required": ["texts"]}],
             },
         ]
@@ -85,8 +90,8 @@ SCHEMAS: dict[str, Any] = {
         "additionalProperties": False,
         "properties": {
             "q": {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]},
-            "source": {"type": "string", "description": 'the checkpoint\'s source language, or "auto"'},
-            "target": {"type": "string", "description": "the checkpoint's target language"},
+            "source": {"type": "string", "description": 'a model\'s source language, or "auto"'},
+            "target": {"type": "string", "description": "a model's target language"},
             "format": {"type": "string", "enum": ["text"]},
             "api_key": {"type": "string", "description": "the server's API key, instead of the Bearer header"},
             "alternatives": {"type": "integer", "minimum": 0},
@@ -134,7 +139,7 @@ def document() -> dict[str, Any]:
             "content": {JSON: {"schema": {"oneOf": [ref("TranslateRequest"), libre]}}, FORM: {"schema": libre}},
         },
         "responses": answers(
-            {"oneOf": [ref("TranslateResponse"), ref("LibreTranslateResponse")]}, 400, 401, 413, 500, 503, 504
+            {"oneOf": [ref("TranslateResponse"), ref("LibreTranslateResponse")]}, 400, 401, 413, 429, 500, 503, 504
         ),
     }
     return {
@@ -146,7 +151,14 @@ def document() -> dict[str, Any]:
             "/languages": get("LibreTranslate's language list", {"type": "array", "items": ref("Language")}),
             "/health": get("the server is alive", {"type": "object"}),
             "/ready": get("the model is loaded and warm (503 until then)", {"type": "object"}, 503),
-            "/info": get("the checkpoint, model, search settings and caps", {"type": "object"}, 401, keyed=True),
+            "/info": get(
+                "the default model's checkpoint, shape, search settings and caps, and the models served (?model=NAME: "
+                "that model's)",
+                {"type": "object"},
+                400,
+                401,
+                keyed=True,
+            ),
             "/metrics": get("Prometheus text", {"type": "string"}, 401, media="text/plain", keyed=True),
             "/openapi.json": get("this document", {"type": "object"}),
         },

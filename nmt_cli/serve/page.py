@@ -1,6 +1,7 @@
 """The page `nmt serve` answers at `/`: a text box, the language pair, a translate button, n-best on demand
 and the time the request took. Plain HTML and a little JavaScript calling /info and /translate; every line
-of the box is a sentence. The page itself is open; when the server answers 401 (it has an API key) a key field
+of the box is a sentence; where the server has several models, a selector picks the one to translate with.
+The page itself is open; when the server answers 401 (it has an API key) a key field
 appears, and the key typed there is sent as `Authorization: Bearer KEY` (kept for the tab's session)."""
 
 PAGE = """<!doctype html>
@@ -22,6 +23,7 @@ PAGE = """<!doctype html>
 <h1>nmt <span id="pair"></span></h1>
 <textarea id="source" rows="5" placeholder="One sentence per line"></textarea>
 <div class="controls">
+  <label id="model-label" style="display: none">model <select id="model"></select></label>
   <button id="translate">Translate</button>
   <label id="nbest-label">n-best <input id="nbest" type="number" min="1" value="1" style="width: 4rem"></label>
   <label id="key-label" style="display: none">API key <input id="key" type="password" autocomplete="off"></label>
@@ -71,6 +73,7 @@ async function translate() {
   $("time").textContent = "translating...";
   const texts = $("source").value.split(/\\r?\\n/);
   const body = {texts: texts};
+  if ($("model").value) body.model = $("model").value;
   const nbest = parseInt($("nbest").value, 10);
   if (nbest > 1) { body.nbest = nbest; body.beam = Math.max(nbest, window.nmtBeam || 1); }
   const start = performance.now();
@@ -93,13 +96,34 @@ async function describe() {
   const response = await call("info");
   const info = await response.json();
   if (!response.ok) { $("error").textContent = info.error; return; }
+  if (info.models.length > 1 && !$("model").options.length) {
+    for (const m of info.models) {
+      const option = element("option", null, m.name + " (" + m.source_lang + " \u2192 " + m.target_lang + ")");
+      option.value = m.name;
+      $("model").appendChild(option);
+    }
+    $("model-label").style.display = "";
+  }
+  if ($("model").value && $("model").value !== info.models[0].name) chooseModel();  // chosen before a key was given
+  else showModel(info);
+}
+
+async function chooseModel() {
+  const response = await call("info?model=" + encodeURIComponent($("model").value));
+  const info = await response.json();
+  if (!response.ok) { $("error").textContent = info.error; return; }
+  showModel(info);
+}
+
+function showModel(info) {
   $("pair").textContent = info.task === "parsing" ? "(parser, " + info.source_lang + ")"
                                                  : info.source_lang + " \\u2192 " + info.target_lang;
   window.nmtBeam = info.search.beam;
-  if (info.task === "parsing") $("nbest-label").style.display = "none";
+  $("nbest-label").style.display = info.task === "parsing" ? "none" : "";
 }
 
 $("translate").addEventListener("click", translate);
+$("model").addEventListener("change", chooseModel);
 $("source").addEventListener("keydown", (e) => { if (e.key === "Enter" && e.ctrlKey) translate(); });
 describe();
 </script>

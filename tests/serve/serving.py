@@ -25,11 +25,11 @@ def serving(
         from starlette.testclient import TestClient
 
     from nmt_cli.serve.app import Limits, make_app
-    from nmt_cli.serve.served_model import ServedModel
+    from nmt_cli.serve.models import Models
 
-    cfg = ServeConfig(path=str(ckpt), device="cpu", threads=1, **serve)
-    served = ServedModel(cfg, search or {})
-    app = make_app(served, max_wait, max_queue, Limits(max_request_sentences, timeout, **(limits or {})))
+    cfg = ServeConfig(path=str(ckpt), device="cpu", threads=1, **serve)  # more_paths=(...): several models
+    models = Models.open(cfg, search or {})
+    app = make_app(models, max_wait, max_queue, Limits(max_request_sentences, timeout, **(limits or {})))
     with TestClient(app) as client:
         deadline = time.monotonic() + 30
         while client.get("/ready").status_code != 200:
@@ -49,3 +49,13 @@ def generate_jsonl(ckpt, tmp_path, lines, *extra):
     )
     assert result.exit_code == 0, result.output
     return [json.loads(line) for line in result.stdout.splitlines()]
+
+
+def relabeled(ckpt, dest, source_lang, target_lang):
+    """A copy of a checkpoint that names other languages: a second model for a server of several."""
+    from nmt_cli.checkpoint import load_checkpoint, save_checkpoint
+
+    saved = load_checkpoint(ckpt)
+    saved["source_lang"], saved["target_lang"] = source_lang, target_lang
+    save_checkpoint(saved, dest)
+    return dest

@@ -110,7 +110,7 @@ BAD_REQUESTS = [
     (b'{"text": "1", "seed": 3}', 400, "sampling is off, so seed would be ignored; add sampling or drop them"),
     (b'{"text": "1\\n2"}', 400, "line break"),
     (b'{"text": "\\ud800"}', 400, "unpaired surrogate"),
-    (b'{"text": "\xe2\x96\x811"}', 400, "sentencepiece pieces"),
+    (b'{"text": "\xe2\x96\x811 \xe2\x96\x812"}', 400, "sentencepiece pieces"),
     (json.dumps({"texts": ["1"] * 5}).encode(), 400, "--max-request-sentences"),
 ]
 

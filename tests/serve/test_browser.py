@@ -133,3 +133,34 @@ def test_with_an_api_key_the_page_asks_for_it_and_then_translates(trained_copy_c
     finally:
         proc.terminate()
         proc.wait(30)
+
+
+def test_with_several_models_the_page_offers_them_and_translates_with_the_one_chosen(
+    trained_copy_checkpoint, tiny_checkpoint, browser, tmp_path
+):
+    from tests.serve.serving import relabeled
+
+    de_en = relabeled(tiny_checkpoint, tmp_path / "de_en.pt", "de", "en")
+    proc, port, _ = start_server(trained_copy_checkpoint, "--path", str(de_en))
+    try:
+        wait_ready(port)
+        expected = post(port, {"texts": ["1 2 3", "4 5 6 7"], "model": "de-en"})[1]["translations"]
+        assert post(port, {"texts": ["1 2 3", "4 5 6 7"]})[1]["translations"] != expected  # the models differ
+        browser.do("POST", "/url", {"url": f"http://127.0.0.1:{port}/"})
+        assert browser.wait_for("#pair", lambda t: t[0] != "") == ["src \u2192 tgt"]
+        assert browser.wait_for("#model option", lambda t: len(t) == 2) == [
+            "src-tgt (src \u2192 tgt)",
+            "de-en (de \u2192 en)",
+        ]
+        [choice] = browser.find_all("#model option:nth-child(2)")
+        browser.do("POST", f"/element/{choice}/click", {})
+        assert browser.wait_for("#pair", lambda t: t[0] == "de \u2192 en") == ["de \u2192 en"]
+        [source] = browser.find_all("#source")
+        browser.do("POST", f"/element/{source}/value", {"text": "1 2 3\n4 5 6 7"})
+        [button] = browser.find_all("#translate")
+        browser.do("POST", f"/element/{button}/click", {})
+        shown = browser.wait_for(".translation .text", lambda t: len(t) == 2)
+        assert shown == [t["text"] for t in expected]
+    finally:
+        proc.terminate()
+        proc.wait(30)

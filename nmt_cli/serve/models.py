@@ -1,0 +1,198 @@
+"""The models one `nmt serve` serves (`--path [NAME=]CKPT`, repeated), and which of them a request asks for.
+
+Each model is a ServedModel with its own search defaults and caps; all share one Batcher and its one worker
+thread (the device searches one batch at a time), whose job key is (model name, search settings) and whose run
+dispatches to that model's ServedModel.run. A model's name is NAME when --path gives one, else SRC-TGT when the
+checkpoint names its languages, else the file's stem; two models of one name are refused.
+
+A request picks its model: ours with `"model": NAME` (default: the first --path), LibreTranslate's by its
+`source` and `target` (source "auto": the one model into that target). An unknown model, or a pair no model
+translates, is a DataError listing the choices (a 400).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Hashable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from nmt_cli.config import SearchConfig, ServeConfig
+from nmt_cli.errors import ConfigError, DataError
+from nmt_cli.serve.batcher import Batcher
+from nmt_cli.serve.libretranslate import is_libretranslate
+from nmt_cli.serve.served_model import ServedModel
+
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]*")  # a model's name: what a URL's query and JSON carry plainly
+
+
+@dataclass(frozen=True)
+class Model:
+    """One served model: its name, the --path that gave it, and the ServedModel."""
+
+    name: str
+    spec: str
+    served: ServedModel
+
+    @property
+    def pair(self) -> str:
+        info = self.served.info
+        return f"{info['source_lang']}-{info['target_lang']}"
+
+    def summary(self) -> dict[str, Any]:
+        """Its line in /info's `models`."""
+        info = self.served.info
+        return {"name": self.name, **{k: info[k] for k in ("source_lang", "target_lang", "task", "checkpoint")}}
+
+
+def split_path(spec: str) -> tuple[str | None, str]:
+    """A --path value's NAME (None when it gives none) and checkpoint: NAME=CKPT, unless the whole value is an
+    existing file (a checkpoint whose file name holds "=")."""
+    name, sep, ckpt = spec.partition("=")
+    if sep and ckpt and NAME.fullmatch(name) and not Path(spec).exists():
+        return name, ckpt
+    return None, spec
+
+
+def default_name(served: ServedModel) -> str:
+    """SRC-TGT when the checkpoint names both its languages, else its file's stem (the first of an ensemble's)."""
+    source, target = served.info["source_lang"], served.info["target_lang"]
+    if source and target:
+        return f"{source}-{target}"
+    return Path(served.path.split(":")[0]).stem
+
+
+class Models:
+    """The served models in --path order (the first is the default) and the batcher's run over all of them."""
+
+    def __init__(self, models: list[Model]) -> None:
+        assert models, "a server serves at least one model"
+        self.models = {m.name: m for m in models}
+        self.default = models[0]
+
+    @classmethod
+    def open(cls, cfg: ServeConfig, search_overrides: dict[str, Any]) -> Models:
+        """Load every model of cfg.path and cfg.more_paths, each as `nmt generate --path CKPT` loads it.
+
+        Raises:
+            ConfigError: two models have one name (both --path values named), or a checkpoint's own problem.
+        """
+        models: list[Model] = []
+        for spec in (cfg.path, *cfg.more_paths):
+            name, ckpt = split_path(spec)
+            served = ServedModel(replace(cfg, path=ckpt, more_paths=()), search_overrides)
+            models.append(Model(name or default_name(served), spec, served))
+        return cls.named(models)
+
+    @classmethod
+    def named(cls, models: list[Model]) -> Models:
+        """The registry of these models, refusing two of one name."""
+        seen: dict[str, Model] = {}
+        for model in models:
+            if model.name in seen:
+                raise ConfigError(
+                    f"--path {seen[model.name].spec} and --path {model.spec} both serve a model named {model.name!r};"
+                    f" name one of them: --path OTHER={split_path(model.spec)[1]}"
+                )
+            seen[model.name] = model
+        return cls(models)
+
+    @classmethod
+    def one(cls, served: ServedModel) -> Models:
+        """A registry of one model (a ServedModel built from Python)."""
+        return cls([Model(default_name(served), served.path, served)])
+
+    def __iter__(self) -> Iterator[Model]:
+        return iter(self.models.values())
+
+    def __len__(self) -> int:
+        return len(self.models)
+
+    def named_model(self, name: Any) -> Model:
+        """The model a request's `model` field names (None: the default); DataError lists the names."""
+        if name is None:
+            return self.default
+        if not isinstance(name, str) or name not in self.models:
+            raise DataError(f'"model" is {name!r}; this server serves {self.names()}')
+        return self.models[name]
+
+    def names(self) -> str:
+        return ", ".join(repr(name) for name in self.models)
+
+    def choose(self, payload: Any) -> Model:
+        """The model a /translate body asks for; the body loses our `model` field (a search field it is not).
+        DataError names what does not fit."""
+        if is_libretranslate(payload):
+            return self.by_languages(payload.get("source"), payload.get("target"))
+        if isinstance(payload, dict) and "model" in payload:
+            return self.named_model(payload.pop("model"))
+        return self.default
+
+    def by_languages(self, source: Any, target: Any) -> Model:
+        """The model of a LibreTranslate body's pair (source "auto": the one model into `target`). With one model,
+        that model: libretranslate.translate_body says what does not fit it, as it does for one checkpoint."""
+        if len(self.models) == 1:
+            return self.default
+        translating = [m for m in self if m.served.info["task"] == "translation"]
+        pairs = ", ".join(m.pair for m in translating) or "none (every model here parses)"
+        for side, code in (("source", source), ("target", target)):
+            if not isinstance(code, str):
+                raise DataError(f'"{side}" must be a language code; this server translates {pairs}')
+        chosen = [
+            m
+            for m in translating
+            if m.served.info["target_lang"] == target and source in ("auto", m.served.info["source_lang"])
+        ]
+        if len(chosen) == 1:
+            return chosen[0]
+        if chosen:
+            sources = " or ".join(repr(m.served.info["source_lang"]) for m in chosen)
+            raise DataError(f'several models translate into {target!r}: give "source" {sources}, not "auto"')
+        raise DataError(f"no model here translates {source} to {target}; this server translates {pairs}")
+
+    def info(self) -> dict[str, Any]:
+        """GET /info: the default model's info, and every model's summary."""
+        return {**self.default.served.info, "models": [m.summary() for m in self]}
+
+    def run(self, key: Hashable, sentences: list[Any], still_wanted: Callable[[], list[bool]]) -> list[Any]:
+        """The batcher's run: search a batch with the model and settings of its key, (name, SearchConfig)."""
+        assert isinstance(key, tuple)
+        name, search = key
+        return self.models[name].served.run(search, sentences, still_wanted)
+
+    def warm_up(self) -> None:
+        """Build and warm up every model in the worker thread, in --path order; with several, what one fails on is
+        a ConfigError naming its --path."""
+        for model in self:
+            try:
+                model.served.warm_up()
+            except Exception as e:
+                if len(self.models) == 1:
+                    raise
+                raise ConfigError(
+                    f"--path {model.spec}: the model failed to translate a warm-up sentence: {type(e).__name__}: {e}"
+                ) from e
+
+    @contextmanager
+    def worker_context(self) -> Iterator[None]:
+        """The worker's settings: every model shares the threads set_threads gave the main thread."""
+        with self.default.served.worker_context():
+            yield
+
+    def batcher(self, max_wait: float, max_queue: int) -> Batcher:
+        """The one batcher (not started) of every model: its worker searches each batch with its key's model."""
+        return Batcher(
+            self.run,
+            max_tokens=self.default.served.max_tokens,
+            max_wait=max_wait,
+            max_queue=max_queue,
+            worker_context=self.worker_context,
+            warm_up=self.warm_up,
+        )
+
+
+def key_of(model: Model, search: SearchConfig) -> tuple[str, SearchConfig]:
+    """A request's batcher key: sentences batch together only with those of its model and search settings."""
+    return model.name, search
