@@ -1,7 +1,7 @@
 """The HTTP side of `nmt serve`: a Starlette app around the served model (a ServedModel) and its Batcher.
 
 POST /translate  {"text": "..."} or {"texts": [...]} and optional search fields (beam, nbest, lenpen, ...)
-                 -> {"translations": [{"text", "score", "nbest"?, "warning"?}, ...], "seconds"}
+                 -> {"translations": [{"text", "score", "alignment"?, "nbest"?, "warning"?}, ...], "seconds"}
 GET /health      alive;  GET /ready  loaded and warm (503 until the warm-up sentence is done)
 GET /info        languages, model shape, vocabulary, checkpoint, search settings, version
 GET /metrics     Prometheus text;  GET /  a page to translate with;  GET /openapi.json  this API (openapi.py)
@@ -243,8 +243,7 @@ class Server:
                 raise RequestError(401, KEY_NEEDED, {"WWW-Authenticate": "Bearer"})
             payload, libre = libretranslate.translate_body(payload, self.served.info)
             texts, fields = request_texts(payload, self.limits.max_request_sentences)
-            search = self.served.search_config(fields)
-            sentences = self.served.prepare(texts, search)
+            search, sentences = self.served.read_request(texts, fields)
         except NmtError as e:
             raise RequestError(400, str(e)) from None
         return sentences, search, [self.served.length(s) for s in sentences], libre
