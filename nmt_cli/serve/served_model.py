@@ -219,7 +219,7 @@ class ServedModel:
 
     def translation(self, hyps: list[Any], nbest: int) -> dict[str, Any]:
         records = [hypothesis_record(h, self.vocab) for h in hyps]
-        best = {key: records[0][key] for key in ("text", "score", "alignment") if key in records[0]}
+        best: dict[str, Any] = {key: records[0][key] for key in ("text", "score", "alignment") if key in records[0]}
         return {**best, "nbest": records} if nbest > 1 else best
 
 
