@@ -101,13 +101,27 @@ def cut_to_positions(sequences: Sequence[np.ndarray], limit: int, what: str) -> 
 
 
 def pair_batches(src_lens: np.ndarray, tgt_lens: np.ndarray, max_tokens: int, batch_size: int) -> list[np.ndarray]:
-    """Indices of the pairs, batched as the search batches: at most `max_tokens` padded tokens on each side (EOS
-    included) and `batch_size` pairs (0: no cap); a pair over the budget on its own makes a batch alone."""
+    """Indices of the pairs, batched as the search batches (by target, then source length): at most `max_tokens`
+    padded tokens on each side (EOS included) and `batch_size` pairs (0: no cap), a pair over the budget on its
+    own alone; then each batch cut where its targets grow past a quarter (and two) above its shortest. Every
+    position of the pass costs as much as a real one, so that cut keeps the padding small; a search's batch
+    needs none, since a sentence leaves it once finished."""
     if len(src_lens) == 0:
         return []
     budget = max(max_tokens, int(src_lens.max()) + 1, int(tgt_lens.max()) + 1)
     batches, _ = batch_by_tokens(src_lens, tgt_lens, budget, None, batch_size)
-    return batches
+    return [part for batch in batches for part in split_by_length(batch, tgt_lens)]
+
+
+def split_by_length(batch: np.ndarray, lengths: np.ndarray) -> list[np.ndarray]:
+    """A batch of indices sorted by `lengths`, cut where a length passes 5/4 of its part's first plus two."""
+    parts, start = [], 0
+    for pos in range(1, len(batch)):
+        if lengths[batch[pos]] > lengths[batch[start]] * 5 // 4 + 2:
+            parts.append(batch[start:pos])
+            start = pos
+    parts.append(batch[start:])
+    return parts
 
 
 def forced_scores(

@@ -10,7 +10,7 @@ import torch
 from nmt_cli.data.vocab import BOS, EOS, PAD, UNK
 from nmt_cli.errors import ConfigError
 from nmt_cli.model.transformer import AttentionWeights
-from nmt_cli.search.forced import add_alignments, alignment_layer, forced_scores
+from nmt_cli.search.forced import add_alignments, alignment_layer, forced_scores, pair_batches
 from nmt_cli.search.translate import load_translator, translate
 
 pytestmark = pytest.mark.usefixtures("cpu_matmul_route")  # both CPU matmul routes on every machine (conftest.py)
@@ -119,3 +119,17 @@ def test_alignment_layer_default_and_bounds():
     assert alignment_layer(None, 6) == 4 and alignment_layer(None, 1) == 0 and alignment_layer(2, 3) == 2
     with pytest.raises(ConfigError, match=r"--alignment-layer 3: the checkpoint's decoder has 3 layers \(0 to 2\)"):
         alignment_layer(3, 3)
+
+
+def test_pair_batches_hold_every_pair_once_within_budget_and_little_padding():
+    rng = np.random.default_rng(6)
+    src_lens, tgt_lens = rng.integers(0, 60, 500), rng.integers(0, 90, 500)
+    batches = pair_batches(src_lens, tgt_lens, max_tokens=600, batch_size=40)
+    assert sorted(np.concatenate(batches).tolist()) == list(range(500))
+    for batch in batches:
+        tgt = tgt_lens[batch]
+        assert (
+            len(batch) <= 40 and len(batch) * (tgt.max() + 1) <= 600 and len(batch) * (src_lens[batch].max() + 1) <= 600
+        )
+        assert tgt.max() <= tgt.min() * 5 // 4 + 2
+    assert pair_batches(np.array([700]), np.array([3]), max_tokens=600, batch_size=0)[0].tolist() == [0]
