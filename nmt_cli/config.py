@@ -297,8 +297,7 @@ class GenerateConfig(InferenceConfig):
         choices=("hard", "soft"),
     )
     alignment_layer: int | None = flag(
-        None, "Decoder layer whose attention --print-alignment reads, 0 the bottom one [default: the penultimate].",
-        min=0,
+        None, "Decoder layer --print-alignment reads, 0 the bottom one [default: the penultimate].", min=0
     )
     results_path: str | None = flag(
         None,
