@@ -112,3 +112,15 @@ def test_generate_soft_alignment_in_jsonl(tiny_checkpoint, source_file):
 def test_generate_refuses_alignments_it_cannot_give(tiny_checkpoint, source_file, args, message):
     r = nmt("generate", "--path", tiny_checkpoint, "--input", source_file, *args)
     assert r.exit_code == 1 and r.output.startswith(message) and len(r.output.strip().splitlines()) == 1
+
+
+def test_generate_aligns_a_binarized_split(tiny_checkpoint, toy_data_bin):
+    r = nmt("generate", toy_data_bin, "--path", tiny_checkpoint, "--beam", 2, "--print-alignment", "soft")
+    assert r.exit_code == 0, r.output
+    lines = r.stdout.splitlines()
+    hyps = [line.split("\t")[2].split() for line in lines if line.startswith("H-")]
+    rows = [line.split("\t")[1].split() for line in lines if line.startswith("A-")]
+    assert len(hyps) == len(rows) == sum(line.startswith("S-") for line in lines) > 0
+    for pieces, row in zip(hyps, rows):
+        assert len(row) == len(pieces)
+        assert all(abs(sum(map(float, weights.split(","))) - 1) < 1e-4 for weights in row)
