@@ -312,6 +312,16 @@ class GenerateConfig(InferenceConfig):
         "(as OpenNMT-py); scores are in nats (natural log).",
         choices=("plain", "fairseq", "jsonl"),
     )
+    print_alignment: str | None = flag(
+        None,
+        "Align each output to its source after the search: hard writes each output piece's most attended source "
+        "piece as fairseq's S-T pairs (indices of sentencepiece pieces, EOS excluded), soft the weights; an A- line "
+        "in fairseq output, an alignment field in jsonl [default: none].",
+        choices=("hard", "soft"),
+    )
+    alignment_layer: int | None = flag(
+        None, "Decoder layer --print-alignment reads, 0 the bottom one [default: the penultimate].", min=0
+    )
     results_path: str | None = flag(
         None,
         "Write generate-SUBSET.txt (with --input FILE: generate-FILE.txt, stdin: generate-stdin.txt) into this "
@@ -322,6 +332,20 @@ class GenerateConfig(InferenceConfig):
     batch_size: int = flag(0, "Also cap sentences per batch (0: no cap).", min=0)
     num_shards: int = flag(1, "Split the input into contiguous shards.", min=1)
     shard_id: int = flag(0, "Which shard to translate.", min=0)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.print_alignment and (self.output_format or ("fairseq" if self.data_dir else "plain")) == "plain":
+            raise ConfigError(
+                f"--print-alignment {self.print_alignment} writes an A- line (--output-format fairseq) or an "
+                "alignment field (jsonl); plain output holds the translations alone, one per line: add "
+                "--output-format fairseq or jsonl"
+            )
+        if self.alignment_layer is not None and self.print_alignment is None:
+            raise ConfigError(
+                f"--alignment-layer {self.alignment_layer} picks the layer --print-alignment reads; add "
+                "--print-alignment hard|soft or drop it"
+            )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -402,6 +426,22 @@ class ExportConfig:
 
     def __post_init__(self) -> None:
         check_fields(self)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ScorePairsConfig(InferenceConfig):
+    """`nmt score-pairs`: the model's score of given translations (search/forced.py), with the search's length
+    penalty and unknown-piece penalty (SearchConfig's, whose defaults come from the checkpoint)."""
+
+    source: str = flag(help="Source text, one sentence per line.", path="file")
+    target: str = flag(help="Its translations to score, one per line of --source.", path="file")
+    output_format: str = flag(
+        "plain",
+        "plain: one score per line; jsonl: score, log_prob (nats, EOS included), tokens and token_scores per pair.",
+        choices=("plain", "jsonl"),
+    )
+    max_tokens: int = flag(8000, "Padded source (and target) tokens per batch.", min=1)
+    batch_size: int = flag(0, "Also cap pairs per batch (0: no cap).", min=0)
 
 
 def config_to_dict(cfg: Any) -> dict[str, Any]:

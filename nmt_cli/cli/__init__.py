@@ -30,6 +30,7 @@ from nmt_cli.cli.output import StdoutError, finish_stdout, guard_stdout
 from nmt_cli.cli.plot import plot
 from nmt_cli.cli.preprocess import preprocess
 from nmt_cli.cli.score import score
+from nmt_cli.cli.score_pairs import score_pairs
 from nmt_cli.cli.serve import serve
 from nmt_cli.cli.train import train
 from nmt_cli.errors import INTERRUPTED_STATUS, NmtError, quit_on_ctrl_c, raise_on_ctrl_c
@@ -73,8 +74,8 @@ class NmtGroup(click.Group):
 def cli(quiet: bool, no_progress: bool, debug: bool) -> None:
     """Neural machine translation with the Transformer of "Attention Is All You Need".
 
-    Pipeline: preprocess -> train -> average-checkpoints -> generate -> score; serve over HTTP, export for
-    other engines, plot to see.
+    Pipeline: preprocess -> train -> average-checkpoints -> generate -> score; score-pairs scores given
+    translations with a model, serve over HTTP, export for other engines, plot to see.
     """
     setup_logging(quiet, progress=not no_progress)
 
@@ -106,7 +107,7 @@ def start_commands_in(command: click.Command) -> None:
         command.callback = start_command(command.callback)
 
 
-for command in (preprocess, train, average_checkpoints, generate, score, export, plot, serve):
+for command in (preprocess, train, average_checkpoints, generate, score, score_pairs, export, plot, serve):
     start_commands_in(command)
     cli.add_command(command)
 

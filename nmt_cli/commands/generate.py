@@ -9,8 +9,9 @@ import logging
 import os
 import sys
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import ExitStack
+from functools import partial
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -25,6 +26,7 @@ from nmt_cli.files import TMP_SUFFIX, atomic_text_output, remove_abandoned_tempo
 from nmt_cli.flags import changed_flags
 from nmt_cli.parsing.parser import ParseNotes, TreeParser, ptb_words
 from nmt_cli.runtime import set_threads
+from nmt_cli.search.forced import add_alignments, alignment_layer
 from nmt_cli.search.hypothesis import Hypothesis, hypothesis_record
 from nmt_cli.search.translate import Summary, Translator, open_for_inference, sampling_generator, translate
 
@@ -33,6 +35,9 @@ from nmt_cli.search.translate import Summary, Translator, open_for_inference, sa
 SPLIT_CHUNK = 10_000
 
 logger = logging.getLogger(__name__)
+
+# Sets the alignment of each hypothesis of a chunk's results, given the chunk's sources (--print-alignment).
+Aligner = Callable[[Sequence[np.ndarray], Sequence[Sequence[Hypothesis]]], None]
 
 
 def resolve_shard(cfg: GenerateConfig) -> tuple[int, int]:
@@ -59,6 +64,13 @@ def generate(cfg: GenerateConfig, search_overrides: dict[str, Any] | None = None
         check_parse_request(cfg)
     translator = inference.translator()
     max_tokens, batch_size = cfg.max_tokens, cfg.batch_size
+    align: Aligner | None = None
+    if cfg.print_alignment:
+        layer = alignment_layer(cfg.alignment_layer, min(m.config.decoder_layers for m in inference.members))
+        hard = cfg.print_alignment == "hard"
+        align = partial(
+            add_alignments, translator, hard=hard, layer=layer, max_tokens=max_tokens, batch_size=batch_size
+        )
     fmt = cfg.output_format or ("fairseq" if cfg.data_dir else "plain")
     with ExitStack() as stack:
         out = open_output(cfg, stack, num_shards, shard_id)
@@ -73,6 +85,7 @@ def generate(cfg: GenerateConfig, search_overrides: dict[str, Any] | None = None
                 batch_size=batch_size,
                 fmt=fmt,
                 out=out,
+                align=align,
             )
         else:
             raw_lines, first_line = open_input(cfg.input, stack, num_shards, shard_id)
@@ -93,7 +106,14 @@ def generate(cfg: GenerateConfig, search_overrides: dict[str, Any] | None = None
                 )
             else:
                 summary = generate_text(
-                    translator, lines, search=search, max_tokens=max_tokens, batch_size=batch_size, fmt=fmt, out=out
+                    translator,
+                    lines,
+                    search=search,
+                    max_tokens=max_tokens,
+                    batch_size=batch_size,
+                    fmt=fmt,
+                    out=out,
+                    align=align,
                 )
     log_summary(summary, search)
     return summary
@@ -247,6 +267,8 @@ def format_record(
         lines.append(f"H-{i}\t{h.score:.4f}\t{' '.join(vocab.pieces(h.tokens))}")
         lines.append(f"D-{i}\t{h.score:.4f}\t{vocab.decode(h.tokens)}")
         lines.append(f"P-{i}\t{' '.join(f'{s:.4f}' for s in h.positional_scores)}")
+        if h.alignment is not None:
+            lines.append(f"A-{i}\t{h.alignment.text()}")
     return "\n".join(lines)
 
 
@@ -261,9 +283,10 @@ def generate_split(
     batch_size: int,
     fmt: str,
     out: TextIO,
+    align: Aligner | None = None,
 ) -> Summary:
     """Translate a binarized split (or one contiguous shard of it) SPLIT_CHUNK sentences at a time; write
-    records in input order."""
+    records in input order (aligned to their sources by `align` when given)."""
     from nmt_cli.data.dataset import ParallelDataset
 
     data = ParallelDataset(data_dir, subset)
@@ -273,7 +296,10 @@ def generate_split(
     for first in range(0, len(ids), SPLIT_CHUNK):  # a test set is one chunk; a training set (distillation) many
         chunk = ids[first : first + SPLIT_CHUNK]
         start = time.perf_counter()
-        results = translate(translator, [data.src[i] for i in chunk], search, max_tokens, batch_size, generator)
+        sources = [data.src[i] for i in chunk]
+        results = translate(translator, sources, search, max_tokens, batch_size, generator)
+        if align is not None:
+            align(sources, results)
         summary.add(results, time.perf_counter() - start)
         for i, hyps in zip(chunk, results):
             source, reference = translator.vocab.decode(data.src[i]), translator.vocab.decode(data.tgt[i])
@@ -291,8 +317,10 @@ def generate_text(
     batch_size: int,
     fmt: str,
     out: TextIO,
+    align: Aligner | None = None,
 ) -> Summary:
-    """Translate raw text with the checkpoint's own sentencepiece model, one buffer (chunk) at a time."""
+    """Translate raw text with the checkpoint's own sentencepiece model, one buffer (chunk) at a time (aligned to
+    their sources by `align` when given)."""
     summary = Summary()
     first_id = 0
     generator = sampling_generator(search, translator.device)  # one for every chunk
@@ -300,6 +328,8 @@ def generate_text(
         start = time.perf_counter()
         sources = [np.asarray(ids, dtype=np.int64) for ids in translator.vocab.encode(chunk)]
         results = translate(translator, sources, search, max_tokens, batch_size, generator)
+        if align is not None:
+            align(sources, results)
         summary.add(results, time.perf_counter() - start)
         for j, hyps in enumerate(results):
             print(

@@ -2,7 +2,7 @@
 
 POST /translate  {"text": "..."} or {"texts": [...]}, optional "model" (a name; default: the first --path) and
                  search fields (beam, nbest, lenpen, ...)
-                 -> {"translations": [{"text", "score", "nbest"?, "warning"?}, ...], "seconds"}
+                 -> {"translations": [{"text", "score", "alignment"?, "nbest"?, "warning"?}, ...], "seconds"}
 GET /health      alive;  GET /ready  loaded and warm (503 until every model's warm-up sentence is done)
 GET /info        the default model's languages, shape, vocabulary, checkpoint, search settings, version, and
                  "models" (each one's name, languages, task, checkpoint); ?model=NAME: that model's own
@@ -207,8 +207,7 @@ class Server:
             model = self.models.choose(payload)  # which takes our "model" field out of the payload
             payload, libre = libretranslate.translate_body(payload, model.served.info)
             texts, fields = request_texts(payload, self.limits.max_request_sentences)
-            search = model.served.search_config(fields)
-            sentences = model.served.prepare(texts, search)
+            search, sentences = model.served.read_request(texts, fields)
         except NmtError as e:
             raise RequestError(400, str(e)) from None
         return sentences, key_of(model, search), [model.served.length(s) for s in sentences], libre

@@ -1,6 +1,7 @@
 """What `nmt serve` translates with: the checkpoint loaded as `nmt generate` loads it, requests' texts
 checked and encoded, their search settings checked as generate checks its options, and a batch of
-sentences searched with generate's own driver (search/translate.py, or parsing's for a parser).
+sentences searched with generate's own driver (search/translate.py, or parsing's for a parser), and aligned to
+their sources after the search where a request asks (`"alignment": "hard"` or `"soft"`, search/forced.py).
 
 A batch handed to `translate` fits its token budget, so `translate` runs it as one batch: a request's
 sentences get what generate writes for the same sentences batched the same way.
@@ -25,7 +26,8 @@ from nmt_cli.data import raw_text_problem
 from nmt_cli.errors import ConfigError, DataError
 from nmt_cli.parsing.parser import TreeParser, ptb_words
 from nmt_cli.search.beam import StillWanted
-from nmt_cli.search.hypothesis import hypothesis_record
+from nmt_cli.search.forced import add_alignments, alignment_layer
+from nmt_cli.search.hypothesis import Hypothesis, hypothesis_record
 from nmt_cli.search.settings import search_settings
 from nmt_cli.search.translate import Inference, Translator, open_for_inference, sampling_generator, translate
 from nmt_cli.serve.batcher import Batcher
@@ -44,6 +46,7 @@ class Sentence:
     ids: np.ndarray
     pieces: int  # before the cut
     words: list[str] | None = None
+    alignment: str | None = None  # the request's "alignment": "hard" or "soft", or None for none
 
 
 class ServedModel:
@@ -67,6 +70,8 @@ class ServedModel:
         self.max_tokens = cfg.max_batch_tokens
         self.threads = torch.get_num_threads()  # as set_threads left it in the main thread
         self.limit = self.max_positions - 1
+        layers = min(m.config.decoder_layers for m in self.inference.members)  # an ensemble's: every member's
+        self.alignment_layer = alignment_layer(None, layers)  # generate's default
         self.caps = Caps.of(cfg, self.search, self.max_positions)
         check_server(self.search, self.caps)
         self.info = self._info(saved, cfg)
@@ -105,6 +110,17 @@ class ServedModel:
             return search_settings(self.path, self.search, overrides, self.is_parser, self.inference.bounds)
         except ConfigError as e:
             raise ConfigError(request_terms(str(e))) from None
+
+    def read_request(self, texts: list[str], fields: dict[str, Any]) -> tuple[SearchConfig, list[Sentence]]:
+        """A request's search settings (its search fields) and its texts prepared, each to be aligned as its
+        `alignment` field asks; NmtError names a field or text that does not fit."""
+        alignment = fields.pop("alignment", None)
+        if alignment not in (None, "hard", "soft"):
+            raise DataError(f'"alignment" must be "hard" or "soft", not {alignment!r}')
+        if alignment is not None and self.is_parser:
+            raise DataError('"alignment": this server parses; alignments are of translations')
+        search = self.search_config(fields)
+        return search, [replace(s, alignment=alignment) for s in self.prepare(texts, search)]
 
     def prepare(self, texts: list[str], search: SearchConfig | None = None) -> list[Sentence]:
         """Encode a request's texts with the checkpoint's sentencepiece model (a parser's as treebank words);
@@ -170,6 +186,7 @@ class ServedModel:
         else:
             ids = [s.ids for s in sentences]
             results = translate(translator, ids, search, self.max_tokens, 0, generator, None, still_wanted)
+            self.align(sentences, results)
             answers = [self.translation(hyps, search.nbest) for hyps in results]
         if still_wanted is None:
             return answers
@@ -186,9 +203,24 @@ class ServedModel:
             warm_up=self.warm_up,
         )
 
+    def align(self, sentences: list[Sentence], results: list[list[Hypothesis]]) -> None:
+        """Align the hypotheses of the sentences whose request asked (generate's --print-alignment)."""
+        for kind in ("hard", "soft"):
+            asked = [i for i, s in enumerate(sentences) if s.alignment == kind]
+            if asked:
+                sources, hyps = [sentences[i].ids for i in asked], [results[i] for i in asked]
+                add_alignments(
+                    self.translator,
+                    sources,
+                    hyps,
+                    hard=kind == "hard",
+                    layer=self.alignment_layer,
+                    max_tokens=self.max_tokens,
+                )
+
     def translation(self, hyps: list[Any], nbest: int) -> dict[str, Any]:
         records = [hypothesis_record(h, self.vocab) for h in hyps]
-        best = {"text": records[0]["text"], "score": records[0]["score"]}
+        best: dict[str, Any] = {key: records[0][key] for key in ("text", "score", "alignment") if key in records[0]}
         return {**best, "nbest": records} if nbest > 1 else best
 
 

@@ -1,7 +1,7 @@
 """Ensembles of checkpoints (search/ensemble.py): one checkpoint is the model itself, two copies of one translate as
 it does, the step's scores are the members' weighted average, and members that do not fit together are refused."""
 
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +19,7 @@ from nmt_cli.data.vocab import BOS, PAD
 from nmt_cli.errors import CheckpointError, ConfigError
 from nmt_cli.model.transformer import Transformer, build_model
 from nmt_cli.search.ensemble import Ensemble, check_members
+from nmt_cli.search.forced import add_alignments, forced_scores
 from nmt_cli.search.settings import search_bounds
 from nmt_cli.search.translate import load_translator, open_for_inference, translate
 
@@ -223,3 +224,25 @@ def test_generate_translates_with_an_ensemble(tiny_checkpoint, others, toy_data_
     mixed = nmt("generate", "--path", f"{tiny_checkpoint}:{others[1]}", "--weights", "0.7,0.3", "--input", src)
     assert mixed.exit_code == 0, mixed.output
     assert len(mixed.stdout.splitlines()) == 4
+
+
+def test_an_ensembles_hypotheses_score_their_search_scores_and_align(tiny_checkpoint, others, toy_data_bin):
+    """score-pairs and alignments pass through every member, weighted as the search's steps weigh them."""
+    noisy, shaped = others
+    translator = opened(f"{tiny_checkpoint}:{noisy}:{shaped}", weights="0.5,0.3,0.2").translator()
+    search = replace(translator_search(tiny_checkpoint), beam=4, nbest=2, max_len_b=8)
+    srcs = sources(toy_data_bin)
+    results = translate(translator, srcs, search, max_tokens=64)
+    pairs = [(s, h) for s, hyps in zip(srcs, results) for h in hyps if h.tokens]
+    scored = forced_scores(translator, [s for s, _ in pairs], [np.array(h.tokens) for _, h in pairs], search, 64)
+    for (_, h), p in zip(pairs, scored):
+        assert p.score == pytest.approx(h.score, abs=1e-4)
+    add_alignments(translator, srcs, results, hard=True, layer=0, max_tokens=64)  # `shaped` has one decoder layer
+    for s, hyps in zip(srcs, results):
+        for h in hyps:
+            assert h.alignment is not None and h.alignment.weights.shape == (len(h.tokens), len(s))
+            assert [t for _, t in h.alignment.pairs()] == list(range(len(h.tokens)))
+
+
+def translator_search(path):
+    return opened(path).search

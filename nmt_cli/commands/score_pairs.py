@@ -1,0 +1,109 @@
+"""`nmt score-pairs`: the model's score of given translations. Reads --source and --target (raw text, one sentence
+per line, checked as generate checks --input), encodes both with the checkpoint's sentencepiece model, scores them
+with search/forced.py's teacher-forced pass, and writes one line per pair in input order: the score (plain), or a
+JSON record of the score, log_prob, tokens and token_scores (jsonl)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, TextIO
+
+import numpy as np
+
+from nmt_cli.commands.generate import SPLIT_CHUNK, read_lines
+from nmt_cli.config import ScorePairsConfig
+from nmt_cli.data.vocab import Vocab
+from nmt_cli.errors import ConfigError, DataError
+from nmt_cli.files import require_file
+from nmt_cli.runtime import set_threads
+from nmt_cli.search.forced import PairScore, forced_scores
+from nmt_cli.search.translate import open_for_inference
+
+logger = logging.getLogger(__name__)
+
+
+def score_pairs(
+    cfg: ScorePairsConfig, search_overrides: dict[str, Any] | None = None, out: TextIO | None = None
+) -> int:
+    """Score every (--source, --target) line pair with the checkpoint's search settings for lenpen, lenpen_style
+    and unkpen, overridden by `search_overrides`; write the records to `out` (stdout). Returns the pairs scored.
+
+    Raises:
+        DataError: a file missing, the two files of different line counts, or a line generate would refuse.
+    """
+    n_pairs = count_pairs(cfg.source, cfg.target)
+    set_threads(cfg.threads)
+    inference = open_for_inference(cfg, search_overrides or {})
+    if inference.saved.is_parser:
+        raise ConfigError(f"{cfg.path} is a parsing model; score-pairs scores translations of a translation model")
+    translator, search = inference.translator(), inference.search
+    out = out or sys.stdout
+    start, n_tokens = time.perf_counter(), 0
+    for first, (sources, targets) in enumerate_chunks(cfg.source, cfg.target, translator.vocab):
+        scored = forced_scores(translator, sources, targets, search, cfg.max_tokens, cfg.batch_size)
+        n_tokens += sum(len(p.token_scores) for p in scored)
+        for i, p in enumerate(scored, start=first):
+            print(format_score(i, p, translator.vocab, cfg.output_format), file=out)
+        out.flush()
+    seconds = time.perf_counter() - start
+    logger.info(
+        "scored %d pairs (%d target tokens) in %.1f s: %.1f pairs/s (lenpen %g %s, unkpen %g)",
+        n_pairs,
+        n_tokens,
+        seconds,
+        n_pairs / max(seconds, 1e-9),
+        search.lenpen,
+        search.lenpen_style,
+        search.unkpen,
+    )
+    return n_pairs
+
+
+def count_pairs(source: str, target: str) -> int:
+    """The number of lines of both files, which must be equal (lines as read_lines splits them)."""
+    counts = []
+    for path, option in ((source, "--source"), (target, "--target")):
+        require_file(Path(path), option)
+        with Path(path).open("rb") as f:
+            counts.append(sum(1 for _ in f))
+    if counts[0] != counts[1]:
+        raise DataError(
+            f"--source {source} has {counts[0]} lines but --target {target} has {counts[1]}; give one translation "
+            "per source line"
+        )
+    return counts[0]
+
+
+def enumerate_chunks(
+    source: str, target: str, vocab: Vocab
+) -> Iterator[tuple[int, tuple[list[np.ndarray], list[np.ndarray]]]]:
+    """(index of the first pair, (source ids, target ids)) of SPLIT_CHUNK line pairs at a time, each line checked
+    (read_lines) and encoded with the checkpoint's sentencepiece model; the files hold equally many lines."""
+    first = 0
+    with Path(source).open("rb") as src_file, Path(target).open("rb") as tgt_file:
+        src_chunks = read_lines(src_file, SPLIT_CHUNK, source)
+        tgt_chunks = read_lines(tgt_file, SPLIT_CHUNK, target)
+        for src_lines, tgt_lines in zip(src_chunks, tgt_chunks):
+            sources = [np.asarray(ids, dtype=np.int64) for ids in vocab.encode(src_lines)]
+            targets = [np.asarray(ids, dtype=np.int64) for ids in vocab.encode(tgt_lines)]
+            yield first, (sources, targets)
+            first += len(src_lines)
+
+
+def format_score(i: int, p: PairScore, vocab: Vocab, fmt: str) -> str:
+    """One output line: plain the score; jsonl {"id", "score", "log_prob", "tokens", "token_scores"} (nats)."""
+    if fmt == "plain":
+        return f"{p.score:.4f}"
+    record = {
+        "id": i,
+        "score": round(p.score, 4),
+        "log_prob": round(p.log_prob, 4),
+        "tokens": vocab.pieces(p.tokens),
+        "token_scores": [round(s, 4) for s in p.token_scores],
+    }
+    return json.dumps(record, ensure_ascii=False)

@@ -1,0 +1,126 @@
+"""`nmt score-pairs` and `nmt generate --print-alignment` through the CLI, on a tiny trained checkpoint."""
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from nmt_cli.cli import cli
+
+pytestmark = pytest.mark.usefixtures("cpu_matmul_route")  # both CPU matmul routes on every machine (conftest.py)
+
+SOURCES = ["1 2 3", "4 5 6 7 8", "", "9 0", "3 3 1 2 5 6 7"]
+
+
+def nmt(*args, input=None):
+    return CliRunner().invoke(cli, [str(a) for a in args], input=input)
+
+
+@pytest.fixture
+def source_file(tmp_path):
+    f = tmp_path / "src.txt"
+    f.write_text("\n".join(SOURCES) + "\n")
+    return f
+
+
+def test_score_pairs_gives_generate_its_own_scores(tiny_checkpoint, source_file, tmp_path):
+    search = ["--beam", 4, "--lenpen", 1.2, "--lenpen-style", "fairseq", "--unkpen", 0.5]
+    r = nmt("generate", "--path", tiny_checkpoint, "--input", source_file, "--output-format", "jsonl", *search)
+    assert r.exit_code == 0, r.output
+    best = [json.loads(line)["hypotheses"][0] for line in r.stdout.splitlines()]
+    target = tmp_path / "tgt.txt"
+    target.write_text("\n".join(h["text"] for h in best) + "\n")
+    args = ["score-pairs", "--path", tiny_checkpoint, "--source", source_file, "--target", target, *search[2:]]
+    plain = nmt(*args)
+    assert plain.exit_code == 0, plain.output
+    assert "scored 5 pairs" in plain.stderr
+    scores = [float(line) for line in plain.stdout.splitlines()]
+    records = [json.loads(line) for line in nmt(*args, "--output-format", "jsonl").stdout.splitlines()]
+    assert [r["id"] for r in records] == list(range(len(SOURCES)))
+    same_pieces = 0
+    for source, h, score, record in zip(SOURCES, best, scores, records):
+        assert record["score"] == pytest.approx(score, abs=1e-4)
+        rounding = 5e-5 * (len(record["token_scores"]) + 1)  # each value rounded to 4 decimals
+        assert record["log_prob"] == pytest.approx(sum(record["token_scores"]), abs=rounding)
+        assert len(record["token_scores"]) == len(record["tokens"]) + 1
+        if source and record["tokens"] == h["tokens"]:  # the text re-encodes to the search's own pieces
+            assert score == pytest.approx(h["score"], abs=2e-4)  # both rounded to 4 decimals
+            same_pieces += 1
+    assert same_pieces >= 2
+
+
+def test_score_pairs_refuses_files_of_different_lengths(tiny_checkpoint, source_file, tmp_path):
+    target = tmp_path / "tgt.txt"
+    target.write_text("1\n2\n")
+    r = nmt("score-pairs", "--path", tiny_checkpoint, "--source", source_file, "--target", target)
+    assert r.exit_code == 1
+    assert r.output.strip() == (
+        f"error: --source {source_file} has 5 lines but --target {target} has 2; give one translation per source line"
+    )
+
+
+def test_score_pairs_names_the_bad_line(tiny_checkpoint, source_file, tmp_path):
+    target = tmp_path / "tgt.txt"
+    target.write_bytes(b"1\n2\n\xff\n4\n5\n")
+    r = nmt("score-pairs", "--path", tiny_checkpoint, "--source", source_file, "--target", target)
+    assert r.exit_code == 1 and f"error: {target}:3: invalid UTF-8" in r.output and "Traceback" not in r.output
+
+
+def test_generate_prints_fairseq_alignment_lines(tiny_checkpoint, source_file):
+    r = nmt(
+        "generate", "--path", tiny_checkpoint, "--input", source_file, "--output-format", "fairseq",
+        "--beam", 3, "--nbest", 2, "--print-alignment", "hard", "--alignment-layer", 0,
+    )  # fmt: skip
+    assert r.exit_code == 0, r.output
+    lines = r.stdout.splitlines()
+    hyps = [line.split("\t") for line in lines if line.startswith("H-")]
+    aligns = [line.split("\t") for line in lines if line.startswith("A-")]
+    assert len(hyps) == len(aligns) == 2 * len(SOURCES)
+    for h, a in zip(hyps, aligns):
+        assert h[0][2:] == a[0][2:]
+        pairs = [tuple(map(int, p.split("-"))) for p in a[1].split()]
+        n_tgt = len(h[2].split())
+        assert [t for _, t in pairs] == list(range(n_tgt))
+        n_src = len(next(line for line in lines if line.startswith(f"S-{h[0][2:]}\t")).split("\t")[1].split())
+        assert all(0 <= s <= 2 * n_src for s, _ in pairs)  # pieces: at most two per digit word here
+    assert lines.index(next(line for line in lines if line.startswith("A-0"))) == 4  # S, H, D, P, then A
+
+
+def test_generate_soft_alignment_in_jsonl(tiny_checkpoint, source_file):
+    r = nmt(
+        "generate", "--path", tiny_checkpoint, "--input", source_file, "--output-format", "jsonl",
+        "--print-alignment", "soft",
+    )  # fmt: skip
+    assert r.exit_code == 0, r.output
+    for line in r.stdout.splitlines():
+        h = json.loads(line)["hypotheses"][0]
+        assert len(h["alignment"]) == len(h["tokens"])
+        assert all(abs(sum(row) - 1) < 1e-3 for row in h["alignment"])
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--print-alignment", "hard"], "error: --print-alignment hard writes an A- line"),
+        (["--alignment-layer", 1], "error: --alignment-layer 1 picks the layer --print-alignment reads"),
+        (
+            ["--print-alignment", "hard", "--output-format", "jsonl", "--alignment-layer", 2],
+            "error: --alignment-layer 2: the checkpoint's decoder has 2 layers (0 to 1)",
+        ),
+    ],
+)
+def test_generate_refuses_alignments_it_cannot_give(tiny_checkpoint, source_file, args, message):
+    r = nmt("generate", "--path", tiny_checkpoint, "--input", source_file, *args)
+    assert r.exit_code == 1 and r.output.startswith(message) and len(r.output.strip().splitlines()) == 1
+
+
+def test_generate_aligns_a_binarized_split(tiny_checkpoint, toy_data_bin):
+    r = nmt("generate", toy_data_bin, "--path", tiny_checkpoint, "--beam", 2, "--print-alignment", "soft")
+    assert r.exit_code == 0, r.output
+    lines = r.stdout.splitlines()
+    hyps = [line.split("\t")[2].split() for line in lines if line.startswith("H-")]
+    rows = [line.split("\t")[1].split() for line in lines if line.startswith("A-")]
+    assert len(hyps) == len(rows) == sum(line.startswith("S-") for line in lines) > 0
+    for pieces, row in zip(hyps, rows):
+        assert len(row) == len(pieces)
+        assert all(abs(sum(map(float, weights.split(","))) - 1) < 1e-4 for weights in row)
