@@ -20,21 +20,27 @@ what the user set --max-len-a/--max-len-b for.
 `rank_candidates` is beam search's dynamic beam allocation (search/beam.py calls it when the constraint has
 it): the candidates of a sentence are its top 2K, the pieces of each beam that advance an unmet phrase and
 each beam's best piece; they are grouped in banks by constraint pieces met and the beam is dealt across the
-banks round-robin, the best of each bank first, the bank with most met first in each round.
+banks round-robin, the best of each bank first, the bank with most met first in each round. An EOS candidate
+(it meets every phrase) finishes when it is among the first K so dealt, or among the K best by score, where
+plain beam search would finish it: the banks then do not keep the model's own translation from finishing
+when it holds the phrases anyway.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
 from torch import Tensor
 
 from nmt_cli.config import SearchConfig
+from nmt_cli.data import BOM, raw_text_problem
 from nmt_cli.data.vocab import EOS, PAD, UNK, Vocab
 from nmt_cli.errors import ConfigError, DataError
+from nmt_cli.search.beam import max_lengths
 
 NEG_INF = float("-inf")
 
@@ -146,6 +152,13 @@ class LexicalConstraint:
         pos, met = self.step(state.sent[rows], state.pos[rows], state.met[rows], tokens.view(-1))
         bank = (self.totals[state.sent[rows]] - self.need(state.sent[rows], pos, met)).view(b, -1)
         order = allocation_order(scores, bank, self.max_total)
+        # An EOS candidate (all phrases met) that plain beam search would finish, among the K best by score,
+        # finishes too: it leaves the beam, so moving it first changes none of the candidates that stay.
+        by_score = scores.argsort(dim=1, descending=True, stable=True).argsort(dim=1)  # [B, C] each one's rank
+        finishing = (tokens == EOS) & (by_score < k)
+        place = torch.arange(order.shape[1], device=order.device).expand_as(order)
+        finishing = finishing.gather(1, order) | (place < k) & (tokens.gather(1, order) == EOS)
+        order = order.gather(1, (~finishing).to(torch.uint8).argsort(dim=1, stable=True))
         return scores.gather(1, order), beams.gather(1, order), tokens.gather(1, order)
 
 
@@ -223,19 +236,79 @@ def encode_phrases(vocab: Vocab, lines: Sequence[Sequence[str]], where: Sequence
     return out
 
 
-def check_fits(phrases: Sequence[Phrases], max_lens: Sequence[int], where: Sequence[str]) -> None:
-    """Refuse a sentence whose phrases need more pieces than its longest output (max_lens, without EOS) holds.
+def check_fits(
+    phrases: Sequence[Phrases], src_lens: Sequence[int], search: SearchConfig, max_positions: int, where: Sequence[str]
+) -> None:
+    """Refuse a sentence whose phrases need more pieces than its longest output holds (a * |x| + b within the
+    model's positions, |x| the source pieces the search sees), or an empty source with phrases (it is not
+    searched: its output is empty).
 
     Raises:
-        DataError: naming `where[i]` and what to raise.
+        DataError: naming `where[i]` and what to change.
     """
-    for sentence, limit, name in zip(phrases, max_lens, where):
+    limits = max_lengths(torch.tensor(list(src_lens), dtype=torch.long), search, max_positions).tolist()
+    for sentence, n, limit, name in zip(phrases, src_lens, limits, where):
         need = sum(len(p) for p in sentence)
+        if need and n == 0:
+            raise DataError(f"{name}: the input line is empty, so its output is; drop its constraints")
         if need > limit:
             raise DataError(
-                f"{name}: the constraints take {need} pieces, but the output may have {limit}; shorten them or "
+                f"{name}: the constraints take {need} pieces, but this output may have {limit}; shorten them or "
                 "raise --max-len-a/--max-len-b (max_len_a/max_len_b)"
             )
+
+
+def read_constraint_lines(path: Path) -> list[list[str]]:
+    """Every line of a --constraints-file: its tab-separated phrases, raw text ([] for an empty line).
+
+    Raises:
+        DataError: `FILE:LINE:` invalid UTF-8, or a line generate's --input would refuse too.
+    """
+    lines = []
+    with path.open("rb") as stream:
+        for number, raw in enumerate(stream, start=1):
+            try:
+                text = raw.decode("utf-8").removesuffix("\n").removesuffix("\r")
+            except UnicodeDecodeError as e:
+                raise DataError(
+                    f"{path}:{number}: invalid UTF-8 (byte {e.start} of the line); fix or re-encode it"
+                ) from None
+            text = text.removeprefix(BOM) if number == 1 else text
+            if problem := raw_text_problem(text):
+                raise DataError(f"{path}:{number}: the line {problem}")
+            lines.append(text.split("\t") if text else [])
+    return lines
+
+
+@dataclass
+class ConstraintLines:
+    """A --constraints-file read whole (or one shard's lines of it), line-aligned with the input `input_name`."""
+
+    path: str
+    input_name: str
+    lines: list[list[str]]
+    first_line: int = 1  # the file's line number of lines[0]
+
+    def for_sources(
+        self, vocab: Vocab, sources: Sequence[np.ndarray], first: int, search: SearchConfig, max_positions: int
+    ) -> LexicalConstraints:
+        """The constraints of the input's lines first, first + 1, ... (counted from lines[0]), encoded and checked
+        against their sources (check_fits); DataError when the file has fewer lines (`mismatch`)."""
+        if first + len(sources) > len(self.lines):
+            raise self.mismatch(first + len(sources))
+        where = [f"{self.path}:{self.first_line + first + j}" for j in range(len(sources))]
+        phrases = encode_phrases(vocab, self.lines[first : first + len(sources)], where)
+        limit = max_positions - 1  # translate cuts longer sources
+        check_fits(phrases, [min(len(s), limit) for s in sources], search, max_positions, where)
+        return LexicalConstraints(phrases)
+
+    def mismatch(self, n_input: int) -> DataError:
+        """The error of an input of n_input lines (at least) against this file's."""
+        return DataError(
+            f"--constraints-file {self.path} has {len(self.lines)} line(s) but --input {self.input_name} has "
+            f"{n_input}{'' if n_input <= len(self.lines) else ' or more'}; give one line of tab-separated "
+            "constraints per input line (an empty line for none)"
+        )
 
 
 def check_search(search: SearchConfig, option: str) -> None:
