@@ -314,4 +314,4 @@ class ConstraintLines:
 def check_search(search: SearchConfig, option: str) -> None:
     """Constraints steer beam search (and greedy, --beam 1); sampling draws its tokens and is refused."""
     if search.sampling:
-        raise ConfigError(f"{option} needs beam search; sampling (--sampling) cannot take constraints")
+        raise ConfigError(f"{option} needs beam search; sampling cannot take constraints")
