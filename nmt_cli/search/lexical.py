@@ -98,8 +98,9 @@ class LexicalConstraint:
         is the longest j with phrase[:j-1] a suffix of the matched prefix and phrase[j-1] the piece (KMP)."""
         table, lens = self.table[sent], self.lens[sent]  # [R, P, L], [R, P]
         length = table.shape[2]
-        border = self.borders[sent].gather(2, pos.clamp(max=length - 1)[:, :, None, None].expand(-1, -1, 1, length))
-        fits = border.squeeze(2) & (table == tokens[:, None, None])  # [R, P, L]: prefix j = index + 1 matches
+        phrase = torch.arange(table.shape[1], device=sent.device)[None, :]
+        border = self.borders[sent[:, None], phrase, pos.clamp(max=length - 1)]  # [R, P, L]
+        fits = border & (table == tokens[:, None, None])  # [R, P, L]: prefix j = index + 1 matches
         j = torch.arange(1, length + 1, device=tokens.device)
         new_pos = (fits * j).amax(2)  # [R, P]
         met = met | (new_pos == lens)
