@@ -133,6 +133,10 @@ def test_generate_with_a_constraints_file(tiny_checkpoint, tmp_path):
                      "--buffer-size", 1, input=src.read_text())  # fmt: skip
     assert stdin.exit_code == 0, stdin.output
     assert stdin.stdout == r.stdout
+    shard = generate(tiny_checkpoint, "--input", src, "--constraints-file", constraints, "--beam", 4, "--nbest", 2,
+                     "--num-shards", 2, "--shard-id", 1)  # fmt: skip
+    assert shard.exit_code == 0, shard.output
+    assert shard.stdout.split("\n")[:-1] == out[4:]  # lines 3 and 4, with their own constraints
 
 
 @pytest.mark.parametrize(

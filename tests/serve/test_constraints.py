@@ -2,7 +2,14 @@
 `nmt generate --constraints-file` gives; refused (400, naming the field) in any other shape."""
 
 import pytest
-from serving import SENTENCES, generate_jsonl, serving
+from click.testing import CliRunner
+
+from nmt_cli.cli import cli
+from tests.parsing.treebank_data import preprocess, write_split
+from tests.serve.serving import SENTENCES, generate_jsonl, serving
+
+pytest.importorskip("starlette")
+pytest.importorskip("httpx")
 
 
 def test_constraints_are_met_as_generate_meets_them(tiny_checkpoint, tmp_path):
@@ -39,3 +46,23 @@ def test_constraints_in_another_shape_are_refused(tiny_checkpoint, body, message
         response = client.post("/translate", json=body)
     assert response.status_code == 400
     assert message in response.json()["error"], response.json()
+
+
+def test_a_parser_refuses_constraints(tmp_path):
+    write_split(tmp_path / "train", 30)
+    assert preprocess(tmp_path).exit_code == 0
+    args = ["--arch", "transformer_tiny", "--max-tokens", "400", "--max-update", "1", "--warmup-updates", "1"]
+    trained = CliRunner().invoke(cli, ["train", str(tmp_path / "bin"), "--save-dir", str(tmp_path / "ck"), *args])
+    assert trained.exit_code == 0, trained.output
+    ckpt = tmp_path / "ck" / "checkpoint_last.pt"
+    (tmp_path / "in.words").write_text("Dogs bark\n")
+    (tmp_path / "constraints.txt").write_text("NN\n")
+    r = CliRunner().invoke(
+        cli,
+        ["generate", "--path", str(ckpt), "--input", str(tmp_path / "in.words")]
+        + ["--constraints-file", str(tmp_path / "constraints.txt"), "--device", "cpu"],
+    )
+    assert r.exit_code == 1 and "parsing model; its trees take no --constraints-file" in r.stderr, r.output
+    with serving(ckpt) as client:
+        refused = client.post("/translate", json={"text": "Dogs bark", "constraints": ["NN"]})
+    assert refused.status_code == 400 and "parsing model" in refused.json()["error"]
