@@ -209,6 +209,11 @@ class LexicalConstraints:
 
     phrases: Sequence[Phrases]
 
+    @classmethod
+    def of_text(cls, vocab: Vocab, lines: Sequence[Sequence[str]]) -> LexicalConstraints:
+        """From each source's phrases as raw text (`encode_phrases`; a DataError names `constraints[i]`)."""
+        return cls(encode_phrases(vocab, lines, [f"constraints[{i}]" for i in range(len(lines))]))
+
     def for_batch(self, src: Tensor, src_lens: Tensor, ids: np.ndarray) -> tuple[LexicalConstraint, Tensor]:
         return LexicalConstraint([self.phrases[i] for i in ids], src.device), torch.zeros(len(ids), dtype=torch.long)
 
