@@ -75,7 +75,7 @@ class LexicalConstraint:
         self.n_phrases = p  # 0: no sentence of the batch has a phrase; the search is then plain beam search
         self.table = torch.from_numpy(table).to(device)  # [B, P, L]
         self.lens = torch.from_numpy(lens).to(device)  # [B, P]
-        self.borders = torch.from_numpy(borders(table, lens)).to(device)  # [B, P, L, L]
+        self.borders = torch.from_numpy(borders(table, lens)).to(device)  # [B, P, L, L]: see `borders`
         self.totals = self.lens.sum(1)  # [B] pieces of all phrases
         self.max_total = int(lens.sum(1).max(initial=0))
         # The pieces that can move a row's state other than back to the start: every phrase's (PAD elsewhere)
@@ -189,17 +189,32 @@ def allocation_order(scores: Tensor, bank: Tensor, max_bank: int) -> Tensor:
 
 
 def borders(table: np.ndarray, lens: np.ndarray) -> np.ndarray:
-    """[B, P, L, L] bool: borders[b, p, pos, j - 1] when the phrase's first j - 1 pieces end its first pos pieces
-    (j <= pos + 1 < its length + 1), i.e. the prefix of length j may follow a match of length pos."""
+    """[B, P, L, L] bool: borders[b, p, pos, m] when the phrase's first m pieces end its first pos pieces (m <= pos
+    < its length), i.e. a match of length m + 1 may follow a match of length pos. The borders of a prefix are it
+    and the chain of its KMP failure links: O(L) each."""
     b, p, length = table.shape
     out = np.zeros((b, p, length, length), dtype=bool)
     for i in range(b):
         for q in range(p):
-            phrase = table[i, q, : lens[i, q]].tolist()
-            for pos in range(len(phrase)):
-                for j in range(1, pos + 2):
-                    out[i, q, pos, j - 1] = phrase[: j - 1] == phrase[pos - j + 1 : pos]
+            fail = failure_links(table[i, q, : lens[i, q]].tolist())
+            for pos in range(lens[i, q]):
+                m = pos
+                out[i, q, pos, m] = True
+                while m:
+                    m = fail[m]
+                    out[i, q, pos, m] = True
     return out
+
+
+def failure_links(phrase: list[int]) -> list[int]:
+    """fail[m] (1 <= m <= len): the length of the longest proper prefix of phrase[:m] that also ends it."""
+    fail = [0] * (len(phrase) + 1)
+    for m in range(2, len(phrase) + 1):
+        f = fail[m - 1]
+        while f and phrase[f] != phrase[m - 1]:
+            f = fail[f]
+        fail[m] = f + 1 if phrase[f] == phrase[m - 1] else 0
+    return fail
 
 
 @dataclass

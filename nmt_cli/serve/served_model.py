@@ -114,7 +114,7 @@ class ServedModel:
     ) -> list[Sentence]:
         """Encode a request's texts with the checkpoint's sentencepiece model (a parser's as treebank words);
         with the request's `search`, refuse a text whose output may run past --max-output-tokens. `constraints`:
-        each text's target phrases (the request's field, app.request_texts), which its output must contain."""
+        each text's target phrases (the request's field, `request_constraints`), which its output must contain."""
         for i, text in enumerate(texts):
             check_text_length(i, text, self.caps)
             check_text(i, text)

@@ -10,7 +10,14 @@ from nmt_cli.cli import cli
 from nmt_cli.config import SearchConfig
 from nmt_cli.data.dataset import load_vocab
 from nmt_cli.errors import ConfigError, DataError
-from nmt_cli.search.lexical import LexicalConstraint, LexicalConstraints, check_fits, check_search, encode_phrases
+from nmt_cli.search.lexical import (
+    LexicalConstraint,
+    LexicalConstraints,
+    borders,
+    check_fits,
+    check_search,
+    encode_phrases,
+)
 from nmt_cli.search.translate import Translator, load_translator, translate
 
 pytestmark = pytest.mark.usefixtures("cpu_matmul_route")  # both CPU matmul routes on every machine (conftest.py)
@@ -176,3 +183,18 @@ def test_generate_refuses_constraints_for_a_split(tiny_checkpoint, toy_data_bin,
     r = generate(tiny_checkpoint, toy_data_bin, "--constraints-file", path)
     assert r.exit_code == 1
     assert "--constraints-file is line-aligned with --input" in r.stderr
+
+
+def test_borders_follow_their_definition():
+    """borders[pos, m]: the phrase's first m pieces end its first pos pieces (checked by brute force)."""
+    g = np.random.default_rng(0)
+    for _ in range(500):
+        n = int(g.integers(0, 9))
+        table = np.zeros((1, 1, max(n, 1)), dtype=np.int64)
+        table[0, 0, :n] = g.integers(4, 6, n)  # two pieces: many borders
+        phrase = table[0, 0, :n].tolist()
+        expected = np.zeros((max(n, 1), max(n, 1)), dtype=bool)
+        for pos in range(n):
+            for m in range(pos + 1):
+                expected[pos, m] = phrase[:m] == phrase[pos - m : pos]
+        assert (borders(table, np.array([[n]]))[0, 0] == expected).all(), phrase
