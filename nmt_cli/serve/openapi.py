@@ -53,7 +53,15 @@ SCHEMAS: dict[str, Any] = {
             SEARCH,
             {
                 "type": "object",
-                "properties": {"text": {"type": "string"}, "texts": {"type": "array", "items": {"type": "string"}}},
+                "properties": {
+                    "text": {"type": "string"},
+                    "texts": {"type": "array", "items": {"type": "string"}},
+                    "constraints": {
+                        "type": "array",
+                        "description": "target phrases each translation contains (lexically constrained search): "
+                        "with text a list of strings, with texts one such list per text",
+                    },
+                },
                 "oneOf": [{"required": ["text"]}, {"required": ["texts"]}],
             },
         ]
