@@ -195,7 +195,7 @@ def survive(
     a constraint's `rank_candidates` gave). Returns the new state and the source rows [B*K]."""
     b, k = state.scores.shape
     if in_order:
-        place = -torch.arange(scores.shape[1], dtype=scores.dtype, device=scores.device).expand_as(scores)
+        place = -torch.arange(scores.shape[1], dtype=torch.float, device=scores.device).expand_as(scores)
         pick = place.masked_fill(tokens == EOS, NEG_INF).topk(k, dim=1).indices  # [B, K]
         alive_scores = scores.gather(1, pick)
     else:

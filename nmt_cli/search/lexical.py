@@ -141,7 +141,7 @@ class LexicalConstraint:
         b, k = beam_scores.shape
         advancing = self.table[state.sent].gather(2, state.pos[:, :, None]).squeeze(2)  # [N, P] each next piece
         own = torch.cat([advancing, log_probs.argmax(1, keepdim=True)], dim=1)  # [N, P+1]
-        own_scores = log_probs.gather(1, own) + beam_scores.view(-1, 1)
+        own_scores = log_probs.gather(1, own) + beam_scores.reshape(-1, 1)
         own_scores[:, : self.n_phrases].masked_fill_(state.met, NEG_INF)  # a met phrase advances nothing
         width = own.shape[1]
         own_beams = torch.arange(k, device=own.device)[None, :, None].expand(b, k, width).reshape(b, -1)
