@@ -332,6 +332,12 @@ class GenerateConfig(InferenceConfig):
     batch_size: int = flag(0, "Also cap sentences per batch (0: no cap).", min=0)
     num_shards: int = flag(1, "Split the input into contiguous shards.", min=1)
     shard_id: int = flag(0, "Which shard to translate.", min=0)
+    constraints_file: str | None = flag(
+        None,
+        "With --input: one line per input line of tab-separated target phrases every output must contain "
+        "(lexically constrained beam search; an empty line for none).",
+        path="file",
+    )
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -28,6 +28,7 @@ from nmt_cli.parsing.parser import ParseNotes, TreeParser, ptb_words
 from nmt_cli.runtime import set_threads
 from nmt_cli.search.forced import add_alignments, alignment_layer
 from nmt_cli.search.hypothesis import Hypothesis, hypothesis_record
+from nmt_cli.search.lexical import ConstraintLines, check_search, read_constraint_lines
 from nmt_cli.search.translate import Summary, Translator, open_for_inference, sampling_generator, translate
 
 # Sentences of a DATA_DIR split translated (and written) at a time: memory bounded and output steady on a
@@ -62,6 +63,7 @@ def generate(cfg: GenerateConfig, search_overrides: dict[str, Any] | None = None
         saved.check_same_data(data_dir, meta, load_vocab(data_dir, meta).model_bytes)
     if saved.is_parser:
         check_parse_request(cfg)
+    constraints = read_constraints(cfg, search, (num_shards, shard_id)) if cfg.constraints_file else None
     translator = inference.translator()
     max_tokens, batch_size = cfg.max_tokens, cfg.batch_size
     align: Aligner | None = None
@@ -114,6 +116,7 @@ def generate(cfg: GenerateConfig, search_overrides: dict[str, Any] | None = None
                     fmt=fmt,
                     out=out,
                     align=align,
+                    constraints=constraints,
                 )
     log_summary(summary, search)
     return summary
@@ -144,6 +147,8 @@ def check_request(cfg: GenerateConfig) -> tuple[int, int]:
         )
     if cfg.input not in (None, "-"):
         require_file(Path(cfg.input), "--input")
+    if cfg.constraints_file is not None and cfg.input is None:
+        raise ConfigError("--constraints-file is line-aligned with --input FILE|-; translate the text with --input")
     if cfg.input == "-" and sys.stdin is None:
         raise DataError("--input -: stdin is closed; pipe text in or give --input FILE")
     return num_shards, shard_id
@@ -161,6 +166,25 @@ def check_parse_request(cfg: GenerateConfig) -> None:
             f"{cfg.path} is a parsing model; it writes one tree per line "
             f"(--output-format plain), not {cfg.output_format}"
         )
+    if cfg.constraints_file is not None:
+        raise ConfigError(f"{cfg.path} is a parsing model; its trees take no --constraints-file")
+
+
+def read_constraints(cfg: GenerateConfig, search: SearchConfig, shard: tuple[int, int]) -> ConstraintLines:
+    """--constraints-file, this shard's lines; DataError when --input FILE has another number of lines (stdin's
+    are counted as they come, by generate_text)."""
+    assert cfg.constraints_file is not None and cfg.input is not None
+    check_search(search, "--constraints-file")
+    lines = read_constraint_lines(Path(cfg.constraints_file))
+    name = "stdin" if cfg.input == "-" else cfg.input
+    whole = ConstraintLines(cfg.constraints_file, name, lines)
+    if cfg.input != "-":
+        with Path(cfg.input).open("rb") as stream:
+            n_input = sum(1 for _ in stream)
+        if n_input != len(lines):
+            raise whole.mismatch(n_input)
+    part = shard_range(len(lines), *shard)
+    return ConstraintLines(cfg.constraints_file, name, lines[part.start : part.stop], part.start + 1)
 
 
 def log_summary(summary: Summary, search: SearchConfig) -> None:
@@ -318,16 +342,22 @@ def generate_text(
     fmt: str,
     out: TextIO,
     align: Aligner | None = None,
+    constraints: ConstraintLines | None = None,
 ) -> Summary:
     """Translate raw text with the checkpoint's own sentencepiece model, one buffer (chunk) at a time (aligned to
-    their sources by `align` when given)."""
+    their sources by `align` when given); with `constraints` (--constraints-file), each line's output contains its
+    phrases."""
     summary = Summary()
     first_id = 0
     generator = sampling_generator(search, translator.device)  # one for every chunk
+    max_positions = translator.model.max_positions
     for chunk in chunks:
         start = time.perf_counter()
         sources = [np.asarray(ids, dtype=np.int64) for ids in translator.vocab.encode(chunk)]
-        results = translate(translator, sources, search, max_tokens, batch_size, generator)
+        lexical = None
+        if constraints is not None:
+            lexical = constraints.for_sources(translator.vocab, sources, first_id, search, max_positions)
+        results = translate(translator, sources, search, max_tokens, batch_size, generator, lexical)
         if align is not None:
             align(sources, results)
         summary.add(results, time.perf_counter() - start)
@@ -337,6 +367,8 @@ def generate_text(
             )
         out.flush()
         first_id += len(chunk)
+    if constraints is not None and first_id != len(constraints.lines):
+        raise constraints.mismatch(first_id)
     return summary
 
 

@@ -12,7 +12,8 @@ This is fairseq's rule; with K = 1 it is exactly greedy search.
 
 The host waits for the device once per step, to learn how many sentences are done (`beam_search`);
 everything else is decided on the device, or on the host from what it already knows (the lengths).
-An optional `constraint` (parsing/constraint.py) masks log-probs before the top-k and follows the beams.
+An optional `constraint` (parsing/constraint.py, search/lexical.py) masks log-probs before the top-k and follows
+the beams; one that has `rank_candidates` (lexical constraints) also chooses and orders each step's candidates.
 An optional `still_wanted` (serve's requests that timed out or went away) is asked on the host once a step;
 a sentence no longer wanted leaves the batch as a finished one does, and the batch stops when none is wanted.
 """
@@ -188,11 +189,17 @@ def finish(
 
 
 def survive(
-    state: BeamState, scores: Tensor, beams: Tensor, tokens: Tensor, log_probs: Tensor
+    state: BeamState, scores: Tensor, beams: Tensor, tokens: Tensor, log_probs: Tensor, in_order: bool = False
 ) -> tuple[BeamState, Tensor]:
-    """Keep the best K candidates that do not end in EOS. Returns the new state and the source rows [B*K]."""
+    """Keep the best K candidates that do not end in EOS (in_order: the first K, the candidates being in the order
+    a constraint's `rank_candidates` gave). Returns the new state and the source rows [B*K]."""
     b, k = state.scores.shape
-    alive_scores, pick = scores.masked_fill(tokens == EOS, NEG_INF).topk(k, dim=1)  # [B, K]
+    if in_order:
+        place = -torch.arange(scores.shape[1], dtype=torch.float, device=scores.device).expand_as(scores)
+        pick = place.masked_fill(tokens == EOS, NEG_INF).topk(k, dim=1).indices  # [B, K]
+        alive_scores = scores.gather(1, pick)
+    else:
+        alive_scores, pick = scores.masked_fill(tokens == EOS, NEG_INF).topk(k, dim=1)  # [B, K]
     src_beam, new_token = beams.gather(1, pick), tokens.gather(1, pick)
     rows = (torch.arange(b, device=beams.device)[:, None] * k + src_beam).view(-1)  # [B*K]
     token_scores = log_probs[rows, new_token.view(-1)].view(b, k)
@@ -309,6 +316,10 @@ def beam_search(
     if constraint is not None:
         assert n_leaves is not None, "a constraint needs n_leaves"
         constraint_state = constraint.start(per_beam(n_leaves.to(device), k))
+    # An optional hook of the constraint, rank_candidates(state, beam scores [B, K], log_probs [B*K, V], the top 2K
+    # (scores, beams, tokens)) -> the candidates [B, C] in the order the beam takes them: EOS ones among the first
+    # K finish, the first K others survive (dynamic beam allocation, search/lexical.py).
+    rank = getattr(constraint, "rank_candidates", None)
     unwanted = None if still_wanted is None else Unwanted(still_wanted, device)
     for step in range(n_steps):
         log_probs, cache = model.decode_step(prev, cache)  # [B*K, V]
@@ -319,8 +330,10 @@ def beam_search(
         if constraint is not None:
             log_probs = constraint.mask(log_probs, constraint_state, step, row_max_len)
         scores, beams, tokens = top_candidates(state, log_probs)
+        if rank is not None:  # the constraint's own choice and order of candidates (search/lexical.py)
+            scores, beams, tokens = rank(constraint_state, state.scores, log_probs, (scores, beams, tokens))
         finish(state, fin, scores, beams, tokens, log_probs, step, cfg)
-        state, rows = survive(state, scores, beams, tokens, log_probs)
+        state, rows = survive(state, scores, beams, tokens, log_probs, in_order=rank is not None)
         done = fin.count[state.sent_ids] >= k  # [B]
         if unwanted is not None and (gone := unwanted.update()) is not None:
             done = done | gone[state.sent_ids]  # they leave with the finished ones, counted in the same host sync

@@ -58,6 +58,11 @@ SCHEMAS: dict[str, Any] = {
                     "text": {"type": "string"},
                     "texts": {"type": "array", "items": {"type": "string"}},
                     "model": {"type": "string", "description": "a model's name (/info's models) [default: the first]"},
+                    "constraints": {
+                        "type": "array",
+                        "description": "target phrases each translation contains (lexically constrained search): "
+                        "with text a list of strings, with texts one such list per text",
+                    },
                 },
                 "oneOf": [{"required": ["text"]}, {"required": ["texts"]}],
             },

@@ -28,6 +28,7 @@ from nmt_cli.parsing.parser import TreeParser, ptb_words
 from nmt_cli.search.beam import StillWanted
 from nmt_cli.search.forced import add_alignments, alignment_layer
 from nmt_cli.search.hypothesis import Hypothesis, hypothesis_record
+from nmt_cli.search.lexical import LexicalConstraints, check_fits, check_search, encode_phrases
 from nmt_cli.search.settings import search_settings
 from nmt_cli.search.translate import Inference, Translator, open_for_inference, sampling_generator, translate
 from nmt_cli.serve.batcher import Batcher
@@ -47,6 +48,7 @@ class Sentence:
     pieces: int  # before the cut
     words: list[str] | None = None
     alignment: str | None = None  # the request's "alignment": "hard" or "soft", or None for none
+    phrases: tuple[tuple[int, ...], ...] = ()  # the request's `constraints` for it, encoded (search/lexical.py)
 
 
 class ServedModel:
@@ -104,27 +106,33 @@ class ServedModel:
     def search_config(self, fields_given: dict[str, Any]) -> SearchConfig:
         """The server's search settings with a request's own; ConfigError or DataError names a field that does not
         fit (in the request's words: `beam`, not generate's `--beam`), or a cap it exceeds."""
-        overrides = {name: search_field_value(name, value) for name, value in fields_given.items()}
+        given = {name: value for name, value in fields_given.items() if name != "constraints"}  # prepare's
+        overrides = {name: search_field_value(name, value) for name, value in given.items()}
         try:
             check_request(replace(self.search, **overrides), self.caps)  # the caps first: they say the most
             return search_settings(self.path, self.search, overrides, self.is_parser, self.inference.bounds)
         except ConfigError as e:
             raise ConfigError(request_terms(str(e))) from None
 
-    def read_request(self, texts: list[str], fields: dict[str, Any]) -> tuple[SearchConfig, list[Sentence]]:
+    def read_request(
+        self, texts: list[str], fields: dict[str, Any], constraints: list[list[str]] | None = None
+    ) -> tuple[SearchConfig, list[Sentence]]:
         """A request's search settings (its search fields) and its texts prepared, each to be aligned as its
-        `alignment` field asks; NmtError names a field or text that does not fit."""
+        `alignment` field asks and to contain its `constraints`; NmtError names a field or text that does not fit."""
         alignment = fields.pop("alignment", None)
         if alignment not in (None, "hard", "soft"):
             raise DataError(f'"alignment" must be "hard" or "soft", not {alignment!r}')
         if alignment is not None and self.is_parser:
             raise DataError('"alignment": this server parses; alignments are of translations')
         search = self.search_config(fields)
-        return search, [replace(s, alignment=alignment) for s in self.prepare(texts, search)]
+        return search, [replace(s, alignment=alignment) for s in self.prepare(texts, search, constraints)]
 
-    def prepare(self, texts: list[str], search: SearchConfig | None = None) -> list[Sentence]:
+    def prepare(
+        self, texts: list[str], search: SearchConfig | None = None, constraints: list[list[str]] | None = None
+    ) -> list[Sentence]:
         """Encode a request's texts with the checkpoint's sentencepiece model (a parser's as treebank words);
-        with the request's `search`, refuse a text whose output may run past --max-output-tokens."""
+        with the request's `search`, refuse a text whose output may run past --max-output-tokens. `constraints`:
+        each text's target phrases (the request's field, `request_constraints`), which its output must contain."""
         for i, text in enumerate(texts):
             check_text_length(i, text, self.caps)
             check_text(i, text)
@@ -136,7 +144,21 @@ class ServedModel:
             sentences = [Sentence(np.asarray(ids, dtype=np.int64), len(ids), w) for ids, w in zip(encoded, words)]
         if search is not None:
             check_outputs(search, [self.length(s) for s in sentences], self.caps)
+        if constraints is not None:
+            sentences = self.with_phrases(sentences, constraints, search or self.search)
         return sentences
+
+    def with_phrases(
+        self, sentences: list[Sentence], constraints: list[list[str]], search: SearchConfig
+    ) -> list[Sentence]:
+        """The sentences with their constraints encoded; DataError or ConfigError naming `constraints[i]`."""
+        if self.is_parser:
+            raise DataError("constraints: this server runs a parsing model; its trees take no constraints")
+        check_search(search, "constraints")
+        where = [f"constraints[{i}]" for i in range(len(sentences))]
+        phrases = encode_phrases(self.vocab, constraints, where)
+        check_fits(phrases, [self.length(s) for s in sentences], search, self.max_positions, where)
+        return [replace(s, phrases=tuple(tuple(p) for p in ph)) for s, ph in zip(sentences, phrases)]
 
     def length(self, sentence: Sentence) -> int:
         """The pieces the search sees (a parser's sentence without words is not searched)."""
@@ -185,7 +207,8 @@ class ServedModel:
             answers: list[dict[str, Any] | None] = [{"text": "" if tree is None else str(tree)} for tree in trees]
         else:
             ids = [s.ids for s in sentences]
-            results = translate(translator, ids, search, self.max_tokens, 0, generator, None, still_wanted)
+            lexical = LexicalConstraints([s.phrases for s in sentences]) if any(s.phrases for s in sentences) else None
+            results = translate(translator, ids, search, self.max_tokens, 0, generator, lexical, still_wanted)
             self.align(sentences, results)
             answers = [self.translation(hyps, search.nbest) for hyps in results]
         if still_wanted is None:
@@ -222,6 +245,24 @@ class ServedModel:
         records = [hypothesis_record(h, self.vocab) for h in hyps]
         best: dict[str, Any] = {key: records[0][key] for key in ("text", "score", "alignment") if key in records[0]}
         return {**best, "nbest": records} if nbest > 1 else best
+
+
+def request_constraints(payload: dict[str, Any], n_texts: int) -> list[list[str]] | None:
+    """A /translate body's `constraints`, one list of target phrases per text (None without the field): with "text"
+    a list of strings, with "texts" a list of such lists, one per text. DataError names the field."""
+    if "constraints" not in payload:
+        return None
+    value = payload["constraints"]
+    if "text" in payload:
+        value = [value]
+        if not isinstance(value[0], list):
+            raise DataError(f"'constraints' must be a list of strings with 'text', not {value[0]!r}")
+    elif not isinstance(value, list) or len(value) != n_texts:
+        raise DataError(f"'constraints' must be a list of {n_texts} lists of strings, one per text, not {value!r}")
+    for i, phrases in enumerate(value):
+        if not isinstance(phrases, list) or not all(isinstance(p, str) for p in phrases):
+            raise DataError(f"'constraints'[{i}] must be a list of strings, not {phrases!r}")
+    return value
 
 
 def search_field_value(name: str, value: Any) -> Any:

@@ -3,12 +3,14 @@
 
 from collections import Counter
 
+import numpy as np
 import pytest
 import torch
 from host_syncs import SyncLog
 
 from nmt_cli.config import InferenceConfig, SearchConfig
 from nmt_cli.data.dataset import ParallelDataset
+from nmt_cli.search.lexical import LexicalConstraints
 from nmt_cli.search.translate import load_translator, open_for_inference, translate
 
 pytestmark = pytest.mark.usefixtures("cpu_matmul_route")  # both CPU matmul routes on every machine (conftest.py)
@@ -23,14 +25,14 @@ PER_BATCH = Counter({("cpu", "collect"): 4, ("cpu", "beam_search"): 1})
 PER_STEP = ("__int__", "beam_search")
 
 
-def syncs_and_steps(translator, sources, cfg):
+def syncs_and_steps(translator, sources, cfg, constraints=None):
     """The waits of one translate call as (call, function), and the decoder steps it ran."""
     steps = []
     decode_step = translator.model.decode_step
     translator.model.decode_step = lambda *a: steps.append(1) or decode_step(*a)
     try:
         with SyncLog() as log:
-            translate(translator, sources, cfg, 10000)
+            translate(translator, sources, cfg, 10000, constraints=constraints)
     finally:
         del translator.model.decode_step
     return Counter((call, where.rsplit(" in ", 1)[1]) for call, where in log.syncs), len(steps)
@@ -77,3 +79,13 @@ def test_the_twin_sees_what_would_wait():
         "__bool__",
         "repeat_interleave",
     ]
+
+
+def test_lexically_constrained_beam_search_waits_no_more(tiny_checkpoint, toy_data_bin):
+    """Masks, candidates and banks (search/lexical.py) are all decided on the device."""
+    sources = [ParallelDataset(toy_data_bin, "test").src[i] for i in range(30)]
+    translator, _ = load_translator(tiny_checkpoint, torch.device("cpu"), None)
+    g = np.random.default_rng(0)
+    phrases = [[g.integers(4, 20, g.integers(1, 4)).tolist() for _ in range(g.integers(0, 3))] for _ in sources]
+    syncs, steps = syncs_and_steps(translator, sources, SearchConfig(beam=4), LexicalConstraints(phrases))
+    assert syncs == PER_BATCH + Counter({PER_STEP: steps}), syncs

@@ -1,0 +1,338 @@
+"""Lexically constrained decoding: every output contains each of its sentence's target phrases (fairseq's
+--constraints, Sockeye's constraints), searched with dynamic beam allocation (Post & Vilar 2018; vectorised as
+Hu et al. 2019).
+
+Shapes: B sentences of a batch, K beam, N rows (sentences x beams), P phrases of the batch's most constrained
+sentence, L pieces of its longest phrase, C candidates of a sentence, V vocabulary.
+
+A phrase is met when its pieces occur contiguously in the output; phrases are met in any order, may overlap,
+and a phrase given twice needs one occurrence. Each row follows every unmet phrase's longest matched prefix
+(`pos`) with the phrase's own KMP automaton, so that a broken partial match falls back exactly as far as the
+pieces allow. `need`, the pieces still to write, is the unmet phrases' total length less the longest matched
+prefix among them: writing the next piece of that phrase lowers it by one at least.
+
+`LexicalConstraint.mask` makes every output satisfy its phrases: EOS only once all are met, and no piece after
+which `need` exceeds the positions left before the row's maximum length, so that when they are equal the
+phrase's next piece is forced. A sentence whose phrases need more pieces than its maximum length allows is
+refused up front (`check_fits`): its output cannot satisfy them, and a longer output than asked for is not
+what the user set --max-len-a/--max-len-b for.
+
+`rank_candidates` is beam search's dynamic beam allocation (search/beam.py calls it when the constraint has
+it): the candidates of a sentence are its top 2K, the pieces of each beam that advance an unmet phrase and
+each beam's best piece; they are grouped in banks by constraint pieces met and the beam is dealt across the
+banks round-robin, the best of each bank first, the bank with most met first in each round. An EOS candidate
+(it meets every phrase) finishes when it is among the first K so dealt, or among the K best by score, where
+plain beam search would finish it: the banks then do not keep the model's own translation from finishing
+when it holds the phrases anyway.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from nmt_cli.config import SearchConfig
+from nmt_cli.data import BOM, raw_text_problem
+from nmt_cli.data.vocab import EOS, PAD, UNK, Vocab
+from nmt_cli.errors import ConfigError, DataError
+from nmt_cli.search.beam import max_lengths
+
+NEG_INF = float("-inf")
+
+Phrases = Sequence[Sequence[int]]  # one sentence's phrases, each a sequence of piece ids
+
+
+@dataclass
+class LexicalState:
+    """Each row's progress; `select` reorders it with the beams."""
+
+    sent: Tensor  # [N] the row's sentence in the batch
+    pos: Tensor  # [N, P] longest matched prefix of each unmet phrase (0 for a met one)
+    met: Tensor  # [N, P] bool, the phrase was met (or is padding)
+
+    def select(self, rows: Tensor) -> LexicalState:
+        """Reorder or subset rows [N'] (beams reordered, finished sentences removed)."""
+        return LexicalState(self.sent[rows], self.pos[rows], self.met[rows])
+
+
+class LexicalConstraint:
+    """One batch's phrases; `mask`, `advance` and `rank_candidates` work on all rows at once, on the device."""
+
+    def __init__(self, phrases: Sequence[Phrases], device: torch.device) -> None:
+        b = len(phrases)
+        p = max((len(s) for s in phrases), default=0)
+        length = max((len(ph) for s in phrases for ph in s), default=0)
+        table = np.full((b, p, max(length, 1)), PAD, dtype=np.int64)
+        lens = np.zeros((b, p), dtype=np.int64)
+        for i, sentence in enumerate(phrases):
+            for j, phrase in enumerate(sentence):
+                table[i, j, : len(phrase)], lens[i, j] = phrase, len(phrase)
+        self.n_phrases = p  # 0: no sentence of the batch has a phrase; the search is then plain beam search
+        self.table = torch.from_numpy(table).to(device)  # [B, P, L]
+        self.lens = torch.from_numpy(lens).to(device)  # [B, P]
+        self.borders = torch.from_numpy(borders(table, lens)).to(device)  # [B, P, L, L]: see `borders`
+        self.totals = self.lens.sum(1)  # [B] pieces of all phrases
+        self.max_total = int(lens.sum(1).max(initial=0))
+        # The pieces that can move a row's state other than back to the start: every phrase's (PAD elsewhere)
+        self.pieces = self.table.view(b, -1)  # [B, P*L]
+
+    def start(self, n_leaves: Tensor) -> LexicalState:
+        """The state of N rows, sentence-major (N = B * beams); n_leaves is read for its length only."""
+        n, b = n_leaves.shape[0], self.lens.shape[0]
+        assert n % b == 0, "rows are each sentence's beams in turn"
+        sent = torch.arange(n, device=self.lens.device) // (n // b)
+        return LexicalState(sent, torch.zeros_like(self.lens[sent]), self.lens[sent] == 0)
+
+    def advance(self, state: LexicalState, tokens: Tensor) -> LexicalState:
+        """The state after each row's piece [N]."""
+        pos, met = self.step(state.sent, state.pos, state.met, tokens)
+        return LexicalState(state.sent, pos, met)
+
+    def step(self, sent: Tensor, pos: Tensor, met: Tensor, tokens: Tensor) -> tuple[Tensor, Tensor]:
+        """pos, met [R, P] of rows of sentences sent [R] after pieces tokens [R]: each phrase's new matched prefix
+        is the longest j with phrase[:j-1] a suffix of the matched prefix and phrase[j-1] the piece (KMP)."""
+        table, lens = self.table[sent], self.lens[sent]  # [R, P, L], [R, P]
+        length = table.shape[2]
+        phrase = torch.arange(table.shape[1], device=sent.device)[None, :]
+        border = self.borders[sent[:, None], phrase, pos.clamp(max=length - 1)]  # [R, P, L]
+        fits = border & (table == tokens[:, None, None])  # [R, P, L]: prefix j = index + 1 matches
+        j = torch.arange(1, length + 1, device=tokens.device)
+        new_pos = (fits * j).amax(2)  # [R, P]
+        met = met | (new_pos == lens)
+        return new_pos.masked_fill(met, 0), met
+
+    def need(self, sent: Tensor, pos: Tensor, met: Tensor) -> Tensor:
+        """[R] pieces still to write: the unmet phrases' length less the longest matched prefix among them."""
+        return (self.lens[sent] * ~met).sum(1) - (pos * ~met).amax(1)
+
+    def mask(self, log_probs: Tensor, state: LexicalState, step: int, max_len: Tensor) -> Tensor:
+        """log_probs [N, V] without EOS before every phrase is met, nor a piece after which the phrases no longer
+        fit before max_len [N] (so that the last positions are forced)."""
+        if self.n_phrases == 0:
+            return log_probs
+        n, width = log_probs.shape[0], self.pieces.shape[1]
+        room = max_len - step - 1  # [N] positions left after this piece
+        eos = log_probs[:, EOS].clone()
+        need = self.need(state.sent, state.pos, state.met)
+        other_ok = (self.lens[state.sent] * ~state.met).sum(1) <= room  # a piece of no phrase: every prefix lost
+        pieces = self.pieces[state.sent]  # [N, P*L]
+        rows = torch.arange(n, device=log_probs.device)[:, None].expand(-1, width).reshape(-1)
+        pos, met = self.step(state.sent[rows], state.pos[rows], state.met[rows], pieces.reshape(-1))
+        piece_ok = (self.need(state.sent[rows], pos, met) <= room[rows]).view(n, width)
+        values = log_probs.gather(1, pieces)
+        log_probs = log_probs.masked_fill(~other_ok[:, None], NEG_INF)
+        log_probs.scatter_(1, pieces, values.masked_fill(~piece_ok, NEG_INF))
+        log_probs[:, EOS] = eos.masked_fill(need > 0, NEG_INF)
+        return log_probs
+
+    def rank_candidates(
+        self, state: LexicalState, beam_scores: Tensor, log_probs: Tensor, top: tuple[Tensor, Tensor, Tensor]
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """Dynamic beam allocation. beam_scores [B, K], log_probs [N, V] (masked), top: beam search's top 2K
+        candidates (scores, beams, tokens [B, 2K]) -> the candidates scores, beams, tokens [B, C] in the order the
+        beam takes them (beam search finishes EOS among the first K and keeps the first K others)."""
+        if self.n_phrases == 0:
+            return top
+        b, k = beam_scores.shape
+        advancing = self.table[state.sent].gather(2, state.pos[:, :, None]).squeeze(2)  # [N, P] each next piece
+        own = torch.cat([advancing, log_probs.argmax(1, keepdim=True)], dim=1)  # [N, P+1]
+        own_scores = log_probs.gather(1, own) + beam_scores.reshape(-1, 1)
+        own_scores[:, : self.n_phrases].masked_fill_(state.met, NEG_INF)  # a met phrase advances nothing
+        width = own.shape[1]
+        own_beams = torch.arange(k, device=own.device)[None, :, None].expand(b, k, width).reshape(b, -1)
+        scores = torch.cat([top[0], own_scores.view(b, -1)], dim=1)  # [B, C]
+        beams = torch.cat([top[1], own_beams], dim=1)
+        tokens = torch.cat([top[2], own.view(b, -1)], dim=1)
+        scores = without_duplicates(scores, beams * log_probs.shape[1] + tokens)
+        rows = (torch.arange(b, device=beams.device)[:, None] * k + beams).view(-1)  # [B*C]
+        pos, met = self.step(state.sent[rows], state.pos[rows], state.met[rows], tokens.view(-1))
+        bank = (self.totals[state.sent[rows]] - self.need(state.sent[rows], pos, met)).view(b, -1)
+        order = allocation_order(scores, bank, self.max_total)
+        # An EOS candidate (all phrases met) that plain beam search would finish, among the K best by score,
+        # finishes too: it leaves the beam, so moving it first changes none of the candidates that stay.
+        by_score = scores.argsort(dim=1, descending=True, stable=True).argsort(dim=1)  # [B, C] each one's rank
+        finishing = (tokens == EOS) & (by_score < k)
+        place = torch.arange(order.shape[1], device=order.device).expand_as(order)
+        finishing = finishing.gather(1, order) | (place < k) & (tokens.gather(1, order) == EOS)
+        order = order.gather(1, (~finishing).to(torch.uint8).argsort(dim=1, stable=True))
+        return scores.gather(1, order), beams.gather(1, order), tokens.gather(1, order)
+
+
+def without_duplicates(scores: Tensor, keys: Tensor) -> Tensor:
+    """scores [B, C] with all but one of the candidates of equal key [B, C] set to -inf."""
+    sorted_keys, index = keys.sort(dim=1)
+    repeat = torch.zeros_like(sorted_keys, dtype=torch.bool)
+    repeat[:, 1:] = sorted_keys[:, 1:] == sorted_keys[:, :-1]
+    return scores.masked_fill(torch.zeros_like(repeat).scatter(1, index, repeat), NEG_INF)
+
+
+def allocation_order(scores: Tensor, bank: Tensor, max_bank: int) -> Tensor:
+    """[B, C] the candidates' order: round-robin over the banks (constraint pieces met [B, C]), the bank with
+    most met first in each round, each bank's candidates best first; candidates scoring -inf last."""
+    bank = bank.masked_fill(~torch.isfinite(scores), -1)
+    by_score = scores.argsort(dim=1, descending=True, stable=True)
+    by_bank = bank.gather(1, by_score).argsort(dim=1, descending=True, stable=True)
+    order = by_score.gather(1, by_bank)  # [B, C] by bank, then score
+    sorted_bank = bank.gather(1, order)
+    place = torch.arange(order.shape[1], device=order.device).expand_as(order)
+    starts = torch.ones_like(sorted_bank, dtype=torch.bool)
+    starts[:, 1:] = sorted_bank[:, 1:] != sorted_bank[:, :-1]
+    first = torch.where(starts, place, 0).cummax(dim=1).values  # each bank's first place
+    key = (place - first) * (max_bank + 2) + (max_bank - sorted_bank)
+    key = key.masked_fill(sorted_bank < 0, order.shape[1] * (max_bank + 2) * 2)
+    return order.gather(1, key.argsort(dim=1, stable=True))
+
+
+def borders(table: np.ndarray, lens: np.ndarray) -> np.ndarray:
+    """[B, P, L, L] bool: borders[b, p, pos, m] when the phrase's first m pieces end its first pos pieces (m <= pos
+    < its length), i.e. a match of length m + 1 may follow a match of length pos. The borders of a prefix are it
+    and the chain of its KMP failure links: O(L) each."""
+    b, p, length = table.shape
+    out = np.zeros((b, p, length, length), dtype=bool)
+    for i in range(b):
+        for q in range(p):
+            fail = failure_links(table[i, q, : lens[i, q]].tolist())
+            for pos in range(lens[i, q]):
+                m = pos
+                out[i, q, pos, m] = True
+                while m:
+                    m = fail[m]
+                    out[i, q, pos, m] = True
+    return out
+
+
+def failure_links(phrase: list[int]) -> list[int]:
+    """fail[m] (1 <= m <= len): the length of the longest proper prefix of phrase[:m] that also ends it."""
+    fail = [0] * (len(phrase) + 1)
+    for m in range(2, len(phrase) + 1):
+        f = fail[m - 1]
+        while f and phrase[f] != phrase[m - 1]:
+            f = fail[f]
+        fail[m] = f + 1 if phrase[f] == phrase[m - 1] else 0
+    return fail
+
+
+@dataclass
+class LexicalConstraints:
+    """The ConstraintSource (search/constraint.py) of lexically constrained translation: `phrases[i]` are the
+    phrases (piece ids) of the i-th source given to `translate`."""
+
+    phrases: Sequence[Phrases]
+
+    @classmethod
+    def of_text(cls, vocab: Vocab, lines: Sequence[Sequence[str]]) -> LexicalConstraints:
+        """From each source's phrases as raw text (`encode_phrases`; a DataError names `constraints[i]`)."""
+        return cls(encode_phrases(vocab, lines, [f"constraints[{i}]" for i in range(len(lines))]))
+
+    def for_batch(self, src: Tensor, src_lens: Tensor, ids: np.ndarray) -> tuple[LexicalConstraint, Tensor]:
+        return LexicalConstraint([self.phrases[i] for i in ids], src.device), torch.zeros(len(ids), dtype=torch.long)
+
+
+def encode_phrases(vocab: Vocab, lines: Sequence[Sequence[str]], where: Sequence[str]) -> list[list[list[int]]]:
+    """Each line's phrases (raw text) as piece ids, each encoded on its own, duplicates dropped.
+
+    Raises:
+        DataError: naming `where[i]` (the file and line, or the request's field) for an empty phrase or one with
+            characters the vocabulary lacks (it would be met by an unknown piece, not by its text).
+    """
+    flat = [phrase for line in lines for phrase in line]
+    encoded = iter(vocab.encode(flat)) if flat else iter([])
+    out = []
+    for line, name in zip(lines, where):
+        ids: list[list[int]] = []
+        for n, phrase in enumerate(line, start=1):
+            pieces = next(encoded)
+            if not phrase.strip():
+                raise DataError(f"{name}: constraint {n} is empty; give tab-separated phrases, or an empty line")
+            if UNK in pieces:
+                raise DataError(f"{name}: constraint {n} ({phrase!r}) has characters the model's vocabulary lacks")
+            if pieces not in ids:
+                ids.append(pieces)
+        out.append(ids)
+    return out
+
+
+def check_fits(
+    phrases: Sequence[Phrases], src_lens: Sequence[int], search: SearchConfig, max_positions: int, where: Sequence[str]
+) -> None:
+    """Refuse a sentence whose phrases need more pieces than its longest output holds (a * |x| + b within the
+    model's positions, |x| the source pieces the search sees), or an empty source with phrases (it is not
+    searched: its output is empty).
+
+    Raises:
+        DataError: naming `where[i]` and what to change.
+    """
+    limits = max_lengths(torch.tensor(list(src_lens), dtype=torch.long), search, max_positions).tolist()
+    for sentence, n, limit, name in zip(phrases, src_lens, limits, where):
+        need = sum(len(p) for p in sentence)
+        if need and n == 0:
+            raise DataError(f"{name}: the input line is empty, so its output is; drop its constraints")
+        if need > limit:
+            raise DataError(
+                f"{name}: the constraints take {need} pieces, but this output may have {limit}; shorten them or "
+                "raise --max-len-a/--max-len-b (max_len_a/max_len_b)"
+            )
+
+
+def read_constraint_lines(path: Path) -> list[list[str]]:
+    """Every line of a --constraints-file: its tab-separated phrases, raw text ([] for an empty line).
+
+    Raises:
+        DataError: `FILE:LINE:` invalid UTF-8, or a line generate's --input would refuse too.
+    """
+    lines = []
+    with path.open("rb") as stream:
+        for number, raw in enumerate(stream, start=1):
+            try:
+                text = raw.decode("utf-8").removesuffix("\n").removesuffix("\r")
+            except UnicodeDecodeError as e:
+                raise DataError(
+                    f"{path}:{number}: invalid UTF-8 (byte {e.start} of the line); fix or re-encode it"
+                ) from None
+            text = text.removeprefix(BOM) if number == 1 else text
+            if problem := raw_text_problem(text):
+                raise DataError(f"{path}:{number}: the line {problem}")
+            lines.append(text.split("\t") if text else [])
+    return lines
+
+
+@dataclass
+class ConstraintLines:
+    """A --constraints-file read whole (or one shard's lines of it), line-aligned with the input `input_name`."""
+
+    path: str
+    input_name: str
+    lines: list[list[str]]
+    first_line: int = 1  # the file's line number of lines[0]
+
+    def for_sources(
+        self, vocab: Vocab, sources: Sequence[np.ndarray], first: int, search: SearchConfig, max_positions: int
+    ) -> LexicalConstraints:
+        """The constraints of the input's lines first, first + 1, ... (counted from lines[0]), encoded and checked
+        against their sources (check_fits); DataError when the file has fewer lines (`mismatch`)."""
+        if first + len(sources) > len(self.lines):
+            raise self.mismatch(first + len(sources))
+        where = [f"{self.path}:{self.first_line + first + j}" for j in range(len(sources))]
+        phrases = encode_phrases(vocab, self.lines[first : first + len(sources)], where)
+        limit = max_positions - 1  # translate cuts longer sources
+        check_fits(phrases, [min(len(s), limit) for s in sources], search, max_positions, where)
+        return LexicalConstraints(phrases)
+
+    def mismatch(self, n_input: int) -> DataError:
+        """The error of an input of n_input lines (at least) against this file's."""
+        return DataError(
+            f"--constraints-file {self.path} has {len(self.lines)} line(s) but --input {self.input_name} has "
+            f"{n_input}{'' if n_input <= len(self.lines) else ' or more'}; give one line of tab-separated "
+            "constraints per input line (an empty line for none)"
+        )
+
+
+def check_search(search: SearchConfig, option: str) -> None:
+    """Constraints steer beam search (and greedy, --beam 1); sampling draws its tokens and is refused."""
+    if search.sampling:
+        raise ConfigError(f"{option} needs beam search; sampling cannot take constraints")

@@ -1,0 +1,200 @@
+"""Lexically constrained decoding (search/lexical.py): every output contains its phrases, on a random model and
+through `nmt generate --constraints-file`; no phrases is plain beam search, bit for bit."""
+
+import numpy as np
+import pytest
+import torch
+from click.testing import CliRunner
+
+from nmt_cli.cli import cli
+from nmt_cli.config import SearchConfig
+from nmt_cli.data.dataset import load_vocab
+from nmt_cli.errors import ConfigError, DataError
+from nmt_cli.search.lexical import (
+    LexicalConstraint,
+    LexicalConstraints,
+    borders,
+    check_fits,
+    check_search,
+    encode_phrases,
+)
+from nmt_cli.search.translate import Translator, load_translator, translate
+
+pytestmark = pytest.mark.usefixtures("cpu_matmul_route")  # both CPU matmul routes on every machine (conftest.py)
+
+
+def contains(tokens, phrase):
+    return any(tokens[i : i + len(phrase)] == list(phrase) for i in range(len(tokens) - len(phrase) + 1))
+
+
+def random_case(n, seed, n_pieces):
+    g = np.random.default_rng(seed)
+    sources = [g.integers(4, n_pieces, g.integers(1, 7)) for _ in range(n)]
+    phrases = [[g.integers(4, n_pieces, g.integers(1, 4)).tolist() for _ in range(g.integers(1, 4))] for _ in range(n)]
+    return sources, phrases
+
+
+@pytest.fixture
+def translator(tiny_model, toy_data_bin):
+    return Translator(tiny_model, load_vocab(toy_data_bin), torch.device("cpu"))
+
+
+@pytest.mark.parametrize(("beam", "nbest"), [(4, 1), (4, 4), (1, 1)])
+def test_every_output_contains_its_phrases(translator, beam, nbest):
+    sources, phrases = random_case(200, beam + nbest, translator.vocab.n_pieces)
+    cfg = SearchConfig(beam=beam, nbest=nbest, max_len_a=1.0, max_len_b=9)
+    results = translate(translator, sources, cfg, 1000, constraints=LexicalConstraints(phrases))
+    assert [len(hyps) for hyps in results] == [nbest] * len(sources)
+    for hyps, sentence in zip(results, phrases):
+        for h in hyps:
+            assert all(contains(h.tokens, p) for p in sentence), (h.tokens, sentence)
+            assert np.isfinite(h.score)
+
+
+def test_phrases_that_fill_the_whole_output_are_forced(translator):
+    sources, phrases = random_case(60, 7, translator.vocab.n_pieces)
+    for sentence in phrases:  # no phrase inside another: each takes its own pieces
+        sentence[:] = [p for i, p in enumerate(sentence) if not any(contains(q, p) for q in sentence[:i])]
+    for need in sorted({sum(map(len, s)) for s in phrases}):
+        group = [i for i, s in enumerate(phrases) if sum(map(len, s)) == need]
+        cfg = SearchConfig(beam=4, max_len_a=0, max_len_b=need)
+        cases = LexicalConstraints([phrases[i] for i in group])
+        for hyps, i in zip(translate(translator, [sources[i] for i in group], cfg, 1000, constraints=cases), group):
+            assert len(hyps[0].tokens) <= need
+            assert all(contains(hyps[0].tokens, p) for p in phrases[i])
+
+
+def test_no_phrases_is_plain_beam_search_bit_for_bit(translator):
+    sources, _ = random_case(40, 3, translator.vocab.n_pieces)
+    cfg = SearchConfig(beam=4, nbest=2, max_len_a=1.0, max_len_b=5)
+    plain = translate(translator, sources, cfg, 1000)
+    unconstrained = translate(translator, sources, cfg, 1000, constraints=LexicalConstraints([[]] * len(sources)))
+    assert [[(h.tokens, h.score, h.positional_scores) for h in hyps] for hyps in unconstrained] == [
+        [(h.tokens, h.score, h.positional_scores) for h in hyps] for hyps in plain
+    ]
+
+
+def test_a_phrase_the_output_holds_anyway_changes_nothing(trained_copy_checkpoint, toy_corpus):
+    translator, _ = load_translator(trained_copy_checkpoint, torch.device("cpu"), None)
+    lines = (toy_corpus / "test.src").read_text().splitlines()[:30]
+    sources = [np.asarray(ids) for ids in translator.vocab.encode(lines)]
+    cfg = SearchConfig(beam=4)
+    plain = [hyps[0].tokens for hyps in translate(translator, sources, cfg, 1000)]
+    phrases = [[out[len(out) // 2 : len(out) // 2 + 2]] if out else [] for out in plain]
+    constrained = [
+        hyps[0].tokens for hyps in translate(translator, sources, cfg, 1000, constraints=LexicalConstraints(phrases))
+    ]
+    assert all(contains(out, p) for out, sentence in zip(constrained, phrases) for p in sentence)
+    # The banks share the beam, so a sentence may keep fewer hypotheses that hold the phrase than plain beam
+    # search keeps, and end elsewhere; the model's own translation survives for most.
+    assert sum(a == b for a, b in zip(constrained, plain)) >= 0.9 * len(plain), (constrained, plain)
+
+
+def test_a_broken_partial_match_falls_back_as_far_as_the_phrase_allows():
+    lexical = LexicalConstraint([[[5, 5, 6]], [[5, 6]]], torch.device("cpu"))
+    state = lexical.start(torch.zeros(2, dtype=torch.long))
+    met = []
+    for token in (5, 5, 5, 6):  # 5 5 6 ends it; 5 6 too
+        state = lexical.advance(state, torch.tensor([token, token]))
+        met.append(state.met[:, 0].tolist())
+    assert met == [[False, False], [False, False], [False, False], [True, True]]
+    lexical = LexicalConstraint([[[5, 6]]], torch.device("cpu"))
+    state = lexical.start(torch.zeros(1, dtype=torch.long))
+    for token in (5, 7, 6):  # 5 7 6 holds no 5 6
+        state = lexical.advance(state, torch.tensor([token]))
+    assert not state.met.any()
+
+
+def test_refusals(toy_data_bin):
+    vocab = load_vocab(toy_data_bin)
+    with pytest.raises(DataError, match=r"c.txt:2: constraint 2 is empty"):
+        encode_phrases(vocab, [["1"], ["2", ""]], ["c.txt:1", "c.txt:2"])
+    with pytest.raises(DataError, match=r"c.txt:1: constraint 1 .* lacks"):
+        encode_phrases(vocab, [["\u4e2d"]], ["c.txt:1"])
+    assert encode_phrases(vocab, [["1 2", "1 2"], []], ["a", "b"]) == [[vocab.encode(["1 2"])[0]], []]
+    assert LexicalConstraints.of_text(vocab, [["1 2", "3"]]).phrases == [vocab.encode(["1 2", "3"])]
+    with pytest.raises(DataError, match=r"constraints\[1\]: constraint 1 is empty"):
+        LexicalConstraints.of_text(vocab, [[], [" "]])
+    cfg = SearchConfig(max_len_a=0, max_len_b=3)
+    check_fits([[[4, 5], [6]]], [2], cfg, 64, ["c.txt:1"])
+    with pytest.raises(DataError, match=r"c.txt:1: the constraints take 4 pieces, but this output may have 3"):
+        check_fits([[[4, 5], [6, 7]]], [2], cfg, 64, ["c.txt:1"])
+    with pytest.raises(DataError, match=r"c.txt:1: the input line is empty"):
+        check_fits([[[4]]], [0], cfg, 64, ["c.txt:1"])
+    with pytest.raises(ConfigError, match="sampling"):
+        check_search(SearchConfig(sampling=True, beam=1), "--constraints-file")
+
+
+def generate(ckpt, *args, input=None):
+    return CliRunner().invoke(cli, ["generate", "--path", str(ckpt), *map(str, args)], input=input)
+
+
+def test_generate_with_a_constraints_file(tiny_checkpoint, tmp_path):
+    src, constraints = tmp_path / "in.txt", tmp_path / "constraints.txt"
+    src.write_text("1 2 3\n4 5 6 7\n\n0 0\n")
+    constraints.write_text("9 9\t8\n\n\n7\n")
+    r = generate(tiny_checkpoint, "--input", src, "--constraints-file", constraints, "--beam", 4, "--nbest", 2)
+    assert r.exit_code == 0, r.output
+    out = r.stdout.split("\n")[:-1]
+    assert len(out) == 8 and out[4:6] == ["", ""]
+    assert all("9 9" in line and "8" in line for line in out[:2]), out
+    assert all("7" in line for line in out[6:]), out
+    stdin = generate(tiny_checkpoint, "--input", "-", "--constraints-file", constraints, "--beam", 4, "--nbest", 2,
+                     "--buffer-size", 1, input=src.read_text())  # fmt: skip
+    assert stdin.exit_code == 0, stdin.output
+    assert stdin.stdout == r.stdout
+    shard = generate(tiny_checkpoint, "--input", src, "--constraints-file", constraints, "--beam", 4, "--nbest", 2,
+                     "--num-shards", 2, "--shard-id", 1)  # fmt: skip
+    assert shard.exit_code == 0, shard.output
+    assert shard.stdout.split("\n")[:-1] == out[4:]  # lines 3 and 4, with their own constraints
+
+
+@pytest.mark.parametrize(
+    ("constraints", "extra", "message"),
+    [
+        ("1\n2\n", (), r"has 2 line\(s\) but --input .*in.txt has 3"),
+        ("1\n2\n3\n4\n", (), r"has 4 line\(s\) but --input .*in.txt has 3"),
+        ("1\n2\t\n3\n", (), r"constraints.txt:2: constraint 2 is empty"),
+        ("1\n2\n3 4 5 6 7 8\n", ("--max-len-a", 0, "--max-len-b", 5), r"constraints.txt:3: the constraints take"),
+        ("1\n2\n3\n", ("--sampling", "--beam", 1), r"--constraints-file needs beam search"),
+    ],
+)
+def test_generate_refuses(tiny_checkpoint, tmp_path, constraints, extra, message):
+    src, path = tmp_path / "in.txt", tmp_path / "constraints.txt"
+    src.write_text("1 2\n3\n4 5\n")
+    path.write_text(constraints)
+    r = generate(tiny_checkpoint, "--input", src, "--constraints-file", path, *extra)
+    assert r.exit_code == 1, r.output
+    assert r.stderr.count("error:") == 1 and "Traceback" not in r.output
+    assert len(r.stderr.strip().splitlines()[-1]) and __import__("re").search(message, r.stderr), r.stderr
+
+
+def test_generate_refuses_a_stdin_longer_than_its_constraints(tiny_checkpoint, tmp_path):
+    path = tmp_path / "constraints.txt"
+    path.write_text("1\n")
+    r = generate(tiny_checkpoint, "--input", "-", "--constraints-file", path, input="1 2\n3\n")
+    assert r.exit_code == 1
+    assert "has 1 line(s) but --input stdin has 2 or more" in r.stderr
+
+
+def test_generate_refuses_constraints_for_a_split(tiny_checkpoint, toy_data_bin, tmp_path):
+    path = tmp_path / "constraints.txt"
+    path.write_text("1\n")
+    r = generate(tiny_checkpoint, toy_data_bin, "--constraints-file", path)
+    assert r.exit_code == 1
+    assert "--constraints-file is line-aligned with --input" in r.stderr
+
+
+def test_borders_follow_their_definition():
+    """borders[pos, m]: the phrase's first m pieces end its first pos pieces (checked by brute force)."""
+    g = np.random.default_rng(0)
+    for _ in range(500):
+        n = int(g.integers(0, 9))
+        table = np.zeros((1, 1, max(n, 1)), dtype=np.int64)
+        table[0, 0, :n] = g.integers(4, 6, n)  # two pieces: many borders
+        phrase = table[0, 0, :n].tolist()
+        expected = np.zeros((max(n, 1), max(n, 1)), dtype=bool)
+        for pos in range(n):
+            for m in range(pos + 1):
+                expected[pos, m] = phrase[:m] == phrase[pos - m : pos]
+        assert (borders(table, np.array([[n]]))[0, 0] == expected).all(), phrase
