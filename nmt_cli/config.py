@@ -153,6 +153,7 @@ class SearchConfig:
     sampling_topp: float = flag(1.0, "Nucleus sampling mass.", min=0, max=1, min_open=True)
     temperature: float = flag(1.0, "Sampling temperature.", min=0, min_open=True)
     seed: int = flag(1, "Sampling seed.")
+    no_repeat_ngram_size: int = flag(0, "No n-gram of this many pieces occurs twice in an output (0: off).", min=0)
 
     def __post_init__(self) -> None:
         check_fields(self)
