@@ -278,6 +278,12 @@ class GenerateConfig(InferenceConfig):
     )
     gen_subset: str = flag("test", "Split of DATA_DIR to translate.")
     input: str | None = flag(None, "Raw text file to translate, or - for stdin (instead of DATA_DIR).")
+    prefix_file: str | None = flag(
+        None,
+        "Target prefixes, one line per --input line (an empty line: none): each translation begins with its line's "
+        "text (whole words), forced and scored.",
+        path="file",
+    )
     buffer_size: int | None = flag(
         None,
         "Lines read at a time with --input [default: 1000; 1 when stdin is a terminal, so that each line "

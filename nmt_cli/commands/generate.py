@@ -16,6 +16,7 @@ from typing import Any, TextIO
 
 import numpy as np
 
+from nmt_cli.commands.prefix_lines import PrefixLines
 from nmt_cli.config import GenerateConfig, SearchConfig
 from nmt_cli.data import BOM, raw_text_problem
 from nmt_cli.data.dataset import load_meta, load_vocab
@@ -80,6 +81,11 @@ def generate(cfg: GenerateConfig, search_overrides: dict[str, Any] | None = None
             buffer_size = cfg.buffer_size or (1 if interactive else 1000)
             name = "stdin" if cfg.input == "-" else str(cfg.input)
             lines = read_lines(raw_lines, buffer_size, name, first_line)
+            prefixes = None
+            if cfg.prefix_file is not None:  # read beside the input, in chunks of the same size
+                raw_prefixes, first = open_input(cfg.prefix_file, stack, num_shards, shard_id)
+                prefix_chunks = read_lines(raw_prefixes, buffer_size, cfg.prefix_file, first)
+                prefixes = PrefixLines.of(cfg, name, prefix_chunks, first)
             if saved.is_parser:  # one bracketed tree per input line (nmt_cli/parsing)
                 summary = generate_trees(
                     translator,
@@ -93,7 +99,14 @@ def generate(cfg: GenerateConfig, search_overrides: dict[str, Any] | None = None
                 )
             else:
                 summary = generate_text(
-                    translator, lines, search=search, max_tokens=max_tokens, batch_size=batch_size, fmt=fmt, out=out
+                    translator,
+                    lines,
+                    search=search,
+                    max_tokens=max_tokens,
+                    batch_size=batch_size,
+                    fmt=fmt,
+                    out=out,
+                    prefixes=prefixes,
                 )
     log_summary(summary, search)
     return summary
@@ -124,6 +137,8 @@ def check_request(cfg: GenerateConfig) -> tuple[int, int]:
         )
     if cfg.input not in (None, "-"):
         require_file(Path(cfg.input), "--input")
+    if cfg.prefix_file is not None and cfg.input is None:
+        raise ConfigError("--prefix-file gives one prefix per line of --input FILE|-; it does not go with DATA_DIR")
     if cfg.input == "-" and sys.stdin is None:
         raise DataError("--input -: stdin is closed; pipe text in or give --input FILE")
     return num_shards, shard_id
@@ -136,6 +151,8 @@ def check_parse_request(cfg: GenerateConfig) -> None:
             f"{cfg.path} is a parsing model: give the sentences with --input FILE|- "
             "(one tokenised sentence per line), not a DATA_DIR"
         )
+    if cfg.prefix_file is not None:
+        raise ConfigError(f"{cfg.path} is a parsing model: a tree follows its sentence's words; drop --prefix-file")
     if cfg.output_format not in (None, "plain"):
         raise ConfigError(
             f"{cfg.path} is a parsing model; it writes one tree per line "
@@ -291,15 +308,18 @@ def generate_text(
     batch_size: int,
     fmt: str,
     out: TextIO,
+    prefixes: PrefixLines | None = None,
 ) -> Summary:
-    """Translate raw text with the checkpoint's own sentencepiece model, one buffer (chunk) at a time."""
+    """Translate raw text with the checkpoint's own sentencepiece model, one buffer (chunk) at a time; each line
+    begins with its line of `prefixes` where given."""
     summary = Summary()
     first_id = 0
     generator = sampling_generator(search, translator.device)  # one for every chunk
     for chunk in chunks:
         start = time.perf_counter()
         sources = [np.asarray(ids, dtype=np.int64) for ids in translator.vocab.encode(chunk)]
-        results = translate(translator, sources, search, max_tokens, batch_size, generator)
+        rules = None if prefixes is None else prefixes.next_source(translator, sources, search, first_id)
+        results = translate(translator, sources, search, max_tokens, batch_size, generator, rules)
         summary.add(results, time.perf_counter() - start)
         for j, hyps in enumerate(results):
             print(
@@ -307,6 +327,8 @@ def generate_text(
             )
         out.flush()
         first_id += len(chunk)
+    if prefixes is not None:
+        prefixes.check_end()
     return summary
 
 

@@ -53,7 +53,7 @@ from nmt_cli.serve.batcher import Batcher, QueueFull, Stopping
 from nmt_cli.serve.metrics import Metrics
 from nmt_cli.serve.openapi import openapi_json
 from nmt_cli.serve.page import PAGE
-from nmt_cli.serve.served_model import Sentence, ServedModel
+from nmt_cli.serve.served_model import Sentence, ServedModel, request_prefixes
 
 logger = logging.getLogger(__name__)
 
@@ -244,7 +244,7 @@ class Server:
             payload, libre = libretranslate.translate_body(payload, self.served.info)
             texts, fields = request_texts(payload, self.limits.max_request_sentences)
             search = self.served.search_config(fields)
-            sentences = self.served.prepare(texts, search)
+            sentences = self.served.prepare(texts, search, request_prefixes(payload, len(texts)))
         except NmtError as e:
             raise RequestError(400, str(e)) from None
         return sentences, search, [self.served.length(s) for s in sentences], libre

@@ -27,6 +27,7 @@ from nmt_cli.errors import ConfigError, DataError
 from nmt_cli.parsing.parser import TreeParser, ptb_words
 from nmt_cli.search.beam import StillWanted
 from nmt_cli.search.hypothesis import hypothesis_record
+from nmt_cli.search.prefix import encode_prefixes, prefix_problem, prefix_source
 from nmt_cli.search.settings import search_settings
 from nmt_cli.search.translate import Translator, open_for_inference, sampling_generator, translate
 from nmt_cli.serve.batcher import Batcher
@@ -36,6 +37,7 @@ logger = logging.getLogger(__name__)
 
 SEARCH_TYPES = typing.get_type_hints(SearchConfig)
 SEARCH_FIELDS = tuple(f.name for f in fields(SearchConfig))
+NOT_SEARCH_FIELDS = ("prefix",)  # a request's fields beside its texts that set no search setting (`prepare`'s)
 
 
 @dataclass(frozen=True)
@@ -45,6 +47,7 @@ class Sentence:
     ids: np.ndarray
     pieces: int  # before the cut
     words: list[str] | None = None
+    prefix: np.ndarray | None = None  # the pieces its translation begins with (the request's `prefix`)
 
 
 class ServedModel:
@@ -99,16 +102,20 @@ class ServedModel:
     def search_config(self, fields_given: dict[str, Any]) -> SearchConfig:
         """The server's search settings with a request's own; ConfigError or DataError names a field that does not
         fit (in the request's words: `beam`, not generate's `--beam`), or a cap it exceeds."""
-        overrides = {name: search_field_value(name, value) for name, value in fields_given.items()}
+        given = {name: value for name, value in fields_given.items() if name not in NOT_SEARCH_FIELDS}
+        overrides = {name: search_field_value(name, value) for name, value in given.items()}
         try:
             check_request(replace(self.search, **overrides), self.caps)  # the caps first: they say the most
             return search_settings(self.path, self.search, overrides, self.is_parser, self.inference.bounds)
         except ConfigError as e:
             raise ConfigError(request_terms(str(e))) from None
 
-    def prepare(self, texts: list[str], search: SearchConfig | None = None) -> list[Sentence]:
-        """Encode a request's texts with the checkpoint's sentencepiece model (a parser's as treebank words);
-        with the request's `search`, refuse a text whose output may run past --max-output-tokens."""
+    def prepare(
+        self, texts: list[str], search: SearchConfig | None = None, prefixes: list[str] | None = None
+    ) -> list[Sentence]:
+        """Encode a request's texts with the checkpoint's sentencepiece model (a parser's as treebank words), and
+        their `prefixes` (one per text, "" for none); with the request's `search`, refuse a text whose output may
+        run past --max-output-tokens."""
         for i, text in enumerate(texts):
             check_text_length(i, text, self.caps)
             check_text(i, text)
@@ -120,7 +127,22 @@ class ServedModel:
             sentences = [Sentence(np.asarray(ids, dtype=np.int64), len(ids), w) for ids, w in zip(encoded, words)]
         if search is not None:
             check_outputs(search, [self.length(s) for s in sentences], self.caps)
+        if prefixes is not None:
+            sentences = self.with_prefixes(sentences, prefixes, search or self.search)
         return sentences
+
+    def with_prefixes(self, sentences: list[Sentence], prefixes: list[str], search: SearchConfig) -> list[Sentence]:
+        """The sentences with their prefixes encoded; DataError names a prefix that cannot begin its output."""
+        if self.is_parser:
+            raise DataError(f"prefix: {self.path} is a parsing model; a tree follows its sentence's words")
+        for i, prefix in enumerate(prefixes):
+            if "\n" in prefix or "\r" in prefix or (problem := raw_text_problem(prefix)):
+                raise DataError(f"prefix[{i}]: the prefix {problem or 'holds a line break'}")
+        encoded = encode_prefixes(self.vocab, prefixes)
+        for i, (sentence, prefix) in enumerate(zip(sentences, encoded)):
+            if problem := prefix_problem(prefix, sentence.pieces, search, self.max_positions):
+                raise DataError(f"prefix[{i}]: the prefix {problem}")
+        return [replace(sentence, prefix=prefix) for sentence, prefix in zip(sentences, encoded)]
 
     def length(self, sentence: Sentence) -> int:
         """The pieces the search sees (a parser's sentence without words is not searched)."""
@@ -169,7 +191,8 @@ class ServedModel:
             answers: list[dict[str, Any] | None] = [{"text": "" if tree is None else str(tree)} for tree in trees]
         else:
             ids = [s.ids for s in sentences]
-            results = translate(translator, ids, search, self.max_tokens, 0, generator, None, still_wanted)
+            rules = prefix_source([np.zeros(0, np.int64) if s.prefix is None else s.prefix for s in sentences])
+            results = translate(translator, ids, search, self.max_tokens, 0, generator, rules, still_wanted)
             answers = [self.translation(hyps, search.nbest) for hyps in results]
         if still_wanted is None:
             return answers
@@ -206,6 +229,21 @@ def search_field_value(name: str, value: Any) -> Any:
     if not ok:
         raise DataError(f"{name!r} must be {'a number' if want is float else want.__name__}, not {value!r}")
     return float(value) if want is float else value
+
+
+def request_prefixes(payload: dict[str, Any], n_texts: int) -> list[str] | None:
+    """A request's `prefix`, one per text: a string beside "text", a list of strings as long as "texts" beside it;
+    None when not given. DataError names the field."""
+    if "prefix" not in payload:
+        return None
+    prefix = payload["prefix"]
+    if "text" in payload:
+        if not isinstance(prefix, str):
+            raise DataError(f"'prefix' must be a string beside 'text', not {type(prefix).__name__}")
+        return [prefix]
+    if not isinstance(prefix, list) or len(prefix) != n_texts or not all(isinstance(p, str) for p in prefix):
+        raise DataError(f"'prefix' must be a list of {n_texts} strings beside 'texts', one per text ('' for none)")
+    return prefix
 
 
 def updates_of(saved: SavedModel) -> dict[str, Any]:
