@@ -9,6 +9,7 @@ from host_syncs import SyncLog
 
 from nmt_cli.config import SearchConfig
 from nmt_cli.data.dataset import ParallelDataset
+from nmt_cli.search.prefix import prefix_source
 from nmt_cli.search.translate import load_translator, translate
 
 pytestmark = pytest.mark.usefixtures("cpu_matmul_route")  # both CPU matmul routes on every machine (conftest.py)
@@ -23,14 +24,14 @@ PER_BATCH = Counter({("cpu", "collect"): 4, ("cpu", "beam_search"): 1})
 PER_STEP = ("__int__", "beam_search")
 
 
-def syncs_and_steps(translator, sources, cfg):
+def syncs_and_steps(translator, sources, cfg, constraints=None):
     """The waits of one translate call as (call, function), and the decoder steps it ran."""
     steps = []
     decode_step = translator.model.decode_step
     translator.model.decode_step = lambda *a: steps.append(1) or decode_step(*a)
     try:
         with SyncLog() as log:
-            translate(translator, sources, cfg, 10000)
+            translate(translator, sources, cfg, 10000, constraints=constraints)
     finally:
         del translator.model.decode_step
     return Counter((call, where.rsplit(" in ", 1)[1]) for call, where in log.syncs), len(steps)
@@ -46,6 +47,17 @@ def test_beam_search_waits_for_the_device_once_a_step(tiny_checkpoint, toy_data_
     # Natural lengths: sentences finish at different steps and leave the batch (select_sentences).
     syncs, steps = syncs_and_steps(translator, sources, SearchConfig(beam=4))
     assert syncs == PER_BATCH + Counter({PER_STEP: steps}), syncs
+
+
+def test_prefixes_and_the_ngram_ban_add_no_wait(tiny_checkpoint, toy_data_bin):
+    """Target prefixes composed with --no-repeat-ngram-size: their masks decide on the device."""
+    sources = [ParallelDataset(toy_data_bin, "test").src[i] for i in range(30)]
+    prefixes = [source[: i % 4] for i, source in enumerate(sources)]
+    translator, _ = load_translator(tiny_checkpoint, torch.device("cpu"), None)
+    cfg = SearchConfig(beam=4, max_len_a=0, max_len_b=10, min_len=10, no_repeat_ngram_size=2)
+    syncs, steps = syncs_and_steps(translator, sources, cfg, prefix_source(prefixes))
+    assert steps == 11
+    assert syncs == PER_BATCH + Counter({PER_STEP: 11}), syncs
 
 
 def test_the_twin_sees_what_would_wait():
