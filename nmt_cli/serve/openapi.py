@@ -53,7 +53,14 @@ SCHEMAS: dict[str, Any] = {
             SEARCH,
             {
                 "type": "object",
-                "properties": {"text": {"type": "string"}, "texts": {"type": "array", "items": {"type": "string"}}},
+                "properties": {
+                    "text": {"type": "string"},
+                    "texts": {"type": "array", "items": {"type": "string"}},
+                    "prefix": {
+                        "description": "target prefixes: a string beside text, one string per text beside texts",
+                        "oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}],
+                    },
+                },
                 "oneOf": [{"required": ["text"]}, {"required": ["texts"]}],
             },
         ]

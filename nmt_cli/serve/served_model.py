@@ -135,14 +135,16 @@ class ServedModel:
         """The sentences with their prefixes encoded; DataError names a prefix that cannot begin its output."""
         if self.is_parser:
             raise DataError(f"prefix: {self.path} is a parsing model; a tree follows its sentence's words")
-        for i, prefix in enumerate(prefixes):
-            if "\n" in prefix or "\r" in prefix or (problem := raw_text_problem(prefix)):
-                raise DataError(f"prefix[{i}]: the prefix {problem or 'holds a line break'}")
-        encoded = encode_prefixes(self.vocab, prefixes)
-        for i, (sentence, prefix) in enumerate(zip(sentences, encoded)):
-            if problem := prefix_problem(prefix, sentence.pieces, search, self.max_positions):
+        for i, text in enumerate(prefixes):
+            if "\n" in text or "\r" in text:
+                raise DataError(f"prefix[{i}]: the prefix holds a line break; give one line per text")
+            if problem := raw_text_problem(text):
                 raise DataError(f"prefix[{i}]: the prefix {problem}")
-        return [replace(sentence, prefix=prefix) for sentence, prefix in zip(sentences, encoded)]
+        encoded = encode_prefixes(self.vocab, prefixes)
+        for i, (sentence, ids) in enumerate(zip(sentences, encoded)):
+            if problem := prefix_problem(ids, sentence.pieces, search, self.max_positions):
+                raise DataError(f"prefix[{i}]: the prefix {problem}")
+        return [replace(sentence, prefix=ids) for sentence, ids in zip(sentences, encoded)]
 
     def length(self, sentence: Sentence) -> int:
         """The pieces the search sees (a parser's sentence without words is not searched)."""
