@@ -46,8 +46,8 @@ def sources_and_prefixes(translator, n, seed=0, empty_every=3):
 def test_every_output_begins_with_its_prefix(translator, how):
     sources, prefixes = sources_and_prefixes(translator, 30)
     cfg = SearchConfig(max_len_a=1.0, max_len_b=6, **SETTINGS[how])
-    results = translate(translator, sources, cfg, max_tokens=200, constraints=prefix_source(prefixes))
-    plain = translate(translator, sources, cfg, max_tokens=200)
+    results = translate(translator, sources, cfg, max_tokens=2000, constraints=prefix_source(prefixes))
+    plain = translate(translator, sources, cfg, max_tokens=2000)
     assert sum(hyps[0].tokens[: len(p)] != p.tolist() for hyps, p in zip(plain, prefixes)) > 10  # not by chance
     for hyps, prefix in zip(results, prefixes):
         assert len(hyps) == cfg.nbest
@@ -72,7 +72,7 @@ def test_the_prefix_is_scored(translator, how):
     sources, prefixes = sources_and_prefixes(translator, 8, seed=1, empty_every=100)
     cfg = SearchConfig(max_len_a=1.0, max_len_b=6, lenpen=0.6, **SETTINGS[how])
     with torch.inference_mode():
-        results = translate(translator, sources, cfg, max_tokens=200, constraints=prefix_source(prefixes))
+        results = translate(translator, sources, cfg, max_tokens=2000, constraints=prefix_source(prefixes))
         for src, prefix, hyps in zip(sources, prefixes, results):
             for h in hyps:
                 steps = model_log_probs(translator.model, np.append(src, 3), prefix.tolist())
@@ -89,8 +89,8 @@ def test_sentences_without_a_prefix_search_as_before(translator, how):
     cfg = SearchConfig(max_len_a=1.0, max_len_b=6, **SETTINGS[how])
     # Sampling draws for every row, so its rows without a prefix keep their numbers only where all have none.
     mixed = PrefixSource([p[:0] for p in prefixes] if cfg.sampling else prefixes)
-    a = translate(translator, sources, cfg, max_tokens=200, constraints=mixed)
-    b = translate(translator, sources, cfg, max_tokens=200)
+    a = translate(translator, sources, cfg, max_tokens=2000, constraints=mixed)
+    b = translate(translator, sources, cfg, max_tokens=2000)
     for i, (x, y) in enumerate(zip(a, b)):
         if cfg.sampling or not len(prefixes[i]):
             assert [(h.tokens, h.score, h.positional_scores) for h in x] == [
@@ -103,7 +103,7 @@ def test_prefix_and_no_repeated_ngrams_compose(translator, how):
     sources, prefixes = sources_and_prefixes(translator, 30, seed=3)
     prefixes = [p if repeated_ngram(p.tolist(), 2) is None else p[:1] for p in prefixes]
     cfg = SearchConfig(max_len_a=1.0, max_len_b=8, no_repeat_ngram_size=2, **SETTINGS[how])
-    results = translate(translator, sources, cfg, max_tokens=200, constraints=prefix_source(prefixes))
+    results = translate(translator, sources, cfg, max_tokens=2000, constraints=prefix_source(prefixes))
     for hyps, prefix in zip(results, prefixes):
         for h in hyps:
             assert h.tokens[: len(prefix)] == prefix.tolist()
