@@ -154,6 +154,7 @@ class SearchConfig:
     sampling_topp: float = flag(1.0, "Nucleus sampling mass.", min=0, max=1, min_open=True)
     temperature: float = flag(1.0, "Sampling temperature.", min=0, min_open=True)
     seed: int = flag(1, "Sampling seed.")
+    no_repeat_ngram_size: int = flag(0, "No n-gram of this many pieces occurs twice in an output (0: off).", min=0)
 
     def __post_init__(self) -> None:
         check_fields(self)
@@ -300,6 +301,12 @@ class GenerateConfig(InferenceConfig):
     )
     gen_subset: str = flag("test", "Split of DATA_DIR to translate.")
     input: str | None = flag(None, "Raw text file to translate, or - for stdin (instead of DATA_DIR).")
+    prefix_file: str | None = flag(
+        None,
+        "Target prefixes, one line per --input line (an empty line: none): each translation begins with its line's "
+        "text (whole words), forced and scored.",
+        path="file",
+    )
     buffer_size: int | None = flag(
         None,
         "Lines read at a time with --input [default: 1000; 1 when stdin is a terminal, so that each line "

@@ -17,6 +17,7 @@ from typing import Any, TextIO
 
 import numpy as np
 
+from nmt_cli.commands.prefix_lines import PrefixLines
 from nmt_cli.config import GenerateConfig, SearchConfig
 from nmt_cli.data import BOM, raw_text_problem
 from nmt_cli.data.dataset import load_meta, load_vocab
@@ -26,6 +27,7 @@ from nmt_cli.files import TMP_SUFFIX, atomic_text_output, remove_abandoned_tempo
 from nmt_cli.flags import changed_flags
 from nmt_cli.parsing.parser import ParseNotes, TreeParser, ptb_words
 from nmt_cli.runtime import set_threads
+from nmt_cli.search.constraint import all_of
 from nmt_cli.search.forced import add_alignments, alignment_layer
 from nmt_cli.search.hypothesis import Hypothesis, hypothesis_record
 from nmt_cli.search.lexical import ConstraintLines, check_search, read_constraint_lines
@@ -95,6 +97,11 @@ def generate(cfg: GenerateConfig, search_overrides: dict[str, Any] | None = None
             buffer_size = cfg.buffer_size or (1 if interactive else 1000)
             name = "stdin" if cfg.input == "-" else str(cfg.input)
             lines = read_lines(raw_lines, buffer_size, name, first_line)
+            prefixes = None
+            if cfg.prefix_file is not None:  # read beside the input, in chunks of the same size
+                raw_prefixes, first = open_input(cfg.prefix_file, stack, num_shards, shard_id)
+                prefix_chunks = read_lines(raw_prefixes, buffer_size, cfg.prefix_file, first)
+                prefixes = PrefixLines.of(cfg, name, prefix_chunks, first)
             if saved.is_parser:  # one bracketed tree per input line (nmt_cli/parsing)
                 summary = generate_trees(
                     translator,
@@ -117,6 +124,7 @@ def generate(cfg: GenerateConfig, search_overrides: dict[str, Any] | None = None
                     out=out,
                     align=align,
                     constraints=constraints,
+                    prefixes=prefixes,
                 )
     log_summary(summary, search)
     return summary
@@ -149,6 +157,8 @@ def check_request(cfg: GenerateConfig) -> tuple[int, int]:
         require_file(Path(cfg.input), "--input")
     if cfg.constraints_file is not None and cfg.input is None:
         raise ConfigError("--constraints-file is line-aligned with --input FILE|-; translate the text with --input")
+    if cfg.prefix_file is not None and cfg.input is None:
+        raise ConfigError("--prefix-file gives one prefix per line of --input FILE|-; it does not go with DATA_DIR")
     if cfg.input == "-" and sys.stdin is None:
         raise DataError("--input -: stdin is closed; pipe text in or give --input FILE")
     return num_shards, shard_id
@@ -161,6 +171,8 @@ def check_parse_request(cfg: GenerateConfig) -> None:
             f"{cfg.path} is a parsing model: give the sentences with --input FILE|- "
             "(one tokenised sentence per line), not a DATA_DIR"
         )
+    if cfg.prefix_file is not None:
+        raise ConfigError(f"{cfg.path} is a parsing model: a tree follows its sentence's words; drop --prefix-file")
     if cfg.output_format not in (None, "plain"):
         raise ConfigError(
             f"{cfg.path} is a parsing model; it writes one tree per line "
@@ -343,10 +355,11 @@ def generate_text(
     out: TextIO,
     align: Aligner | None = None,
     constraints: ConstraintLines | None = None,
+    prefixes: PrefixLines | None = None,
 ) -> Summary:
     """Translate raw text with the checkpoint's own sentencepiece model, one buffer (chunk) at a time (aligned to
     their sources by `align` when given); with `constraints` (--constraints-file), each line's output contains its
-    phrases."""
+    phrases, and with `prefixes` (--prefix-file) it begins with its line of them."""
     summary = Summary()
     first_id = 0
     generator = sampling_generator(search, translator.device)  # one for every chunk
@@ -357,7 +370,8 @@ def generate_text(
         lexical = None
         if constraints is not None:
             lexical = constraints.for_sources(translator.vocab, sources, first_id, search, max_positions)
-        results = translate(translator, sources, search, max_tokens, batch_size, generator, lexical)
+        forced = None if prefixes is None else prefixes.next_source(translator, sources, search, first_id)
+        results = translate(translator, sources, search, max_tokens, batch_size, generator, all_of(lexical, forced))
         if align is not None:
             align(sources, results)
         summary.add(results, time.perf_counter() - start)
@@ -369,6 +383,8 @@ def generate_text(
         first_id += len(chunk)
     if constraints is not None and first_id != len(constraints.lines):
         raise constraints.mismatch(first_id)
+    if prefixes is not None:
+        prefixes.check_end()
     return summary
 
 

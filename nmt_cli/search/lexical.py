@@ -164,8 +164,11 @@ class LexicalConstraint:
 
 
 def without_duplicates(scores: Tensor, keys: Tensor) -> Tensor:
-    """scores [B, C] with all but one of the candidates of equal key [B, C] set to -inf."""
-    sorted_keys, index = keys.sort(dim=1)
+    """scores [B, C] with all but the best-scoring of the candidates of equal key [B, C] set to -inf (a copy may
+    score -inf: a met phrase's next piece is masked so, and the same piece may advance an unmet phrase)."""
+    by_score = scores.argsort(dim=1, descending=True, stable=True)
+    sorted_keys, within = keys.gather(1, by_score).sort(dim=1, stable=True)  # each key's best copy first
+    index = by_score.gather(1, within)
     repeat = torch.zeros_like(sorted_keys, dtype=torch.bool)
     repeat[:, 1:] = sorted_keys[:, 1:] == sorted_keys[:, :-1]
     return scores.masked_fill(torch.zeros_like(repeat).scatter(1, index, repeat), NEG_INF)

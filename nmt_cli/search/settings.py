@@ -126,6 +126,11 @@ def search_settings(
             f"{path} is a parsing model: a tree's length follows its sentence's words, so --min-len "
             f"{search.min_len} cannot apply; drop it"
         )
+    if is_parser and search.no_repeat_ngram_size:
+        raise ConfigError(
+            f"{path} is a parsing model: a tree repeats its brackets and tags, so --no-repeat-ngram-size "
+            f"{search.no_repeat_ngram_size} cannot apply; drop it"
+        )
     if is_parser and search.nbest > 1:
         raise ConfigError(
             f"{path} is a parsing model; it writes its best tree per sentence, not --nbest {search.nbest}"

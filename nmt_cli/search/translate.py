@@ -25,10 +25,11 @@ from nmt_cli.model.quantize import quantize_for_cpu_inference
 from nmt_cli.model.transformer import Transformer
 from nmt_cli.runtime import AMP_DTYPES, autocast, choose_attention_backends, choose_device
 from nmt_cli.search.beam import StillWanted, beam_search, max_lengths
-from nmt_cli.search.constraint import ConstraintSource
+from nmt_cli.search.constraint import ConstraintSource, all_of
 from nmt_cli.search.ensemble import Ensemble, check_members, ensemble_bounds, member_paths, member_weights
 from nmt_cli.search.greedy import greedy_search
 from nmt_cli.search.hypothesis import Hypothesis
+from nmt_cli.search.ngram import no_repeat_ngrams
 from nmt_cli.search.settings import SearchBounds, generation_precision, search_bounds, search_settings
 
 logger = logging.getLogger(__name__)
@@ -159,6 +160,7 @@ def search_batch(
     # On CUDA a batch of equal lengths passes no mask, so SDPA may choose its Flash kernel (known on the host).
     no_padding = translator.device.type == "cuda" and min(lengths) == max(lengths)
     rules: dict[str, Any] = {} if still_wanted is None else {"still_wanted": still_wanted}
+    constraints = all_of(constraints, no_repeat_ngrams(cfg))
     if constraints is not None:
         batch_ids = np.arange(n) if ids is None else ids
         rules["constraint"], rules["n_leaves"] = constraints.for_batch(src, src_lens, batch_ids)
@@ -168,10 +170,11 @@ def search_batch(
             if cfg.nbest > 1:  # independent samples: repeat each sentence nbest times
                 rep = torch.arange(n).repeat_interleave(cfg.nbest)
                 enc = enc.select(rep.to(translator.device))
-                per_row = None if still_wanted is None else repeated(still_wanted, cfg.nbest)
-                hyps = greedy_search(
-                    translator.model, enc, src_lens[rep], cfg, generator, n_pieces, still_wanted=per_row
-                )
+                if still_wanted is not None:
+                    rules["still_wanted"] = repeated(still_wanted, cfg.nbest)
+                if constraints is not None:  # each sentence's rules for each of its samples
+                    rules["n_leaves"] = rules["n_leaves"][rep.to(rules["n_leaves"].device)]
+                hyps = greedy_search(translator.model, enc, src_lens[rep], cfg, generator, n_pieces, **rules)
                 return [[h[0] for h in hyps[i * cfg.nbest : (i + 1) * cfg.nbest]] for i in range(n)]
             return greedy_search(translator.model, enc, src_lens, cfg, generator, n_pieces, **rules)
         return beam_search(translator.model, enc, src_lens, cfg, n_pieces, **rules)
@@ -203,9 +206,11 @@ def translate(
     still_wanted: StillWanted | None = None,
 ) -> list[list[Hypothesis]]:
     """Translate token-id sequences (no EOS); results come back in input order. `constraints`: the rules of a
-    constrained search (a parser's trees), asked for each batch. `still_wanted`: one answer per source, asked
-    once a step (search/beam.py's StillWanted); a sentence no longer wanted leaves its batch at the next step,
-    a batch of none wanted is not searched, and their results (empty or partial) are to be discarded.
+    constrained search (a parser's trees, target prefixes: search/prefix.py; several composed with
+    constraint.all_of), asked for each batch, with cfg.no_repeat_ngram_size's ban (search/ngram.py) added.
+    `still_wanted`: one answer per source, asked once a step (search/beam.py's StillWanted); a sentence no longer
+    wanted leaves its batch at the next step, a batch of none wanted is not searched, and their results (empty or
+    partial) are to be discarded.
 
     Empty sources get an empty hypothesis without running the model; sources longer than the
     model's positions are cut (with a warning). Sampling draws from `generator`, else from one seeded

@@ -57,7 +57,7 @@ from nmt_cli.serve.metrics import Metrics
 from nmt_cli.serve.models import Models, key_of
 from nmt_cli.serve.openapi import openapi_json
 from nmt_cli.serve.page import PAGE
-from nmt_cli.serve.served_model import Sentence, ServedModel, request_constraints
+from nmt_cli.serve.served_model import Sentence, ServedModel, request_constraints, request_prefixes
 
 logger = logging.getLogger(__name__)
 
@@ -207,7 +207,10 @@ class Server:
             model = self.models.choose(payload)  # which takes our "model" field out of the payload
             payload, libre = libretranslate.translate_body(payload, model.served.info)
             texts, fields = request_texts(payload, self.limits.max_request_sentences)
-            search, sentences = model.served.read_request(texts, fields, request_constraints(payload, len(texts)))
+            n = len(texts)
+            search, sentences = model.served.read_request(
+                texts, fields, request_constraints(payload, n), request_prefixes(payload, n)
+            )
         except NmtError as e:
             raise RequestError(400, str(e)) from None
         return sentences, key_of(model, search), [model.served.length(s) for s in sentences], libre

@@ -63,6 +63,10 @@ SCHEMAS: dict[str, Any] = {
                         "description": "target phrases each translation contains (lexically constrained search): "
                         "with text a list of strings, with texts one such list per text",
                     },
+                    "prefix": {
+                        "description": "target prefixes: a string beside text, one string per text beside texts",
+                        "oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}],
+                    },
                 },
                 "oneOf": [{"required": ["text"]}, {"required": ["texts"]}],
             },

@@ -26,9 +26,11 @@ from nmt_cli.data import raw_text_problem
 from nmt_cli.errors import ConfigError, DataError
 from nmt_cli.parsing.parser import TreeParser, ptb_words
 from nmt_cli.search.beam import StillWanted
+from nmt_cli.search.constraint import all_of
 from nmt_cli.search.forced import add_alignments, alignment_layer
 from nmt_cli.search.hypothesis import Hypothesis, hypothesis_record
 from nmt_cli.search.lexical import LexicalConstraints, check_fits, check_search, encode_phrases
+from nmt_cli.search.prefix import encode_prefixes, prefix_problem, prefix_source
 from nmt_cli.search.settings import search_settings
 from nmt_cli.search.translate import Inference, Translator, open_for_inference, sampling_generator, translate
 from nmt_cli.serve.batcher import Batcher
@@ -38,6 +40,10 @@ logger = logging.getLogger(__name__)
 
 SEARCH_TYPES = typing.get_type_hints(SearchConfig)
 SEARCH_FIELDS = tuple(f.name for f in fields(SearchConfig))
+NOT_SEARCH_FIELDS = (
+    "prefix",
+    "constraints",
+)  # a request's fields beside its texts that set no search setting (`prepare`'s)
 
 
 @dataclass(frozen=True)
@@ -49,6 +55,7 @@ class Sentence:
     words: list[str] | None = None
     alignment: str | None = None  # the request's "alignment": "hard" or "soft", or None for none
     phrases: tuple[tuple[int, ...], ...] = ()  # the request's `constraints` for it, encoded (search/lexical.py)
+    prefix: np.ndarray | None = None  # the pieces its translation begins with (the request's `prefix`)
 
 
 class ServedModel:
@@ -106,7 +113,7 @@ class ServedModel:
     def search_config(self, fields_given: dict[str, Any]) -> SearchConfig:
         """The server's search settings with a request's own; ConfigError or DataError names a field that does not
         fit (in the request's words: `beam`, not generate's `--beam`), or a cap it exceeds."""
-        given = {name: value for name, value in fields_given.items() if name != "constraints"}  # prepare's
+        given = {name: value for name, value in fields_given.items() if name not in NOT_SEARCH_FIELDS}
         overrides = {name: search_field_value(name, value) for name, value in given.items()}
         try:
             check_request(replace(self.search, **overrides), self.caps)  # the caps first: they say the most
@@ -115,24 +122,35 @@ class ServedModel:
             raise ConfigError(request_terms(str(e))) from None
 
     def read_request(
-        self, texts: list[str], fields: dict[str, Any], constraints: list[list[str]] | None = None
+        self,
+        texts: list[str],
+        fields: dict[str, Any],
+        constraints: list[list[str]] | None = None,
+        prefixes: list[str] | None = None,
     ) -> tuple[SearchConfig, list[Sentence]]:
         """A request's search settings (its search fields) and its texts prepared, each to be aligned as its
-        `alignment` field asks and to contain its `constraints`; NmtError names a field or text that does not fit."""
+        `alignment` field asks, to contain its `constraints` and to begin with its `prefix`; NmtError names a field
+        or text that does not fit."""
         alignment = fields.pop("alignment", None)
         if alignment not in (None, "hard", "soft"):
             raise DataError(f'"alignment" must be "hard" or "soft", not {alignment!r}')
         if alignment is not None and self.is_parser:
             raise DataError('"alignment": this server parses; alignments are of translations')
         search = self.search_config(fields)
-        return search, [replace(s, alignment=alignment) for s in self.prepare(texts, search, constraints)]
+        prepared = self.prepare(texts, search, constraints, prefixes)
+        return search, [replace(s, alignment=alignment) for s in prepared]
 
     def prepare(
-        self, texts: list[str], search: SearchConfig | None = None, constraints: list[list[str]] | None = None
+        self,
+        texts: list[str],
+        search: SearchConfig | None = None,
+        constraints: list[list[str]] | None = None,
+        prefixes: list[str] | None = None,
     ) -> list[Sentence]:
         """Encode a request's texts with the checkpoint's sentencepiece model (a parser's as treebank words);
         with the request's `search`, refuse a text whose output may run past --max-output-tokens. `constraints`:
-        each text's target phrases (the request's field, `request_constraints`), which its output must contain."""
+        each text's target phrases (`request_constraints`), which its output must contain; `prefixes`: one per
+        text ("" for none), which its output begins with (`request_prefixes`)."""
         for i, text in enumerate(texts):
             check_text_length(i, text, self.caps)
             check_text(i, text)
@@ -146,6 +164,8 @@ class ServedModel:
             check_outputs(search, [self.length(s) for s in sentences], self.caps)
         if constraints is not None:
             sentences = self.with_phrases(sentences, constraints, search or self.search)
+        if prefixes is not None:
+            sentences = self.with_prefixes(sentences, prefixes, search or self.search)
         return sentences
 
     def with_phrases(
@@ -159,6 +179,21 @@ class ServedModel:
         phrases = encode_phrases(self.vocab, constraints, where)
         check_fits(phrases, [self.length(s) for s in sentences], search, self.max_positions, where)
         return [replace(s, phrases=tuple(tuple(p) for p in ph)) for s, ph in zip(sentences, phrases)]
+
+    def with_prefixes(self, sentences: list[Sentence], prefixes: list[str], search: SearchConfig) -> list[Sentence]:
+        """The sentences with their prefixes encoded; DataError names a prefix that cannot begin its output."""
+        if self.is_parser:
+            raise DataError(f"prefix: {self.path} is a parsing model; a tree follows its sentence's words")
+        for i, text in enumerate(prefixes):
+            if "\n" in text or "\r" in text:
+                raise DataError(f"prefix[{i}]: the prefix holds a line break; give one line per text")
+            if problem := raw_text_problem(text):
+                raise DataError(f"prefix[{i}]: the prefix {problem}")
+        encoded = encode_prefixes(self.vocab, prefixes)
+        for i, (sentence, ids) in enumerate(zip(sentences, encoded)):
+            if problem := prefix_problem(ids, sentence.pieces, search, self.max_positions):
+                raise DataError(f"prefix[{i}]: the prefix {problem}")
+        return [replace(sentence, prefix=ids) for sentence, ids in zip(sentences, encoded)]
 
     def length(self, sentence: Sentence) -> int:
         """The pieces the search sees (a parser's sentence without words is not searched)."""
@@ -208,7 +243,9 @@ class ServedModel:
         else:
             ids = [s.ids for s in sentences]
             lexical = LexicalConstraints([s.phrases for s in sentences]) if any(s.phrases for s in sentences) else None
-            results = translate(translator, ids, search, self.max_tokens, 0, generator, lexical, still_wanted)
+            forced = prefix_source([np.zeros(0, np.int64) if s.prefix is None else s.prefix for s in sentences])
+            rules = all_of(lexical, forced)
+            results = translate(translator, ids, search, self.max_tokens, 0, generator, rules, still_wanted)
             self.align(sentences, results)
             answers = [self.translation(hyps, search.nbest) for hyps in results]
         if still_wanted is None:
@@ -292,6 +329,21 @@ def ensemble_of(inference: Inference) -> dict[str, Any]:
             for m, w in members
         ]
     }
+
+
+def request_prefixes(payload: dict[str, Any], n_texts: int) -> list[str] | None:
+    """A request's `prefix`, one per text: a string beside "text", a list of strings as long as "texts" beside it;
+    None when not given. DataError names the field."""
+    if "prefix" not in payload:
+        return None
+    prefix = payload["prefix"]
+    if "text" in payload:
+        if not isinstance(prefix, str):
+            raise DataError(f"'prefix' must be a string beside 'text', not {type(prefix).__name__}")
+        return [prefix]
+    if not isinstance(prefix, list) or len(prefix) != n_texts or not all(isinstance(p, str) for p in prefix):
+        raise DataError(f"'prefix' must be a list of {n_texts} strings beside 'texts', one per text ('' for none)")
+    return prefix
 
 
 def updates_of(saved: SavedModel) -> dict[str, Any]:

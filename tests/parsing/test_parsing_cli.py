@@ -187,6 +187,18 @@ def test_a_parser_refuses_min_len(parser_checkpoint):
     assert result.exit_code == 1 and "so --min-len 40 cannot apply" in result.output, result.output
 
 
+def test_a_parser_refuses_target_prefixes_and_the_ngram_ban(parser_checkpoint, tmp_path):
+    """A tree follows its sentence's words and repeats its brackets: neither applies."""
+    root, ckpt = parser_checkpoint
+    prefixes = tmp_path / "prefixes.txt"
+    prefixes.write_text("(S\n")
+    base = ["generate", "--path", str(ckpt), "--input", "-"]
+    result = CliRunner().invoke(cli, [*base, "--prefix-file", str(prefixes)], input="The cat sits .\n")
+    assert result.exit_code == 1 and "is a parsing model" in result.output and "--prefix-file" in result.output
+    result = CliRunner().invoke(cli, [*base, "--no-repeat-ngram-size", "2"], input="The cat sits .\n")
+    assert result.exit_code == 1 and "--no-repeat-ngram-size 2 cannot apply" in result.output, result.output
+
+
 def test_a_parser_is_not_validated_by_bleu(parser_checkpoint, tmp_path):
     root, _ = parser_checkpoint
     args = ["train", str(root / "bin"), "--save-dir", str(tmp_path / "ck"), "--arch", "transformer_tiny"]

@@ -11,6 +11,7 @@ from host_syncs import SyncLog
 from nmt_cli.config import InferenceConfig, SearchConfig
 from nmt_cli.data.dataset import ParallelDataset
 from nmt_cli.search.lexical import LexicalConstraints
+from nmt_cli.search.prefix import prefix_source
 from nmt_cli.search.translate import load_translator, open_for_inference, translate
 
 pytestmark = pytest.mark.usefixtures("cpu_matmul_route")  # both CPU matmul routes on every machine (conftest.py)
@@ -60,6 +61,17 @@ def test_an_ensemble_waits_as_one_model_does(tiny_checkpoint, toy_data_bin):
     assert syncs == PER_BATCH + Counter({PER_STEP: 11}), syncs
     syncs, steps = syncs_and_steps(translator, sources, SearchConfig(beam=4))
     assert syncs == PER_BATCH + Counter({PER_STEP: steps}), syncs
+
+
+def test_prefixes_and_the_ngram_ban_add_no_wait(tiny_checkpoint, toy_data_bin):
+    """Target prefixes composed with --no-repeat-ngram-size: their masks decide on the device."""
+    sources = [ParallelDataset(toy_data_bin, "test").src[i] for i in range(30)]
+    prefixes = [source[: i % 4] for i, source in enumerate(sources)]
+    translator, _ = load_translator(tiny_checkpoint, torch.device("cpu"), None)
+    cfg = SearchConfig(beam=4, max_len_a=0, max_len_b=10, min_len=10, no_repeat_ngram_size=2)
+    syncs, steps = syncs_and_steps(translator, sources, cfg, prefix_source(prefixes))
+    assert steps == 11
+    assert syncs == PER_BATCH + Counter({PER_STEP: 11}), syncs
 
 
 def test_the_twin_sees_what_would_wait():

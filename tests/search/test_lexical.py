@@ -8,8 +8,10 @@ from click.testing import CliRunner
 
 from nmt_cli.cli import cli
 from nmt_cli.config import SearchConfig
+from nmt_cli.data.batching import pad_sources
 from nmt_cli.data.dataset import load_vocab
 from nmt_cli.errors import ConfigError, DataError
+from nmt_cli.search.constraint import all_of
 from nmt_cli.search.lexical import (
     LexicalConstraint,
     LexicalConstraints,
@@ -17,7 +19,9 @@ from nmt_cli.search.lexical import (
     check_fits,
     check_search,
     encode_phrases,
+    without_duplicates,
 )
+from nmt_cli.search.prefix import prefix_source
 from nmt_cli.search.translate import Translator, load_translator, translate
 
 pytestmark = pytest.mark.usefixtures("cpu_matmul_route")  # both CPU matmul routes on every machine (conftest.py)
@@ -198,3 +202,33 @@ def test_borders_follow_their_definition():
             for m in range(pos + 1):
                 expected[pos, m] = phrase[:m] == phrase[pos - m : pos]
         assert (borders(table, np.array([[n]]))[0, 0] == expected).all(), phrase
+
+
+@pytest.mark.parametrize("beam", [4, 1])
+def test_phrases_compose_with_a_prefix_and_the_ngram_ban(translator, beam):
+    """all_of(lexical, prefix): every output begins with its prefix and holds its phrases; the phrases still rank
+    the beam (the composed constraint offers their rank_candidates)."""
+    sources, phrases = random_case(120, 11, translator.vocab.n_pieces)
+    g = np.random.default_rng(12)
+    prefixes = [g.integers(4, translator.vocab.n_pieces, g.integers(0, 3)) for _ in sources]
+    cfg = SearchConfig(beam=beam, nbest=beam, max_len_a=1.0, max_len_b=12)
+    rules = all_of(LexicalConstraints(phrases), prefix_source(prefixes))
+    assert getattr(rules.for_batch(*batch_of(sources[:2]))[0], "rank_candidates", None) is not None
+    results = translate(translator, sources, cfg, 1000, constraints=rules)
+    for hyps, sentence, prefix in zip(results, phrases, prefixes):
+        for h in hyps:
+            assert h.tokens[: len(prefix)] == prefix.tolist(), (h.tokens, prefix)
+            assert all(contains(h.tokens, p) for p in sentence), (h.tokens, sentence)
+
+
+def batch_of(sources):
+    src = pad_sources([np.asarray(s, dtype=np.int64) for s in sources])
+    return src, torch.tensor([len(s) for s in sources]), np.arange(len(sources))
+
+
+def test_duplicate_candidates_keep_their_best_copy():
+    """A met phrase's next piece is a -inf candidate; the same piece advancing an unmet phrase must survive."""
+    scores = torch.tensor([[float("-inf"), -1.0, -2.0, -3.0, -0.5]])
+    keys = torch.tensor([[7, 7, 5, 5, 9]])
+    kept = without_duplicates(scores, keys)
+    assert kept.tolist() == [[float("-inf"), -1.0, -2.0, float("-inf"), -0.5]]

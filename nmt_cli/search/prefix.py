@@ -1,0 +1,131 @@
+"""Target prefixes (`nmt generate --prefix-file`, serve's `prefix`, as fairseq's --prefix-size and CTranslate2's
+target_prefix): each output begins with its sentence's given pieces. A Constraint (search/constraint.py) that
+beam search, greedy search and sampling follow: while a row is inside its prefix, every token but the prefix's
+next one is banned, so the prefix is forced and scored (its log-probs count in the hypothesis' score), and the
+search goes on freely after it. The output is the whole translation, prefix included.
+
+A prefix is raw text encoded with the checkpoint's sentencepiece model on its own, so it should end on a word
+boundary (whole words): a prefix cut inside a word may split into other pieces than the full translation would.
+
+Shapes: B sentences of a batch, N rows (sentences x beams, sentence-major), V vocabulary, P the batch's longest
+prefix.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from nmt_cli.config import SearchConfig
+from nmt_cli.data.vocab import Vocab
+from nmt_cli.errors import DataError
+from nmt_cli.search.beam import max_lengths
+from nmt_cli.search.ngram import repeated_ngram
+
+NEG_INF = float("-inf")
+
+
+class PrefixState:
+    """Each row's prefix, reordered with its beams."""
+
+    def __init__(self, tokens: Tensor, lengths: Tensor) -> None:
+        self.tokens = tokens  # [N, P] PAD after each prefix
+        self.lengths = lengths  # [N]
+
+    def select(self, rows: Tensor) -> PrefixState:
+        return PrefixState(self.tokens[rows], self.lengths[rows])
+
+
+class PrefixConstraint:
+    """Forces each sentence's prefix, token by token, from the first step."""
+
+    def __init__(self, tokens: Tensor, lengths: Tensor) -> None:
+        self.tokens = tokens  # [B, P] on the device
+        self.lengths = lengths  # [B]
+
+    def start(self, n_leaves: Tensor) -> PrefixState:
+        """One row per entry of n_leaves [N] (ignored but for its length), rows sentence-major (N = B*K)."""
+        beams = n_leaves.shape[0] // self.tokens.shape[0]
+        return PrefixState(self.tokens.repeat_interleave(beams, 0), self.lengths.repeat_interleave(beams, 0))
+
+    def mask(self, log_probs: Tensor, state: PrefixState, step: int, max_len: Tensor) -> Tensor:
+        """log_probs [N, V]: at a row still inside its prefix, -inf but at the prefix's token of this step."""
+        if step >= state.tokens.shape[1]:  # past every prefix of the batch (known on the host)
+            return log_probs
+        forced = state.lengths > step  # [N]
+        token = state.tokens[:, step, None]  # [N, 1]
+        only = torch.full_like(log_probs, NEG_INF).scatter_(1, token, log_probs.gather(1, token))
+        return torch.where(forced[:, None], only, log_probs)
+
+    def advance(self, state: PrefixState, tokens: Tensor) -> PrefixState:
+        return state
+
+
+class PrefixSource:
+    """The prefixes of the sources given to `translate` (one each, in order; empty: none), as a ConstraintSource."""
+
+    def __init__(self, prefixes: Sequence[np.ndarray]) -> None:
+        self.prefixes = [np.asarray(p, dtype=np.int64) for p in prefixes]
+
+    def for_batch(self, src: Tensor, src_lens: Tensor, ids: np.ndarray) -> tuple[PrefixConstraint, Tensor]:
+        lengths = [len(self.prefixes[i]) for i in ids]
+        tokens = np.zeros((len(ids), max(lengths, default=0)), dtype=np.int64)  # PAD is 0
+        for row, i in enumerate(ids):
+            tokens[row, : lengths[row]] = self.prefixes[i]
+        constraint = PrefixConstraint(
+            torch.from_numpy(tokens).to(src.device), torch.tensor(lengths, dtype=torch.long).to(src.device)
+        )
+        return constraint, torch.zeros(len(ids), dtype=torch.long, device=src.device)
+
+
+def encode_prefixes(vocab: Vocab, texts: Sequence[str]) -> list[np.ndarray]:
+    """Each text's pieces (the checkpoint's sentencepiece model; "" gives none)."""
+    return [np.asarray(ids, dtype=np.int64) for ids in vocab.encode(list(texts))]
+
+
+def prefix_source(prefixes: Sequence[np.ndarray]) -> PrefixSource | None:
+    """The ConstraintSource of these prefixes, or None when every one is empty (the search is then today's)."""
+    return PrefixSource(prefixes) if any(len(p) for p in prefixes) else None
+
+
+def prefix_problem(prefix: np.ndarray, src_len: int, cfg: SearchConfig, max_positions: int) -> str | None:
+    """What keeps `prefix` from beginning the output of a source of `src_len` pieces, or None.
+
+    The prefix must fit the output's maximum length (a * |x| + b within the model's positions, |x| cut to the
+    positions as `translate` cuts it), an empty source gets an empty output without a search, and under
+    --no-repeat-ngram-size N the prefix itself may not repeat an n-gram."""
+    if not len(prefix):
+        return None
+    if src_len == 0:
+        return "is given for an empty input, which gets an empty output; drop the prefix or give an input"
+    longest = int(max_lengths(torch.tensor([min(src_len, max_positions - 1)]), cfg, max_positions)[0])
+    if len(prefix) > longest:
+        return (
+            f"has {len(prefix)} pieces, more than the {longest} this input's output may have (a * |x| + b with "
+            "--max-len-a/--max-len-b, within the model's positions); shorten it or raise --max-len-b"
+        )
+    n = cfg.no_repeat_ngram_size
+    if n and repeated_ngram(prefix.tolist(), n) is not None:
+        return f"repeats an n-gram of {n} pieces, which --no-repeat-ngram-size {n} forbids; shorten it or raise N"
+    return None
+
+
+def checked_prefix_source(
+    vocab: Vocab, texts: Sequence[str], sources: Sequence[np.ndarray], cfg: SearchConfig, max_positions: int
+) -> PrefixSource | None:
+    """The ConstraintSource of one prefix text per source (Python API: `translate(..., constraints=...)`).
+
+    Raises:
+        DataError: `prefix I: ...` for a prefix that cannot begin its source's output (`prefix_problem`), or a
+            number of texts other than the sources'.
+    """
+    if len(texts) != len(sources):
+        raise DataError(f"{len(texts)} prefixes for {len(sources)} sources; give one (or '') per source")
+    prefixes = encode_prefixes(vocab, texts)
+    for i, (prefix, source) in enumerate(zip(prefixes, sources)):
+        if problem := prefix_problem(prefix, len(source), cfg, max_positions):
+            raise DataError(f"prefix {i}: the prefix {problem}")
+    return prefix_source(prefixes)
