@@ -1,5 +1,5 @@
 """Config fields that are CLI flags: `flag(...)` writes a field's default, help and allowed values once, as the
-field's metadata (config.py's dataclasses use it; cli/options.py builds click options from it), and
+field's metadata (config/'s dataclasses use it; cli/options.py builds click options from it), and
 `check_fields` checks the same bounds when a config is built from Python."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Click options built from the config dataclasses: one field, one flag of the same name.
 
-A field's default, help and allowed values live in its `flag(...)` metadata (nmt_cli/config.py); this
+A field's default, help and allowed values live in its `flag(...)` metadata (nmt_cli/config/); this
 module only translates them into click types, so the two can never drift apart.
 """
 

@@ -17,6 +17,7 @@ from typing import Any, TextIO
 
 import numpy as np
 
+from nmt_cli.commands.parse_trees import check_parse_request, generate_trees
 from nmt_cli.commands.prefix_lines import PrefixLines
 from nmt_cli.config import GenerateConfig, SearchConfig
 from nmt_cli.data import BOM, raw_text_problem
@@ -25,7 +26,6 @@ from nmt_cli.data.vocab import Vocab
 from nmt_cli.errors import ConfigError, DataError
 from nmt_cli.files import TMP_SUFFIX, atomic_text_output, remove_abandoned_temporaries, require_file
 from nmt_cli.flags import changed_flags
-from nmt_cli.parsing.parser import ParseNotes, TreeParser, ptb_words
 from nmt_cli.runtime import set_threads
 from nmt_cli.search.constraint import all_of
 from nmt_cli.search.forced import add_alignments, alignment_layer
@@ -162,24 +162,6 @@ def check_request(cfg: GenerateConfig) -> tuple[int, int]:
     if cfg.input == "-" and sys.stdin is None:
         raise DataError("--input -: stdin is closed; pipe text in or give --input FILE")
     return num_shards, shard_id
-
-
-def check_parse_request(cfg: GenerateConfig) -> None:
-    """A parser reads sentences (--input) and writes trees (plain output), so refuse anything else."""
-    if cfg.input is None:
-        raise ConfigError(
-            f"{cfg.path} is a parsing model: give the sentences with --input FILE|- "
-            "(one tokenised sentence per line), not a DATA_DIR"
-        )
-    if cfg.prefix_file is not None:
-        raise ConfigError(f"{cfg.path} is a parsing model: a tree follows its sentence's words; drop --prefix-file")
-    if cfg.output_format not in (None, "plain"):
-        raise ConfigError(
-            f"{cfg.path} is a parsing model; it writes one tree per line "
-            f"(--output-format plain), not {cfg.output_format}"
-        )
-    if cfg.constraints_file is not None:
-        raise ConfigError(f"{cfg.path} is a parsing model; its trees take no --constraints-file")
 
 
 def read_constraints(cfg: GenerateConfig, search: SearchConfig, shard: tuple[int, int]) -> ConstraintLines:
@@ -385,39 +367,4 @@ def generate_text(
         raise constraints.mismatch(first_id)
     if prefixes is not None:
         prefixes.check_end()
-    return summary
-
-
-def generate_trees(
-    translator: Translator,
-    chunks: Iterable[list[str]],
-    *,
-    search: SearchConfig,
-    max_tokens: int,
-    batch_size: int,
-    out: TextIO,
-    leaves: str | None = "pos",
-    source: tuple[str, int] = ("input", 1),
-) -> Summary:
-    """Parse raw sentences one buffer (chunk of lines) at a time; one tree (or an empty line) per input line.
-    leaves: the checkpoint's --tree-leaves ("words": its trees copy their words, parsing/copy_constraint.py).
-    source: the input's name and the number of its first line, for the warnings."""
-    parser = TreeParser.of(translator, leaves)
-    generator = sampling_generator(search, translator.device)  # one for every chunk
-    summary, notes, n_empty = Summary(), ParseNotes(), 0
-    for chunk in chunks:
-        start = time.perf_counter()
-        words = [ptb_words(line) for line in chunk]
-        trees, found = parser.parse(words, search, max_tokens, batch_size, generator)
-        notes.add(found, source[1] + summary.n_sentences)
-        n_empty += sum(t is None for t in trees)
-        summary.n_sentences += len(chunk)
-        summary.n_tokens += sum(len(w) for w in words)
-        summary.seconds += time.perf_counter() - start
-        for tree in trees:
-            print("" if tree is None else str(tree), file=out)
-        out.flush()
-    if n_empty:
-        logger.warning("%d empty input line(s) gave empty output lines", n_empty)
-    notes.warn(source[0])
     return summary

@@ -1,22 +1,48 @@
 """Typed configs for every command, the architecture presets, and their validation.
 
 Each config field is one CLI flag of the same name (`d_model` <-> `--d-model`): its default, help text and
-allowed values are written once, here, in the field's metadata (`flag(...)`, flags.py); the CLI builds its
-options from them and `__post_init__` checks the same bounds (flags.check_fields) when a config is built from
-Python. Configs are frozen
-dataclasses of primitives, so they travel inside checkpoints as plain dicts.
+allowed values are written once, here or in inference.py (generate's, serve's and score-pairs'), in the field's
+metadata (`flag(...)`, flags.py); the CLI builds its options from them and `__post_init__` checks the same bounds
+(flags.check_fields) when a config is built from Python. Configs are frozen dataclasses of primitives, so they
+travel inside checkpoints as plain dicts.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
+# generate's, serve's and score-pairs' configs live in inference.py, imported from here as every other one
+from nmt_cli.config.inference import (
+    PRECISIONS,
+    GenerateConfig,
+    InferenceConfig,
+    ScorePairsConfig,
+    ServeConfig,
+    ensemble_weights,
+)
 from nmt_cli.errors import ConfigError
 from nmt_cli.flags import changed_flags, check_fields, flag
 
-PRECISIONS = ("fp32", "bf16", "fp16")
+__all__ = [
+    "ARCHITECTURES",
+    "PARSE_SEARCH",
+    "PRECISIONS",
+    "SPM_TRAINING_FLAGS",
+    "ExportConfig",
+    "GenerateConfig",
+    "InferenceConfig",
+    "ModelConfig",
+    "PreprocessConfig",
+    "ScorePairsConfig",
+    "SearchConfig",
+    "ServeConfig",
+    "TrainConfig",
+    "config_to_dict",
+    "ensemble_weights",
+    "model_config",
+    "parses_trees",
+]
 
 
 @dataclass(frozen=True)
@@ -244,185 +270,6 @@ class TrainConfig:
             raise ConfigError(f"--adam-betas {self.adam_betas} must be two numbers in [0, 1)")
 
 
-@dataclass(frozen=True, kw_only=True)
-class InferenceConfig:
-    """What `nmt generate` and `nmt serve` share: the checkpoint and where and how its model runs
-    (search/translate.py's `open_for_inference` reads them)."""
-
-    path: str = flag(
-        help="Checkpoint to translate with; A.pt:B.pt (colon-separated, as fairseq's) translates with their ensemble."
-    )
-    weights: str | None = flag(
-        None,
-        "An ensemble's weights, one per checkpoint of --path, comma-separated (e.g. 0.6,0.4), normalised to sum 1; "
-        "each step scores by the weighted average of the members' log-probabilities [default: equal].",
-    )
-    device: str = flag("auto", "Where to translate (auto: CUDA when available).", choices=("auto", "cpu", "cuda"))
-    threads: int = flag(0, "CPU threads (0: torch's default).", min=0)
-    precision: str | None = flag(
-        None, "fp32, bf16 or fp16 (CUDA) [default: the checkpoint's on CUDA, fp32 on CPU].", choices=PRECISIONS
-    )
-    quantize: str | None = flag(
-        None, "CPU: dynamic int8 linear layers, the output projection included [default: float32].", choices=("int8",)
-    )
-    cudnn_attention: bool = flag(
-        False,
-        "CUDA: let attention use cuDNN's kernels, which build a plan for every new batch shape (slow: every "
-        "search step is a new shape) [default: flash, memory-efficient or math].",
-    )
-
-    def __post_init__(self) -> None:
-        check_fields(self)
-        if self.quantize and self.precision not in (None, "fp32"):  # before the precision's own checks and warnings
-            raise ConfigError(f"--quantize {self.quantize} runs on the CPU in fp32; drop --precision {self.precision}")
-        if self.weights is not None:
-            ensemble_weights(self.weights)
-
-
-def ensemble_weights(text: str) -> tuple[float, ...]:
-    """--weights' values normalised to sum 1 (search/ensemble.py checks their count against --path's checkpoints);
-    ConfigError naming --weights for anything but positive finite numbers."""
-    try:
-        values = tuple(float(part) for part in text.split(","))
-    except ValueError:
-        raise ConfigError(f"--weights {text!r} must be positive numbers separated by commas, like 0.6,0.4") from None
-    total = sum(values)
-    if not all(w > 0 for w in values) or not math.isfinite(total):
-        raise ConfigError(f"--weights {text!r} must be positive finite numbers, like 0.6,0.4")
-    return tuple(w / total for w in values)
-
-
-@dataclass(frozen=True, kw_only=True)
-class GenerateConfig(InferenceConfig):
-    """`nmt generate` apart from the search itself (SearchConfig, whose defaults come from the checkpoint)."""
-
-    data_dir: str | None = flag(
-        None, "Data directory made by `nmt preprocess` (or use --input).", path="dir", argument=True
-    )
-    gen_subset: str = flag("test", "Split of DATA_DIR to translate.")
-    input: str | None = flag(None, "Raw text file to translate, or - for stdin (instead of DATA_DIR).")
-    prefix_file: str | None = flag(
-        None,
-        "Target prefixes, one line per --input line (an empty line: none): each translation begins with its line's "
-        "text (whole words), forced and scored.",
-        path="file",
-    )
-    buffer_size: int | None = flag(
-        None,
-        "Lines read at a time with --input [default: 1000; 1 when stdin is a terminal, so that each line "
-        "is translated as it is typed].",
-        min=1,
-    )
-    output_format: str | None = flag(
-        None,
-        "[default: fairseq for DATA_DIR, plain for --input]; plain writes --nbest lines per input, in order "
-        "(as OpenNMT-py); scores are in nats (natural log).",
-        choices=("plain", "fairseq", "jsonl"),
-    )
-    print_alignment: str | None = flag(
-        None,
-        "Align each output to its source after the search: hard writes each output piece's most attended source "
-        "piece as fairseq's S-T pairs (indices of sentencepiece pieces, EOS excluded), soft the weights; an A- line "
-        "in fairseq output, an alignment field in jsonl [default: none].",
-        choices=("hard", "soft"),
-    )
-    alignment_layer: int | None = flag(
-        None, "Decoder layer --print-alignment reads, 0 the bottom one [default: the penultimate].", min=0
-    )
-    results_path: str | None = flag(
-        None,
-        "Write generate-SUBSET.txt (with --input FILE: generate-FILE.txt, stdin: generate-stdin.txt) into this "
-        "directory instead of stdout.",
-        path="new",
-    )
-    max_tokens: int = flag(8000, "Source tokens per batch.", min=1)
-    batch_size: int = flag(0, "Also cap sentences per batch (0: no cap).", min=0)
-    num_shards: int = flag(1, "Split the input into contiguous shards.", min=1)
-    shard_id: int = flag(0, "Which shard to translate.", min=0)
-    constraints_file: str | None = flag(
-        None,
-        "With --input: one line per input line of tab-separated target phrases every output must contain "
-        "(lexically constrained beam search; an empty line for none).",
-        path="file",
-    )
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.print_alignment and (self.output_format or ("fairseq" if self.data_dir else "plain")) == "plain":
-            raise ConfigError(
-                f"--print-alignment {self.print_alignment} writes an A- line (--output-format fairseq) or an "
-                "alignment field (jsonl); plain output holds the translations alone, one per line: add "
-                "--output-format fairseq or jsonl"
-            )
-        if self.alignment_layer is not None and self.print_alignment is None:
-            raise ConfigError(
-                f"--alignment-layer {self.alignment_layer} picks the layer --print-alignment reads; add "
-                "--print-alignment hard|soft or drop it"
-            )
-
-
-@dataclass(frozen=True, kw_only=True)
-class ServeConfig(InferenceConfig):
-    """`nmt serve` apart from the search (SearchConfig, whose defaults come from the checkpoint)."""
-
-    # --path is repeatable for serve: cli/serve.py gives its first value to `path`, the others to `more_paths`
-    path: str = flag(
-        help="Checkpoint to serve, as [NAME=]CKPT (NAME: what requests choose it by [default: SRC-TGT, else the "
-        "file's stem]); repeat --path to serve several models, the first answering requests that name none.",
-        cli=False,
-    )
-    more_paths: tuple[str, ...] = flag((), "The models served beside `path`, each [NAME=]CKPT.", cli=False)
-    host: str = flag("127.0.0.1", "Address to listen on (0.0.0.0: every interface).")
-    port: int = flag(8080, "Port to listen on (0: a free one, logged at start).", min=0, max=65535)
-    threads: int = flag(
-        0, "CPU threads of the search (0: every core this process may use but one, left to HTTP; at least 1).", min=0
-    )
-    max_batch_tokens: int = flag(8000, "Padded source tokens per batch, as generate's --max-tokens.", min=1)
-    max_wait_ms: float = flag(25.0, "How long a sentence waits for others to batch with.", min=0)
-    max_request_sentences: int = flag(256, "Sentences one request may hold.", min=1)
-    max_queue: int = flag(4096, "Sentences waiting at most; a request that would exceed it gets 503.", min=1)
-    timeout: float = flag(60.0, "Seconds a request may take before it gets 504.", min=0, min_open=True)
-    max_beam: int | None = flag(None, "Largest beam a request may ask for [default: 16, or --beam].", min=1)
-    max_nbest: int | None = flag(None, "Most hypotheses per text a request may ask for [default: --max-beam's].", min=1)
-    max_output_tokens: int | None = flag(None, "Longest output a request may ask for [default: the model's].", min=1)
-    max_input_chars: int = flag(10_000, "Longest text a request may send, in characters.", min=1)
-    drain_timeout: float = flag(
-        30.0,
-        "At SIGTERM or Ctrl-C, seconds the requests already open may take to be answered before each still open "
-        "gets 503 (a second signal ends the wait at once).",
-        min=0,
-    )
-    max_body_bytes: int = flag(8 << 20, "Bytes a request body may hold; a longer one gets 413 unread.", min=1)
-    api_key: str | None = flag(None, "Key a client sends as `Authorization: Bearer KEY` (seen in process lists).")
-    api_key_file: str | None = flag(None, "File whose first line is the API key (or set NMT_API_KEY).", path="file")
-    cors_origin: str | None = flag(None, "Origins a browser may call the API from, comma-separated (none: same).")
-    max_client_sentences: int | None = flag(
-        None,
-        "Sentences one client (its address) may have queued or in progress; a request past it gets 429 [default: "
-        "no limit: behind a proxy every client has the proxy's address, unless the proxy sends X-Forwarded-For "
-        "and --forwarded-allow-ips trusts it].",
-        min=1,
-    )
-    forwarded_allow_ips: str | None = flag(
-        None,
-        "Proxy addresses (comma-separated, or *) whose X-Forwarded-For gives the client's address "
-        "[default: $FORWARDED_ALLOW_IPS, else the loopback addresses].",
-    )
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.max_request_sentences > self.max_queue:
-            raise ConfigError(
-                f"--max-request-sentences {self.max_request_sentences} exceeds --max-queue {self.max_queue}: "
-                "such a request could never be queued"
-            )
-        if self.max_client_sentences is not None and self.max_request_sentences > self.max_client_sentences:
-            raise ConfigError(
-                f"--max-request-sentences {self.max_request_sentences} exceeds --max-client-sentences "
-                f"{self.max_client_sentences}: such a request could never be queued; lower --max-request-sentences"
-            )
-
-
 @dataclass(frozen=True)
 class ExportConfig:
     """`nmt export`: a checkpoint as a model directory of a serving engine."""
@@ -439,22 +286,6 @@ class ExportConfig:
 
     def __post_init__(self) -> None:
         check_fields(self)
-
-
-@dataclass(frozen=True, kw_only=True)
-class ScorePairsConfig(InferenceConfig):
-    """`nmt score-pairs`: the model's score of given translations (search/forced.py), with the search's length
-    penalty and unknown-piece penalty (SearchConfig's, whose defaults come from the checkpoint)."""
-
-    source: str = flag(help="Source text, one sentence per line.", path="file")
-    target: str = flag(help="Its translations to score, one per line of --source.", path="file")
-    output_format: str = flag(
-        "plain",
-        "plain: one score per line; jsonl: score, log_prob (nats, EOS included), tokens and token_scores per pair.",
-        choices=("plain", "jsonl"),
-    )
-    max_tokens: int = flag(8000, "Padded source (and target) tokens per batch.", min=1)
-    batch_size: int = flag(0, "Also cap pairs per batch (0: no cap).", min=0)
 
 
 def config_to_dict(cfg: Any) -> dict[str, Any]:
