@@ -87,7 +87,7 @@ def serve(cfg: ServeConfig, search_overrides: dict[str, Any]) -> None:
     key, key_source = api_key(cfg)  # refused before the model is loaded
     origins = cors_origins(cfg.cors_origin)
     limits = Limits(cfg.max_request_sentences, cfg.timeout, cfg.max_body_bytes, key, origins, cfg.max_client_sentences)
-    set_serving_threads(cfg.threads)
+    threads_note = set_serving_threads(cfg.threads)
     models = Models.open(cfg, search_overrides)
     served = models.default.served
     sock = listen(cfg.host, cfg.port)  # bound (a port in use is refused now), not yet listening
@@ -115,6 +115,7 @@ def serve(cfg: ServeConfig, search_overrides: dict[str, Any]) -> None:
         cfg.max_batch_tokens,
         cfg.max_wait_ms,
     )
+    logger.info("%s", threads_note)
     if key_source:
         logger.info("clients must send `Authorization: Bearer KEY` (the key from %s)", key_source)
     with quiet_exit_signals():
@@ -141,12 +142,13 @@ def serving_threads(n_threads: int) -> int:
     return n_threads or max(1, usable_cores() - 1)
 
 
-def set_serving_threads(n_threads: int) -> None:
-    """Set the search's intra-op threads (`serving_threads`) and log how many."""
+def set_serving_threads(n_threads: int) -> str:
+    """Set the search's intra-op threads (`serving_threads`); how many, for the log line `serve` writes once the
+    model is loaded (a start refused on the options stays one error line)."""
     threads = serving_threads(n_threads)
     set_threads(threads)
     how = "--threads" if n_threads else f"--threads 0: {usable_cores()} usable core(s) less one for HTTP, at least 1"
-    logger.info("searching with %d CPU thread(s) (%s)", threads, how)
+    return f"searching with {threads} CPU thread(s) ({how})"
 
 
 API_KEY_ENV = "NMT_API_KEY"

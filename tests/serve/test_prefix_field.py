@@ -40,7 +40,7 @@ def test_prefixes_answer_what_generate_writes(tiny_checkpoint, tmp_path):
         ({"texts": ["1 2"], "prefix": "1"}, "'prefix' must be a list of 1 strings beside 'texts'"),
         ({"texts": ["1 2", "3"], "prefix": ["", "1 2 3 4 5 6"], "max_len_b": 2}, "prefix[1]: the prefix has "),
         ({"text": "", "prefix": "1"}, "prefix[0]: the prefix is given for an empty input"),
-        ({"text": "1", "prefix": "\u2581 1"}, "prefix[0]: the prefix holds sentencepiece pieces"),
+        ({"text": "1", "prefix": "\u25811 \u25812"}, "prefix[0]: the prefix holds sentencepiece pieces"),
         ({"texts": ["1", "2"], "prefix": ["", "1\n2"]}, "prefix[1]: the prefix holds a line break"),
     ],
 )

@@ -1,7 +1,6 @@
 """serve's --threads default: every core the process may use but one (left to the event loop and the clients),
 at least one; a --threads given is kept. The affinity is mocked, so the cases run on any machine."""
 
-import logging
 import os
 
 import pytest
@@ -28,16 +27,15 @@ def test_without_affinity_the_machine_cores_count(monkeypatch):
     assert serving_threads(0) == 3
 
 
-def test_the_chosen_number_is_set_and_logged(monkeypatch, caplog):
+def test_the_chosen_number_is_set_and_described(monkeypatch):
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2}, raising=False)
     before = torch.get_num_threads()
     try:
-        with caplog.at_level(logging.INFO, logger="nmt_cli"):
-            set_serving_threads(0)
-            assert torch.get_num_threads() == 2
-            set_serving_threads(1)
-            assert torch.get_num_threads() == 1
+        chosen = set_serving_threads(0)
+        assert torch.get_num_threads() == 2
+        given = set_serving_threads(1)
+        assert torch.get_num_threads() == 1
     finally:
         torch.set_num_threads(before)
-    assert "searching with 2 CPU thread(s) (--threads 0: 3 usable core(s) less one for HTTP" in caplog.text
-    assert "searching with 1 CPU thread(s) (--threads)" in caplog.text
+    assert chosen.startswith("searching with 2 CPU thread(s) (--threads 0: 3 usable core(s) less one for HTTP")
+    assert given == "searching with 1 CPU thread(s) (--threads)"
