@@ -161,6 +161,7 @@ def test_a_cancelled_request_leaves_the_running_batch_at_the_next_step():
             if not any(wanted):
                 break
             time.sleep(0.01)
+            yield
         return [None] * len(items)
 
     batcher = Batcher(run, max_tokens=1000, max_wait=0.0, max_queue=10)
