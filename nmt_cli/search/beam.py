@@ -53,7 +53,7 @@ def run_to_end(steps: Steps[R]) -> R:
         try:
             next(steps)
         except StopIteration as stop:
-            return stop.value  # type: ignore[no-any-return]
+            return stop.value
 
 
 @dataclass

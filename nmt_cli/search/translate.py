@@ -186,7 +186,7 @@ def each_step_in(context: Callable[[], AbstractContextManager[Any]], steps: Step
             try:
                 next(steps)
             except StopIteration as stop:
-                return stop.value  # type: ignore[no-any-return]
+                return stop.value
         yield
 
 
