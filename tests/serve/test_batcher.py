@@ -322,3 +322,17 @@ def test_the_batch_that_has_run_the_fewest_steps_runs_next():
     # then with 0 steps against a's 3, runs alone until it has 3, and then they alternate
     assert run.trace == ["a", "b", "a", "b", "a", "c", "c", "c", "a", "c", "a", "c", "a", "c"]
     assert run.finished == ["b", "a", "c"]
+
+
+def test_a_batch_that_fails_beside_a_running_one_fails_only_its_own_requests():
+    run = Recorder(delay=0.005, fail_on="bad", steps=lambda key: 40 if key == "long" else 2)
+    batcher = Batcher(run, max_tokens=1000, max_wait=0.0, max_queue=100)
+    batcher.start()
+    long = submit(batcher, "long", ["x"])
+    time.sleep(0.05)
+    with pytest.raises(RuntimeError, match="boom"):
+        submit(batcher, "other", ["bad"]).result(timeout=5)
+    assert not long.done()
+    assert submit(batcher, "other", ["good"]).result(timeout=5) == ["other:good"]
+    assert long.result(timeout=10) == ["long:x"]
+    batcher.stop(timeout=10)
