@@ -16,13 +16,15 @@ An optional `constraint` (parsing/constraint.py, search/lexical.py) masks log-pr
 the beams; one that has `rank_candidates` (lexical constraints) also chooses and orders each step's candidates.
 An optional `still_wanted` (serve's requests that timed out or went away) is asked on the host once a step;
 a sentence no longer wanted leaves the batch as a finished one does, and the batch stops when none is wanted.
+`beam_steps` is the search as a generator that yields after each decoder step (serve's worker interleaves
+batches by step); `beam_search` runs it to its end.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
@@ -39,6 +41,20 @@ NEG_INF = float("-inf")
 # Asked once a step: for each sentence of the call, in order, whether its result is still wanted (host-side,
 # e.g. a request's Future not yet done). The hypotheses of a sentence no longer wanted are to be discarded.
 StillWanted = Callable[[], Sequence[bool]]
+
+R = TypeVar("R")
+# A search that runs one decoder step per resumption and returns its results: serve's worker advances several
+# batches' searches in turn (serve/batcher.py); generate drives one to its end (`run_to_end`).
+Steps = Generator[None, None, R]
+
+
+def run_to_end(steps: Steps[R]) -> R:
+    """Run a stepping search to its end; its results."""
+    while True:
+        try:
+            next(steps)
+        except StopIteration as stop:
+            return stop.value
 
 
 @dataclass
@@ -278,7 +294,7 @@ def start(b0: int, k: int, n_steps: int, device: torch.device) -> tuple[BeamStat
 
 
 @torch.inference_mode()
-def beam_search(
+def beam_steps(
     model: SearchModel,
     enc: SearchEncoderOut,
     src_lens: Tensor,
@@ -288,8 +304,8 @@ def beam_search(
     constraint: Constraint[Any] | None = None,
     n_leaves: Tensor | None = None,
     still_wanted: StillWanted | None = None,
-) -> list[list[Hypothesis]]:
-    """Translate a batch of encoded sentences.
+) -> Steps[list[list[Hypothesis]]]:
+    """Translate a batch of encoded sentences, one decoder step per resumption (`beam_search` runs it to its end).
 
     Args:
         model: the Transformer (in eval mode), or an Ensemble of them (search/ensemble.py).
@@ -351,4 +367,23 @@ def beam_search(
         prev = state.tokens[:, :, -1].reshape(-1)
         if constraint is not None:
             constraint_state = constraint.advance(constraint_state.select(rows), prev)
+        yield  # a step done: serve's worker may search another batch before the next
     return collect(fin, cfg.nbest)
+
+
+def beam_search(
+    model: SearchModel,
+    enc: SearchEncoderOut,
+    src_lens: Tensor,
+    cfg: SearchConfig,
+    n_pieces: int | None = None,
+    *,
+    constraint: Constraint[Any] | None = None,
+    n_leaves: Tensor | None = None,
+    still_wanted: StillWanted | None = None,
+) -> list[list[Hypothesis]]:
+    """`beam_steps` run to its end: for each sentence, `cfg.nbest` hypotheses, best first."""
+    steps = beam_steps(
+        model, enc, src_lens, cfg, n_pieces, constraint=constraint, n_leaves=n_leaves, still_wanted=still_wanted
+    )
+    return run_to_end(steps)

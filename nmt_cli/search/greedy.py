@@ -15,7 +15,7 @@ from torch import Tensor
 
 from nmt_cli.config import SearchConfig
 from nmt_cli.data.vocab import BOS, EOS, PAD, UNK
-from nmt_cli.search.beam import StillWanted, Unwanted
+from nmt_cli.search.beam import Steps, StillWanted, Unwanted, run_to_end
 from nmt_cli.search.constraint import Constraint
 from nmt_cli.search.hypothesis import Hypothesis
 from nmt_cli.search.searchable import SearchEncoderOut, SearchModel
@@ -38,7 +38,7 @@ def sample_from(log_probs: Tensor, cfg: SearchConfig, generator: torch.Generator
 
 
 @torch.inference_mode()
-def greedy_search(
+def greedy_steps(
     model: SearchModel,
     enc: SearchEncoderOut,
     src_lens: Tensor,
@@ -49,8 +49,9 @@ def greedy_search(
     constraint: Constraint[Any] | None = None,
     n_leaves: Tensor | None = None,
     still_wanted: StillWanted | None = None,
-) -> list[list[Hypothesis]]:
-    """Pick the most likely token each step (or sample one with cfg.sampling) until EOS or max length.
+) -> Steps[list[list[Hypothesis]]]:
+    """Pick the most likely token each step (or sample one with cfg.sampling) until EOS or max length, one decoder
+    step per resumption (`greedy_search` runs it to its end).
 
     Ids from `n_pieces` on (the embedding table's padding rows) are never chosen. An optional `constraint`
     (parsing/constraint.py) masks the log-probs first (n_leaves [B] per sentence).
@@ -83,7 +84,35 @@ def greedy_search(
         prev = choice
         if constraint is not None:
             constraint_state = constraint.advance(constraint_state, choice)
+        yield  # a step done: serve's worker may search another batch before the next
     return to_hypotheses(torch.stack(tokens, 1), torch.stack(scores, 1), cfg)
+
+
+def greedy_search(
+    model: SearchModel,
+    enc: SearchEncoderOut,
+    src_lens: Tensor,
+    cfg: SearchConfig,
+    generator: torch.Generator | None = None,
+    n_pieces: int | None = None,
+    *,
+    constraint: Constraint[Any] | None = None,
+    n_leaves: Tensor | None = None,
+    still_wanted: StillWanted | None = None,
+) -> list[list[Hypothesis]]:
+    """`greedy_steps` run to its end: one Hypothesis per sentence."""
+    steps = greedy_steps(
+        model,
+        enc,
+        src_lens,
+        cfg,
+        generator,
+        n_pieces,
+        constraint=constraint,
+        n_leaves=n_leaves,
+        still_wanted=still_wanted,
+    )
+    return run_to_end(steps)
 
 
 def allowed_tokens(

@@ -7,7 +7,8 @@ the skeleton exists once."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,10 +25,10 @@ from nmt_cli.model.linear import ONEDNN_AVAILABLE, pack_for_cpu_inference
 from nmt_cli.model.quantize import quantize_for_cpu_inference
 from nmt_cli.model.transformer import Transformer
 from nmt_cli.runtime import AMP_DTYPES, autocast, choose_attention_backends, choose_device
-from nmt_cli.search.beam import StillWanted, beam_search, max_lengths
+from nmt_cli.search.beam import R, Steps, StillWanted, beam_steps, max_lengths, run_to_end
 from nmt_cli.search.constraint import ConstraintSource, all_of
 from nmt_cli.search.ensemble import Ensemble, check_members, ensemble_bounds, member_paths, member_weights
-from nmt_cli.search.greedy import greedy_search
+from nmt_cli.search.greedy import greedy_steps
 from nmt_cli.search.hypothesis import Hypothesis
 from nmt_cli.search.ngram import no_repeat_ngrams
 from nmt_cli.search.settings import SearchBounds, generation_precision, search_bounds, search_settings
@@ -153,6 +154,53 @@ def search_batch(
     """Encode one padded batch and run beam, greedy or sampling search, under the rules `constraints` gives for the
     sentences `ids` (indices into the caller's sources) when one is given. `still_wanted` (one answer per source,
     asked once a step): sentences no longer wanted stop there, their hypotheses to be discarded."""
+    return run_to_end(search_batch_steps(translator, sources, cfg, generator, constraints, ids, still_wanted))
+
+
+def search_batch_steps(
+    translator: Translator,
+    sources: Sequence[np.ndarray],
+    cfg: SearchConfig,
+    generator: torch.Generator | None,
+    constraints: ConstraintSource | None = None,
+    ids: np.ndarray | None = None,
+    still_wanted: StillWanted | None = None,
+) -> Steps[list[list[Hypothesis]]]:
+    """`search_batch` one decoder step per resumption (the encoder runs with the first). Each step runs in
+    inference mode under the translator's autocast, entered and left around it: serve's worker interleaves the
+    steps of two batches on one thread, and a context held open across a pause would leak into the other's."""
+    steps = batch_steps(translator, sources, cfg, generator, constraints, ids, still_wanted)
+    return each_step_in(lambda: search_context(translator), steps)
+
+
+@contextmanager
+def search_context(translator: Translator) -> Iterator[None]:
+    """Inference mode and the translator's autocast, together."""
+    with torch.inference_mode(), autocast(translator.device, translator.amp_dtype):
+        yield
+
+
+def each_step_in(context: Callable[[], AbstractContextManager[Any]], steps: Steps[R]) -> Steps[R]:
+    """`steps` with each resumption run inside a fresh `context()`."""
+    while True:
+        with context():
+            try:
+                next(steps)
+            except StopIteration as stop:
+                return stop.value
+        yield
+
+
+def batch_steps(
+    translator: Translator,
+    sources: Sequence[np.ndarray],
+    cfg: SearchConfig,
+    generator: torch.Generator | None,
+    constraints: ConstraintSource | None = None,
+    ids: np.ndarray | None = None,
+    still_wanted: StillWanted | None = None,
+) -> Steps[list[list[Hypothesis]]]:
+    """The body of `search_batch_steps`, whose contexts its own `with` nests in."""
     n, n_pieces = len(sources), translator.vocab.n_pieces
     src = pad_sources([np.asarray(s, dtype=np.int64) for s in sources]).to(translator.device)
     lengths = [len(s) for s in sources]
@@ -174,10 +222,10 @@ def search_batch(
                     rules["still_wanted"] = repeated(still_wanted, cfg.nbest)
                 if constraints is not None:  # each sentence's rules for each of its samples
                     rules["n_leaves"] = rules["n_leaves"][rep.to(rules["n_leaves"].device)]
-                hyps = greedy_search(translator.model, enc, src_lens[rep], cfg, generator, n_pieces, **rules)
+                hyps = yield from greedy_steps(translator.model, enc, src_lens[rep], cfg, generator, n_pieces, **rules)
                 return [[h[0] for h in hyps[i * cfg.nbest : (i + 1) * cfg.nbest]] for i in range(n)]
-            return greedy_search(translator.model, enc, src_lens, cfg, generator, n_pieces, **rules)
-        return beam_search(translator.model, enc, src_lens, cfg, n_pieces, **rules)
+            return (yield from greedy_steps(translator.model, enc, src_lens, cfg, generator, n_pieces, **rules))
+        return (yield from beam_steps(translator.model, enc, src_lens, cfg, n_pieces, **rules))
 
 
 def repeated(still_wanted: StillWanted, n: int) -> StillWanted:
@@ -205,12 +253,28 @@ def translate(
     constraints: ConstraintSource | None = None,
     still_wanted: StillWanted | None = None,
 ) -> list[list[Hypothesis]]:
-    """Translate token-id sequences (no EOS); results come back in input order. `constraints`: the rules of a
-    constrained search (a parser's trees, target prefixes: search/prefix.py; several composed with
-    constraint.all_of), asked for each batch, with cfg.no_repeat_ngram_size's ban (search/ngram.py) added.
-    `still_wanted`: one answer per source, asked once a step (search/beam.py's StillWanted); a sentence no longer
-    wanted leaves its batch at the next step, a batch of none wanted is not searched, and their results (empty or
-    partial) are to be discarded.
+    """`translate_steps` run to its end: one list of hypotheses per source, in input order."""
+    steps = translate_steps(translator, sources, cfg, max_tokens, batch_size, generator, constraints, still_wanted)
+    return run_to_end(steps)
+
+
+def translate_steps(
+    translator: Translator,
+    sources: Sequence[np.ndarray],
+    cfg: SearchConfig,
+    max_tokens: int,
+    batch_size: int = 0,
+    generator: torch.Generator | None = None,
+    constraints: ConstraintSource | None = None,
+    still_wanted: StillWanted | None = None,
+) -> Steps[list[list[Hypothesis]]]:
+    """Translate token-id sequences (no EOS), one decoder step per resumption (serve's worker hands it one batch
+    and interleaves it with another); results come back in input order. `constraints`: the rules of a
+    constrained search (a parser's trees, target prefixes: search/prefix.py, lexical constraints:
+    search/lexical.py; several composed with constraint.all_of), asked for each batch, with
+    cfg.no_repeat_ngram_size's ban (search/ngram.py) added. `still_wanted`: one answer per source, asked once a
+    step (search/beam.py's StillWanted); a sentence no longer wanted leaves its batch at the next step, a batch of
+    none wanted is not searched, and their results (empty or partial) are to be discarded.
 
     Empty sources get an empty hypothesis without running the model; sources longer than the
     model's positions are cut (with a warning). Sampling draws from `generator`, else from one seeded
@@ -244,7 +308,9 @@ def translate(
         wanted = None if still_wanted is None else subset(still_wanted, ids)
         if wanted is not None and not any(wanted()):
             continue
-        hyps_of = search_batch(translator, [sources[i] for i in ids], cfg, generator, constraints, ids, wanted)
+        hyps_of = yield from search_batch_steps(
+            translator, [sources[i] for i in ids], cfg, generator, constraints, ids, wanted
+        )
         for i, hyps in zip(ids, hyps_of):
             results[i] = hyps
     return results

@@ -5,11 +5,18 @@ takes the oldest queued sentence and waits for company: until as many sentences 
 ran plus those that waited through it (the clients it answered come back with their next ones moments later),
 or `max_tokens` padded tokens are, or `max_wait` has passed (from the sentence's arrival, or from the end of the
 last batch when that is later). A lone client is never kept waiting, and 32 clients in a loop make batches of
-32. It then runs the batch: the sentences of every request that share
-the oldest one's search settings (the job's `key`), packed by `batch_by_tokens` as `nmt generate` packs
-its input, and the batch holding the oldest sentence taken. Empty sentences cost nothing and ride along.
+32. The batch it takes holds the sentences of every request that share the oldest one's search settings (the
+job's `key`), packed by `batch_by_tokens` as `nmt generate` packs its input, and the batch holding the oldest
+sentence taken. Empty sentences cost nothing and ride along.
+
+A batch's search advances one decoder step per resumption (`RunBatch` returns a generator), and the worker keeps
+up to `MAX_RUNNING` batches running: between two steps it takes the next batch, by the same rule but without
+waiting, if a slot is free, then advances the running batch that has run the fewest steps (least attained
+service, the classic policy for jobs of unknown length). A short batch that arrives while an expensive one runs
+(a request of the largest beam and output the caps allow) finishes about as it would alone, and the expensive
+one uses the time the others leave. With one batch running the worker does what a one-batch worker does.
 A request is answered as soon as its last sentence is done; a cancelled one (timed out, client gone) loses
-its sentences that have not started, and those of the running batch stop at the search's next step (the
+its sentences that have not started, and those of a running batch stop at the search's next step (the
 whole batch when none is wanted), so that the others' latency does not depend on it. `stop` refuses new
 requests, finishes the queued ones, and returns.
 Before its first batch the worker runs `warm_up` (one sentence through the model), then sets `ready`; either
@@ -21,7 +28,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Generator, Hashable, Sequence
 from concurrent.futures import Future, InvalidStateError
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
@@ -34,10 +41,17 @@ from nmt_cli.errors import NmtError
 
 logger = logging.getLogger(__name__)
 
-# (key, items, still_wanted) -> one result per item, in order; still_wanted() says, per item, whether its request
-# is still waiting (the search asks it once a step and drops the others: their results are not used)
-RunBatch = Callable[[Hashable, list[Any], Callable[[], list[bool]]], list[Any]]
-OnBatch = Callable[[int, int, float], None]  # (sentences, requests, seconds) of each batch run
+# (key, items, still_wanted) -> a search that runs one step per resumption and returns one result per item, in
+# order; still_wanted() says, per item, whether its request is still waiting (the search asks it once a step and
+# drops the others: their results are not used)
+RunBatch = Callable[[Hashable, list[Any], Callable[[], list[bool]]], Generator[None, None, list[Any]]]
+OnBatch = Callable[[int, int, float], None]  # (sentences, requests, seconds of its own steps) of each batch run
+
+# Batches searched at once, a step of one at a time: two let the short batches pass an expensive one, and more
+# would only add memory. Each keeps to --max-batch-tokens, so the worker holds two batches' searches at most; the
+# per-request memory refusal (search/settings.py) weighs one sentence's search against the memory available when
+# the request comes, which a running batch has already taken from.
+MAX_RUNNING = 2
 
 
 class QueueFull(Exception):
@@ -72,6 +86,16 @@ class Queued:
         self.job.remaining -= 1
         if self.job.remaining == 0:
             settle(self.job.future, result=self.job.results)
+
+
+@dataclass(eq=False)
+class Running:
+    """A batch whose search has started: its sentences, its search, and the steps (and seconds) it has had."""
+
+    batch: list[Queued]
+    search: Generator[None, None, list[Any]]
+    steps: int = 0
+    seconds: float = 0.0
 
 
 class Batcher:
@@ -163,8 +187,15 @@ class Batcher:
     def _work(self) -> None:
         with self.worker_context():
             self._warm()
-            while (batch := self._next_batch()) is not None:
-                self._run_batch(batch)
+            running: list[Running] = []
+            while True:
+                if len(running) < MAX_RUNNING and (batch := self._next_batch(wait=not running)) is not None:
+                    running.append(self._start(batch))
+                if not running:
+                    return  # stopped, and nothing is queued
+                fewest = min(running, key=lambda r: r.steps)  # least attained service; the older one on a tie
+                if self._step(fewest):
+                    running.remove(fewest)
 
     def _warm(self) -> None:
         """Run the warm-up, then set `ready` if it went well, and `warmed` either way."""
@@ -181,13 +212,14 @@ class Batcher:
         finally:
             self.warmed.set()
 
-    def _next_batch(self) -> list[Queued] | None:
-        """Wait for the oldest sentence's company (or its deadline), then take its batch; None once stopped."""
+    def _next_batch(self, wait: bool) -> list[Queued] | None:
+        """Wait for the oldest sentence's company (or its deadline), then take its batch; None once stopped. Without
+        `wait` (a batch is running), None at once unless a batch is ready to take."""
         with self._cond:
             while True:
                 self._drop_cancelled()
                 if not self._queue:
-                    if self._stopping:
+                    if self._stopping or not wait:
                         return None
                     self._cond.wait()
                     continue
@@ -200,6 +232,8 @@ class Batcher:
                 count, padded = self._size(first.job.key)
                 if self._stopping or left <= 0 or padded >= self.max_tokens or count >= self._expected:
                     return self._take(first.job.key)
+                if not wait:
+                    return None
                 self._cond.wait(left)
 
     def _size(self, key: Hashable) -> tuple[int, int]:
@@ -222,28 +256,51 @@ class Batcher:
         self._queue = [q for q in self._queue if id(q) not in taken]
         return chosen
 
-    def _run_batch(self, batch: list[Queued]) -> None:
-        """Search a batch and answer its requests; the next batch waits for the company this one expects."""
-        jobs = list({id(q.job): q.job for q in batch}.values())
+    def _start(self, batch: list[Queued]) -> Running:
+        """The batch's search, not yet started (its first step encodes)."""
         futures = [q.job.future for q in batch]
+        items = [q.job.items[q.index] for q in batch]
+        return Running(batch, self.run(batch[0].job.key, items, lambda: still_waiting(futures)))
+
+    def _step(self, running: Running) -> bool:
+        """Advance a batch's search by one step; True once it has ended, its requests answered (or failed)."""
         start = time.perf_counter()
         try:
-            results = self.run(batch[0].job.key, [q.job.items[q.index] for q in batch], lambda: still_waiting(futures))
+            next(running.search)
+        except StopIteration as stop:
+            running.seconds += time.perf_counter() - start
+            self._answer(running, stop.value)
+            return True
         except Exception as e:  # a bug or a device error: fail these requests, keep serving the others
-            logger.exception("a batch of %d sentences failed", len(batch))
-            for job in jobs:
+            logger.exception("a batch of %d sentences failed", len(running.batch))
+            self._ended(running.batch)
+            for job in jobs_of(running.batch):
                 settle(job.future, exception=e)
-            return
-        finally:  # counted before any answer goes out: an answered client may be back at once, and counting
-            # its next sentence as well as its last made the next batch wait for one too many
-            with self._cond:
-                self._free_since = time.monotonic()
-                self._drop_cancelled()
-                self._expected = len(batch) + len(self._queue)
+            return True
+        running.seconds += time.perf_counter() - start
+        running.steps += 1
+        return False
+
+    def _answer(self, running: Running, results: list[Any]) -> None:
+        """Answer a finished batch's requests; the next batch waits for the company this one expects."""
+        self._ended(running.batch)
         if self.on_batch is not None:  # counted before the answers go out: a client answered sees it
-            self.on_batch(len(batch), len(jobs), time.perf_counter() - start)
-        for q, result in zip(batch, results):
+            self.on_batch(len(running.batch), len(jobs_of(running.batch)), running.seconds)
+        for q, result in zip(running.batch, results):
             q.answer(result)
+
+    def _ended(self, batch: list[Queued]) -> None:
+        """Counted before any answer goes out: an answered client may be back at once, and counting its next
+        sentence as well as its last made the next batch wait for one too many."""
+        with self._cond:
+            self._free_since = time.monotonic()
+            self._drop_cancelled()
+            self._expected = len(batch) + len(self._queue)
+
+
+def jobs_of(batch: list[Queued]) -> list[Job]:
+    """The requests a batch's sentences belong to, each once."""
+    return list({id(q.job): q.job for q in batch}.values())
 
 
 def still_waiting(futures: list[Future[list[Any]]]) -> list[bool]:

@@ -1,9 +1,9 @@
 """The models one `nmt serve` serves (`--path [NAME=]CKPT`, repeated), and which of them a request asks for.
 
 Each model is a ServedModel with its own search defaults and caps; all share one Batcher and its one worker
-thread (the device searches one batch at a time), whose job key is (model name, search settings) and whose run
-dispatches to that model's ServedModel.run. A model's name is NAME when --path gives one, else SRC-TGT when the
-checkpoint names its languages, else the file's stem; two models of one name are refused.
+thread (which steps at most two batches in turn, serve/batcher.py), whose job key is (model name, search
+settings) and whose run dispatches to that model's ServedModel.run. A model's name is NAME when --path gives one,
+else SRC-TGT when the checkpoint names its languages, else the file's stem; two models of one name are refused.
 
 A request picks its model: ours with `"model": NAME` (default: the first --path), LibreTranslate's by its
 `source` and `target` (source "auto": the one model into that target). An unknown model, or a pair no model
@@ -21,6 +21,7 @@ from typing import Any
 
 from nmt_cli.config import SearchConfig, ServeConfig
 from nmt_cli.errors import ConfigError, DataError
+from nmt_cli.search.beam import Steps
 from nmt_cli.serve.batcher import Batcher
 from nmt_cli.serve.libretranslate import is_libretranslate
 from nmt_cli.serve.served_model import ServedModel
@@ -156,8 +157,9 @@ class Models:
         """GET /info: the default model's info, and every model's summary."""
         return {**self.default.served.info, "models": [m.summary() for m in self]}
 
-    def run(self, key: Hashable, sentences: list[Any], still_wanted: Callable[[], list[bool]]) -> list[Any]:
-        """The batcher's run: search a batch with the model and settings of its key, (name, SearchConfig)."""
+    def run(self, key: Hashable, sentences: list[Any], still_wanted: Callable[[], list[bool]]) -> Steps[list[Any]]:
+        """The batcher's run: search a batch with the model and settings of its key, (name, SearchConfig), one
+        decoder step per resumption."""
         assert isinstance(key, tuple)
         name, search = key
         return self.models[name].served.run(search, sentences, still_wanted)

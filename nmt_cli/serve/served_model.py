@@ -3,8 +3,9 @@ checked and encoded, their search settings checked as generate checks its option
 sentences searched with generate's own driver (search/translate.py, or parsing's for a parser), and aligned to
 their sources after the search where a request asks (`"alignment": "hard"` or `"soft"`, search/forced.py).
 
-A batch handed to `translate` fits its token budget, so `translate` runs it as one batch: a request's
-sentences get what generate writes for the same sentences batched the same way.
+A batch handed to `translate_steps` fits its token budget, so it runs as one batch: a request's sentences get
+what generate writes for the same sentences batched the same way. `run` is that search one decoder step per
+resumption, so that the batcher's worker can interleave two batches; a parser's batch runs whole in its first.
 """
 
 from __future__ import annotations
@@ -25,14 +26,14 @@ from nmt_cli.config import SearchConfig, ServeConfig
 from nmt_cli.data import raw_text_problem
 from nmt_cli.errors import ConfigError, DataError
 from nmt_cli.parsing.parser import TreeParser, ptb_words
-from nmt_cli.search.beam import StillWanted
+from nmt_cli.search.beam import Steps, StillWanted, run_to_end
 from nmt_cli.search.constraint import all_of
 from nmt_cli.search.forced import add_alignments, alignment_layer
 from nmt_cli.search.hypothesis import Hypothesis, hypothesis_record
 from nmt_cli.search.lexical import LexicalConstraints, check_fits, check_search, encode_phrases
 from nmt_cli.search.prefix import encode_prefixes, prefix_problem, prefix_source
 from nmt_cli.search.settings import search_settings
-from nmt_cli.search.translate import Inference, Translator, open_for_inference, sampling_generator, translate
+from nmt_cli.search.translate import Inference, Translator, open_for_inference, sampling_generator, translate_steps
 from nmt_cli.serve.batcher import Batcher
 from nmt_cli.serve.caps import Caps, check_outputs, check_request, check_server, check_text_length, request_terms
 
@@ -227,13 +228,14 @@ class ServedModel:
     def warm_up(self) -> None:
         """Build the model in the worker thread, then run one sentence through it, so that the first request
         does not pay for first-call set-up."""
-        self.run(self.search, self.prepare(["Hello, world."]))
+        run_to_end(self.run(self.search, self.prepare(["Hello, world."])))
 
     def run(
         self, search: Any, sentences: list[Sentence], still_wanted: StillWanted | None = None
-    ) -> list[dict[str, Any] | None]:
-        """Search one batch (the worker thread calls this); one JSON-ready result per sentence. `still_wanted`
-        (per sentence, asked once a step): those no longer wanted stop at the next step, and get None."""
+    ) -> Steps[list[dict[str, Any] | None]]:
+        """Search one batch (the worker thread resumes it) one decoder step per resumption (a parser's batch in
+        one); returns one JSON-ready result per sentence. `still_wanted` (per sentence, asked once a step): those
+        no longer wanted stop at the next step, and get None."""
         translator = self.translator
         generator = sampling_generator(search, self.device)
         if self.parser is not None:
@@ -245,7 +247,9 @@ class ServedModel:
             lexical = LexicalConstraints([s.phrases for s in sentences]) if any(s.phrases for s in sentences) else None
             forced = prefix_source([np.zeros(0, np.int64) if s.prefix is None else s.prefix for s in sentences])
             rules = all_of(lexical, forced)
-            results = translate(translator, ids, search, self.max_tokens, 0, generator, rules, still_wanted)
+            results = yield from translate_steps(
+                translator, ids, search, self.max_tokens, 0, generator, rules, still_wanted
+            )
             self.align(sentences, results)
             answers = [self.translation(hyps, search.nbest) for hyps in results]
         if still_wanted is None:

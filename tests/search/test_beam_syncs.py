@@ -17,13 +17,13 @@ from nmt_cli.search.translate import load_translator, open_for_inference, transl
 pytestmark = pytest.mark.usefixtures("cpu_matmul_route")  # both CPU matmul routes on every machine (conftest.py)
 
 # What a batch waits for besides its steps, as (call, function): collect() copies the finished hypotheses'
-# tokens, step scores, lengths and scores to the host (four copies), and beam_search reads the source lengths
+# tokens, step scores, lengths and scores to the host (four copies), and beam_steps reads the source lengths
 # on the host (`src_lens.cpu()`: translate passes them from the host, so on CUDA this copies nothing).
 # The twin does not see copies to the device: on CUDA a batch also sends its padded sources and its
 # maximum lengths there (tests/test_gpu.py allows for them).
-PER_BATCH = Counter({("cpu", "collect"): 4, ("cpu", "beam_search"): 1})
-# The one wait of a step: int(done.sum()), how many sentences are done (beam_search).
-PER_STEP = ("__int__", "beam_search")
+PER_BATCH = Counter({("cpu", "collect"): 4, ("cpu", "beam_steps"): 1})
+# The one wait of a step: int(done.sum()), how many sentences are done (beam_steps).
+PER_STEP = ("__int__", "beam_steps")
 
 
 def syncs_and_steps(translator, sources, cfg, constraints=None):

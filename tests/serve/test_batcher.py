@@ -11,18 +11,30 @@ from nmt_cli.serve.batcher import Batcher, QueueFull, Stopping
 
 
 class Recorder:
-    """Runs a batch by echoing its items, and remembers every batch (key, items)."""
+    """Runs a batch by echoing its items, and remembers every batch (key, items). The search takes `steps(key)`
+    steps (by default 0: it runs whole in its first resumption) of `delay` seconds each, and `trace` records each
+    step's key, in the order the worker ran them."""
 
-    def __init__(self, delay=0.0, fail_on=None):
-        self.batches = []
+    def __init__(self, delay=0.0, fail_on=None, steps=None):
+        self.batches, self.trace, self.finished = [], [], []
         self.delay = delay
         self.fail_on = fail_on
+        self.steps = steps or (lambda key: 0)
+        self.running = self.most_running = 0
 
     def __call__(self, key, items, still_wanted=None):
         self.batches.append((key, list(items)))
         if self.fail_on is not None and self.fail_on in items:
             raise RuntimeError("boom")
+        self.running += 1
+        self.most_running = max(self.most_running, self.running)
         time.sleep(self.delay)
+        for _ in range(self.steps(key)):
+            self.trace.append(key)
+            yield
+            time.sleep(self.delay)
+        self.running -= 1
+        self.finished.append(key)
         return [f"{key}:{item}" for item in items]
 
 
@@ -265,3 +277,62 @@ def test_a_batch_is_counted_before_its_answers_go_out():
     assert future.result(timeout=10) == ["cfg:a"]
     batcher.stop(timeout=10)
     assert seen_when_answered and seen_when_answered[0] >= 1
+
+
+def test_a_short_batch_admitted_while_a_long_one_runs_finishes_first():
+    """A batch that arrives while an expensive one is searched is taken at the next step and, having run the
+    fewest steps, searched until it ends: it is answered while the expensive one still runs, which then ends."""
+    run = Recorder(delay=0.005, steps=lambda key: 400 if key == "long" else 3)
+    batcher = Batcher(run, max_tokens=1000, max_wait=0.0, max_queue=100)
+    batcher.start()
+    long = submit(batcher, "long", ["x"])
+    time.sleep(0.1)
+    start = time.monotonic()
+    assert submit(batcher, "short", ["y"]).result(timeout=5) == ["short:y"]
+    assert time.monotonic() - start < 0.5  # 3 steps of 5 ms (the long one's 400 take 2 s)
+    assert not long.done()
+    assert long.result(timeout=10) == ["long:x"]
+    batcher.stop(timeout=10)
+    assert run.finished == ["short", "long"]
+    after = run.trace.index("short")
+    assert run.trace[after : after + 3] == ["short"] * 3  # no step of the long one between the short one's
+
+
+def test_at_most_two_batches_run_at_once_and_each_ends():
+    run = Recorder(delay=0.002, steps=lambda key: 30)
+    batcher = Batcher(run, max_tokens=1000, max_wait=0.0, max_queue=100)
+    futures = [submit(batcher, key, ["x"]) for key in "abcd"]  # one batch per key: four ready at once
+    batcher.start()
+    assert [f.result(timeout=10) for f in futures] == [[f"{key}:x"] for key in "abcd"]
+    batcher.stop(timeout=10)
+    assert run.most_running == 2
+    assert run.finished == ["a", "b", "c", "d"]
+
+
+def test_the_batch_that_has_run_the_fewest_steps_runs_next():
+    """Least attained service: two batches taken together alternate step by step; one taken later runs alone
+    until it has had as many steps as the other, then they alternate."""
+    run = Recorder(steps=lambda key: {"a": 6, "b": 2, "c": 6}[key])
+    batcher = Batcher(run, max_tokens=1000, max_wait=0.0, max_queue=100)
+    futures = [submit(batcher, key, ["x"]) for key in "abc"]
+    batcher.start()
+    assert [f.result(timeout=10) for f in futures] == [["a:x"], ["b:x"], ["c:x"]]
+    batcher.stop(timeout=10)
+    # a and b alternate, the older first on a tie; b ends at its third resumption, after a's third step; c, taken
+    # then with 0 steps against a's 3, runs alone until it has 3, and then they alternate
+    assert run.trace == ["a", "b", "a", "b", "a", "c", "c", "c", "a", "c", "a", "c", "a", "c"]
+    assert run.finished == ["b", "a", "c"]
+
+
+def test_a_batch_that_fails_beside_a_running_one_fails_only_its_own_requests():
+    run = Recorder(delay=0.005, fail_on="bad", steps=lambda key: 40 if key == "long" else 2)
+    batcher = Batcher(run, max_tokens=1000, max_wait=0.0, max_queue=100)
+    batcher.start()
+    long = submit(batcher, "long", ["x"])
+    time.sleep(0.05)
+    with pytest.raises(RuntimeError, match="boom"):
+        submit(batcher, "other", ["bad"]).result(timeout=5)
+    assert not long.done()
+    assert submit(batcher, "other", ["good"]).result(timeout=5) == ["other:good"]
+    assert long.result(timeout=10) == ["long:x"]
+    batcher.stop(timeout=10)

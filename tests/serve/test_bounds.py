@@ -161,6 +161,7 @@ def test_a_cancelled_request_leaves_the_running_batch_at_the_next_step():
             if not any(wanted):
                 break
             time.sleep(0.01)
+            yield
         return [None] * len(items)
 
     batcher = Batcher(run, max_tokens=1000, max_wait=0.0, max_queue=10)
@@ -173,3 +174,47 @@ def test_a_cancelled_request_leaves_the_running_batch_at_the_next_step():
     assert other.result(timeout=5) == [None] and time.perf_counter() - start < 1.0
     batcher.stop(5)
     assert asked[0] == [True, True] and [False, False] in asked
+
+
+def test_the_others_are_answered_in_their_usual_time_while_an_expensive_request_is_still_searched(tiny_checkpoint):
+    """The worker searches the expensive request's batch and the others' step by step, least attained service
+    first (serve/batcher.py): the others pass it without waiting for its end or its 504 (its timeout is long here),
+    and it still gets its whole answer."""
+    forced = 255
+    with serving(tiny_checkpoint, timeout=60, max_wait=0.05, search={"max_len_b": 5}) as client:
+        slow = SlowSteps(client.app.state.server.served.translator.model, 0.005)
+
+        def ask(texts, fields=None):
+            start = time.perf_counter()
+            answer = client.post("/translate", json={"texts": texts, **(fields or {})})
+            return answer, time.perf_counter() - start
+
+        def three_clients():
+            answers = []
+            clients = [threading.Thread(target=lambda t=t: answers.append(ask([t]))) for t in SENTENCES[:3]]
+            for c in clients:
+                c.start()
+            for c in clients:
+                c.join()
+            return answers
+
+        alone = three_clients()
+        usual = max(seconds for _, seconds in alone)
+        worst = {"beam": 16, "min_len": forced, "max_len_a": 0, "max_len_b": forced}
+        expensive = []
+        searching = threading.Thread(target=lambda: expensive.append(ask(["1 2 3"], worst)))
+        searching.start()
+        while slow.steps_of(16) < 10:  # its batch is being searched
+            time.sleep(0.005)
+        beside = three_clients()
+        steps_meanwhile = slow.steps_of(16)
+        searching.join(timeout=60)
+    assert all(answer.status_code == 200 for answer, _ in alone + beside)
+    assert sorted(str(a.json()["translations"]) for a, _ in beside) == sorted(
+        str(a.json()["translations"]) for a, _ in alone
+    )
+    assert max(seconds for _, seconds in beside) < 2 * usual + 0.1, (usual, beside)
+    assert steps_meanwhile < forced  # they were answered while it was still searched
+    [(answer, _)] = expensive
+    assert answer.status_code == 200 and slow.steps_of(16) == forced  # all of its steps, to its forced length
+    assert len(answer.json()["translations"][0]["text"].split()) > 0

@@ -1,0 +1,50 @@
+"""Searches that advance one decoder step per resumption (serve's worker interleaves two batches): two of them
+resumed in turn on one thread get what each gets alone, each step in its own translator's precision."""
+
+import numpy as np
+import pytest
+import torch
+
+from nmt_cli.config import SearchConfig
+from nmt_cli.data.dataset import load_vocab
+from nmt_cli.search.translate import Translator, translate, translate_steps
+
+pytestmark = pytest.mark.usefixtures("cpu_matmul_route")  # both CPU matmul routes on every machine (conftest.py)
+
+SOURCES = [np.array(s) for s in ([5, 6, 7], [8, 9, 10, 11, 12], [4])]
+OTHERS = [np.array(s) for s in ([13, 14, 15, 16], [17, 18], [6, 6, 6, 6, 6, 6])]
+
+
+def in_turn(*searches):
+    """Resume the searches one after another until each has ended; their results, and the steps each ran."""
+    results, steps, live = [None] * len(searches), [0] * len(searches), list(range(len(searches)))
+    while live:
+        for i in list(live):
+            try:
+                next(searches[i])
+                steps[i] += 1
+            except StopIteration as stop:
+                results[i] = stop.value
+                live.remove(i)
+            assert not torch.is_autocast_enabled("cpu")  # no step leaves its precision to the next
+    return results, steps
+
+
+@pytest.mark.parametrize(
+    "cfg",
+    [
+        SearchConfig(beam=4, nbest=2, max_len_a=0, max_len_b=8),
+        SearchConfig(beam=1, max_len_a=0, max_len_b=8),
+        SearchConfig(sampling=True, beam=1, nbest=2, seed=3, max_len_a=0, max_len_b=8),
+    ],
+    ids=["beam", "greedy", "sampling"],
+)
+def test_two_searches_resumed_in_turn_get_what_each_gets_alone(tiny_model, toy_data_bin, cfg):
+    vocab = load_vocab(toy_data_bin)
+    fp32 = Translator(tiny_model, vocab, torch.device("cpu"))
+    bf16 = Translator(tiny_model, vocab, torch.device("cpu"), torch.bfloat16)
+    alone = [translate(fp32, SOURCES, cfg, 1000), translate(bf16, OTHERS, cfg, 1000)]
+    together, steps = in_turn(translate_steps(fp32, SOURCES, cfg, 1000), translate_steps(bf16, OTHERS, cfg, 1000))
+    assert together == alone
+    assert min(steps) > 1  # both ran step by step, interleaved
+    assert alone[0] != translate(bf16, SOURCES, cfg, 1000)  # the precision shows in the hypotheses
