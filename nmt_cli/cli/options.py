@@ -66,6 +66,19 @@ def click_type(f: Field, hint: Any) -> Any:
     return base
 
 
+# Options whose repetition is a mistake to name rather than a value to override: a second --path is no ensemble
+# (that is one --path A.pt:B.pt), and click would otherwise keep the last one given, silently.
+GIVEN_ONCE = {"path": "generate and serve take an ensemble as one --path A.pt:B.pt"}
+
+
+def once(ctx: click.Context, param: click.Parameter, values: tuple[Any, ...]) -> Any:
+    """A GIVEN_ONCE option's value; a usage error when it is given more than once."""
+    if len(values) > 1:
+        hint = GIVEN_ONCE.get(param.name or "", "")
+        raise click.BadParameter(f"given {len(values)} times; give it once" + (f" ({hint})" if hint else ""))
+    return values[0]
+
+
 def field_param(f: Field, hint: Any, prefix: str, default_note: str | None) -> Callable[[F], F]:
     """One click parameter for a field. default_note: the default is decided later (a preset, a checkpoint)."""
     name = prefix + f.name
@@ -82,6 +95,10 @@ def field_param(f: Field, hint: Any, prefix: str, default_note: str | None) -> C
     if default_note is not None:
         return click.option(*names, name, type=click_type(f, hint), default=None, help=help_text)
     if f.default is MISSING:
+        if f.name in GIVEN_ONCE:  # repeated, it is refused rather than its last value taken
+            return click.option(
+                *names, name, type=click_type(f, hint), required=True, multiple=True, callback=once, help=help_text
+            )
         return click.option(*names, name, type=click_type(f, hint), required=True, help=help_text)
     default = (
         ",".join(map(str, f.default)) if isinstance(f.default, tuple) else f.default

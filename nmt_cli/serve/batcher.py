@@ -11,8 +11,9 @@ sentence taken. Empty sentences cost nothing and ride along.
 
 A batch's search advances one decoder step per resumption (`RunBatch` returns a generator), and the worker keeps
 up to `MAX_RUNNING` batches running: between two steps it takes the next batch, by the same rule but without
-waiting, if a slot is free, then advances the running batch that has run the fewest steps (least attained
-service, the classic policy for jobs of unknown length). A short batch that arrives while an expensive one runs
+waiting, if a slot is free and the running batch has run longer than batches usually do (`_may_start`), then
+advances the running batch that has run the fewest steps (least attained service, the classic policy for jobs
+of unknown length). A short batch that arrives while an expensive one runs
 (a request of the largest beam and output the caps allow) finishes about as it would alone, and the expensive
 one uses the time the others leave. With one batch running the worker does what a one-batch worker does.
 A request is answered as soon as its last sentence is done; a cancelled one (timed out, client gone) loses
@@ -26,8 +27,10 @@ way it sets `warmed`, with `warm_up_error` holding what the warm-up raised (`nmt
 from __future__ import annotations
 
 import logging
+import statistics
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Generator, Hashable, Sequence
 from concurrent.futures import Future, InvalidStateError
 from contextlib import AbstractContextManager, nullcontext
@@ -52,6 +55,10 @@ OnBatch = Callable[[int, int, float], None]  # (sentences, requests, seconds of 
 # per-request memory refusal (search/settings.py) weighs one sentence's search against the memory available when
 # the request comes, which a running batch has already taken from.
 MAX_RUNNING = 2
+# A running batch is long, and a second one may start beside it, once it has run more than LONG_BATCH times the
+# median steps of the last RECENT batches (none ended yet: at once).
+LONG_BATCH = 2
+RECENT = 32
 
 
 class QueueFull(Exception):
@@ -120,6 +127,7 @@ class Batcher:
         self._queue: list[Queued] = []
         self._free_since = time.monotonic()  # when the worker last finished a batch
         self._expected = 1  # sentences worth waiting for: the last batch's and those queued at its end
+        self._recent_steps: deque[int] = deque(maxlen=RECENT)  # the steps of the batches that ended last
         self._cond = threading.Condition()
         self._stopping = False
         self._thread = threading.Thread(target=self._work, name="nmt-serve-worker", daemon=True)
@@ -189,13 +197,28 @@ class Batcher:
             self._warm()
             running: list[Running] = []
             while True:
-                if len(running) < MAX_RUNNING and (batch := self._next_batch(wait=not running)) is not None:
+                if self._may_start(running) and (batch := self._next_batch(wait=not running)) is not None:
                     running.append(self._start(batch))
                 if not running:
                     return  # stopped, and nothing is queued
                 fewest = min(running, key=lambda r: r.steps)  # least attained service; the older one on a tie
                 if self._step(fewest):
                     running.remove(fewest)
+
+    def _may_start(self, running: list[Running]) -> bool:
+        """Whether a batch may start now: with none running; beside running ones, while a slot is free, only once
+        each has run past LONG_BATCH times the usual steps (the median of the batches that ended last). A batch of
+        the usual length finishes first, and the sentences that arrived meanwhile wait for its end and batch
+        together, as they would with one slot (starting them beside it splits every later batch in two); a long
+        one (the largest output the caps allow) is passed."""
+        if not running:
+            return True
+        if len(running) >= MAX_RUNNING:
+            return False
+        if not self._recent_steps:  # no batch has ended yet: nothing is usual
+            return True
+        usual = statistics.median(self._recent_steps)
+        return all(r.steps > LONG_BATCH * usual for r in running)
 
     def _warm(self) -> None:
         """Run the warm-up, then set `ready` if it went well, and `warmed` either way."""
@@ -283,6 +306,7 @@ class Batcher:
 
     def _answer(self, running: Running, results: list[Any]) -> None:
         """Answer a finished batch's requests; the next batch waits for the company this one expects."""
+        self._recent_steps.append(running.steps)
         self._ended(running.batch)
         if self.on_batch is not None:  # counted before the answers go out: a client answered sees it
             self.on_batch(len(running.batch), len(jobs_of(running.batch)), running.seconds)

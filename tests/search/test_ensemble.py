@@ -246,3 +246,13 @@ def test_an_ensembles_hypotheses_score_their_search_scores_and_align(tiny_checkp
 
 def translator_search(path):
     return opened(path).search
+
+
+def test_a_second_path_is_refused_not_taken_for_the_last(tiny_checkpoint, others, tmp_path):
+    """Click keeps an option's last value; a second --path would silently translate with the other model alone."""
+    noisy, _ = others
+    text = tmp_path / "in.txt"
+    text.write_text("1 2 3\n")
+    result = nmt("generate", "--path", tiny_checkpoint, "--path", noisy, "--input", text, "--device", "cpu")
+    assert result.exit_code == 2
+    assert "'--path': given 2 times; give it once" in result.output and "--path A.pt:B.pt" in result.output

@@ -310,17 +310,19 @@ def test_at_most_two_batches_run_at_once_and_each_ends():
 
 
 def test_the_batch_that_has_run_the_fewest_steps_runs_next():
-    """Least attained service: two batches taken together alternate step by step; one taken later runs alone
-    until it has had as many steps as the other, then they alternate."""
+    """Least attained service: two batches taken together alternate step by step; one queued later starts beside
+    the other only once that one has run past twice the usual steps (b's 2), then runs alone until it has had as
+    many steps, and then they alternate."""
     run = Recorder(steps=lambda key: {"a": 6, "b": 2, "c": 6}[key])
     batcher = Batcher(run, max_tokens=1000, max_wait=0.0, max_queue=100)
     futures = [submit(batcher, key, ["x"]) for key in "abc"]
     batcher.start()
     assert [f.result(timeout=10) for f in futures] == [["a:x"], ["b:x"], ["c:x"]]
     batcher.stop(timeout=10)
-    # a and b alternate, the older first on a tie; b ends at its third resumption, after a's third step; c, taken
-    # then with 0 steps against a's 3, runs alone until it has 3, and then they alternate
-    assert run.trace == ["a", "b", "a", "b", "a", "c", "c", "c", "a", "c", "a", "c", "a", "c"]
+    # a and b alternate, the older first on a tie; b ends at its third resumption, after a's third step; a runs
+    # alone until it has had 5 steps, more than twice b's 2; c, taken then with 0 steps, runs alone until it has 5,
+    # and then they alternate
+    assert run.trace == ["a", "b", "a", "b", "a", "a", "a", "c", "c", "c", "c", "c", "a", "c"]
     assert run.finished == ["b", "a", "c"]
 
 
@@ -336,3 +338,19 @@ def test_a_batch_that_fails_beside_a_running_one_fails_only_its_own_requests():
     assert submit(batcher, "other", ["good"]).result(timeout=5) == ["other:good"]
     assert long.result(timeout=10) == ["long:x"]
     batcher.stop(timeout=10)
+
+
+def test_a_batch_of_the_usual_length_is_not_joined_by_the_next_one():
+    """Sentences that arrive while a batch of the usual length runs wait for its end and batch together, as with
+    one slot; beside a batch of the usual length a second one would split every later batch in two."""
+    run = Recorder(delay=0.01, steps=lambda key: 4)
+    batcher = Batcher(run, max_tokens=1000, max_wait=0.0, max_queue=100)
+    batcher.start()
+    assert submit(batcher, "k", ["first"]).result(timeout=5) == ["k:first"]  # the usual: 4 steps
+    running = submit(batcher, "k", ["a"])
+    time.sleep(0.015)  # it has started
+    late = [submit(batcher, "k", [w]) for w in ("b", "c")]
+    assert running.result(timeout=5) == ["k:a"] and [f.result(timeout=5) for f in late] == [["k:b"], ["k:c"]]
+    batcher.stop(timeout=5)
+    assert [items for _, items in run.batches] == [["first"], ["a"], ["b", "c"]]
+    assert run.most_running == 1
