@@ -10,12 +10,16 @@ job's `key`), packed by `batch_by_tokens` as `nmt generate` packs its input, and
 sentence taken. Empty sentences cost nothing and ride along.
 
 A batch's search advances one decoder step per resumption (`RunBatch` returns a generator), and the worker keeps
-up to `MAX_RUNNING` batches running: between two steps it takes the next batch, by the same rule but without
-waiting, if a slot is free and the running batch has run longer than batches usually do (`_may_start`), then
-advances the running batch that has run the fewest steps (least attained service, the classic policy for jobs
-of unknown length). A short batch that arrives while an expensive one runs
-(a request of the largest beam and output the caps allow) finishes about as it would alone, and the expensive
-one uses the time the others leave. With one batch running the worker does what a one-batch worker does.
+up to `MAX_RUNNING` batches running (`_may_start`): between two steps it takes the next batch, by the same rule
+but without waiting, if a slot is free and either that batch may take fewer steps than the running one may still
+take (`steps_bound`: a * |x| + b is known before the search), or the running one has run past twice the usual
+steps. It then advances the running batch with the fewest steps left at most, then the one that has run the
+fewest (least attained service, the classic policy for jobs of unknown length). A short batch that arrives while
+an expensive one runs (a request of the largest beam and output the caps allow) starts at once and finishes
+about as it would alone, the expensive one using the time the others leave; a batch of the usual length is not
+joined (the sentences that arrive meanwhile wait for its end and batch together), and a batch that ran long is
+finished before a newer one, not starved by it. With one batch running the worker does what a one-batch worker
+does.
 A request is answered as soon as its last sentence is done; a cancelled one (timed out, client gone) loses
 its sentences that have not started, and those of a running batch stop at the search's next step (the
 whole batch when none is wanted), so that the others' latency does not depend on it. `stop` refuses new
@@ -27,6 +31,7 @@ way it sets `warmed`, with `warm_up_error` holding what the warm-up raised (`nmt
 from __future__ import annotations
 
 import logging
+import math
 import statistics
 import threading
 import time
@@ -48,6 +53,9 @@ logger = logging.getLogger(__name__)
 # order; still_wanted() says, per item, whether its request is still waiting (the search asks it once a step and
 # drops the others: their results are not used)
 RunBatch = Callable[[Hashable, list[Any], Callable[[], list[bool]]], Generator[None, None, list[Any]]]
+# (key, source pieces) -> the most decoder steps a sentence may take (its longest output and EOS, known before the
+# search: a * |x| + b within the model's positions); None: unknown
+StepsBound = Callable[[Hashable, int], int]
 OnBatch = Callable[[int, int, float], None]  # (sentences, requests, seconds of its own steps) of each batch run
 
 # Batches searched at once, a step of one at a time: two let the short batches pass an expensive one, and more
@@ -86,6 +94,7 @@ class Queued:
     job: Job
     index: int
     length: int  # source pieces, for the token budget; 0: an empty sentence (no search)
+    bound: float = math.inf  # the most steps its search may take (StepsBound; inf: unknown)
 
     def answer(self, result: Any) -> None:
         """Record this sentence's result; the request is answered with its last sentence's."""
@@ -104,6 +113,11 @@ class Running:
     steps: int = 0
     seconds: float = 0.0
 
+    @property
+    def left(self) -> float:
+        """The most steps it may still take (inf: unknown)."""
+        return max((q.bound for q in self.batch), default=0) - self.steps
+
 
 class Batcher:
     """A queue of sentences and the worker thread that batches them across requests."""
@@ -118,8 +132,10 @@ class Batcher:
         worker_context: Callable[[], AbstractContextManager[Any]] = nullcontext,
         on_batch: OnBatch | None = None,
         warm_up: Callable[[], Any] | None = None,
+        steps_bound: StepsBound | None = None,
     ) -> None:
         self.run, self.max_tokens, self.max_wait, self.max_queue = run, max_tokens, max_wait, max_queue
+        self.steps_bound = steps_bound
         self.worker_context, self.on_batch, self.warm_up = worker_context, on_batch, warm_up
         self.ready = threading.Event()  # set once the worker has warmed up (GET /ready)
         self.warmed = threading.Event()  # set once the warm-up has ended, well or not
@@ -188,7 +204,11 @@ class Batcher:
                     f"the queue holds {len(self._queue)} sentences and takes {self.max_queue}; "
                     f"no room for {len(items)} more, try again shortly"
                 )
-            self._queue.extend(Queued(job, i, n) for i, n in enumerate(lengths))
+            bound = self.steps_bound
+            self._queue.extend(
+                Queued(job, i, n, math.inf if bound is None else bound(key, n) if n else 0)
+                for i, n in enumerate(lengths)
+            )
             self._cond.notify()
         return job.future
 
@@ -201,20 +221,27 @@ class Batcher:
                     running.append(self._start(batch))
                 if not running:
                     return  # stopped, and nothing is queued
-                fewest = min(running, key=lambda r: r.steps)  # least attained service; the older one on a tie
-                if self._step(fewest):
-                    running.remove(fewest)
+                # the fewest steps left at most, then the fewest run (least attained service); the older on a tie
+                chosen = min(running, key=lambda r: (r.left, r.steps))
+                if self._step(chosen):
+                    running.remove(chosen)
 
     def _may_start(self, running: list[Running]) -> bool:
-        """Whether a batch may start now: with none running; beside running ones, while a slot is free, only once
-        each has run past LONG_BATCH times the usual steps (the median of the batches that ended last). A batch of
-        the usual length finishes first, and the sentences that arrived meanwhile wait for its end and batch
-        together, as they would with one slot (starting them beside it splits every later batch in two); a long
-        one (the largest output the caps allow) is passed."""
+        """Whether a batch may start now: with none running; beside running ones, while a slot is free, when the
+        oldest queued sentence may take fewer steps than each running batch may still take, or once each has run
+        past LONG_BATCH times the usual steps (the median of the batches that ended last). A batch of the usual
+        length finishes first, and the sentences that arrived meanwhile wait for its end and batch together, as
+        they would with one slot (starting them beside it splits every later batch in two); a long one (the
+        largest output the caps allow) is passed."""
         if not running:
             return True
         if len(running) >= MAX_RUNNING:
             return False
+        with self._cond:
+            self._drop_cancelled()
+            next_bound = self._queue[0].bound if self._queue else math.inf
+        if next_bound < min(r.left for r in running):  # the next batch ends before the running one(s) may
+            return True
         if not self._recent_steps:  # no batch has ended yet: nothing is usual
             return True
         usual = statistics.median(self._recent_steps)

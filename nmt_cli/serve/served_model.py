@@ -35,7 +35,15 @@ from nmt_cli.search.prefix import encode_prefixes, prefix_problem, prefix_source
 from nmt_cli.search.settings import search_settings
 from nmt_cli.search.translate import Inference, Translator, open_for_inference, sampling_generator, translate_steps
 from nmt_cli.serve.batcher import Batcher
-from nmt_cli.serve.caps import Caps, check_outputs, check_request, check_server, check_text_length, request_terms
+from nmt_cli.serve.caps import (
+    Caps,
+    check_outputs,
+    check_request,
+    check_server,
+    check_text_length,
+    longest_output,
+    request_terms,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -265,7 +273,12 @@ class ServedModel:
             max_queue=max_queue,
             worker_context=self.worker_context,
             warm_up=self.warm_up,
+            steps_bound=lambda search, pieces: self.steps_bound(typing.cast(SearchConfig, search), pieces),
         )
+
+    def steps_bound(self, search: SearchConfig, pieces: int) -> int:
+        """The most decoder steps a sentence of `pieces` pieces may take: its longest output and EOS."""
+        return longest_output(search, pieces, self.max_positions) + 1
 
     def align(self, sentences: list[Sentence], results: list[list[Hypothesis]]) -> None:
         """Align the hypotheses of the sentences whose request asked (generate's --print-alignment)."""

@@ -354,3 +354,24 @@ def test_a_batch_of_the_usual_length_is_not_joined_by_the_next_one():
     batcher.stop(timeout=5)
     assert [items for _, items in run.batches] == [["first"], ["a"], ["b", "c"]]
     assert run.most_running == 1
+
+
+def test_a_batch_that_may_end_sooner_starts_at_once_and_runs_first():
+    """With steps bounds (a * |x| + b, known before the search): a batch bounded below what the running one may
+    still take starts beside it at once and runs first, before the running one has run past twice the usual."""
+    run = Recorder(delay=0.002, steps=lambda key: {"usual": 2, "long": 30, "short": 3}[key])
+    bounds = {"usual": 3, "long": 40, "short": 4}
+    batcher = Batcher(run, max_tokens=1000, max_wait=0.0, max_queue=100, steps_bound=lambda key, n: bounds[key])
+    batcher.start()
+    assert submit(batcher, "usual", ["x"]).result(timeout=5) == ["usual:x"]  # the usual batch: 2 steps
+    long = submit(batcher, "long", ["x"])
+    while run.trace.count("long") < 2:  # running, and not yet past twice the usual steps
+        time.sleep(0.001)
+    short = submit(batcher, "short", ["x"])
+    assert short.result(timeout=5) == ["short:x"] and not long.done()
+    assert long.result(timeout=5) == ["long:x"]
+    batcher.stop(timeout=5)
+    first_short = run.trace.index("short")
+    assert run.trace[first_short : first_short + 3] == ["short"] * 3  # ran first, without a long step between
+    # started at once (the long batch at its 2nd or 3rd step), not once it had run past twice the usual 2 steps
+    assert run.trace.index("short") <= 5
