@@ -66,7 +66,7 @@ def logged_seconds(stderr: str, pattern: re.Pattern[str]) -> float:
 def generate(args: argparse.Namespace, src: Path, out: Path, extra: list[str]) -> float:
     """`nmt generate --beam B` of `src` into `out`, with `extra` options (--path among them): its logged translation
     seconds."""
-    command = NMT + ["generate", *extra, "--input", str(src), "--device", args.device]
+    command = NMT + ["generate", "--input", str(src), "--device", args.device]
     command += ["--threads", str(args.threads), "--beam", str(args.beam), *extra]
     with out.open("w") as stdout:
         stderr, _, _ = run(command, stdout=stdout)

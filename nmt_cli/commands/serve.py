@@ -135,11 +135,11 @@ def serve(cfg: ServeConfig, search_overrides: dict[str, Any]) -> None:
 
 
 def serving_threads(n_threads: int) -> int:
-    """--threads as given, or for 0 every core this process may use but one, at least one: the worker is the
-    one thread doing torch work, and the event loop (HTTP, JSON, the tokenizer) needs a core of its own, as do
-    clients on the same machine; torch's default takes every core and its threads wait on one another
-    (benchmarks/bench_serve.py --threads-compare measures both)."""
-    return n_threads or max(1, usable_cores() - 1)
+    """--threads as given, or for 0 every core this process may use (its CPU affinity: a container's or taskset's
+    cores, which torch's own default does not read). With 32 clients on the same 2 cores, 2 threads answered more
+    sentences per second than 1 (benchmarks/record/serve.md); fewer help only where other processes load the
+    cores, so that the search's threads wait on one another."""
+    return n_threads or usable_cores()
 
 
 def set_serving_threads(n_threads: int) -> str:
@@ -147,7 +147,7 @@ def set_serving_threads(n_threads: int) -> str:
     model is loaded (a start refused on the options stays one error line)."""
     threads = serving_threads(n_threads)
     set_threads(threads)
-    how = "--threads" if n_threads else f"--threads 0: {usable_cores()} usable core(s) less one for HTTP, at least 1"
+    how = "--threads" if n_threads else f"--threads 0: the {usable_cores()} core(s) this process may use"
     return f"searching with {threads} CPU thread(s) ({how})"
 
 

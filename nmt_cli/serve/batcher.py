@@ -11,10 +11,10 @@ sentence taken. Empty sentences cost nothing and ride along.
 
 A batch's search advances one decoder step per resumption (`RunBatch` returns a generator), and the worker keeps
 up to `MAX_RUNNING` batches running (`_may_start`): between two steps it takes the next batch, by the same rule
-but without waiting, if a slot is free and either that batch may take fewer steps than the running one may still
-take (`steps_bound`: a * |x| + b is known before the search), or the running one has run past twice the usual
-steps. It then advances the running batch with the fewest steps left at most, then the one that has run the
-fewest (least attained service, the classic policy for jobs of unknown length). A short batch that arrives while
+but without waiting, if a slot is free and either the running one may still take twice the steps that batch may
+take at most (`steps_bound`: a * |x| + b is known before the search), or it has run past twice the usual steps.
+It then advances the running batch with the fewest steps left at most, then the one that has run the fewest
+(least attained service, the classic policy for jobs of unknown length). A short batch that arrives while
 an expensive one runs (a request of the largest beam and output the caps allow) starts at once and finishes
 about as it would alone, the expensive one using the time the others leave; a batch of the usual length is not
 joined (the sentences that arrive meanwhile wait for its end and batch together), and a batch that ran long is
@@ -67,6 +67,9 @@ MAX_RUNNING = 2
 # median steps of the last RECENT batches (none ended yet: at once).
 LONG_BATCH = 2
 RECENT = 32
+# A queued batch passes the running one at once when the running one may still take PASS_FACTOR times its most
+# steps or more: two batches of ordinary sentences (their bounds alike) do not split each other.
+PASS_FACTOR = 2
 
 
 class QueueFull(Exception):
@@ -227,8 +230,8 @@ class Batcher:
                     running.remove(chosen)
 
     def _may_start(self, running: list[Running]) -> bool:
-        """Whether a batch may start now: with none running; beside running ones, while a slot is free, when the
-        oldest queued sentence may take fewer steps than each running batch may still take, or once each has run
+        """Whether a batch may start now: with none running; beside running ones, while a slot is free, when each
+        may still take PASS_FACTOR times the steps the oldest queued sentence may take at most, or once each has run
         past LONG_BATCH times the usual steps (the median of the batches that ended last). A batch of the usual
         length finishes first, and the sentences that arrived meanwhile wait for its end and batch together, as
         they would with one slot (starting them beside it splits every later batch in two); a long one (the
@@ -240,7 +243,7 @@ class Batcher:
         with self._cond:
             self._drop_cancelled()
             next_bound = self._queue[0].bound if self._queue else math.inf
-        if next_bound < min(r.left for r in running):  # the next batch ends before the running one(s) may
+        if PASS_FACTOR * next_bound <= min(r.left for r in running):  # the running one may take far longer
             return True
         if not self._recent_steps:  # no batch has ended yet: nothing is usual
             return True
