@@ -243,7 +243,7 @@ class Batcher:
         with self._cond:
             self._drop_cancelled()
             next_bound = self._queue[0].bound if self._queue else math.inf
-        if PASS_FACTOR * next_bound <= min(r.left for r in running):  # the running one may take far longer
+        if math.isfinite(next_bound) and PASS_FACTOR * next_bound <= min(r.left for r in running):  # far longer
             return True
         if not self._recent_steps:  # no batch has ended yet: nothing is usual
             return True
