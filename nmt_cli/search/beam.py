@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, ParamSpec, TypeVar
 
 import numpy as np
 import torch
@@ -48,6 +48,9 @@ R = TypeVar("R")
 Steps = Generator[None, None, R]
 
 
+P = ParamSpec("P")
+
+
 def run_to_end(steps: Steps[R]) -> R:
     """Run a stepping search to its end; its results."""
     while True:
@@ -55,6 +58,17 @@ def run_to_end(steps: Steps[R]) -> R:
             next(steps)
         except StopIteration as stop:
             return stop.value
+
+
+def to_the_end(stepping: Callable[P, Steps[R]]) -> Callable[P, R]:
+    """A stepping search (`beam_steps`, ...) as a function that runs it to its end (`beam_search`, ...): the same
+    arguments, its results."""
+
+    def whole(*args: P.args, **kwargs: P.kwargs) -> R:
+        return run_to_end(stepping(*args, **kwargs))
+
+    whole.__doc__ = f"`{stepping.__name__}` run to its end, with its arguments: its results."
+    return whole
 
 
 @dataclass
@@ -371,19 +385,4 @@ def beam_steps(
     return collect(fin, cfg.nbest)
 
 
-def beam_search(
-    model: SearchModel,
-    enc: SearchEncoderOut,
-    src_lens: Tensor,
-    cfg: SearchConfig,
-    n_pieces: int | None = None,
-    *,
-    constraint: Constraint[Any] | None = None,
-    n_leaves: Tensor | None = None,
-    still_wanted: StillWanted | None = None,
-) -> list[list[Hypothesis]]:
-    """`beam_steps` run to its end: for each sentence, `cfg.nbest` hypotheses, best first."""
-    steps = beam_steps(
-        model, enc, src_lens, cfg, n_pieces, constraint=constraint, n_leaves=n_leaves, still_wanted=still_wanted
-    )
-    return run_to_end(steps)
+beam_search = to_the_end(beam_steps)

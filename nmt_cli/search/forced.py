@@ -27,12 +27,11 @@ from nmt_cli.data.batching import batch_by_tokens, pad_sources
 from nmt_cli.data.vocab import BOS, EOS, PAD, UNK
 from nmt_cli.errors import ConfigError
 from nmt_cli.model.transformer import AttentionWeights, Transformer
-from nmt_cli.runtime import autocast
 from nmt_cli.search.beam import length_penalty
 from nmt_cli.search.ensemble import Ensemble
 from nmt_cli.search.hypothesis import Alignment, Hypothesis
 from nmt_cli.search.searchable import SearchModel
-from nmt_cli.search.translate import Translator
+from nmt_cli.search.translate import Translator, search_context
 
 logger = logging.getLogger(__name__)
 
@@ -161,7 +160,7 @@ def forced_scores(
     scores: list[PairScore | None] = [None] * len(sources)
     for ids in pair_batches(src_lens, tgt_lens, max_tokens, batch_size):
         batch = forced_batch([sources[i] for i in ids], [targets[i] for i in ids], translator.device)
-        with torch.inference_mode(), autocast(translator.device, translator.amp_dtype):
+        with search_context(translator):
             log_probs = per_member(translator.model, partial(target_log_probs, batch=batch)).cpu().numpy()  # [B, T]
         for row, i in enumerate(ids):
             scores[i] = pair_score(targets[i], log_probs[row, : len(targets[i]) + 1], search)
@@ -214,7 +213,7 @@ def add_alignments(
     tgt_lens = np.array([len(t) for _, t, _ in todo], dtype=np.int64)
     for ids in pair_batches(src_lens, tgt_lens, max_tokens, batch_size):
         batch = forced_batch([todo[i][0] for i in ids], [todo[i][1] for i in ids], translator.device)
-        with torch.inference_mode(), autocast(translator.device, translator.amp_dtype):
+        with search_context(translator):
             attention = per_member(translator.model, partial(cross_attention, batch=batch, layer=layer)).cpu().numpy()
         for row, i in enumerate(ids):
             src, tgt, h = todo[i]

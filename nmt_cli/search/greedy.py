@@ -15,7 +15,7 @@ from torch import Tensor
 
 from nmt_cli.config import SearchConfig
 from nmt_cli.data.vocab import BOS, EOS, PAD, UNK
-from nmt_cli.search.beam import Steps, StillWanted, Unwanted, run_to_end
+from nmt_cli.search.beam import Steps, StillWanted, Unwanted, to_the_end
 from nmt_cli.search.constraint import Constraint
 from nmt_cli.search.hypothesis import Hypothesis
 from nmt_cli.search.searchable import SearchEncoderOut, SearchModel
@@ -88,33 +88,6 @@ def greedy_steps(
     return to_hypotheses(torch.stack(tokens, 1), torch.stack(scores, 1), cfg)
 
 
-def greedy_search(
-    model: SearchModel,
-    enc: SearchEncoderOut,
-    src_lens: Tensor,
-    cfg: SearchConfig,
-    generator: torch.Generator | None = None,
-    n_pieces: int | None = None,
-    *,
-    constraint: Constraint[Any] | None = None,
-    n_leaves: Tensor | None = None,
-    still_wanted: StillWanted | None = None,
-) -> list[list[Hypothesis]]:
-    """`greedy_steps` run to its end: one Hypothesis per sentence."""
-    steps = greedy_steps(
-        model,
-        enc,
-        src_lens,
-        cfg,
-        generator,
-        n_pieces,
-        constraint=constraint,
-        n_leaves=n_leaves,
-        still_wanted=still_wanted,
-    )
-    return run_to_end(steps)
-
-
 def allowed_tokens(
     log_probs: Tensor, step: int, max_len: Tensor, cfg: SearchConfig, n_pieces: int | None = None
 ) -> Tensor:
@@ -143,3 +116,6 @@ def to_hypotheses(tokens: Tensor, scores: Tensor, cfg: SearchConfig) -> list[lis
         penalty = ((5 + n) / 6) ** cfg.lenpen if cfg.lenpen_style == "gnmt" else n**cfg.lenpen  # |Y| counts EOS
         results.append([Hypothesis(row_tokens[: n - 1], total / penalty, row_scores[:n])])
     return results
+
+
+greedy_search = to_the_end(greedy_steps)

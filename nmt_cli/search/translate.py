@@ -25,7 +25,7 @@ from nmt_cli.model.linear import ONEDNN_AVAILABLE, pack_for_cpu_inference
 from nmt_cli.model.quantize import quantize_for_cpu_inference
 from nmt_cli.model.transformer import Transformer
 from nmt_cli.runtime import AMP_DTYPES, autocast, choose_attention_backends, choose_device
-from nmt_cli.search.beam import R, Steps, StillWanted, beam_steps, max_lengths, run_to_end
+from nmt_cli.search.beam import R, Steps, StillWanted, beam_steps, max_lengths, to_the_end
 from nmt_cli.search.constraint import ConstraintSource, all_of
 from nmt_cli.search.ensemble import Ensemble, check_members, ensemble_bounds, member_paths, member_weights
 from nmt_cli.search.greedy import greedy_steps
@@ -142,21 +142,6 @@ def inference_model(
     return model
 
 
-def search_batch(
-    translator: Translator,
-    sources: Sequence[np.ndarray],
-    cfg: SearchConfig,
-    generator: torch.Generator | None,
-    constraints: ConstraintSource | None = None,
-    ids: np.ndarray | None = None,
-    still_wanted: StillWanted | None = None,
-) -> list[list[Hypothesis]]:
-    """Encode one padded batch and run beam, greedy or sampling search, under the rules `constraints` gives for the
-    sentences `ids` (indices into the caller's sources) when one is given. `still_wanted` (one answer per source,
-    asked once a step): sentences no longer wanted stop there, their hypotheses to be discarded."""
-    return run_to_end(search_batch_steps(translator, sources, cfg, generator, constraints, ids, still_wanted))
-
-
 def search_batch_steps(
     translator: Translator,
     sources: Sequence[np.ndarray],
@@ -171,6 +156,9 @@ def search_batch_steps(
     steps of two batches on one thread, and a context held open across a pause would leak into the other's."""
     steps = batch_steps(translator, sources, cfg, generator, constraints, ids, still_wanted)
     return each_step_in(lambda: search_context(translator), steps)
+
+
+search_batch = to_the_end(search_batch_steps)
 
 
 @contextmanager
@@ -200,7 +188,7 @@ def batch_steps(
     ids: np.ndarray | None = None,
     still_wanted: StillWanted | None = None,
 ) -> Steps[list[list[Hypothesis]]]:
-    """The body of `search_batch_steps`, whose contexts its own `with` nests in."""
+    """The body of `search_batch_steps`, which runs each of its resumptions in inference mode and autocast."""
     n, n_pieces = len(sources), translator.vocab.n_pieces
     src = pad_sources([np.asarray(s, dtype=np.int64) for s in sources]).to(translator.device)
     lengths = [len(s) for s in sources]
@@ -212,20 +200,19 @@ def batch_steps(
     if constraints is not None:
         batch_ids = np.arange(n) if ids is None else ids
         rules["constraint"], rules["n_leaves"] = constraints.for_batch(src, src_lens, batch_ids)
-    with torch.inference_mode(), autocast(translator.device, translator.amp_dtype):
-        enc = translator.model.encode(src, None if no_padding else src.eq(PAD))
-        if cfg.sampling or cfg.beam == 1:
-            if cfg.nbest > 1:  # independent samples: repeat each sentence nbest times
-                rep = torch.arange(n).repeat_interleave(cfg.nbest)
-                enc = enc.select(rep.to(translator.device))
-                if still_wanted is not None:
-                    rules["still_wanted"] = repeated(still_wanted, cfg.nbest)
-                if constraints is not None:  # each sentence's rules for each of its samples
-                    rules["n_leaves"] = rules["n_leaves"][rep.to(rules["n_leaves"].device)]
-                hyps = yield from greedy_steps(translator.model, enc, src_lens[rep], cfg, generator, n_pieces, **rules)
-                return [[h[0] for h in hyps[i * cfg.nbest : (i + 1) * cfg.nbest]] for i in range(n)]
-            return (yield from greedy_steps(translator.model, enc, src_lens, cfg, generator, n_pieces, **rules))
-        return (yield from beam_steps(translator.model, enc, src_lens, cfg, n_pieces, **rules))
+    enc = translator.model.encode(src, None if no_padding else src.eq(PAD))
+    if cfg.sampling or cfg.beam == 1:
+        if cfg.nbest > 1:  # independent samples: repeat each sentence nbest times
+            rep = torch.arange(n).repeat_interleave(cfg.nbest)
+            enc = enc.select(rep.to(translator.device))
+            if still_wanted is not None:
+                rules["still_wanted"] = repeated(still_wanted, cfg.nbest)
+            if constraints is not None:  # each sentence's rules for each of its samples
+                rules["n_leaves"] = rules["n_leaves"][rep.to(rules["n_leaves"].device)]
+            hyps = yield from greedy_steps(translator.model, enc, src_lens[rep], cfg, generator, n_pieces, **rules)
+            return [[h[0] for h in hyps[i * cfg.nbest : (i + 1) * cfg.nbest]] for i in range(n)]
+        return (yield from greedy_steps(translator.model, enc, src_lens, cfg, generator, n_pieces, **rules))
+    return (yield from beam_steps(translator.model, enc, src_lens, cfg, n_pieces, **rules))
 
 
 def repeated(still_wanted: StillWanted, n: int) -> StillWanted:
@@ -241,21 +228,6 @@ def subset(still_wanted: StillWanted, ids: np.ndarray) -> StillWanted:
 def sampling_generator(cfg: SearchConfig, device: torch.device) -> torch.Generator | None:
     """The random generator of a sampling run, seeded with cfg.seed (None when searching)."""
     return torch.Generator(device=device).manual_seed(cfg.seed) if cfg.sampling else None
-
-
-def translate(
-    translator: Translator,
-    sources: Sequence[np.ndarray],
-    cfg: SearchConfig,
-    max_tokens: int,
-    batch_size: int = 0,
-    generator: torch.Generator | None = None,
-    constraints: ConstraintSource | None = None,
-    still_wanted: StillWanted | None = None,
-) -> list[list[Hypothesis]]:
-    """`translate_steps` run to its end: one list of hypotheses per source, in input order."""
-    steps = translate_steps(translator, sources, cfg, max_tokens, batch_size, generator, constraints, still_wanted)
-    return run_to_end(steps)
 
 
 def translate_steps(
@@ -314,6 +286,9 @@ def translate_steps(
         for i, hyps in zip(ids, hyps_of):
             results[i] = hyps
     return results
+
+
+translate = to_the_end(translate_steps)
 
 
 @dataclass
