@@ -109,6 +109,24 @@ class SlowSteps:
         return sum(r == rows for r in self.rows)
 
 
+def ask(client, texts, fields=None):
+    """POST /translate; the answer and the seconds it took."""
+    start = time.perf_counter()
+    answer = client.post("/translate", json={"texts": texts, **(fields or {})})
+    return answer, time.perf_counter() - start
+
+
+def three_clients(client):
+    """Three clients of one sentence each, at once: their answers and seconds."""
+    answers = []
+    clients = [threading.Thread(target=lambda t=t: answers.append(ask(client, [t]))) for t in SENTENCES[:3]]
+    for c in clients:
+        c.start()
+    for c in clients:
+        c.join()
+    return answers
+
+
 def test_a_request_that_times_out_stops_at_the_next_step_and_the_others_are_answered_in_their_usual_time(
     tiny_checkpoint,
 ):
@@ -117,26 +135,12 @@ def test_a_request_that_times_out_stops_at_the_next_step_and_the_others_are_answ
     with serving(tiny_checkpoint, timeout=timeout, max_wait=0.05, search={"max_len_b": 5}) as client:
         slow = SlowSteps(client.app.state.server.served.translator.model, delay)
 
-        def ask(texts, fields=None):
-            start = time.perf_counter()
-            answer = client.post("/translate", json={"texts": texts, **(fields or {})})
-            return answer, time.perf_counter() - start
-
-        def three_clients():
-            answers = []
-            clients = [threading.Thread(target=lambda t=t: answers.append(ask([t]))) for t in SENTENCES[:3]]
-            for c in clients:
-                c.start()
-            for c in clients:
-                c.join()
-            return answers
-
-        alone = three_clients()
+        alone = three_clients(client)
         usual = max(seconds for _, seconds in alone)
         # The most expensive request the caps allow on this model: beam 16, forced to the model's 255 pieces.
         worst = {"beam": 16, "min_len": forced, "max_len_a": 0, "max_len_b": forced}
-        pathological, took = ask(["1 2 3"], worst)
-        after = three_clients()
+        pathological, took = ask(client, ["1 2 3"], worst)
+        after = three_clients(client)
     steps = slow.steps_of(16)  # the server has stopped: every step the worker ran is counted
     assert all(answer.status_code == 200 for answer, _ in alone)
     assert pathological.status_code == 504 and took < timeout + 0.5
@@ -184,29 +188,15 @@ def test_the_others_are_answered_in_their_usual_time_while_an_expensive_request_
     with serving(tiny_checkpoint, timeout=60, max_wait=0.05, search={"max_len_b": 5}) as client:
         slow = SlowSteps(client.app.state.server.served.translator.model, 0.005)
 
-        def ask(texts, fields=None):
-            start = time.perf_counter()
-            answer = client.post("/translate", json={"texts": texts, **(fields or {})})
-            return answer, time.perf_counter() - start
-
-        def three_clients():
-            answers = []
-            clients = [threading.Thread(target=lambda t=t: answers.append(ask([t]))) for t in SENTENCES[:3]]
-            for c in clients:
-                c.start()
-            for c in clients:
-                c.join()
-            return answers
-
-        alone = three_clients()
+        alone = three_clients(client)
         usual = max(seconds for _, seconds in alone)
         worst = {"beam": 16, "min_len": forced, "max_len_a": 0, "max_len_b": forced}
         expensive = []
-        searching = threading.Thread(target=lambda: expensive.append(ask(["1 2 3"], worst)))
+        searching = threading.Thread(target=lambda: expensive.append(ask(client, ["1 2 3"], worst)))
         searching.start()
         while slow.steps_of(16) < 10:  # its batch is being searched
             time.sleep(0.005)
-        beside = three_clients()
+        beside = three_clients(client)
         steps_meanwhile = slow.steps_of(16)
         searching.join(timeout=60)
     assert all(answer.status_code == 200 for answer, _ in alone + beside)
