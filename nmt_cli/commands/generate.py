@@ -18,7 +18,7 @@ from typing import Any, TextIO
 import numpy as np
 
 from nmt_cli.commands.parse_trees import check_parse_request, generate_trees
-from nmt_cli.commands.prefix_lines import PrefixLines
+from nmt_cli.commands.side_lines import CONSTRAINT_LINE, PREFIX_LINE, SideLines, constraints_for, prefixes_for
 from nmt_cli.config import GenerateConfig, SearchConfig
 from nmt_cli.data import BOM, raw_text_problem
 from nmt_cli.data.dataset import load_meta, load_vocab
@@ -30,7 +30,7 @@ from nmt_cli.runtime import set_threads
 from nmt_cli.search.constraint import all_of
 from nmt_cli.search.forced import add_alignments, alignment_layer
 from nmt_cli.search.hypothesis import Hypothesis, hypothesis_record
-from nmt_cli.search.lexical import ConstraintLines, check_search, read_constraint_lines
+from nmt_cli.search.lexical import check_search
 from nmt_cli.search.translate import Summary, Translator, open_for_inference, sampling_generator, translate
 
 # Sentences of a DATA_DIR split translated (and written) at a time: memory bounded and output steady on a
@@ -65,7 +65,8 @@ def generate(cfg: GenerateConfig, search_overrides: dict[str, Any] | None = None
         saved.check_same_data(data_dir, meta, load_vocab(data_dir, meta).model_bytes)
     if saved.is_parser:
         check_parse_request(cfg)
-    constraints = read_constraints(cfg, search, (num_shards, shard_id)) if cfg.constraints_file else None
+    if cfg.constraints_file is not None:
+        check_search(search, "--constraints-file")
     translator = inference.translator()
     max_tokens, batch_size = cfg.max_tokens, cfg.batch_size
     align: Aligner | None = None
@@ -97,11 +98,15 @@ def generate(cfg: GenerateConfig, search_overrides: dict[str, Any] | None = None
             buffer_size = cfg.buffer_size or (1 if interactive else 1000)
             name = "stdin" if cfg.input == "-" else str(cfg.input)
             lines = read_lines(raw_lines, buffer_size, name, first_line)
-            prefixes = None
-            if cfg.prefix_file is not None:  # read beside the input, in chunks of the same size
-                raw_prefixes, first = open_input(cfg.prefix_file, stack, num_shards, shard_id)
-                prefix_chunks = read_lines(raw_prefixes, buffer_size, cfg.prefix_file, first)
-                prefixes = PrefixLines.of(cfg, name, prefix_chunks, first)
+            side: dict[str, SideLines] = {}  # read beside the input, in chunks of the same size
+            for option, path, what in (
+                ("--prefix-file", cfg.prefix_file, PREFIX_LINE),
+                ("--constraints-file", cfg.constraints_file, CONSTRAINT_LINE),
+            ):
+                if path is not None:
+                    raw_side, first = open_input(path, stack, num_shards, shard_id)
+                    chunks = read_lines(raw_side, buffer_size, path, first)
+                    side[option] = SideLines.of(option, path, what, str(cfg.input), chunks, first)
             if saved.is_parser:  # one bracketed tree per input line (nmt_cli/parsing)
                 summary = generate_trees(
                     translator,
@@ -123,8 +128,8 @@ def generate(cfg: GenerateConfig, search_overrides: dict[str, Any] | None = None
                     fmt=fmt,
                     out=out,
                     align=align,
-                    constraints=constraints,
-                    prefixes=prefixes,
+                    constraints=side.get("--constraints-file"),
+                    prefixes=side.get("--prefix-file"),
                 )
     log_summary(summary, search)
     return summary
@@ -162,23 +167,6 @@ def check_request(cfg: GenerateConfig) -> tuple[int, int]:
     if cfg.input == "-" and sys.stdin is None:
         raise DataError("--input -: stdin is closed; pipe text in or give --input FILE")
     return num_shards, shard_id
-
-
-def read_constraints(cfg: GenerateConfig, search: SearchConfig, shard: tuple[int, int]) -> ConstraintLines:
-    """--constraints-file, this shard's lines; DataError when --input FILE has another number of lines (stdin's
-    are counted as they come, by generate_text)."""
-    assert cfg.constraints_file is not None and cfg.input is not None
-    check_search(search, "--constraints-file")
-    lines = read_constraint_lines(Path(cfg.constraints_file))
-    name = "stdin" if cfg.input == "-" else cfg.input
-    whole = ConstraintLines(cfg.constraints_file, name, lines)
-    if cfg.input != "-":
-        with Path(cfg.input).open("rb") as stream:
-            n_input = sum(1 for _ in stream)
-        if n_input != len(lines):
-            raise whole.mismatch(n_input)
-    part = shard_range(len(lines), *shard)
-    return ConstraintLines(cfg.constraints_file, name, lines[part.start : part.stop], part.start + 1)
 
 
 def log_summary(summary: Summary, search: SearchConfig) -> None:
@@ -336,8 +324,8 @@ def generate_text(
     fmt: str,
     out: TextIO,
     align: Aligner | None = None,
-    constraints: ConstraintLines | None = None,
-    prefixes: PrefixLines | None = None,
+    constraints: SideLines | None = None,
+    prefixes: SideLines | None = None,
 ) -> Summary:
     """Translate raw text with the checkpoint's own sentencepiece model, one buffer (chunk) at a time (aligned to
     their sources by `align` when given); with `constraints` (--constraints-file), each line's output contains its
@@ -345,14 +333,11 @@ def generate_text(
     summary = Summary()
     first_id = 0
     generator = sampling_generator(search, translator.device)  # one for every chunk
-    max_positions = translator.model.max_positions
     for chunk in chunks:
         start = time.perf_counter()
         sources = [np.asarray(ids, dtype=np.int64) for ids in translator.vocab.encode(chunk)]
-        lexical = None
-        if constraints is not None:
-            lexical = constraints.for_sources(translator.vocab, sources, first_id, search, max_positions)
-        forced = None if prefixes is None else prefixes.next_source(translator, sources, search, first_id)
+        lexical = None if constraints is None else constraints_for(constraints, translator, sources, search)
+        forced = None if prefixes is None else prefixes_for(prefixes, translator, sources, search)
         results = translate(translator, sources, search, max_tokens, batch_size, generator, all_of(lexical, forced))
         if align is not None:
             align(sources, results)
@@ -363,8 +348,7 @@ def generate_text(
             )
         out.flush()
         first_id += len(chunk)
-    if constraints is not None and first_id != len(constraints.lines):
-        raise constraints.mismatch(first_id)
-    if prefixes is not None:
-        prefixes.check_end()
+    for lines in (constraints, prefixes):
+        if lines is not None:
+            lines.check_end()
     return summary

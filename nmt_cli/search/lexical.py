@@ -30,14 +30,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import torch
 from torch import Tensor
 
 from nmt_cli.config import SearchConfig
-from nmt_cli.data import BOM, raw_text_problem
 from nmt_cli.data.vocab import EOS, PAD, UNK, Vocab
 from nmt_cli.errors import ConfigError, DataError
 from nmt_cli.search.beam import max_lengths
@@ -280,59 +278,6 @@ def check_fits(
                 f"{name}: the constraints take {need} pieces, but this output may have {limit}; shorten them or "
                 "raise --max-len-a/--max-len-b (max_len_a/max_len_b)"
             )
-
-
-def read_constraint_lines(path: Path) -> list[list[str]]:
-    """Every line of a --constraints-file: its tab-separated phrases, raw text ([] for an empty line).
-
-    Raises:
-        DataError: `FILE:LINE:` invalid UTF-8, or a line generate's --input would refuse too.
-    """
-    lines = []
-    with path.open("rb") as stream:
-        for number, raw in enumerate(stream, start=1):
-            try:
-                text = raw.decode("utf-8").removesuffix("\n").removesuffix("\r")
-            except UnicodeDecodeError as e:
-                raise DataError(
-                    f"{path}:{number}: invalid UTF-8 (byte {e.start} of the line); fix or re-encode it"
-                ) from None
-            text = text.removeprefix(BOM) if number == 1 else text
-            if problem := raw_text_problem(text):
-                raise DataError(f"{path}:{number}: the line {problem}")
-            lines.append(text.split("\t") if text else [])
-    return lines
-
-
-@dataclass
-class ConstraintLines:
-    """A --constraints-file read whole (or one shard's lines of it), line-aligned with the input `input_name`."""
-
-    path: str
-    input_name: str
-    lines: list[list[str]]
-    first_line: int = 1  # the file's line number of lines[0]
-
-    def for_sources(
-        self, vocab: Vocab, sources: Sequence[np.ndarray], first: int, search: SearchConfig, max_positions: int
-    ) -> LexicalConstraints:
-        """The constraints of the input's lines first, first + 1, ... (counted from lines[0]), encoded and checked
-        against their sources (check_fits); DataError when the file has fewer lines (`mismatch`)."""
-        if first + len(sources) > len(self.lines):
-            raise self.mismatch(first + len(sources))
-        where = [f"{self.path}:{self.first_line + first + j}" for j in range(len(sources))]
-        phrases = encode_phrases(vocab, self.lines[first : first + len(sources)], where)
-        limit = max_positions - 1  # translate cuts longer sources
-        check_fits(phrases, [min(len(s), limit) for s in sources], search, max_positions, where)
-        return LexicalConstraints(phrases)
-
-    def mismatch(self, n_input: int) -> DataError:
-        """The error of an input of n_input lines (at least) against this file's."""
-        return DataError(
-            f"--constraints-file {self.path} has {len(self.lines)} line(s) but --input {self.input_name} has "
-            f"{n_input}{'' if n_input <= len(self.lines) else ' or more'}; give one line of tab-separated "
-            "constraints per input line (an empty line for none)"
-        )
 
 
 def check_search(search: SearchConfig, option: str) -> None:
