@@ -97,7 +97,8 @@ def write_fairseq_dict(fs_dir: Path, symbols: list[str], fs_langs: tuple[str, st
 
 def fairseq_run(argv: list[str], log, warm: int, meas: int) -> dict:
     """fairseq-train ARGV in a child (this script's fairseq-train mode), its lines stamped as they arrive:
-    target tok/s of updates warm+1..warm+meas, their target tokens per update and the peak GPU memory."""
+    target tok/s of updates warm+1..warm+meas, their target tokens per update and the peak GPU memory.
+    Raises RuntimeError where the child fails or logs too few updates."""
     command = [sys.executable, "-u", __file__, "fairseq-train", *argv]
     log.write(f"+ {' '.join(command)}\n")
     stamps, wpb, peak = {}, {}, 0.0
@@ -113,7 +114,7 @@ def fairseq_run(argv: list[str], log, warm: int, meas: int) -> dict:
                 peak = float(line.split()[1])
     log.flush()
     if child.returncode != 0 or warm not in stamps or warm + meas not in stamps:
-        raise SystemExit(f"fairseq-train failed (exit {child.returncode}, updates logged {sorted(stamps)[-3:]})")
+        raise RuntimeError(f"fairseq-train exit {child.returncode}, last updates logged {sorted(stamps)[-3:]}")
     tokens = sum(wpb[u] for u in range(warm + 1, warm + meas + 1))
     seconds = stamps[warm + meas] - stamps[warm]
     return dict(target_tok_s=round(tokens / seconds), tokens_per_update=round(tokens / meas), peak_gib=round(peak, 1))
@@ -195,8 +196,13 @@ def speed(args) -> None:
             base += ["--max-update", str(args.warm + args.meas), "--log-format", "json", "--log-interval", "1"]
             base += ["--disable-validation", "--no-save", "--seed", "1"]
 
-            def fairseq_row(precision: str) -> dict:
-                figures = fairseq_run([*base, *precision_args(precision)], log, args.warm, args.meas)
+            def fairseq_row(precision: str) -> dict | None:
+                """The figures of one fairseq run, or None (its failure recorded) where it failed."""
+                try:
+                    figures = fairseq_run([*base, *precision_args(precision)], log, args.warm, args.meas)
+                except RuntimeError as failure:
+                    record(args, what=f"speed {arch}", toolkit="fairseq", precision=precision, failed=str(failure))
+                    return None
                 row = dict(what=f"speed {arch}", toolkit="fairseq", precision=precision, **figures)
                 record(args, **row)
                 return row
@@ -210,7 +216,10 @@ def speed(args) -> None:
                 rows = [fairseq_row(precisions[0])]
                 nmt_row()
                 rows += [fairseq_row(p) for p in precisions[1:]]
-                precisions = [max(rows, key=lambda r: r["target_tok_s"])["precision"]]
+                done = [r for r in rows if r is not None]
+                if not done:
+                    raise SystemExit(f"fairseq failed with {' and '.join(precisions)} (see its output above)")
+                precisions = [max(done, key=lambda r: r["target_tok_s"])["precision"]]
                 nmt_row("--bucket-shapes", bucket_shapes=True)
                 if args.device == "cuda":
                     nmt_row("Triton loss off", triton=False)
@@ -248,7 +257,7 @@ def quality(args) -> None:
         + ["--testpref", str(raw / "test_2016_flickr"), "--destdir", str(data), "--vocab-size", str(args.pieces)]
         + ["--max-len-ratio", "3"])  # fmt: skip
     t0 = time.perf_counter()
-    run([*nmt, "train", str(data), "--save-dir", str(work / "nmt-ckpt"), "--arch", "transformer_small", *settings]
+    run([*nmt, "train", str(data), "--save-dir", str(work / "nmt-ckpt"), "--arch", args.quality_arch, *settings]
         + ["--lr-scheduler", "inverse_sqrt", "--lr", "5e-4", "--label-smoothing", "0.1", "--log-interval", "100"]
         + ["--device", args.device, "--precision", precision])  # fmt: skip
     nmt_s = time.perf_counter() - t0
@@ -260,24 +269,35 @@ def quality(args) -> None:
         write_fairseq_split(data, split, ("en", "de"), fs_dir, ("en", "de"))
     pieces = [line.split("\t")[0] for line in (data / "vocab.txt").read_text(encoding="utf-8").splitlines()]
     write_fairseq_dict(fs_dir, pieces[4:], ("en", "de"))
-    fs_precision = ["--cpu"] if args.device == "cpu" else ["--bf16"]
-    t0 = time.perf_counter()
-    run([sys.executable, __file__, "fairseq-train", str(fs_dir), "--task", "translation", "-s", "en", "-t", "de"]
-        + [*FAIRSEQ_ARCH["transformer_small"], *COMMON, *OPTIM, "--lr", "5e-4", *settings, *fs_precision]
-        + ["--disable-validation", "--save-dir", str(work / "fairseq-ckpt"), "--no-epoch-checkpoints"]
-        + ["--log-format", "json", "--log-interval", "100"])  # fmt: skip
+    # nmt's precision where fairseq can train in it, else fairseq's own mixed precision (the row says which)
+    for fs_precision in ["fp32"] if args.device == "cpu" else ["bf16", "fp16"]:
+        t0 = time.perf_counter()
+        try:
+            run([sys.executable, __file__, "fairseq-train", str(fs_dir), "--task", "translation", "-s", "en"]
+                + ["-t", "de", *FAIRSEQ_ARCH[args.quality_arch], *COMMON, *OPTIM, "--lr", "5e-4", *settings]
+                + [*precision_args(fs_precision), "--disable-validation", "--save-dir", str(work / "fairseq-ckpt")]
+                + ["--no-epoch-checkpoints", "--log-format", "json", "--log-interval", "100"])  # fmt: skip
+            break
+        except subprocess.CalledProcessError:
+            if fs_precision == "fp16" or args.device == "cpu":
+                raise
+            print("bench_fairseq: fairseq --bf16 failed; training with --fp16", file=sys.stderr, flush=True)
     fairseq_s = time.perf_counter() - t0
     out = work / "fairseq.generate"
     with open(out, "w") as gen:
         run([sys.executable, "-m", "fairseq_cli.generate", str(fs_dir), "--task", "translation", "-s", "en"]
             + ["-t", "de", "--path", str(work / "fairseq-ckpt" / "checkpoint_last.pt"), "--gen-subset", "test"]
-            + ["--beam", "4", "--batch-size", "128", "--required-batch-size-multiple", "1", *fs_precision[:1]]
-            + ["--post-process", "sentencepiece", "--max-len-a", "1", "--max-len-b", "50"], stdout=gen)  # fmt: skip
+            + ["--beam", "4", "--batch-size", "128", "--required-batch-size-multiple", "1", "--max-len-a", "1"]
+            + ["--max-len-b", "50", "--post-process", "sentencepiece", *precision_args(fs_precision)],
+            stdout=gen)  # fmt: skip
     found = [re.match(r"D-(\d+)\t\S+\t(.*)$", line) for line in out.read_text(encoding="utf-8").splitlines()]
     fairseq_hyps = [m.group(2) for m in sorted((m for m in found if m), key=lambda m: int(m.group(1)))]
     refs = (raw / "test_2016_flickr.de").read_text(encoding="utf-8").splitlines()
     nmt_hyps = (work / "nmt.hyp.de").read_text(encoding="utf-8").splitlines()
-    for toolkit, hyps, seconds in (("nmt", nmt_hyps, nmt_s), ("fairseq", fairseq_hyps, fairseq_s)):
+    for toolkit, hyps, seconds, trained_in in (
+        ("nmt", nmt_hyps, nmt_s, precision),
+        ("fairseq", fairseq_hyps, fairseq_s, fs_precision),
+    ):
         if len(hyps) != len(refs):
             raise SystemExit(f"{toolkit} translated {len(hyps)} of {len(refs)} test sentences")
         bleu = sacrebleu.corpus_bleu(hyps, [refs]).score
@@ -286,6 +306,7 @@ def quality(args) -> None:
             what="quality multi30k",
             toolkit=toolkit,
             updates=args.quality_updates,
+            precision=trained_in,
             bleu=round(bleu, 2),
             train_s=round(seconds, 1),
         )
@@ -305,11 +326,12 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--raw-dir", help="quality: Multi30k's train and test_2016_flickr .en/.de")
     parser.add_argument("--work", help="quality: where its data, checkpoints and translations go")
     parser.add_argument("--quality-updates", type=int, help="[default: 1500; cpu: 4]")
-    parser.add_argument("--quality-max-tokens", type=int, default=4096)
+    parser.add_argument("--quality-arch", help="[default: transformer_small; cpu: transformer_tiny]")
+    parser.add_argument("--quality-max-tokens", type=int, help="[default: 4096; cpu: 512]")
     parser.add_argument("--quality-warmup", type=int, default=1000)
     parser.add_argument("--pieces", type=int, help="quality: sentencepiece vocabulary [default: 8000; cpu: 300]")
     parser.add_argument("--train-lines", type=int, help="quality: first N training pairs [default: all; cpu: 500]")
-    parser.add_argument("--test-lines", type=int, help="quality: first N test pairs [default: all; cpu: 20]")
+    parser.add_argument("--test-lines", type=int, help="quality: first N test pairs [default: all; cpu: 8]")
     args = parser.parse_args()
     cpu = args.device == "cpu"
     for key, value in (CPU if cpu else GPU).items():
@@ -317,9 +339,11 @@ def parse_args() -> argparse.Namespace:
             setattr(args, key, value)
     for key, gpu_value, cpu_value in (
         ("quality_updates", 1500, 4),
+        ("quality_arch", "transformer_small", "transformer_tiny"),
+        ("quality_max_tokens", 4096, 512),
         ("pieces", 8000, 300),
         ("train_lines", None, 500),
-        ("test_lines", None, 20),
+        ("test_lines", None, 8),
     ):
         if getattr(args, key) is None:
             setattr(args, key, cpu_value if cpu else gpu_value)

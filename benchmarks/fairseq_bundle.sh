@@ -16,14 +16,16 @@
 # --no-build-isolation --no-deps (an isolated build would fetch another torch; its torchaudio requirement
 # only serves speech tasks). benchmarks/fairseq/patch_fairseq.py changes the source before the build:
 #   - torch >= 2.6 loads checkpoints with weights_only=True, which refuses fairseq's (argparse and omegaconf
-#     objects inside): fairseq-generate failed on its own checkpoint; the patch passes weights_only=False
-#     where fairseq loads its own files;
+#     objects inside; the peer harness ran fairseq-generate with TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1): the
+#     patch passes weights_only=False where fairseq loads its own files;
+#   - fairseq 0.12's --bf16 implies --tpu, and fails on a CUDA device without torch_xla: with CUDA present
+#     the patch leaves --tpu off, so that --bf16 trains on the GPU (bf16 weights, float32 master copy);
 #   - numpy 2 removed np.int and np.float: two mask helpers and a CRF layer used them (not on a transformer's
 #     path, patched so that no import-time surprise waits on another task).
 # The dependencies the image lacks, each a wheel for cp312 manylinux: hydra-core 1.3.2 and omegaconf 2.3.0
 # (the versions fairseq pins), antlr4-python3-runtime 4.9.3 (omegaconf's grammar; an sdist only, built here
 # into a pure-Python wheel) and bitarray. Everything else fairseq imports on a transformer's path is in the
-# image (KINDS.md's package list). The whole is about 10 MiB; the device tool carries at most 64 MiB.
+# image (KINDS.md's package list). The whole is about 12 MiB; the device tool carries at most 64 MiB.
 #
 # Proven on this CPU machine in a twin of the GPU image (a Python 3.12 venv with torch 2.11.0, numpy 2.5.2,
 # sacrebleu, sentencepiece, regex, tqdm, pyyaml, click, rich: see benchmarks/fairseq/README.md) with
@@ -47,7 +49,8 @@ if [ ! -x "$BUILD_VENV/bin/python" ]; then
     "$PYTHON312" -m venv "$BUILD_VENV"
 fi
 pip=("$BUILD_VENV/bin/python" -m pip --disable-pip-version-check)
-# torch as the image has it (from PyPI: the CUDA build, whose libraries it needs to import even on a CPU)
+# torch as the image has it (from PyPI: the CUDA build, about 4 GB with the NVIDIA libraries it needs to
+# import even on a CPU)
 if ! "$BUILD_VENV/bin/python" -c "import torch, numpy; assert torch.__version__.startswith('$TORCH_VERSION') \
         and numpy.__version__ == '$NUMPY_VERSION'" 2>/dev/null; then
     "${pip[@]}" install -q "torch==$TORCH_VERSION" "numpy==$NUMPY_VERSION"
@@ -62,8 +65,11 @@ tar xzf "$work/fairseq_fixed-$FAIRSEQ_VERSION.tar.gz" -C "$work"
 src=$work/fairseq_fixed-$FAIRSEQ_VERSION
 "${pip[0]}" "$repo/benchmarks/fairseq/patch_fairseq.py" "$src"
 rm -f "$BUNDLE"/fairseq_fixed-*.whl
-# -g0: Python's own CFLAGS carry -g, whose debug symbols would make the wheel several times larger
-(cd "$src" && env -u CUDA_HOME MAX_JOBS="${MAX_JOBS:-2}" CFLAGS="-g0" "${pip[@]}" wheel -q --no-build-isolation --no-deps -w "$BUNDLE" .)
+(cd "$src" && env -u CUDA_HOME MAX_JOBS="${MAX_JOBS:-2}" "${pip[@]}" wheel -q --no-build-isolation --no-deps -w "$work" .)
+# the extensions without their debug symbols (Python's CFLAGS carry -g): 10 MiB each before, 0.2 MiB after
+"${pip[0]}" -m wheel unpack "$work"/fairseq_fixed-*.whl -d "$work/unpacked"
+find "$work/unpacked" -name '*.so' -exec strip --strip-debug {} +
+"${pip[0]}" -m wheel pack "$work/unpacked/fairseq_fixed-$FAIRSEQ_VERSION" -d "$BUNDLE"
 
 # antlr4-python3-runtime 4.9.3 has no wheel on PyPI: a pure-Python one built from its sdist
 rm -f "$BUNDLE"/antlr4_python3_runtime-*.whl

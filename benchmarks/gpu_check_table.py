@@ -87,12 +87,18 @@ def fairseq_rows(results: list[dict]) -> list[tuple[str, str]]:
     rows = []
     for what in dict.fromkeys(r["what"] for r in speed):
         arch = what.removeprefix("speed ")
-        fairseq = [r for r in speed if r["what"] == what and r["toolkit"] == "fairseq"]
+        fairseq = [r for r in speed if r["what"] == what and r["toolkit"] == "fairseq" and "failed" not in r]
+        failed = "".join(
+            f"; fairseq --{r['precision']} failed ({r['failed']})" for r in speed if r["what"] == what and "failed" in r
+        )
         nmt = {r.get("variant", ""): r for r in speed if r["what"] == what and r["toolkit"] == "nmt"}
         plain = nmt.get("")
+        if plain and not fairseq:
+            rows.append((f"nmt vs fairseq {arch}", f"nmt {plain['target_tok_s']:,} target tok/s{failed}"))
         if fairseq and plain:
             best = max(fairseq, key=lambda r: r["target_tok_s"])
             others = "".join(f"; fairseq --{r['precision']} {r['target_tok_s']:,}" for r in fairseq if r is not best)
+            others += failed
             rows.append(
                 (
                     f"nmt vs fairseq {arch}",
@@ -117,7 +123,8 @@ def fairseq_rows(results: list[dict]) -> list[tuple[str, str]]:
             (
                 "Multi30k BLEU at equal updates",
                 ", ".join(
-                    f"{name} {r['bleu']} ({r['updates']:,} updates in {r['train_s']} s)" for name, r in quality.items()
+                    f"{name} {r['bleu']} ({r['updates']:,} {r['precision']} updates in {r['train_s']} s)"
+                    for name, r in quality.items()
                 )
                 + " (sacreBLEU, beam 4, test_2016_flickr)",
             )

@@ -56,9 +56,10 @@ def test_table_has_the_ratio_to_fairseqs_faster_precision_and_nmts_variants(tmp_
         | dict(tokens_per_update=24000, peak_gib=20.5),
         dict(what="speed transformer_big", toolkit="fairseq", precision="fp16", target_tok_s=200000)
         | dict(tokens_per_update=23900, peak_gib=22.0),
+        dict(what="speed transformer_big", toolkit="fairseq", precision="bf16", failed="fairseq-train exit 1"),
         {"step": "fairseq", "seconds": 140, "rc": 0},
-        dict(what="quality multi30k", toolkit="nmt", updates=1500, bleu=36.21, train_s=31.5),
-        dict(what="quality multi30k", toolkit="fairseq", updates=1500, bleu=35.9, train_s=48.0),
+        dict(what="quality multi30k", toolkit="nmt", updates=1500, precision="bf16", bleu=36.21, train_s=31.5),
+        dict(what="quality multi30k", toolkit="fairseq", updates=1500, precision="fp16", bleu=35.9, train_s=48.0),
         {"step": "fairseq-quality", "seconds": 150, "rc": 1},
     ]
     text = table(tmp_path, results)
@@ -66,18 +67,29 @@ def test_table_has_the_ratio_to_fairseqs_faster_precision_and_nmts_variants(tmp_
         "| nmt vs fairseq transformer_base | nmt 300,000 target tok/s (bf16, 24,500 tokens/update, 8.1 GiB), "
         "fairseq 200,000 (--fp16, 24,100 tokens/update, 9.4 GiB): **1.50x**; fairseq --bf16 150,000 |" in text
     )
-    assert "| nmt vs fairseq transformer_big | " in text and "**0.90x**" in text
+    assert (
+        "| nmt vs fairseq transformer_big | " in text
+        and "**0.90x**; fairseq --bf16 failed (fairseq-train exit 1) |" in text
+    )
     assert "| nmt transformer_base --bucket-shapes | 330,000 target tok/s (1.10x without), 8.3 GiB |" in text
     assert "| nmt transformer_base Triton loss off | 240,000 target tok/s (0.80x without), 9.9 GiB |" in text
     assert (
-        "| Multi30k BLEU at equal updates | nmt 36.21 (1,500 updates in 31.5 s), fairseq 35.9 (1,500 updates in "
-        "48.0 s) (sacreBLEU, beam 4, test_2016_flickr) |" in text
+        "| Multi30k BLEU at equal updates | nmt 36.21 (1,500 bf16 updates in 31.5 s), fairseq 35.9 (1,500 fp16 "
+        "updates in 48.0 s) (sacreBLEU, beam 4, test_2016_flickr) |" in text
     )
     assert "| fairseq time | speed 140 s; quality failed: exit 1 after 150 s |" in text
 
 
 def test_table_says_when_the_fairseq_step_did_not_run(tmp_path):
-    text = table(tmp_path, [{"step": "fairseq", "skipped": "no fairseq wheel in .whl"}])
+    failed = dict(what="speed transformer_tiny", toolkit="fairseq", precision="fp32", failed="fairseq-train exit 1")
+    nmt = dict(what="speed transformer_tiny", toolkit="nmt", variant="", precision="fp32", target_tok_s=9000)
+    text = table(tmp_path, [failed, nmt | dict(tokens_per_update=400, peak_gib=0.0)])
+    assert (
+        "| nmt vs fairseq transformer_tiny | nmt 9,000 target tok/s; fairseq --fp32 failed (fairseq-train exit 1) |"
+        in text
+    )
+    (tmp_path / "skipped").mkdir()
+    text = table(tmp_path / "skipped", [{"step": "fairseq", "skipped": "no fairseq wheel in .whl"}])
     assert "| fairseq time | speed skipped: no fairseq wheel in .whl; quality not run |" in text
     assert "nmt vs fairseq" not in text and "BLEU at equal updates" not in text
 

@@ -14,8 +14,16 @@ import sys
 from pathlib import Path
 
 # (file, old, new): torch >= 2.6 loads with weights_only=True by default, which refuses fairseq's checkpoints
-# (argparse and omegaconf objects inside); numpy 2 removed np.int and np.float.
+# (argparse and omegaconf objects inside); fairseq 0.12's --bf16 implies --tpu (bf16 was a TPU mode then),
+# which fails on a CUDA device for want of torch_xla: with CUDA present --bf16 now trains there (its CUDA
+# path is fairseq's own: bf16 weights, float32 master copy in FP16Optimizer, no loss scaling); numpy 2
+# removed np.int and np.float.
 CHANGES = [
+    (
+        "fairseq/options.py",
+        "    if args.bf16:\r\n        args.tpu = True\r\n",
+        "    if args.bf16 and not torch.cuda.is_available():\r\n        args.tpu = True\r\n",
+    ),
     (
         "fairseq/checkpoint_utils.py",
         'state = torch.load(f, map_location=torch.device("cpu"))',
@@ -55,7 +63,7 @@ def main() -> None:
         if count != expected:
             sys.exit(f"patch_fairseq: {path} has {count} copies of {old!r}, not {expected}: another fairseq version?")
         path.write_bytes(text.replace(old, new).encode())
-        print(f"patched {name}: {new.splitlines()[-1].strip()}")
+        print(f"patched {name}")
 
 
 if __name__ == "__main__":
