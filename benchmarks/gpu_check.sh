@@ -123,6 +123,9 @@ fairseq_step() {
     elif ! compgen -G "$bundle/fairseq_fixed-*.whl" > /dev/null; then
         skipped fairseq "no fairseq wheel in $bundle (bash benchmarks/fairseq_bundle.sh where pip reaches PyPI)"
         return
+    elif ! "$PYTHON" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 12))'; then
+        skipped fairseq "the wheels in $bundle are for Python 3.12, $PYTHON is $("$PYTHON" -V 2>&1)"
+        return
     elif ! "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$site" \
         "$bundle"/*.whl >> "$(log_of fairseq)" 2>&1; then
         skipped fairseq "pip could not install $bundle's wheels (see bench.log)"
