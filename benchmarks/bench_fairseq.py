@@ -16,10 +16,13 @@ WARM untimed updates then MEAS timed ones. fairseq runs once with --fp16 and onc
 architecture and keeps the faster for the rest (the row says which); nmt runs bf16 (autocast). fairseq's
 target tok/s = the target tokens (wpb) of updates WARM+1..WARM+MEAS over the wall time between the log lines
 of update WARM and WARM+MEAS (--log-interval 1, stamped here as the lines arrive); nmt's from bench_gpu.py's
-Trainer loop (one host sync per update, as fairseq's logging makes). Peak GPU memory: torch's allocator
-peak in each process. The runs alternate (fairseq, nmt, fairseq on the first architecture; nmt then fairseq
-on the next). Then nmt's base again with `--bucket-shapes` and with the Triton loss off (the fused loss's
-kernel is chosen in nmt_cli/train/loss.py by `fused_kernel`, which this script replaces for that row).
+Trainer loop (one host sync per update, as fairseq's logging makes). fairseq's batches hold a multiple of 8
+sentences (its default --required-batch-size-multiple), so its target tokens per update come out slightly
+fewer at the same --max-tokens: each row prints its own. Peak GPU memory: torch's allocator peak in each
+process (fairseq's over its whole run, nmt's after the warm-up). The runs alternate (fairseq, nmt, fairseq
+on the first architecture; nmt then fairseq on the next). Then nmt's base again with `--bucket-shapes` and
+with the Triton loss off (the fused loss's kernel is chosen in nmt_cli/train/loss.py by `fused_kernel`, which
+this script replaces for that row).
 
 quality: the same Multi30k pieces, transformer_small's shape for both (3+3 layers, 256 wide), the same
 settings (inverse_sqrt to --lr over --warmup updates, Adam 0.9/0.98 eps 1e-9, label smoothing 0.1, dropout
