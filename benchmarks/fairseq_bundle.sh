@@ -14,7 +14,7 @@
 # wheel matches the image and no other torch. No CUDA_HOME: the CUDA extensions (libnat_cuda, ngram repeat
 # blocking) are used by neither training nor beam search of a transformer. The build takes
 # --no-build-isolation --no-deps (an isolated build would fetch another torch; its torchaudio requirement
-# only serves speech tasks). benchmarks/fairseq/patch_fairseq.py changes the source before the build:
+# only serves speech tasks). benchmarks/fairseq-bundle/patch_fairseq.py changes the source before the build:
 #   - torch >= 2.6 loads checkpoints with weights_only=True, which refuses fairseq's (argparse and omegaconf
 #     objects inside; the peer harness ran fairseq-generate with TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1): the
 #     patch passes weights_only=False where fairseq loads its own files;
@@ -28,7 +28,8 @@
 # image (KINDS.md's package list). The whole is about 12 MiB; the device tool carries at most 64 MiB.
 #
 # Proven on this CPU machine in a twin of the GPU image (a Python 3.12 venv with torch 2.11.0, numpy 2.5.2,
-# sacrebleu, sentencepiece, regex, tqdm, pyyaml, click, rich: see benchmarks/fairseq/README.md) with
+# sacrebleu, sentencepiece, regex, tqdm, pyyaml, click, rich, scikit-learn: benchmarks/fairseq-bundle/README.md)
+# with
 #     PYTHON=TWIN/bin/python DRY_RUN=1 STEPS=fairseq bash benchmarks/gpu_check.sh OUT
 # which installs BUNDLE as above and trains and translates with fairseq and nmt at tiny sizes on the CPU.
 set -euo pipefail
@@ -63,9 +64,10 @@ trap 'rm -rf "$work"' EXIT
 "${pip[@]}" download -q --no-deps --no-binary :all: --no-build-isolation "fairseq-fixed==$FAIRSEQ_VERSION" -d "$work"
 tar xzf "$work/fairseq_fixed-$FAIRSEQ_VERSION.tar.gz" -C "$work"
 src=$work/fairseq_fixed-$FAIRSEQ_VERSION
-"${pip[0]}" "$repo/benchmarks/fairseq/patch_fairseq.py" "$src"
+"${pip[0]}" "$repo/benchmarks/fairseq-bundle/patch_fairseq.py" "$src"
 rm -f "$BUNDLE"/fairseq_fixed-*.whl
-(cd "$src" && env -u CUDA_HOME MAX_JOBS="${MAX_JOBS:-2}" "${pip[@]}" wheel -q --no-build-isolation --no-deps -w "$work" .)
+(cd "$src" && env -u CUDA_HOME MAX_JOBS="${MAX_JOBS:-2}" "${pip[@]}" wheel -q --no-build-isolation --no-deps \
+    -w "$work" .)
 # the extensions without their debug symbols (Python's CFLAGS carry -g): 10 MiB each before, 0.2 MiB after
 "${pip[0]}" -m wheel unpack "$work"/fairseq_fixed-*.whl -d "$work/unpacked"
 find "$work/unpacked" -name '*.so' -exec strip --strip-debug {} +

@@ -1,7 +1,7 @@
 """gpu_check.sh's fairseq step (benchmarks/bench_fairseq.py): its closing-table rows from recorded figures and
 the fairseq binary files it writes always; the step's CPU dry run where fairseq imports (the CPU twin of
-benchmarks/fairseq/README.md, or any Python with fairseq installed): the fast suite needs neither fairseq
-nor a network."""
+benchmarks/fairseq-bundle/README.md, or any Python with fairseq installed): the fast suite needs neither
+fairseq nor a network."""
 
 from __future__ import annotations
 
@@ -116,7 +116,7 @@ def test_fairseq_split_holds_nmts_ids_with_eos_and_fairseqs_unk(tmp_path):
         assert [dataset[i].tolist() for i in range(3)] == [[5, 6, 7, 2], [3, 9, 2], [4, 2]]
 
 
-NO_FAIRSEQ = "fairseq is not importable (benchmarks/fairseq/README.md: the CPU twin)"
+NO_FAIRSEQ = "fairseq is not importable (benchmarks/fairseq-bundle/README.md: the CPU twin)"
 
 
 @pytest.mark.skipif(not HAS_FAIRSEQ, reason=NO_FAIRSEQ)

@@ -2,7 +2,7 @@
 before fairseq_bundle.sh builds its wheel (a script rather than a diff: the sdist's files end their lines
 with CRLF, which a diff kept in git does not carry reliably).
 
-    python benchmarks/fairseq/patch_fairseq.py SRC_DIR
+    python benchmarks/fairseq-bundle/patch_fairseq.py SRC_DIR
 
 Each change replaces text that must occur exactly once in its file, so a different sdist fails here, naming
 the file, instead of building a wheel that breaks on the GPU machine.
