@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
 # The whole GPU verification in one command, for anyone with a CUDA GPU (a user trying nmt on a new card, or a
-# session lent one for a few minutes). About 7 minutes on an H100; every step has a time limit and the whole
-# stays under 8 minutes (DEADLINE seconds, 470 by default).
+# session lent one for a few minutes). Every step has a time limit and the whole stays under 9 minutes on an
+# H100 (DEADLINE seconds, 540 by default): a step that would start with less than 20 s left is skipped.
 #
 #     bash benchmarks/gpu_check.sh [OUT_DIR]          # logs into OUT_DIR, else $OUT, else gpu-check-DATE
 #     DRY_RUN=1 bash benchmarks/gpu_check.sh DIR      # on the CPU at tiny sizes: checks the script itself
 #
-# OUT_DIR receives 8 files, what the device tool brings back: env.log, tests.log, bench.log, profile.log (the
-# compile step's too: both run profile_gpu.py), recipe.log, serve.log, results.jsonl (every figure and step
-# time) and summary.md (the table). STEPS="tests bench ..." runs only
-# those steps (default: all six). The recipe's data, checkpoints and the `nmt` shim
+# OUT_DIR receives 8 files, what the device tool brings back: env.log, tests.log, bench.log (the fairseq
+# step's too), profile.log (the compile step's too: both run profile_gpu.py), recipe.log, serve.log,
+# results.jsonl (every figure and step time) and summary.md (the table). STEPS="tests bench ..." runs only
+# those steps (default: all seven). The recipe's data, checkpoints and the `nmt` shim
 # go to WORK (a temporary directory unless given). Multi30k is read from RAW_DIR (default
 # ../shared/data/multi30k beside the checkout; the recipe step is skipped where it is absent: no downloads).
 #
@@ -17,13 +17,20 @@
 #   1. tests      python -m pytest -m gpu (what `make test-gpu` runs)
 #   2. bench      benchmarks/bench_gpu.py: train transformer_base and _big (bf16, ~25k target tokens an update),
 #                 beam-4 generation of 3,000 sentences
-#   3. profile    benchmarks/profile_gpu.py: GPU busy %, the 10 costliest kernels, host time of the top ops
-#   4. recipe     recipes/multi30k_en_de trained for TRAIN_MINUTES (2) on the GPU, its sacreBLEU
-#   5. serve      benchmarks/bench_serve.py on the recipe's checkpoint (or SERVE_CHECKPOINT's, a model trained
+#   3. fairseq    benchmarks/bench_fairseq.py, where FAIRSEQ_BUNDLE (default .whl/ in the checkout, filled by
+#                 benchmarks/fairseq_bundle.sh on a machine with network) holds fairseq's wheels: installed into
+#                 WORK/fairseq-site, then fairseq and nmt trained alternately on the same data, transformer_base
+#                 and _big, same tokens per update and updates: target tok/s, ratio, peak GPU memory; nmt's
+#                 base with --bucket-shapes and with the Triton loss off; then (fairseq-quality) both trained
+#                 the same number of updates on Multi30k, beam 4 on test_2016_flickr, sacreBLEU of each.
+#                 Skipped, with the reason, where the bundle is absent
+#   4. profile    benchmarks/profile_gpu.py: GPU busy %, the 10 costliest kernels, host time of the top ops
+#   5. recipe     recipes/multi30k_en_de trained for TRAIN_MINUTES (2) on the GPU, its sacreBLEU
+#   6. serve      benchmarks/bench_serve.py on the recipe's checkpoint (or SERVE_CHECKPOINT's, a model trained
 #                 elsewhere, to compare with its CPU figures): `nmt serve` on the GPU under 32
 #                 clients and one, next to `nmt generate`; then
 #                 benchmarks/profile_serve.py, where a served sentence's time goes (after it in serve.log)
-#   6. compile    --compile's warm-up for transformer_base (8 updates), if time is left before DEADLINE
+#   7. compile    --compile's warm-up for transformer_base (8 updates), if time is left before DEADLINE
 # then a table (OUT_DIR/summary.md). Runs from this checkout with the packages of a CUDA PyTorch image (torch,
 # numpy, sentencepiece, sacrebleu, click, rich, pytest): nothing is installed, `nmt` is `python3 -m nmt_cli`.
 set -uo pipefail
@@ -31,10 +38,10 @@ repo=$(cd "$(dirname "$0")/.." && pwd)
 OUT_DIR=${1:-${OUT:-$repo/gpu-check-$(date +%Y%m%d-%H%M%S)}}
 PYTHON=${PYTHON:-python3}
 DRY_RUN=${DRY_RUN:-0}
-DEADLINE=${DEADLINE:-470}
+DEADLINE=${DEADLINE:-540}
 TRAIN_MINUTES=${TRAIN_MINUTES:-2}
 RAW_DIR=${RAW_DIR:-$(cd "$repo/.." && pwd)/shared/data/multi30k}
-STEPS=${STEPS:-tests bench profile recipe serve compile}
+STEPS=${STEPS:-tests bench fairseq profile recipe serve compile}
 mkdir -p "$OUT_DIR"
 OUT_DIR=$(cd "$OUT_DIR" && pwd)
 [ -n "${WORK:-}" ] || { WORK=$(mktemp -d "${TMPDIR:-/tmp}/gpu-check-XXXXXX"); made_work=1; }
@@ -47,9 +54,14 @@ RESULTS=$OUT_DIR/results.jsonl
 start=$SECONDS
 failed=()
 
-log_of() {  # log_of NAME: a step's log file; compile's goes after profile's and serve-profile's after serve's,
-    # keeping OUT_DIR to 8 files
-    case $1 in compile) echo "$OUT_DIR/profile.log" ;; serve-profile) echo "$OUT_DIR/serve.log" ;; *) echo "$OUT_DIR/$1.log" ;; esac
+log_of() {  # log_of NAME: a step's log file; compile's goes after profile's, serve-profile's after serve's and
+    # fairseq's after bench's, keeping OUT_DIR to 8 files
+    case $1 in
+        compile) echo "$OUT_DIR/profile.log" ;;
+        serve-profile) echo "$OUT_DIR/serve.log" ;;
+        fairseq*) echo "$OUT_DIR/bench.log" ;;
+        *) echo "$OUT_DIR/$1.log" ;;
+    esac
 }
 
 skipped() {  # skipped NAME REASON
@@ -99,6 +111,38 @@ serve_step() {
     fi
 }
 
+# fairseq_step SPEED_LIMIT QUALITY_LIMIT ARGS...: the carried fairseq wheels installed into WORK/fairseq-site
+# (as the device tool's README installs wheels: no index, no dependencies) unless PYTHON imports fairseq
+# already, then bench_fairseq.py's speed and quality with ARGS
+fairseq_step() {
+    local speed_limit=$1 quality_limit=$2 bundle=${FAIRSEQ_BUNDLE:-$repo/.whl} site=$WORK/fairseq-site
+    shift 2
+    case " $STEPS " in *" fairseq "*) ;; *) skipped fairseq "not in STEPS"; return ;; esac
+    if "$PYTHON" -c "import fairseq_cli.train" 2> /dev/null; then
+        echo "== fairseq: $("$PYTHON" -c "import fairseq; print(fairseq.__file__)") (installed)" >> "$(log_of fairseq)"
+    elif ! compgen -G "$bundle/fairseq_fixed-*.whl" > /dev/null; then
+        skipped fairseq "no fairseq wheel in $bundle (bash benchmarks/fairseq_bundle.sh where pip reaches PyPI)"
+        return
+    elif ! "$PYTHON" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 12))'; then
+        skipped fairseq "the wheels in $bundle are for Python 3.12, $PYTHON is $("$PYTHON" -V 2>&1)"
+        return
+    elif ! "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$site" \
+        "$bundle"/*.whl >> "$(log_of fairseq)" 2>&1; then
+        skipped fairseq "pip could not install $bundle's wheels (see bench.log)"
+        failed+=(fairseq)
+        return
+    fi
+    step fairseq "$speed_limit" env PYTHONPATH="$site:$PYTHONPATH" "$PYTHON" benchmarks/bench_fairseq.py speed \
+        --results "$RESULTS" "$@"
+    if [ -f "$RAW_DIR/train.en" ]; then
+        step fairseq-quality "$quality_limit" env PYTHONPATH="$site:$PYTHONPATH" "$PYTHON" \
+            benchmarks/bench_fairseq.py quality --raw-dir "$RAW_DIR" --work "$WORK/fairseq-quality" \
+            --results "$RESULTS" "$@"
+    else
+        skipped fairseq-quality "no Multi30k at RAW_DIR=$RAW_DIR"
+    fi
+}
+
 : > "$RESULTS"
 for name in tests bench profile recipe serve; do : > "$OUT_DIR/$name.log"; done  # the steps append to them
 {
@@ -113,6 +157,7 @@ cat "$OUT_DIR/env.log"
 if [ "$DRY_RUN" = 1 ]; then  # the same steps at tiny sizes on the CPU (gpu tests skip themselves there)
     step tests 120 "$PYTHON" -m pytest -q -p no:cacheprovider -m gpu
     step bench 120 "$PYTHON" benchmarks/bench_gpu.py --device cpu --results "$RESULTS"
+    fairseq_step 120 180 --device cpu
     step profile 120 "$PYTHON" benchmarks/profile_gpu.py --device cpu --results "$RESULTS"
     step recipe 60 env DRY_RUN=1 PATH="$WORK/bin:$PATH" WORK_DIR="$WORK/multi30k" RAW_DIR="$RAW_DIR" \
         TRAIN_MINUTES="$TRAIN_MINUTES" bash recipes/multi30k_en_de/run.sh
@@ -121,6 +166,7 @@ if [ "$DRY_RUN" = 1 ]; then  # the same steps at tiny sizes on the CPU (gpu test
 else
     step tests 150 "$PYTHON" -m pytest -q -p no:cacheprovider -m gpu
     step bench 150 "$PYTHON" benchmarks/bench_gpu.py --results "$RESULTS"
+    fairseq_step 150 170
     step profile 60 "$PYTHON" benchmarks/profile_gpu.py --results "$RESULTS"
     if [ -f "$RAW_DIR/train.en" ]; then
         step recipe 200 env PATH="$WORK/bin:$PATH" WORK_DIR="$WORK/multi30k" RAW_DIR="$RAW_DIR" \

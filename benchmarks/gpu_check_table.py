@@ -1,5 +1,6 @@
 """gpu_check.sh's closing table, in Markdown, from what its steps left: OUT_DIR's results.jsonl (each figure
-and step time), env.log, tests.log and serve.log, and the recipe's score and log in WORK/multi30k.
+and step time, bench_fairseq.py's side by side among them), env.log, tests.log and serve.log, and the recipe's
+score and log in WORK/multi30k.
 
     python benchmarks/gpu_check_table.py OUT_DIR WORK SECONDS
 """
@@ -78,6 +79,59 @@ def profile_rows(results: list[dict]) -> list[tuple[str, str]]:
     return rows
 
 
+def fairseq_rows(results: list[dict]) -> list[tuple[str, str]]:
+    """bench_fairseq.py's figures: per architecture nmt's target tok/s against fairseq's faster precision (the
+    ratio nmt / fairseq) with each one's peak GPU memory, nmt's variants against its plain run, and the BLEU
+    of each toolkit at equal updates."""
+    speed = [r for r in results if r.get("what", "").startswith("speed ")]
+    rows = []
+    for what in dict.fromkeys(r["what"] for r in speed):
+        arch = what.removeprefix("speed ")
+        fairseq = [r for r in speed if r["what"] == what and r["toolkit"] == "fairseq" and "failed" not in r]
+        failed = "".join(
+            f"; fairseq --{r['precision']} failed ({r['failed']})" for r in speed if r["what"] == what and "failed" in r
+        )
+        nmt = {r.get("variant", ""): r for r in speed if r["what"] == what and r["toolkit"] == "nmt"}
+        plain = nmt.get("")
+        if plain and not fairseq:
+            rows.append((f"nmt vs fairseq {arch}", f"nmt {plain['target_tok_s']:,} target tok/s{failed}"))
+        if fairseq and plain:
+            best = max(fairseq, key=lambda r: r["target_tok_s"])
+            others = "".join(f"; fairseq --{r['precision']} {r['target_tok_s']:,}" for r in fairseq if r is not best)
+            others += failed
+            rows.append(
+                (
+                    f"nmt vs fairseq {arch}",
+                    f"nmt {plain['target_tok_s']:,} target tok/s ({plain['precision']}, "
+                    f"{plain['tokens_per_update']:,} tokens/update, {plain['peak_gib']} GiB), fairseq "
+                    f"{best['target_tok_s']:,} (--{best['precision']}, {best['tokens_per_update']:,} tokens/update, "
+                    f"{best['peak_gib']} GiB): **{plain['target_tok_s'] / best['target_tok_s']:.2f}x**{others}",
+                )
+            )
+        for variant, r in nmt.items():
+            if variant and plain:
+                rows.append(
+                    (
+                        f"nmt {arch} {variant}",
+                        f"{r['target_tok_s']:,} target tok/s ({r['target_tok_s'] / plain['target_tok_s']:.2f}x "
+                        f"without), {r['peak_gib']} GiB",
+                    )
+                )
+    quality = {r["toolkit"]: r for r in results if r.get("what") == "quality multi30k"}
+    if quality:
+        rows.append(
+            (
+                "Multi30k BLEU at equal updates",
+                ", ".join(
+                    f"{name} {r['bleu']} ({r['updates']:,} {r['precision']} updates in {r['train_s']} s)"
+                    for name, r in quality.items()
+                )
+                + " (sacreBLEU, beam 4, test_2016_flickr)",
+            )
+        )
+    return rows
+
+
 def recipe_row(work: Path) -> tuple[str, str]:
     score = work / "score.txt"
     bleu = re.search(r"BLEU = ([\d.]+)", score.read_text()) if score.exists() else None
@@ -117,6 +171,10 @@ def main() -> None:
     times = step_times(results)
     rows = [("device", torch_line), ("GPU tests", f"{test_result(out)} ({times.get('tests', 'not run')})")]
     rows += bench_rows(results) + [("bench time", times.get("bench", "not run"))]
+    rows += fairseq_rows(results)
+    rows += [
+        ("fairseq time", f"speed {times.get('fairseq', 'not run')}; quality {times.get('fairseq-quality', 'not run')}")
+    ]
     rows += profile_rows(results) + [("profile time", times.get("profile", "not run"))]
     rows += [("recipe", f"{recipe_row(work / 'multi30k')[1]} ({times.get('recipe', 'not run')})")]
     rows += serve_rows(out) + [("serve time", times.get("serve", "not run"))]
