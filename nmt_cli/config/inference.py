@@ -116,6 +116,20 @@ class GenerateConfig(InferenceConfig):
         "(lexically constrained beam search; an empty line for none).",
         path="file",
     )
+    fixed_slots: bool | None = flag(
+        None,
+        "Beam search over fixed slots: a batch's sentences keep their rows until it ends (finished ones masked) and "
+        "the decoder's keys and values fill buffers sized to the batch's longest output, so no step changes a "
+        "shape (what --cuda-graphs needs); the same translations as the default search. Only a plain beam "
+        "search (--beam 2 or more) runs so; constraints, prefixes, --no-repeat-ngram-size and sampling keep the "
+        "default search [default: on CUDA].",
+    )
+    cuda_graphs: bool = flag(
+        True,
+        "CUDA, with fixed slots: capture the decoder step once per batch shape (sentences rounded up to a power of "
+        "two, lengths to a multiple of 64) as a CUDA graph and replay it each step; --no-cuda-graphs runs it "
+        "eagerly.",
+    )
 
     def __post_init__(self) -> None:
         super().__post_init__()
