@@ -81,7 +81,7 @@ def test_beam_one_and_an_untrained_model(tiny_checkpoint, toy_data_bin, graphs):
     maximum length."""
     translator = load_translator(tiny_checkpoint, torch.device("cpu"), None)[0]
     sources = sources_of(toy_data_bin, 6)
-    for cfg in (SearchConfig(beam=1), SearchConfig(beam=4, max_len_a=2.0, max_len_b=3)):
+    for cfg in (SearchConfig(beam=1, max_len_b=10), SearchConfig(beam=4, max_len_a=0.5, max_len_b=3)):
         for source in (sources, sources[2:3]):
             enc, lens = encoded(translator, source)
             want = beam_search(translator.model, enc, lens, cfg, translator.vocab.n_pieces)
