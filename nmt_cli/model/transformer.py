@@ -214,11 +214,15 @@ class Transformer(nn.Module):
         attn = self.decoder[0].self_attn
         n, h = b * beam, attn.heads
         device = enc.memory.device
+        # Keys and values are kept in the dtype the step computes them in (autocast's): the same values as
+        # `init_cache`'s float32 copies of them, half the memory, and no cast of the buffers each step.
+        dtype = torch.get_autocast_dtype(device.type) if torch.is_autocast_enabled(device.type) else enc.memory.dtype
         no_padding = torch.zeros(b, s, dtype=torch.bool, device=device)
-        bias = attention_bias(no_padding, enc.memory.dtype) if cache.cross_bias is None else cache.cross_bias
+        bias = attention_bias(no_padding if enc.src_pad_mask is None else enc.src_pad_mask, enc.memory.dtype)
+        assert bias is not None
         return SlotCache(
-            [enc.memory.new_zeros(n, h, n_positions, attn.qk_size // h) for _ in self.decoder],
-            [enc.memory.new_zeros(n, h, n_positions, d // h) for _ in self.decoder],
+            [enc.memory.new_zeros(n, h, n_positions, attn.qk_size // h, dtype=dtype) for _ in self.decoder],
+            [enc.memory.new_zeros(n, h, n_positions, d // h, dtype=dtype) for _ in self.decoder],
             [pad_source(k, source_len, 2, 0.0) for k in cache.cross_k],
             [pad_source(v, source_len, 2, 0.0) for v in cache.cross_v],
             pad_source(bias, source_len, 3, float("-inf")),  # [B, 1, 1, S'], a bias even without padding

@@ -80,15 +80,17 @@ class Captured:
     replays it."""
 
     bucket: Bucket
-    cache: Any  # the bucket's fixed-slot cache
+    cache: SlotCacheLike  # the bucket's fixed-slot cache
     prev: Tensor  # [N] the previous tokens
     rows: Tensor  # [N] the row each row continues
     log_probs: Tensor  # [N, V]
     replay: Callable[[], None]
+    batch: int = 0  # which batch's search owns the buffers now (one at a time: `step_for`)
 
-    def step(self, prev: Tensor, rows: Tensor | None) -> Tensor:
+    def step(self, prev: Tensor, rows: Tensor | None, batch: int) -> Tensor:
         """Replay for `prev` [N] and `rows` [N] (None: each row its own) -> log-probs [N, V], the graph's own
-        buffer, overwritten by the next replay."""
+        buffer, overwritten by the next replay. batch: the number `step_for` gave the batch."""
+        assert batch == self.batch, "a bucket's buffers hold one batch at a time; another one was loaded since"
         assert prev.shape == self.prev.shape, "a captured step replays only the rows of its bucket"
         self.prev.copy_(prev)
         if rows is None:
@@ -107,22 +109,27 @@ class StepGraphs:
         self.max_graphs = max_graphs
         self.graphs: OrderedDict[Bucket, Captured] = OrderedDict()
         self.n_captures = 0
+        self.n_batches = 0
 
-    def step_for(self, model: SlotModel, cache: Any, bucket: Bucket) -> Captured:
+    def step_for(self, model: SlotModel, cache: SlotCacheLike, bucket: Bucket) -> tuple[Captured, int]:
         """The captured step of `bucket`, with `cache` (a batch's, made by model.init_slots with the bucket's
-        shapes) loaded into it; captured over `cache` itself when the bucket has none yet."""
+        shapes) loaded into it (captured over `cache` itself when the bucket has none yet), and the batch's number
+        for `Captured.step`. The bucket's buffers hold this batch until the next `step_for` of the bucket: the
+        searches of two batches of one bucket cannot be interleaved."""
         captured = self.graphs.get(bucket)
         if captured is not None:
             self.graphs.move_to_end(bucket)
             captured.cache.load(cache)
-            return captured
-        captured = self.record(model, cache, bucket)
-        self.graphs[bucket] = captured
-        if len(self.graphs) > self.max_graphs:
-            self.graphs.popitem(last=False)
-        return captured
+        else:
+            captured = self.record(model, cache, bucket)
+            self.graphs[bucket] = captured
+            if len(self.graphs) > self.max_graphs:
+                self.graphs.popitem(last=False)
+        self.n_batches += 1
+        captured.batch = self.n_batches
+        return captured, captured.batch
 
-    def record(self, model: SlotModel, cache: Any, bucket: Bucket) -> Captured:
+    def record(self, model: SlotModel, cache: SlotCacheLike, bucket: Bucket) -> Captured:
         """Capture the step over `cache`'s buffers, then restart the cache at step 0 (the probe and capture's
         warm-up run advance it)."""
         device = cache_device(cache)

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 from torch import Tensor
@@ -48,7 +47,9 @@ Step = Callable[[Tensor, Tensor | None, int], Tensor]
 
 @dataclass
 class SlotSearch:
-    """How a Translator searches over fixed slots: `graphs` holds the captured steps (CUDA), or is None (eager)."""
+    """How a Translator searches over fixed slots: `graphs` holds the captured steps (CUDA), or is None (eager).
+    With graphs, the batches of one bucket share buffers: their searches run one after the other (translate's),
+    never interleaved."""
 
     graphs: StepGraphs | None = None
 
@@ -122,10 +123,10 @@ def stepper(
     far (B = B0), or replaying the captured step of the batch's bucket (B: the bucket's sentences)."""
     b0, source_len = enc.memory.shape[0], enc.memory.shape[1]
     if graphs is None:
-        cache = model.init_slots(enc, k, n_positions=n_steps, source_len=source_len)
+        own = model.init_slots(enc, k, n_positions=n_steps, source_len=source_len)
 
         def eager(prev: Tensor, rows: Tensor | None, step: int) -> Tensor:
-            return model.decode_slots(prev, rows, cache, step + 1)
+            return model.decode_slots(prev, rows, own, step + 1)
 
         return eager, b0
     bucket = bucket_of(b0, k, n_steps, source_len, model.max_positions)
@@ -133,6 +134,6 @@ def stepper(
     if b > b0:
         fill = torch.cat([torch.arange(b0), torch.zeros(b - b0, dtype=torch.long)])
         enc = enc.select(fill.to(enc.memory.device))
-    cache: Any = model.init_slots(enc, k, n_positions=bucket.n_positions, source_len=bucket.source_len)
-    captured = graphs.step_for(model, cache, bucket)
-    return (lambda prev, rows, step: captured.step(prev, rows)), b
+    cache = model.init_slots(enc, k, n_positions=bucket.n_positions, source_len=bucket.source_len)
+    captured, batch = graphs.step_for(model, cache, bucket)
+    return (lambda prev, rows, step: captured.step(prev, rows, batch)), b

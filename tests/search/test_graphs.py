@@ -41,7 +41,7 @@ def test_buckets():
         bucket_of(1, 4, 101, 20, 100)
 
 
-def batch(tiny_model, lengths, seed=0):
+def encoded(tiny_model, lengths, seed=0):
     g = np.random.default_rng(seed)
     src = pad_sources([g.integers(4, 24, n) for n in lengths])
     with torch.inference_mode():
@@ -53,7 +53,7 @@ def test_a_bucket_is_captured_once_and_reused(tiny_model):
     graphs = StepGraphs(capture, max_graphs=2)
     cfg = SearchConfig(beam=2, max_len_a=0.0, max_len_b=4, min_len=4)  # 5 steps a batch
     for lengths in ([3, 5, 2], [6, 1, 4, 2], [1]):  # buckets of 4, 4 and 1 sentences
-        enc, lens = batch(tiny_model, lengths)
+        enc, lens = encoded(tiny_model, lengths)
         want = slot_search(tiny_model, enc, lens, cfg)
         got = slot_search(tiny_model, enc, lens, cfg, graphs=graphs)
         assert [[h.tokens for h in hyps] for hyps in got] == [[h.tokens for h in hyps] for hyps in want]
@@ -61,10 +61,10 @@ def test_a_bucket_is_captured_once_and_reused(tiny_model):
     assert capture.captures == 2 == graphs.n_captures  # [8, 64, 64] once for two batches, then [2, 64, 64]
     assert capture.replays == 15
     assert list(graphs.graphs) == [Bucket(8, 64, 64), Bucket(2, 64, 64)]
-    enc, lens = batch(tiny_model, [3] * 9)  # a third bucket drops the least recently used one
+    enc, lens = encoded(tiny_model, [3] * 9)  # a third bucket drops the least recently used one
     slot_search(tiny_model, enc, lens, cfg, graphs=graphs)
     assert list(graphs.graphs) == [Bucket(2, 64, 64), Bucket(32, 64, 64)]
-    enc, lens = batch(tiny_model, [2, 2, 2])  # the dropped bucket is captured again
+    enc, lens = encoded(tiny_model, [2, 2, 2])  # the dropped bucket is captured again
     slot_search(tiny_model, enc, lens, cfg, graphs=graphs)
     assert capture.captures == 4
 
@@ -72,12 +72,17 @@ def test_a_bucket_is_captured_once_and_reused(tiny_model):
 @torch.inference_mode()
 def test_a_captured_step_is_never_used_outside_its_bucket(tiny_model):
     graphs = StepGraphs(CountingCapture())
-    enc, _ = batch(tiny_model, [3, 5])
+    enc, _ = encoded(tiny_model, [3, 5])
     bucket = Bucket(4, 64, 64)
-    captured = graphs.step_for(tiny_model, tiny_model.init_slots(enc, 2, n_positions=64, source_len=64), bucket)
+    cache = tiny_model.init_slots(enc, 2, n_positions=64, source_len=64)
+    captured, batch = graphs.step_for(tiny_model, cache, bucket)
     with pytest.raises(AssertionError):  # other rows
-        captured.step(torch.full((6,), 4), None)
+        captured.step(torch.full((6,), 4), None, batch)
     other_length = tiny_model.init_slots(enc, 2, n_positions=64, source_len=128)
     with pytest.raises(AssertionError):  # a batch of another source length is not loaded into the bucket's cache
         graphs.step_for(tiny_model, other_length, bucket)
-    assert captured.step(torch.full((4,), 4), None).shape == (4, 24)
+    assert captured.step(torch.full((4,), 4), None, batch).shape == (4, 24)
+    again, next_batch = graphs.step_for(tiny_model, cache, bucket)
+    assert again is captured and next_batch != batch
+    with pytest.raises(AssertionError):  # the first batch's search may not step on the second one's buffers
+        captured.step(torch.full((4,), 4), None, batch)
