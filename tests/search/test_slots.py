@@ -4,6 +4,7 @@ search setting, on a single model and an ensemble, eagerly and through the captu
 beam.py."""
 
 import copy
+import json
 from collections import Counter
 
 import numpy as np
@@ -166,3 +167,25 @@ def test_the_choice_of_search():
     assert slot_search_for(True, True, cpu) == SlotSearch(graphs=None)  # never a CUDA call on the CPU
     assert slot_search_for(False, True, torch.device("cuda")) is None
     assert slot_search_for(None, False, torch.device("cuda")) == SlotSearch(graphs=None)
+
+
+def test_generate_with_fixed_slots_writes_what_the_default_search_writes(trained_copy_checkpoint, toy_corpus):
+    from click.testing import CliRunner
+
+    from nmt_cli.cli import cli
+
+    def generate(*extra):
+        args = ["generate", "--path", trained_copy_checkpoint, "--input", toy_corpus / "test.src", "--device", "cpu"]
+        r = CliRunner().invoke(
+            cli, [str(a) for a in [*args, "--beam", "3", "--nbest", "2", "--output-format", "jsonl"]] + list(extra)
+        )
+        assert r.exit_code == 0, r.output
+        return [json.loads(line) for line in r.stdout.splitlines()]
+
+    default, fixed = generate("--no-fixed-slots"), generate("--fixed-slots", "--cuda-graphs")  # no CUDA: eager
+    assert default == generate()  # on the CPU the default search is beam.py's
+    assert [[h["text"] for h in r["hypotheses"]] for r in fixed] == [
+        [h["text"] for h in r["hypotheses"]] for r in default
+    ]
+    scores = [h["score"] for r in fixed for h in r["hypotheses"]]
+    assert scores == pytest.approx([h["score"] for r in default for h in r["hypotheses"]], abs=1e-3)
