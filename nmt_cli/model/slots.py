@@ -7,8 +7,9 @@ S source length, Dk key size and Dh value size per head.
 
 No tensor of a step changes shape or address between steps: the step index is a device tensor, beams are
 reordered by copying within the same buffers, and the positions not yet written are masked. That is what lets a
-step be captured once as a CUDA graph and replayed; a caller that runs the step eagerly may attend to only the
-positions written so far (`window`), which skips the mask.
+step be captured once as a CUDA graph and replayed. A caller that runs the step eagerly passes a `window`, the
+positions written so far: the step attends to those alone (no mask) and reorders only them, in one copy into
+spare buffers that then swap places with the buffers.
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ class SlotCache:
     cross_bias: Tensor | None  # [B, 1, 1, S] added to cross-attention scores: 0, -inf at padding; None: no padding
     step: Tensor  # [1] long: the position the next step writes
     positions: Tensor  # [L] long, 0..L-1: compared with `step` for the mask of positions not yet written
+    spare_k: list[Tensor] | None = None  # eager steps' reorder target, as self_k (made by the first one)
+    spare_v: list[Tensor] | None = None
 
     @property
     def n_positions(self) -> int:
@@ -37,12 +40,24 @@ class SlotCache:
         return self.self_k[0].shape[2]
 
     def reorder(self, rows: Tensor, window: int | None) -> None:
-        """Row i continues row rows[i] [N]: each layer's keys and values copied within their own buffers
-        (the first `window` positions, or all L for None)."""
-        for buffers in (self.self_k, self.self_v):
-            for buf in buffers:
-                part = buf if window is None else buf[:, :, :window]
-                part.copy_(part.index_select(0, rows))
+        """Row i continues row rows[i] [N]: each layer's keys and values reordered.
+
+        window None (a step to capture): all L positions, copied within their own buffers, which keep their
+        addresses (two copies). A window (an eager step): its first positions, gathered in one copy into spare
+        buffers, which then take the buffers' place."""
+        if window is None:
+            for buf in (*self.self_k, *self.self_v):
+                buf.copy_(buf.index_select(0, rows))
+            return
+        if self.spare_k is None or self.spare_v is None:
+            self.spare_k, self.spare_v = (
+                [b.new_empty(b.shape) for b in self.self_k],
+                [b.new_empty(b.shape) for b in self.self_v],
+            )
+        for buffers, spares in ((self.self_k, self.spare_k), (self.self_v, self.spare_v)):
+            for i, (buf, spare) in enumerate(zip(buffers, spares)):
+                torch.index_select(buf[:, :, :window], 0, rows, out=spare[:, :, :window])
+                buffers[i], spares[i] = spare, buf
 
     def self_bias(self, window: int | None) -> Tensor | None:
         """[1, 1, 1, L] scores to add over all L positions: 0 up to the step's own, -inf beyond (not yet written);

@@ -1,6 +1,6 @@
 """The decoder step over fixed slots (Transformer.decode_slots, model/slots.py) against `decode_step`: the same
-log-probs step by step with beams reordered, over the written positions or over all of them with the rest masked,
-and buffers that keep their addresses."""
+log-probs step by step with beams reordered, over the written positions or over all of them with the rest masked
+(then in buffers that keep their addresses)."""
 
 import pytest
 import torch
@@ -30,7 +30,8 @@ def test_slots_step_as_decode_step_does(tiny_model, window):
         cache = cache.select_rows(rows)
         prev = torch.randint(4, 24, (n,), generator=g)
     assert int(slots.step) == 6
-    assert [t.data_ptr() for t in (*slots.self_k, *slots.self_v, *slots.cross_k, slots.step)] == addresses
+    if not window:  # a step to capture keeps every address (eager steps swap buffers with their spares)
+        assert [t.data_ptr() for t in (*slots.self_k, *slots.self_v, *slots.cross_k, slots.step)] == addresses
 
 
 @torch.inference_mode()
