@@ -51,7 +51,7 @@ from nmt_cli.data.dataset import ParallelDataset  # noqa: E402
 from nmt_cli.data.preprocess import file_checksums, preprocess  # noqa: E402
 from nmt_cli.data.vocab import Vocab  # noqa: E402
 from nmt_cli.runtime import choose_attention_backends  # noqa: E402
-from nmt_cli.search.translate import Translator, translate  # noqa: E402
+from nmt_cli.search.translate import Translator, translate, translate_steps  # noqa: E402
 from nmt_cli.train.epoch_plan import EpochPlan, plan_epoch  # noqa: E402
 
 PEAK_BF16_TFLOPS = {
@@ -311,7 +311,7 @@ def bench_generation(args, data_dir: Path, device: torch.device, peak: float) ->
             if device.type == "cuda":
                 torch.cuda.synchronize()
             start = time.perf_counter()
-            results = translate(translator, sources, cfg, max_tokens, batch_size)
+            results, n_steps = translate_counting_steps(translator, sources, cfg, max_tokens, batch_size)
             if device.type == "cuda":
                 torch.cuda.synchronize()
             seconds = time.perf_counter() - start
@@ -321,12 +321,24 @@ def bench_generation(args, data_dir: Path, device: torch.device, peak: float) ->
             what = f"generate {args.gen_arch} beam 4"
             if (batching, search) != ("budget", "default"):
                 what += f", {batching}, {search}"
-            report_generation(args, what, model, model_cfg, lens, results, seconds, peak, differ)
+            report_generation(args, what, model, model_cfg, lens, results, seconds, peak, differ, n_steps)
             del translator
 
 
-def report_generation(args, what, model, model_cfg, lens, results, seconds, peak, differ) -> None:
-    """Print and record one generation row: sentences, seconds, target tokens/s and MFU."""
+def translate_counting_steps(translator, sources, cfg, max_tokens, batch_size):
+    """translate(), and the decoder steps it ran (translate_steps yields once a step)."""
+    steps, n_steps = translate_steps(translator, sources, cfg, max_tokens, batch_size), 0
+    while True:
+        try:
+            next(steps)
+        except StopIteration as stop:
+            return stop.value, n_steps
+        n_steps += 1
+
+
+def report_generation(args, what, model, model_cfg, lens, results, seconds, peak, differ, n_steps) -> None:
+    """Print and record one generation row: sentences, seconds, target tokens/s, MFU and the wall time per decoder
+    step (the host's time per step where the host is the bottleneck, as on the GPU before CUDA graphs)."""
     out = np.array([len(h[0].tokens) + 1 for h in results], dtype=np.float64)
     s = lens.astype(np.float64) + 1
     p_enc, p_dec = layer_params(model)
@@ -342,7 +354,8 @@ def report_generation(args, what, model, model_cfg, lens, results, seconds, peak
     mfu = flops / seconds / (peak * 1e12)
     print(
         f"{what} {args.precision}: {len(results):,} sentences in {seconds:.2f} s = "
-        f"{len(results) / seconds:,.0f} sentences/s, {out.sum() / seconds:,.0f} tokens/s  MFU {mfu:6.2%}"
+        f"{len(results) / seconds:,.0f} sentences/s, {out.sum() / seconds:,.0f} tokens/s  MFU {mfu:6.2%}  "
+        f"{n_steps} steps, {1000 * seconds / n_steps:.2f} ms/step"
         + ("" if differ is None else f"  {differ} best translations differ from the default search's"),
         flush=True,
     )
@@ -353,6 +366,7 @@ def report_generation(args, what, model, model_cfg, lens, results, seconds, peak
         seconds=round(seconds, 2),
         tokens_s=round(out.sum() / seconds),
         mfu=round(mfu, 5),
+        ms_per_step=round(1000 * seconds / n_steps, 3),
         **({} if differ is None else {"differ": differ}),
     )
 
@@ -381,6 +395,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--gen-max-tokens", type=int, help="source tokens per search batch [default: 16000]")
     parser.add_argument("--vocab", type=int, help=f"pieces [default: {VOCAB}]")
     parser.add_argument("--skip-generation", action="store_true")
+    parser.add_argument("--skip-training", action="store_true", help="generation only")
     parser.add_argument(
         "--gen-batchings", default=",".join(GEN_BATCHINGS), help="budget: --gen-max-tokens a batch; batch 32"
     )
@@ -419,7 +434,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bench-gpu-") as tmp:
         data_dir = synthetic_data_dir(Path(tmp), args.train_sentences, args.vocab)
         assert len(ParallelDataset(data_dir, "train")) == args.train_sentences
-        for arch in args.archs.split(","):
+        for arch in [] if args.skip_training else args.archs.split(","):
             bench_training(arch, data_dir, args, device, peak)
         if not args.skip_generation:
             bench_generation(args, data_dir, device, peak)

@@ -90,8 +90,7 @@ def slot_steps(
     n_steps, first_max = int(host_max_len.numpy().max()) + 1, int(host_max_len.numpy().min())
     step_fn, b = stepper(model, enc, k, n_steps, graphs)
     if b > b0:  # the bucket's extra sentences: copies of the first one, done from the start
-        fill = torch.cat([torch.arange(b0), torch.zeros(b - b0, dtype=torch.long)])
-        host_max_len = host_max_len[fill]
+        host_max_len = host_max_len[filled(b0, b)]
     max_len = host_max_len.to(device)
     state, fin = start(b, k, n_steps, device)
     fin.count[b0:] = k
@@ -132,8 +131,12 @@ def stepper(
     bucket = bucket_of(b0, k, n_steps, source_len, model.max_positions)
     b = bucket.rows // k
     if b > b0:
-        fill = torch.cat([torch.arange(b0), torch.zeros(b - b0, dtype=torch.long)])
-        enc = enc.select(fill.to(enc.memory.device))
+        enc = enc.select(filled(b0, b).to(enc.memory.device))
     cache = model.init_slots(enc, k, n_positions=bucket.n_positions, source_len=bucket.source_len)
     captured, batch = graphs.step_for(model, cache, bucket)
     return (lambda prev, rows, step: captured.step(prev, rows, batch)), b
+
+
+def filled(b0: int, b: int) -> Tensor:
+    """[B] the B0 sentences, then the first one again up to B (a bucket's sentences)."""
+    return torch.cat([torch.arange(b0), torch.zeros(b - b0, dtype=torch.long)])
