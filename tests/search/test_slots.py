@@ -189,3 +189,16 @@ def test_generate_with_fixed_slots_writes_what_the_default_search_writes(trained
     ]
     scores = [h["score"] for r in fixed for h in r["hypotheses"]]
     assert scores == pytest.approx([h["score"] for r in default for h in r["hypotheses"]], abs=1e-3)
+
+
+def test_under_bf16_autocast(tiny_model, toy_data_bin):
+    """Keys and values kept in bf16 (autocast's dtype) hold what beam.py's float32 cache holds of them."""
+    from nmt_cli.data.dataset import load_vocab
+
+    vocab, cpu = load_vocab(toy_data_bin), torch.device("cpu")
+    sources, cfg = sources_of(toy_data_bin, 6), SearchConfig(beam=4, max_len_b=8, nbest=2)
+    expected = translate(Translator(tiny_model, vocab, cpu, torch.bfloat16), sources, cfg, 10_000)
+    for slots in (SlotSearch(), SlotSearch(StepGraphs(eager_capture))):
+        assert_same(
+            expected, translate(Translator(tiny_model, vocab, cpu, torch.bfloat16, slots), sources, cfg, 10_000)
+        )
