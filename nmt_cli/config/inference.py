@@ -127,8 +127,8 @@ class GenerateConfig(InferenceConfig):
     cuda_graphs: bool = flag(
         True,
         "CUDA, with fixed slots: capture the decoder step once per batch shape (sentences rounded up to a power of "
-        "two, lengths to a multiple of 64) as a CUDA graph and replay it each step; --no-cuda-graphs runs it "
-        "eagerly.",
+        "two or a multiple of 64, lengths to a multiple of 64; the last 8 shapes kept) as a CUDA graph and replay "
+        "it each step; --no-cuda-graphs runs it eagerly.",
     )
 
     def __post_init__(self) -> None:

@@ -2,7 +2,8 @@
 for every later step of every batch of that bucket, so that the host launches one graph a step instead of the
 step's few hundred kernels.
 
-A bucket is the step's shapes: rows (B*K, sentences rounded up to a power of two), the self-attention positions
+A bucket is the step's shapes: rows (B*K, sentences rounded up to a power of two up to 64, beyond to a multiple
+of 64), the self-attention positions
 (the longest output + 1, rounded up to a multiple of 64, within the model's positions) and the source length
 (rounded up to a multiple of 64). Batches of one bucket share one captured step: their cross-attention keys and
 values are loaded into the bucket's own buffers, whose addresses the graph holds. At most `max_graphs` buckets are
@@ -27,6 +28,7 @@ from nmt_cli.data.vocab import BOS
 logger = logging.getLogger(__name__)
 
 POSITION_STEP = 64  # self-attention positions and source lengths are rounded up to a multiple of this
+SENTENCE_STEP = 64  # sentences: a power of two up to this, beyond a multiple of it
 MAX_GRAPHS = 8
 
 # Records `run` (a step over fixed buffers) and returns what replays it.
@@ -62,7 +64,10 @@ def round_up(n: int, step: int) -> int:
 
 
 def sentence_bucket(n_sentences: int) -> int:
-    """Sentences rounded up to a power of two."""
+    """Sentences rounded up to a power of two up to SENTENCE_STEP, beyond to a multiple of it: few buckets for
+    small batches, and at most SENTENCE_STEP - 1 sentences of padding for the large ones of a token budget."""
+    if n_sentences > SENTENCE_STEP:
+        return round_up(n_sentences, SENTENCE_STEP)
     return 1 << max(n_sentences - 1, 0).bit_length()
 
 
@@ -166,6 +171,6 @@ def cuda_capture(run: Callable[[], None]) -> Callable[[], None]:
             run()
         torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
+        with torch.cuda.graph(graph, capture_error_mode="thread_local"):  # other threads' CUDA calls may go on
             run()
     return graph.replay

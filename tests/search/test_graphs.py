@@ -32,10 +32,14 @@ class CountingCapture:
 
 
 def test_buckets():
-    assert [sentence_bucket(n) for n in (1, 2, 3, 5, 8, 9, 32, 33)] == [1, 2, 4, 8, 8, 16, 32, 64]
+    assert [sentence_bucket(n) for n in (1, 2, 3, 5, 8, 9, 32, 33, 64, 65, 600)] == [
+        *(1, 2, 4, 8, 8, 16, 32, 64, 64),
+        *(128, 640),  # beyond 64 sentences, multiples of 64
+    ]
     assert bucket_of(5, 4, 1, 7, 1024) == Bucket(32, 64, 64)
     assert bucket_of(32, 4, 64, 64, 1024) == Bucket(128, 64, 64)
     assert bucket_of(33, 4, 65, 65, 1024) == Bucket(256, 128, 128)
+    assert bucket_of(130, 4, 65, 65, 1024) == Bucket(192 * 4, 128, 128)
     assert bucket_of(1, 5, 100, 20, 100) == Bucket(5, 100, 64)  # within the model's positions
     with pytest.raises(AssertionError):
         bucket_of(1, 4, 101, 20, 100)
