@@ -55,8 +55,9 @@ def assert_same(expected, got):
             assert h.positional_scores == pytest.approx(w.positional_scores, abs=1e-4)
 
 
-@pytest.fixture(scope="module")
-def copy_translator(trained_copy_checkpoint):
+@pytest.fixture
+def copy_translator(trained_copy_checkpoint, cpu_matmul_route):
+    """The trained copy model, loaded (and packed) on the test's matmul route."""
     return load_translator(trained_copy_checkpoint, torch.device("cpu"), None)[0]
 
 
