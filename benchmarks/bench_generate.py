@@ -9,12 +9,17 @@ model's own lengths, max length input + 50, which only means something for a tra
 ct2-fp32 and ct2-int8: CTranslate2 on the same checkpoint after `nmt export` (compute_type float32 or
 int8), same sentences, beam, batch of 64 sentences and 2 threads, through benchmarks/ct2_translate.py.
 CTranslate2's forced length is min = max = 25 decoding steps, nmt's 24 tokens plus the forced EOS.
+
+--searches default,slots runs nmt's rows with each beam search, side by side: default (`--no-fixed-slots`, the
+search that drops finished sentences) and slots (`--fixed-slots`, search/slots.py: every row stays, masked once
+finished, over preallocated keys and values).
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+from itertools import product
 from pathlib import Path
 
 from common import MULTI30K, NMT, ROOT, WORK, checkpoint, number, report, run
@@ -55,6 +60,7 @@ def main() -> None:
     parser.add_argument("--beams", default="4,1")
     parser.add_argument("--precisions", default="fp32,int8,ct2-fp32,ct2-int8")
     parser.add_argument("--lengths", default="forced")
+    parser.add_argument("--searches", default="default", help="default and/or slots (nmt's beam searches)")
     parser.add_argument(
         "--trained",
         default=str(ROOT / "work" / "multi30k_en_de" / "average.pt"),
@@ -70,11 +76,13 @@ def main() -> None:
         ckpt = checkpoint(shape)
         for beam in args.beams.split(","):
             for precision in args.precisions.split(","):
-                for length in args.lengths.split(","):
+                for length, search in product(args.lengths.split(","), args.searches.split(",")):
                     path = ckpt if length == "forced" else Path(args.trained)
                     if length == "natural" and (shape != "small" or not path.exists()):
                         continue
                     if precision.startswith("ct2-"):
+                        if search != "default":  # CTranslate2's own search: once
+                            continue
                         cmd = ct2_command(path, src, precision, beam, length)
                         if cmd is None:
                             continue
@@ -98,6 +106,7 @@ def main() -> None:
                             *(FORCED if length == "forced" else ["--max-len-a", "1", "--max-len-b", "50"]),
                             *(["--bf16"] if precision == "bf16" else []),
                             *(["--quantize", "int8"] if precision == "int8" else []),
+                            "--fixed-slots" if search == "slots" else "--no-fixed-slots",
                         ]
                     err, _, rss = run(cmd)
                     rows.append(
@@ -106,6 +115,7 @@ def main() -> None:
                             "beam": int(beam),
                             "precision": precision,
                             "length": length,
+                            "search": search if not precision.startswith("ct2-") else "ct2",
                             "sent/s": number(r"([\d.]+) sentences/s", err),
                             "tok/s": number(r"([\d.]+) tokens/s", err),
                             "peak_rss_gb": round(rss, 2),

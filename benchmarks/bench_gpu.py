@@ -9,7 +9,10 @@ backends as `nmt train` sets them) on a synthetic data directory: a 37,000-piece
 and news-like sentence lengths (WMT14 EN-DE: ~27 pieces on average), about 25k target tokens per
 update as in the paper. Generation: beam 4 over 3,000 such sentences with a transformer_base in bf16;
 an untrained model does not stop on its own, so every output is forced to end at 1.1 x its source
-length (max_len_a 1.1, max_len_b 0), the length a trained one produces.
+length (max_len_a 1.1, max_len_b 0), the length a trained one produces. Generation runs at the default budget
+(--gen-max-tokens) and in batches of 32 sentences, each with today's search, the fixed-slot search eagerly and
+with its steps captured as CUDA graphs (`nmt generate --fixed-slots`, --cuda-graphs; search/slots.py), and counts
+the best translations that differ from today's search.
 
 Model FLOPs (counted from each batch's real lengths, padding excluded; multiply-add = 2 FLOPs;
 backward = 2 x forward, so training = 3 x forward = the "6 x parameters" rule):
@@ -48,7 +51,7 @@ from nmt_cli.data.dataset import ParallelDataset  # noqa: E402
 from nmt_cli.data.preprocess import file_checksums, preprocess  # noqa: E402
 from nmt_cli.data.vocab import Vocab  # noqa: E402
 from nmt_cli.runtime import choose_attention_backends  # noqa: E402
-from nmt_cli.search.translate import Translator, translate  # noqa: E402
+from nmt_cli.search.translate import Translator, translate, translate_steps  # noqa: E402
 from nmt_cli.train.epoch_plan import EpochPlan, plan_epoch  # noqa: E402
 
 PEAK_BF16_TFLOPS = {
@@ -276,8 +279,15 @@ def bench_training(arch: str, data_dir: Path, args, device: torch.device, peak: 
         torch.cuda.empty_cache()
 
 
+GEN_BATCHINGS = ("budget", "batch 32")  # --gen-max-tokens source tokens a batch, or batches of 32 sentences
+GEN_SEARCHES = ("default", "slots", "graphs")  # beam.py's search; fixed slots eager; fixed slots, captured steps
+
+
 def bench_generation(args, data_dir: Path, device: torch.device, peak: float) -> None:
+    """Beam 4 over --sentences sentences, for each batching and search of --gen-batchings and --gen-searches; each
+    row also counts the sentences whose best translation differs from the default search's at that batching."""
     from nmt_cli.model.transformer import build_model
+    from nmt_cli.search.slots import slot_search_for
 
     model_cfg = replace(ARCHITECTURES[args.gen_arch], vocab_size=args.vocab)
     torch.manual_seed(1)
@@ -287,15 +297,48 @@ def bench_generation(args, data_dir: Path, device: torch.device, peak: float) ->
     sources = [rng.integers(4, args.vocab, n) for n in lens]
     cfg = SearchConfig(beam=4, max_len_a=1.1, max_len_b=0, min_len=0)
     amp = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(args.precision)
-    translator = Translator(model, SyntheticVocab(data_dir / "spm.model", args.vocab), device, amp)
-    translate(translator, sources[:200], cfg, args.gen_max_tokens)  # warm-up
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    start = time.perf_counter()
-    results = translate(translator, sources, cfg, args.gen_max_tokens)
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    seconds = time.perf_counter() - start
+    vocab = SyntheticVocab(data_dir / "spm.model", args.vocab)
+    for batching in args.gen_batchings.split(","):
+        max_tokens, batch_size = (args.gen_max_tokens, 0) if batching == "budget" else (10**9, 32)
+        default = None
+        for search in args.gen_searches.split(","):
+            if search == "graphs" and device.type != "cuda":
+                print(f"generate {batching} {search}: skipped (CUDA graphs need CUDA)", flush=True)
+                continue
+            slots = None if search == "default" else slot_search_for(True, search == "graphs", device)
+            translator = Translator(model, vocab, device, amp, slots=slots)
+            translate(translator, sources[:200], cfg, max_tokens, batch_size)  # warm-up (and first captures)
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            start = time.perf_counter()
+            results, n_steps = translate_counting_steps(translator, sources, cfg, max_tokens, batch_size)
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            seconds = time.perf_counter() - start
+            best = [h[0].tokens for h in results]
+            default = best if search == "default" else default
+            differ = None if default is None else sum(a != b for a, b in zip(best, default))
+            what = f"generate {args.gen_arch} beam 4"
+            if (batching, search) != ("budget", "default"):
+                what += f", {batching}, {search}"
+            report_generation(args, what, model, model_cfg, lens, results, seconds, peak, differ, n_steps)
+            del translator
+
+
+def translate_counting_steps(translator, sources, cfg, max_tokens, batch_size):
+    """translate(), and the decoder steps it ran (translate_steps yields once a step)."""
+    steps, n_steps = translate_steps(translator, sources, cfg, max_tokens, batch_size), 0
+    while True:
+        try:
+            next(steps)
+        except StopIteration as stop:
+            return stop.value, n_steps
+        n_steps += 1
+
+
+def report_generation(args, what, model, model_cfg, lens, results, seconds, peak, differ, n_steps) -> None:
+    """Print and record one generation row: sentences, seconds, target tokens/s, MFU and the wall time per decoder
+    step (the host's time per step where the host is the bottleneck, as on the GPU before CUDA graphs)."""
     out = np.array([len(h[0].tokens) + 1 for h in results], dtype=np.float64)
     s = lens.astype(np.float64) + 1
     p_enc, p_dec = layer_params(model)
@@ -310,17 +353,21 @@ def bench_generation(args, data_dir: Path, device: torch.device, peak: float) ->
     )
     mfu = flops / seconds / (peak * 1e12)
     print(
-        f"generate {args.gen_arch} beam 4 {args.precision}: {len(sources):,} sentences in {seconds:.2f} s = "
-        f"{len(sources) / seconds:,.0f} sentences/s, {out.sum() / seconds:,.0f} tokens/s  MFU {mfu:6.2%}",
+        f"{what} {args.precision}: {len(results):,} sentences in {seconds:.2f} s = "
+        f"{len(results) / seconds:,.0f} sentences/s, {out.sum() / seconds:,.0f} tokens/s  MFU {mfu:6.2%}  "
+        f"{n_steps} steps, {1000 * seconds / n_steps:.2f} ms/step"
+        + ("" if differ is None else f"  {differ} best translations differ from the default search's"),
         flush=True,
     )
     record(
         args,
-        what=f"generate {args.gen_arch} beam 4",
-        sentences=len(sources),
+        what=what,
+        sentences=len(results),
         seconds=round(seconds, 2),
         tokens_s=round(out.sum() / seconds),
         mfu=round(mfu, 5),
+        ms_per_step=round(1000 * seconds / n_steps, 3),
+        **({} if differ is None else {"differ": differ}),
     )
 
 
@@ -348,6 +395,15 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--gen-max-tokens", type=int, help="source tokens per search batch [default: 16000]")
     parser.add_argument("--vocab", type=int, help=f"pieces [default: {VOCAB}]")
     parser.add_argument("--skip-generation", action="store_true")
+    parser.add_argument("--skip-training", action="store_true", help="generation only")
+    parser.add_argument(
+        "--gen-batchings", default=",".join(GEN_BATCHINGS), help="budget: --gen-max-tokens a batch; batch 32"
+    )
+    parser.add_argument(
+        "--gen-searches",
+        default=",".join(GEN_SEARCHES),
+        help="default: beam.py's search; slots: fixed slots, eager; graphs: fixed slots, captured CUDA graphs",
+    )
     parser.add_argument("--cudnn-attention", action="store_true", help="let attention use cuDNN (as before issue 33)")
     parser.add_argument("--results", help="append each figure to this file as a JSON line")
     parser.add_argument("--busy-updates", type=int, default=3, help="updates profiled for GPU busy %% (0: none)")
@@ -378,7 +434,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bench-gpu-") as tmp:
         data_dir = synthetic_data_dir(Path(tmp), args.train_sentences, args.vocab)
         assert len(ParallelDataset(data_dir, "train")) == args.train_sentences
-        for arch in args.archs.split(","):
+        for arch in [] if args.skip_training else args.archs.split(","):
             bench_training(arch, data_dir, args, device, peak)
         if not args.skip_generation:
             bench_generation(args, data_dir, device, peak)

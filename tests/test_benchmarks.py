@@ -80,8 +80,16 @@ def test_bench_gpu_runs_on_cpu(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     assert "train transformer_tiny" in r.stdout and "generate transformer_tiny beam 4" in r.stdout, r.stdout
     figures = [json.loads(line) for line in results.read_text().splitlines()]
-    assert [f["what"] for f in figures] == ["train transformer_tiny", "generate transformer_tiny beam 4"]
+    generate = "generate transformer_tiny beam 4"  # at the budget and in batches of 32, today's search and slots'
+    assert [f["what"] for f in figures] == [
+        "train transformer_tiny",
+        generate,
+        f"{generate}, budget, slots",
+        f"{generate}, batch 32, default",
+        f"{generate}, batch 32, slots",
+    ]
     assert figures[0]["target_tok_s"] > 0 and figures[1]["sentences"] == 20
+    assert figures[2]["differ"] == figures[4]["differ"] == 0  # the fixed-slot search translates as today's
 
 
 def test_gpu_check_sh_is_valid_bash():

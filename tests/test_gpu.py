@@ -209,3 +209,43 @@ def test_generate_in_bf16_on_cuda(tiny_checkpoint, toy_data_bin, tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     hyps = [line for line in (tmp_path / "generate-test.txt").read_text().splitlines() if line.startswith("H-")]
     assert len(hyps) == 30
+
+
+def test_fixed_slots_and_cuda_graphs_return_the_beam_searchs_hypotheses(tiny_checkpoint, toy_data_bin):
+    """search/slots.py eagerly and replaying captured steps (search/graphs.py) against beam.py's search, in fp32;
+    batches of several buckets, one of them twice (a captured step reused)."""
+    from nmt_cli.search.slots import slot_search_for
+
+    sources = [ParallelDataset(toy_data_bin, "test").src[i] for i in range(40)]
+    choose_attention_backends(torch.device("cuda"), False)
+    cuda, _ = load_translator(tiny_checkpoint, torch.device("cuda"), None)
+    torch.backends.cuda.matmul.allow_tf32 = False  # exact fp32 for the comparison
+    try:
+        want = translate(cuda, sources, SearchConfig(beam=4, nbest=2), 60)
+        for graphs in (False, True):
+            slots = slot_search_for(True, graphs, cuda.device)
+            assert (slots.graphs is not None) == graphs
+            fixed = Translator(cuda.model, cuda.vocab, cuda.device, slots=slots)
+            captures = []
+            for _ in range(2):
+                got = translate(fixed, sources, SearchConfig(beam=4, nbest=2), 60)
+                assert [[h.tokens for h in hyps] for hyps in got] == [[h.tokens for h in hyps] for hyps in want]
+                for a, b in zip(want, got):
+                    assert max(abs(x.score - y.score) for x, y in zip(a, b)) < 1e-3
+                captures.append(0 if slots.graphs is None else slots.graphs.n_captures)
+            if graphs:  # the second pass replays the first one's captures (its few buckets all kept)
+                assert captures[0] == captures[1] > 0, captures
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = True
+
+
+def test_cuda_graphs_make_one_host_synchronisation_per_step(tiny_checkpoint, toy_data_bin):
+    """As beam.py's search: one a step (whether every sentence is done), a few a batch."""
+    from nmt_cli.search.slots import slot_search_for
+
+    sources = [ParallelDataset(toy_data_bin, "test").src[i] for i in range(30)]
+    choose_attention_backends(torch.device("cuda"), False)
+    translator, _ = load_translator(tiny_checkpoint, torch.device("cuda"), torch.bfloat16)
+    translator.slots = slot_search_for(True, True, translator.device)
+    short, long = cuda_syncs(translator, sources, 10), cuda_syncs(translator, sources, 20)
+    assert long - short == 10, (short, long)

@@ -31,6 +31,7 @@ from nmt_cli.search.constraint import all_of
 from nmt_cli.search.forced import add_alignments, alignment_layer
 from nmt_cli.search.hypothesis import Hypothesis, hypothesis_record
 from nmt_cli.search.lexical import check_search
+from nmt_cli.search.slots import slot_search_for
 from nmt_cli.search.translate import Summary, Translator, open_for_inference, sampling_generator, translate
 
 # Sentences of a DATA_DIR split translated (and written) at a time: memory bounded and output steady on a
@@ -68,6 +69,7 @@ def generate(cfg: GenerateConfig, search_overrides: dict[str, Any] | None = None
     if cfg.constraints_file is not None:
         check_search(search, "--constraints-file")
     translator = inference.translator()
+    translator.slots = slot_search_for(cfg.fixed_slots, cfg.cuda_graphs, translator.device)
     max_tokens, batch_size = cfg.max_tokens, cfg.batch_size
     align: Aligner | None = None
     if cfg.print_alignment:

@@ -182,3 +182,17 @@ class DecoderLayer(nn.Module):
         x = self.res_self.step(x, self_attend)
         x = self.res_cross.step(x, lambda h: self.cross_attn.step(h, cross_k, cross_v, cross_bias))
         return self.res_ffn.step(x, self.ffn), new_kv[0], new_kv[1]
+
+    def step_slots(
+        self,
+        x: Tensor,
+        self_attend: Callable[[Tensor], Tensor],
+        cross_k: Tensor,
+        cross_v: Tensor,
+        cross_bias: Tensor | None,
+    ) -> Tensor:
+        """`step` over fixed slots (model/slots.py): `self_attend` [N, D] -> [N, D] is the self-attention of the
+        layer's own slot buffers -> x [N, D]."""
+        x = self.res_self.step(x, self_attend)
+        x = self.res_cross.step(x, lambda h: self.cross_attn.step(h, cross_k, cross_v, cross_bias))
+        return self.res_ffn.step(x, self.ffn)

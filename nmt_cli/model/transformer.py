@@ -1,4 +1,5 @@
-"""The encoder-decoder Transformer: `encode`, teacher-forced `decode`, and incremental `decode_step`.
+"""The encoder-decoder Transformer: `encode`, teacher-forced `decode`, and incremental `decode_step` (and
+`decode_slots`, the same step over fixed slots: model/slots.py).
 
 Shapes: B batch, K beam, N = B*K rows, S source length, T target length, D d_model, V vocab.
 `src_pad_mask` is True at padding; None means no sentence of the batch is padded (CUDA batches: no mask
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from functools import partial
 
 import torch
 from torch import Tensor, nn
@@ -21,6 +23,7 @@ from nmt_cli.model.attention import attention_bias, attention_mask
 from nmt_cli.model.cache import DecoderCache
 from nmt_cli.model.layers import DecoderLayer, Dropout, EncoderLayer, sinusoidal_positions
 from nmt_cli.model.linear import Linear
+from nmt_cli.model.slots import SlotCache, pad_source
 
 
 @dataclass
@@ -61,6 +64,10 @@ class Embedding(nn.Module):
         """tokens: [N, T] -> [N, T, D], positions start..start+T-1."""
         pos = self.positions[start : start + tokens.shape[1]]
         return self.dropout(self.tokens(tokens) * self.scale + pos)
+
+    def at(self, tokens: Tensor, position: Tensor) -> Tensor:
+        """tokens: [N] -> [N, D], all at `position` ([1] long, on the device: no host read)."""
+        return self.dropout(self.tokens(tokens) * self.scale + self.positions.index_select(0, position))
 
 
 class Transformer(nn.Module):
@@ -196,6 +203,57 @@ class Transformer(nn.Module):
         # same bit for bit); not with grad mode on, where autograd refuses out= arguments.
         in_place = logits.device.type == "cpu" and not torch.is_grad_enabled()
         return torch.log_softmax(logits, -1, out=logits if in_place else None), cache
+
+    def init_slots(self, enc: EncoderOut, beam: int, *, n_positions: int, source_len: int) -> SlotCache:
+        """A fixed-slot cache (model/slots.py) of `beam` rows per sentence: self-attention buffers of n_positions
+        positions, and the cross-attention keys and values of `init_cache`, their sources padded to source_len
+        (>= S; the padding masked) so that batches of one bucket share shapes. The cross-attention bias exists
+        even where no source is padded, so that any batch of the bucket can be loaded into the cache."""
+        cache = self.init_cache(enc, 1)
+        b, s, d = enc.memory.shape
+        attn = self.decoder[0].self_attn
+        n, h = b * beam, attn.heads
+        device = enc.memory.device
+        # Keys and values are kept in the dtype the step computes them in (autocast's): the same values as
+        # `init_cache`'s float32 copies of them, half the memory, and no cast of the buffers each step.
+        dtype = torch.get_autocast_dtype(device.type) if torch.is_autocast_enabled(device.type) else enc.memory.dtype
+        no_padding = torch.zeros(b, s, dtype=torch.bool, device=device)
+        bias = attention_bias(no_padding if enc.src_pad_mask is None else enc.src_pad_mask, enc.memory.dtype)
+        assert bias is not None
+        return SlotCache(
+            [enc.memory.new_zeros(n, h, n_positions, attn.qk_size // h, dtype=dtype) for _ in self.decoder],
+            [enc.memory.new_zeros(n, h, n_positions, d // h, dtype=dtype) for _ in self.decoder],
+            [pad_source(k, source_len, 2, 0.0) for k in cache.cross_k],
+            [pad_source(v, source_len, 2, 0.0) for v in cache.cross_v],
+            pad_source(bias, source_len, 3, float("-inf")),  # [B, 1, 1, S'], a bias even without padding
+            torch.zeros(1, dtype=torch.long, device=device),
+            torch.arange(n_positions, device=device),
+        )
+
+    def decode_slots(self, prev_tokens: Tensor, rows: Tensor | None, cache: SlotCache, window: int | None) -> Tensor:
+        """`decode_step` over fixed slots: row i first continues row rows[i] ([N]; None: its own), then every row
+        advances one token, its keys and values written in place. prev_tokens: [N] -> log-probs [N, V] in float32.
+
+        window: the positions attended, all written once this step's are (a caller that knows the step); None:
+        all L, those not yet written masked, every shape fixed (a step to capture as a CUDA graph)."""
+        if rows is not None:
+            cache.reorder(rows, window)
+        x = self.tgt_embed.at(prev_tokens, cache.step)  # [N, D]
+        bias = cache.self_bias(window)
+        for i, layer in enumerate(self.decoder):
+            self_attend = partial(
+                layer.self_attn.step_slots,
+                buf_k=cache.self_k[i],
+                buf_v=cache.self_v[i],
+                step=cache.step,
+                bias=bias,
+                window=window,
+            )
+            x = layer.step_slots(x, self_attend, cache.cross_k[i], cache.cross_v[i], cache.cross_bias)
+        cache.step.add_(1)
+        logits = self.logits(self.decoder_norm(x)).float()
+        in_place = logits.device.type == "cpu" and not torch.is_grad_enabled()
+        return torch.log_softmax(logits, -1, out=logits if in_place else None)
 
 
 def build_model(cfg: ModelConfig) -> Transformer:

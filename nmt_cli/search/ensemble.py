@@ -20,6 +20,7 @@ from torch import Tensor
 from nmt_cli.checkpoint import SavedModel, spm_fingerprint
 from nmt_cli.errors import CheckpointError, ConfigError
 from nmt_cli.model.cache import DecoderCache
+from nmt_cli.model.slots import SlotCache
 from nmt_cli.model.transformer import EncoderOut, Transformer
 from nmt_cli.search.settings import SearchBounds
 
@@ -55,6 +56,22 @@ class EnsembleCache:
         return EnsembleCache([cache.select_sentences(sentences, rows) for cache in self.members])
 
 
+@dataclass
+class EnsembleSlotCache:
+    """Each member's fixed-slot cache (model/slots.py), in member order."""
+
+    members: list[SlotCache]
+
+    def load(self, other: EnsembleSlotCache) -> None:
+        """Load `other`'s batch into every member's buffers (SlotCache.load)."""
+        for mine, theirs in zip(self.members, other.members):
+            mine.load(theirs)
+
+    def restart(self) -> None:
+        for cache in self.members:
+            cache.restart()
+
+
 class Ensemble:
     """Several Transformers of one vocabulary, searched as one model (see the module's docstring).
 
@@ -84,6 +101,26 @@ class Ensemble:
         for (log_probs, _), weight in zip(steps[1:], self.weights[1:]):
             total.add_(log_probs, alpha=weight)
         return total, EnsembleCache([c for _, c in steps])
+
+    def init_slots(self, enc: EnsembleEncoderOut, beam: int, *, n_positions: int, source_len: int) -> EnsembleSlotCache:
+        """Every member's fixed-slot cache (Transformer.init_slots)."""
+        return EnsembleSlotCache(
+            [
+                m.init_slots(e, beam, n_positions=n_positions, source_len=source_len)
+                for m, e in zip(self.members, enc.members)
+            ]
+        )
+
+    def decode_slots(
+        self, prev_tokens: Tensor, rows: Tensor | None, cache: EnsembleSlotCache, window: int | None
+    ) -> Tensor:
+        """`decode_step` over every member's fixed slots (Transformer.decode_slots): the weighted average of the
+        members' log-probs [N, V] in float32."""
+        steps = [m.decode_slots(prev_tokens, rows, c, window) for m, c in zip(self.members, cache.members)]
+        total = steps[0].mul_(self.weights[0])
+        for log_probs, weight in zip(steps[1:], self.weights[1:]):
+            total.add_(log_probs, alpha=weight)
+        return total
 
 
 def member_paths(path: str) -> list[Path]:

@@ -32,18 +32,21 @@ from nmt_cli.search.greedy import greedy_steps
 from nmt_cli.search.hypothesis import Hypothesis
 from nmt_cli.search.ngram import no_repeat_ngrams
 from nmt_cli.search.settings import SearchBounds, generation_precision, search_bounds, search_settings
+from nmt_cli.search.slots import SlotSearch, applies, slot_steps
 
 logger = logging.getLogger(__name__)
 
 
 @dataclass
 class Translator:
-    """Everything a search needs: the model (or an ensemble of them), its vocabulary, and where and how to run."""
+    """Everything a search needs: the model (or an ensemble of them), its vocabulary, and where and how to run.
+    `slots`: plain beam searches run over fixed slots (search/slots.py, `slot_search_for`); None: beam.py's."""
 
     model: Transformer | Ensemble
     vocab: Vocab
     device: torch.device
     amp_dtype: torch.dtype | None = None
+    slots: SlotSearch | None = None
 
 
 @dataclass
@@ -212,6 +215,9 @@ def batch_steps(
             hyps = yield from greedy_steps(translator.model, enc, src_lens[rep], cfg, generator, n_pieces, **rules)
             return [[h[0] for h in hyps[i * cfg.nbest : (i + 1) * cfg.nbest]] for i in range(n)]
         return (yield from greedy_steps(translator.model, enc, src_lens, cfg, generator, n_pieces, **rules))
+    if translator.slots is not None and applies(cfg, bool(rules)):
+        graphs = translator.slots.graphs
+        return (yield from slot_steps(translator.model, enc, src_lens, cfg, n_pieces, graphs=graphs))
     return (yield from beam_steps(translator.model, enc, src_lens, cfg, n_pieces, **rules))
 
 

@@ -1,0 +1,176 @@
+"""CUDA graphs of the fixed-slot decoder step (search/slots.py): the step is captured once per bucket and replayed
+for every later step of every batch of that bucket, so that the host launches one graph a step instead of the
+step's few hundred kernels.
+
+A bucket is the step's shapes: rows (B*K, sentences rounded up to a power of two up to 64, beyond to a multiple
+of 64), the self-attention positions
+(the longest output + 1, rounded up to a multiple of 64, within the model's positions) and the source length
+(rounded up to a multiple of 64). Batches of one bucket share one captured step: their cross-attention keys and
+values are loaded into the bucket's own buffers, whose addresses the graph holds. At most `max_graphs` buckets are
+kept (the least recently used one is dropped), so capture is paid once per bucket in use and memory stays bounded.
+
+Everything here but `cuda_capture` is plain Python over a `Capture` function, which tests replace on the CPU.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, NamedTuple, Protocol
+
+import torch
+from torch import Tensor
+
+from nmt_cli.data.vocab import BOS
+
+logger = logging.getLogger(__name__)
+
+POSITION_STEP = 64  # self-attention positions and source lengths are rounded up to a multiple of this
+SENTENCE_STEP = 64  # sentences: a power of two up to this, beyond a multiple of it
+MAX_GRAPHS = 8
+
+# Records `run` (a step over fixed buffers) and returns what replays it.
+Capture = Callable[[Callable[[], None]], Callable[[], None]]
+
+
+class Bucket(NamedTuple):
+    rows: int  # B*K
+    n_positions: int  # L, self-attention positions
+    source_len: int  # S, cross-attention positions
+
+
+class SlotCacheLike(Protocol):
+    """What the graphs ask of a fixed-slot cache (model/slots.py's SlotCache, or an ensemble's)."""
+
+    def load(self, other: Any) -> None: ...
+
+    def restart(self) -> None: ...
+
+
+class SlotModel(Protocol):
+    """A model that steps over fixed slots: a Transformer (model/transformer.py) or an Ensemble (ensemble.py)."""
+
+    max_positions: int
+
+    def init_slots(self, enc: Any, beam: int, *, n_positions: int, source_len: int) -> Any: ...
+
+    def decode_slots(self, prev_tokens: Tensor, rows: Tensor | None, cache: Any, window: int | None) -> Tensor: ...
+
+
+def round_up(n: int, step: int) -> int:
+    return -(-n // step) * step
+
+
+def sentence_bucket(n_sentences: int) -> int:
+    """Sentences rounded up to a power of two up to SENTENCE_STEP, beyond to a multiple of it: few buckets for
+    small batches, and at most SENTENCE_STEP - 1 sentences of padding for the large ones of a token budget."""
+    if n_sentences > SENTENCE_STEP:
+        return round_up(n_sentences, SENTENCE_STEP)
+    return 1 << max(n_sentences - 1, 0).bit_length()
+
+
+def bucket_of(n_sentences: int, beam: int, n_steps: int, source_len: int, max_positions: int) -> Bucket:
+    """The bucket of a batch: n_sentences sentences of up to source_len pieces, searched with `beam` rows each for at
+    most n_steps steps."""
+    assert n_steps <= max_positions, "a search never runs past the model's positions"
+    n_positions = min(round_up(n_steps, POSITION_STEP), max_positions)
+    return Bucket(sentence_bucket(n_sentences) * beam, n_positions, round_up(source_len, POSITION_STEP))
+
+
+@dataclass
+class Captured:
+    """One bucket's captured step: its cache, the static inputs and output the graph reads and writes, and what
+    replays it."""
+
+    bucket: Bucket
+    cache: SlotCacheLike  # the bucket's fixed-slot cache
+    prev: Tensor  # [N] the previous tokens
+    rows: Tensor  # [N] the row each row continues
+    log_probs: Tensor  # [N, V]
+    replay: Callable[[], None]
+    batch: int = 0  # which batch's search owns the buffers now (one at a time: `step_for`)
+
+    def step(self, prev: Tensor, rows: Tensor | None, batch: int) -> Tensor:
+        """Replay for `prev` [N] and `rows` [N] (None: each row its own) -> log-probs [N, V], the graph's own
+        buffer, overwritten by the next replay. batch: the number `step_for` gave the batch."""
+        assert batch == self.batch, "a bucket's buffers hold one batch at a time; another one was loaded since"
+        assert prev.shape == self.prev.shape, "a captured step replays only the rows of its bucket"
+        self.prev.copy_(prev)
+        if rows is None:
+            torch.arange(self.rows.shape[0], out=self.rows)
+        else:
+            self.rows.copy_(rows)
+        self.replay()
+        return self.log_probs
+
+
+class StepGraphs:
+    """The captured steps of one model, by bucket (see the module's docstring)."""
+
+    def __init__(self, capture: Capture, max_graphs: int = MAX_GRAPHS) -> None:
+        self.capture = capture
+        self.max_graphs = max_graphs
+        self.graphs: OrderedDict[Bucket, Captured] = OrderedDict()
+        self.n_captures = 0
+        self.n_batches = 0
+
+    def step_for(self, model: SlotModel, cache: SlotCacheLike, bucket: Bucket) -> tuple[Captured, int]:
+        """The captured step of `bucket`, with `cache` (a batch's, made by model.init_slots with the bucket's
+        shapes) loaded into it (captured over `cache` itself when the bucket has none yet), and the batch's number
+        for `Captured.step`. The bucket's buffers hold this batch until the next `step_for` of the bucket: the
+        searches of two batches of one bucket cannot be interleaved."""
+        captured = self.graphs.get(bucket)
+        if captured is not None:
+            self.graphs.move_to_end(bucket)
+            captured.cache.load(cache)
+        else:
+            captured = self.record(model, cache, bucket)
+            self.graphs[bucket] = captured
+            if len(self.graphs) > self.max_graphs:
+                self.graphs.popitem(last=False)
+        self.n_batches += 1
+        captured.batch = self.n_batches
+        return captured, captured.batch
+
+    def record(self, model: SlotModel, cache: SlotCacheLike, bucket: Bucket) -> Captured:
+        """Capture the step over `cache`'s buffers, then restart the cache at step 0 (the probe and capture's
+        warm-up run advance it)."""
+        device = cache_device(cache)
+        prev = torch.full((bucket.rows,), BOS, dtype=torch.long, device=device)
+        rows = torch.arange(bucket.rows, device=device)
+        probe = model.decode_slots(prev, rows, cache, None)  # [N, V]: the output's shape and dtype
+        log_probs = torch.empty_like(probe)
+
+        def run() -> None:
+            log_probs.copy_(model.decode_slots(prev, rows, cache, None))
+
+        replay = self.capture(run)
+        cache.restart()
+        self.n_captures += 1
+        logger.debug("captured the decoder step of %s (%d captures)", bucket, self.n_captures)
+        return Captured(bucket, cache, prev, rows, log_probs, replay)
+
+
+def cache_device(cache: Any) -> torch.device:
+    """The device of a fixed-slot cache's buffers (an ensemble's: its first member's)."""
+    first = cache.members[0] if hasattr(cache, "members") else cache
+    return first.step.device
+
+
+def cuda_capture(run: Callable[[], None]) -> Callable[[], None]:
+    """Capture `run` as a CUDA graph after one warm-up run on a side stream (lazy initialisations stay out of the
+    graph). Under autocast the casts of the weights are captured too: autocast's cast cache, emptied when the step's
+    autocast ends, would free tensors the graph reads."""
+    enabled, dtype = torch.is_autocast_enabled("cuda"), torch.get_autocast_dtype("cuda")
+    with torch.autocast("cuda", dtype=dtype, enabled=enabled, cache_enabled=False):
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            run()
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, capture_error_mode="thread_local"):  # other threads' CUDA calls may go on
+            run()
+    return graph.replay

@@ -1,0 +1,92 @@
+"""The bookkeeping of the captured decoder steps (search/graphs.py) on the CPU, with a capture that counts and
+replays by running the step again: buckets, a captured step reused by every batch of its bucket, a bounded number
+of captures, and no captured step used for shapes outside its bucket."""
+
+import numpy as np
+import pytest
+import torch
+
+from nmt_cli.config import SearchConfig
+from nmt_cli.data.batching import pad_sources
+from nmt_cli.data.vocab import PAD
+from nmt_cli.search.graphs import Bucket, StepGraphs, bucket_of, sentence_bucket
+from nmt_cli.search.slots import slot_search
+
+pytestmark = pytest.mark.usefixtures("cpu_matmul_route")  # both CPU matmul routes on every machine (conftest.py)
+
+
+class CountingCapture:
+    """Captures by keeping the step to run it again; counts captures and replays."""
+
+    def __init__(self):
+        self.captures, self.replays = 0, 0
+
+    def __call__(self, run):
+        self.captures += 1
+
+        def replay():
+            self.replays += 1
+            run()
+
+        return replay
+
+
+def test_buckets():
+    assert [sentence_bucket(n) for n in (1, 2, 3, 5, 8, 9, 32, 33, 64, 65, 600)] == [
+        *(1, 2, 4, 8, 8, 16, 32, 64, 64),
+        *(128, 640),  # beyond 64 sentences, multiples of 64
+    ]
+    assert bucket_of(5, 4, 1, 7, 1024) == Bucket(32, 64, 64)
+    assert bucket_of(32, 4, 64, 64, 1024) == Bucket(128, 64, 64)
+    assert bucket_of(33, 4, 65, 65, 1024) == Bucket(256, 128, 128)
+    assert bucket_of(130, 4, 65, 65, 1024) == Bucket(192 * 4, 128, 128)
+    assert bucket_of(1, 5, 100, 20, 100) == Bucket(5, 100, 64)  # within the model's positions
+    with pytest.raises(AssertionError):
+        bucket_of(1, 4, 101, 20, 100)
+
+
+def encoded(tiny_model, lengths, seed=0):
+    g = np.random.default_rng(seed)
+    src = pad_sources([g.integers(4, 24, n) for n in lengths])
+    with torch.inference_mode():
+        return tiny_model.encode(src, src.eq(PAD)), torch.tensor(lengths)
+
+
+def test_a_bucket_is_captured_once_and_reused(tiny_model):
+    capture = CountingCapture()
+    graphs = StepGraphs(capture, max_graphs=2)
+    cfg = SearchConfig(beam=2, max_len_a=0.0, max_len_b=4, min_len=4)  # 5 steps a batch
+    for lengths in ([3, 5, 2], [6, 1, 4, 2], [1]):  # buckets of 4, 4 and 1 sentences
+        enc, lens = encoded(tiny_model, lengths)
+        want = slot_search(tiny_model, enc, lens, cfg)
+        got = slot_search(tiny_model, enc, lens, cfg, graphs=graphs)
+        assert [[h.tokens for h in hyps] for hyps in got] == [[h.tokens for h in hyps] for hyps in want]
+        assert [h.score for hyps in got for h in hyps] == pytest.approx([h.score for hyps in want for h in hyps])
+    assert capture.captures == 2 == graphs.n_captures  # [8, 64, 64] once for two batches, then [2, 64, 64]
+    assert capture.replays == 15
+    assert list(graphs.graphs) == [Bucket(8, 64, 64), Bucket(2, 64, 64)]
+    enc, lens = encoded(tiny_model, [3] * 9)  # a third bucket drops the least recently used one
+    slot_search(tiny_model, enc, lens, cfg, graphs=graphs)
+    assert list(graphs.graphs) == [Bucket(2, 64, 64), Bucket(32, 64, 64)]
+    enc, lens = encoded(tiny_model, [2, 2, 2])  # the dropped bucket is captured again
+    slot_search(tiny_model, enc, lens, cfg, graphs=graphs)
+    assert capture.captures == 4
+
+
+@torch.inference_mode()
+def test_a_captured_step_is_never_used_outside_its_bucket(tiny_model):
+    graphs = StepGraphs(CountingCapture())
+    enc, _ = encoded(tiny_model, [3, 5])
+    bucket = Bucket(4, 64, 64)
+    cache = tiny_model.init_slots(enc, 2, n_positions=64, source_len=64)
+    captured, batch = graphs.step_for(tiny_model, cache, bucket)
+    with pytest.raises(AssertionError):  # other rows
+        captured.step(torch.full((6,), 4), None, batch)
+    other_length = tiny_model.init_slots(enc, 2, n_positions=64, source_len=128)
+    with pytest.raises(AssertionError):  # a batch of another source length is not loaded into the bucket's cache
+        graphs.step_for(tiny_model, other_length, bucket)
+    assert captured.step(torch.full((4,), 4), None, batch).shape == (4, 24)
+    again, next_batch = graphs.step_for(tiny_model, cache, bucket)
+    assert again is captured and next_batch != batch
+    with pytest.raises(AssertionError):  # the first batch's search may not step on the second one's buffers
+        captured.step(torch.full((4,), 4), None, batch)

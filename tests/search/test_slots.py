@@ -1,0 +1,205 @@
+"""The beam search over fixed slots (search/slots.py) against beam.py's: the same hypotheses and scores for every
+search setting, on a single model and an ensemble, eagerly and through the captured-step bookkeeping
+(search/graphs.py, with a capture that runs the step eagerly); one host read a step; the searches it leaves to
+beam.py."""
+
+import copy
+import json
+from collections import Counter
+
+import numpy as np
+import pytest
+import torch
+from host_syncs import SyncLog
+
+from nmt_cli.config import SearchConfig
+from nmt_cli.data.dataset import ParallelDataset
+from nmt_cli.search.beam import beam_search
+from nmt_cli.search.ensemble import Ensemble
+from nmt_cli.search.graphs import StepGraphs
+from nmt_cli.search.prefix import prefix_source
+from nmt_cli.search.slots import SlotSearch, slot_search, slot_search_for
+from nmt_cli.search.translate import Translator, load_translator, translate
+
+pytestmark = pytest.mark.usefixtures("cpu_matmul_route")  # both CPU matmul routes on every machine (conftest.py)
+
+SETTINGS = [
+    SearchConfig(beam=4),  # GNMT, alpha 0.6
+    SearchConfig(beam=4, lenpen=0.0),
+    SearchConfig(beam=5, lenpen=0.6, lenpen_style="fairseq", nbest=3),
+    SearchConfig(beam=3, lenpen=1.0, lenpen_style="fairseq", min_len=5),
+    SearchConfig(beam=4, max_len_a=0.5, max_len_b=2, nbest=4),
+    SearchConfig(beam=2, max_len_a=0.0, max_len_b=6, min_len=6, nbest=2),
+    SearchConfig(beam=4, unkpen=2.0, lenpen=1.5),
+]
+
+
+def eager_capture(run):
+    """A capture that replays by running the step again: the bookkeeping of CUDA graphs, on the CPU."""
+    return run
+
+
+def sources_of(toy_data_bin, n=20):
+    """Test sentences of several lengths, and two shorter and longer ones."""
+    sources = [ParallelDataset(toy_data_bin, "test").src[i] for i in range(n)]
+    g = np.random.default_rng(0)
+    return [*sources, g.integers(4, 20, 1), g.integers(4, 20, 17)]
+
+
+def assert_same(expected, got):
+    assert len(expected) == len(got)
+    for want, have in zip(expected, got):
+        assert [h.tokens for h in have] == [h.tokens for h in want]
+        assert [h.score for h in have] == pytest.approx([h.score for h in want], abs=1e-4)
+        for w, h in zip(want, have):
+            assert h.positional_scores == pytest.approx(w.positional_scores, abs=1e-4)
+
+
+@pytest.fixture
+def copy_translator(trained_copy_checkpoint, cpu_matmul_route):
+    """The trained copy model, loaded (and packed) on the test's matmul route."""
+    return load_translator(trained_copy_checkpoint, torch.device("cpu"), None)[0]
+
+
+@pytest.mark.parametrize("cfg", SETTINGS, ids=range(len(SETTINGS)))
+def test_fixed_slots_translate_as_the_beam_search_does(copy_translator, toy_data_bin, cfg):
+    sources = sources_of(toy_data_bin)
+    expected = translate(copy_translator, sources, cfg, max_tokens=120)  # several batches
+    for slots in (SlotSearch(), SlotSearch(StepGraphs(eager_capture))):
+        fixed = Translator(copy_translator.model, copy_translator.vocab, copy_translator.device, slots=slots)
+        got = translate(fixed, sources, cfg, max_tokens=120)
+        assert_same(expected, got)
+
+
+def test_the_outputs_end_at_different_steps(copy_translator, toy_data_bin):
+    """The rows above test what they claim: in one batch some sentences finish before others."""
+    results = translate(copy_translator, sources_of(toy_data_bin), SETTINGS[0], max_tokens=10_000)
+    assert len({len(hyps[0].tokens) for hyps in results}) > 3
+
+
+@pytest.mark.parametrize("graphs", [False, True])
+def test_beam_one_and_an_untrained_model(tiny_checkpoint, toy_data_bin, graphs):
+    """Beam 1 (translate runs greedy search there: compared with beam_search itself) and outputs that run to their
+    maximum length."""
+    translator = load_translator(tiny_checkpoint, torch.device("cpu"), None)[0]
+    sources = sources_of(toy_data_bin, 6)
+    for cfg in (SearchConfig(beam=1, max_len_b=10), SearchConfig(beam=4, max_len_a=0.5, max_len_b=3)):
+        for source in (sources, sources[2:3]):
+            enc, lens = encoded(translator, source)
+            want = beam_search(translator.model, enc, lens, cfg, translator.vocab.n_pieces)
+            step_graphs = StepGraphs(eager_capture) if graphs else None
+            got = slot_search(translator.model, enc, lens, cfg, translator.vocab.n_pieces, graphs=step_graphs)
+            assert_same(want, got)
+
+
+def encoded(translator, sources):
+    from nmt_cli.data.batching import pad_sources
+    from nmt_cli.data.vocab import PAD
+
+    src = pad_sources([np.asarray(s, dtype=np.int64) for s in sources])
+    with torch.inference_mode():
+        return translator.model.encode(src, src.eq(PAD)), torch.tensor([len(s) for s in sources])
+
+
+def test_an_ensemble_over_fixed_slots(copy_translator, trained_copy_checkpoint, toy_data_bin, tmp_path):
+    ckpt = torch.load(trained_copy_checkpoint, map_location="cpu", weights_only=True)
+    g = torch.Generator().manual_seed(1)
+    ckpt["model"] = {
+        k: v + 0.1 * torch.randn(v.shape, generator=g) if v.is_floating_point() else v for k, v in ckpt["model"].items()
+    }
+    torch.save(ckpt, tmp_path / "other.pt")
+    other = load_translator(tmp_path / "other.pt", torch.device("cpu"), None)[0].model
+    ensemble = Ensemble([copy_translator.model, other], [0.7, 0.3])
+    plain = Translator(ensemble, copy_translator.vocab, torch.device("cpu"))
+    sources, cfg = sources_of(toy_data_bin, 8), SearchConfig(beam=4, nbest=2)
+    expected = translate(plain, sources, cfg, max_tokens=10_000)
+    for slots in (SlotSearch(), SlotSearch(StepGraphs(eager_capture))):
+        fixed = Translator(ensemble, copy_translator.vocab, torch.device("cpu"), slots=slots)
+        assert_same(expected, translate(fixed, sources, cfg, max_tokens=10_000))
+
+
+def count_slot_steps(model):
+    """Counts the calls of model.decode_slots (a list that grows by one each)."""
+    calls = []
+    decode_slots = model.decode_slots
+    model.decode_slots = lambda *a: calls.append(1) or decode_slots(*a)
+    return calls
+
+
+@pytest.mark.parametrize("graphs", [False, True])
+def test_fixed_slots_wait_for_the_device_once_a_step(copy_translator, toy_data_bin, graphs):
+    """What beam.py's search waits for (tests/search/test_beam_syncs.py): collect's four copies and the source
+    lengths once a batch, and one read a step (whether every sentence is done)."""
+    model = copy.copy(copy_translator.model)
+    calls = count_slot_steps(model)
+    slots = SlotSearch(StepGraphs(eager_capture) if graphs else None)
+    translator = Translator(model, copy_translator.vocab, torch.device("cpu"), slots=slots)
+    sources = sources_of(toy_data_bin)
+    for cfg in (SearchConfig(beam=4, max_len_a=0, max_len_b=10, min_len=10), SearchConfig(beam=4)):
+        calls.clear()
+        with SyncLog() as log:
+            translate(translator, sources, cfg, 10_000)
+        n_steps = len(calls) - graphs  # capture's probe step runs once, outside the search's steps
+        syncs = Counter((call, where.rsplit(" in ", 1)[1]) for call, where in log.syncs)
+        per_batch = Counter({("cpu", "collect"): 4, ("cpu", "slot_steps"): 1})
+        assert syncs == per_batch + Counter({("__bool__", "slot_steps"): n_steps}), syncs
+        if cfg.min_len == 10:
+            assert n_steps == 11
+
+
+def test_other_searches_keep_the_beam_search(copy_translator, toy_data_bin):
+    """Prefixes, the n-gram ban, sampling and beam 1 run beam.py's or greedy.py's search, as without slots."""
+    model = copy.copy(copy_translator.model)
+    calls = count_slot_steps(model)
+    translator = Translator(model, copy_translator.vocab, torch.device("cpu"), slots=SlotSearch())
+    sources = sources_of(toy_data_bin, 6)
+    prefixes = prefix_source([s[:2] for s in sources])
+    translate(translator, sources, SearchConfig(beam=4), 10_000, constraints=prefixes)
+    for cfg in (SearchConfig(beam=4, no_repeat_ngram_size=2), SearchConfig(beam=1), SearchConfig(sampling=True)):
+        translate(translator, sources, cfg, 10_000)
+    assert calls == []
+    translate(translator, sources, SearchConfig(beam=4), 10_000)
+    assert calls
+
+
+def test_the_choice_of_search():
+    cpu = torch.device("cpu")
+    assert slot_search_for(False, True, cpu) is None  # beam.py's search unless asked
+    assert slot_search_for(True, True, cpu) == SlotSearch(graphs=None)  # never a CUDA call on the CPU
+    assert slot_search_for(False, True, torch.device("cuda")) is None
+    assert slot_search_for(True, False, torch.device("cuda")) == SlotSearch(graphs=None)
+
+
+def test_generate_with_fixed_slots_writes_what_the_default_search_writes(trained_copy_checkpoint, toy_corpus):
+    from click.testing import CliRunner
+
+    from nmt_cli.cli import cli
+
+    def generate(*extra):
+        args = ["generate", "--path", trained_copy_checkpoint, "--input", toy_corpus / "test.src", "--device", "cpu"]
+        r = CliRunner().invoke(
+            cli, [str(a) for a in [*args, "--beam", "3", "--nbest", "2", "--output-format", "jsonl"]] + list(extra)
+        )
+        assert r.exit_code == 0, r.output
+        return [json.loads(line) for line in r.stdout.splitlines()]
+
+    default, fixed = generate("--no-fixed-slots"), generate("--fixed-slots", "--cuda-graphs")  # no CUDA: eager
+    assert default == generate()  # on the CPU the default search is beam.py's
+    assert [[h["text"] for h in r["hypotheses"]] for r in fixed] == [
+        [h["text"] for h in r["hypotheses"]] for r in default
+    ]
+    scores = [h["score"] for r in fixed for h in r["hypotheses"]]
+    assert scores == pytest.approx([h["score"] for r in default for h in r["hypotheses"]], abs=1e-3)
+
+
+def test_under_bf16_autocast(tiny_model, toy_data_bin):
+    """Keys and values kept in bf16 (autocast's dtype) hold what beam.py's float32 cache holds of them."""
+    from nmt_cli.data.dataset import load_vocab
+
+    vocab, cpu = load_vocab(toy_data_bin), torch.device("cpu")
+    sources, cfg = sources_of(toy_data_bin, 6), SearchConfig(beam=4, max_len_b=8, nbest=2)
+    expected = translate(Translator(tiny_model, vocab, cpu, torch.bfloat16), sources, cfg, 10_000)
+    for slots in (SlotSearch(), SlotSearch(StepGraphs(eager_capture))):
+        assert_same(
+            expected, translate(Translator(tiny_model, vocab, cpu, torch.bfloat16, slots), sources, cfg, 10_000)
+        )
