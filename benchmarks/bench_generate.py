@@ -10,7 +10,7 @@ ct2-fp32 and ct2-int8: CTranslate2 on the same checkpoint after `nmt export` (co
 int8), same sentences, beam, batch of 64 sentences and 2 threads, through benchmarks/ct2_translate.py.
 CTranslate2's forced length is min = max = 25 decoding steps, nmt's 24 tokens plus the forced EOS.
 
---searches default,slots runs nmt's rows with each beam search, side by side: default (`--no-fixed-slots`, the
+--searches default,slots runs nmt's rows with each beam search, side by side: default (no flag, the
 search that drops finished sentences) and slots (`--fixed-slots`, search/slots.py: every row stays, masked once
 finished, over preallocated keys and values).
 """
@@ -106,7 +106,7 @@ def main() -> None:
                             *(FORCED if length == "forced" else ["--max-len-a", "1", "--max-len-b", "50"]),
                             *(["--bf16"] if precision == "bf16" else []),
                             *(["--quantize", "int8"] if precision == "int8" else []),
-                            "--fixed-slots" if search == "slots" else "--no-fixed-slots",
+                            *(["--fixed-slots"] if search == "slots" else []),
                         ]
                     err, _, rss = run(cmd)
                     rows.append(

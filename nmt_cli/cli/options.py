@@ -87,7 +87,7 @@ def field_param(f: Field, hint: Any, prefix: str, default_note: str | None) -> C
         return click.argument(name, required=f.default is MISSING, type=click_type(f, hint))
     names = [flag_name(name)] + ([m["short"]] if m["short"] else [])
     help_text = m["help"] + (f" [default: {default_note}]" if default_note else "")
-    if hint in (bool, "bool", bool | None):  # bool | None: --flag/--no-flag, neither given leaves it to the program
+    if hint in (bool, "bool"):
         if default_note is None and f.default is False:
             return click.option(*names, name, is_flag=True, default=False, help=help_text)
         spelled = f"{names[0]}/--no-{names[0][2:]}"

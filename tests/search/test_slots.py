@@ -183,8 +183,7 @@ def test_generate_with_fixed_slots_writes_what_the_default_search_writes(trained
         assert r.exit_code == 0, r.output
         return [json.loads(line) for line in r.stdout.splitlines()]
 
-    default, fixed = generate("--no-fixed-slots"), generate("--fixed-slots", "--cuda-graphs")  # no CUDA: eager
-    assert default == generate()  # on the CPU the default search is beam.py's
+    default, fixed = generate(), generate("--fixed-slots", "--cuda-graphs")  # no CUDA: eager
     assert [[h["text"] for h in r["hypotheses"]] for r in fixed] == [
         [h["text"] for h in r["hypotheses"]] for r in default
     ]
