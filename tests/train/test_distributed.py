@@ -280,10 +280,21 @@ def share_flags_on_rank(rank, store_path, results_dir):
 
 @ONE_ROUTE  # a collective of four floats: no matrix product
 def test_broadcast_from_main_shares_rank_0s_values_in_one_all_reduce(tmp_path):
+    import time
+
     import torch.multiprocessing as mp
 
     # forked ranks start at once, with torch already imported; each writes what it got to its own file
-    mp.start_processes(share_flags_on_rank, args=(str(tmp_path / "store"), tmp_path), nprocs=2, start_method="fork")
+    ranks = mp.start_processes(
+        share_flags_on_rank, args=(str(tmp_path / "store"), tmp_path), nprocs=2, join=False, start_method="fork"
+    )
+    deadline = time.monotonic() + 60
+    try:
+        while not ranks.join(timeout=1):  # True once both have ended; it raises where one failed
+            assert time.monotonic() < deadline, "the ranks did not finish in 60 s"
+    finally:
+        for process in ranks.processes:
+            process.kill()
     shared = [1.0, 0.0, 1e3 / 7, 0.0]
     results = {rank: torch.load(tmp_path / f"{rank}.pt") for rank in (0, 1)}
     assert results == {0: (shared, 1), 1: (shared, 1)}
