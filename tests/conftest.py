@@ -12,6 +12,7 @@ import torch
 
 from nmt_cli.config import ARCHITECTURES, ModelConfig, PreprocessConfig, SearchConfig, TrainConfig, model_config
 from nmt_cli.data.preprocess import preprocess
+from nmt_cli.model import linear as _linear
 from nmt_cli.model.transformer import build_model
 
 # CTranslate2's CPU backend for the export tests: MKL, whose int8 products are exact on every x86 CPU. On
@@ -186,6 +187,12 @@ def cpu_matmul_route(request, monkeypatch) -> str:
     monkeypatch.setenv("NMT_CPU_MATMUL", request.param)
     return request.param
 
+
+# The route a test runs on alone when its subject cannot depend on the matmul route (signals, process plumbing,
+# collectives of plain tensors, terminal I/O): the one this machine picks, or NMT_CPU_MATMUL forces, as a user's
+# run would. A test marked so says beside the mark why the route cannot matter; every other test in BOTH_ROUTES
+# runs on both.
+ONE_ROUTE = pytest.mark.parametrize("cpu_matmul_route", ["onednn" if _linear._ONEDNN else "default"], indirect=True)
 
 # The packages whose tests run on both CPU matmul routes: every test module there says
 # `pytestmark = pytest.mark.usefixtures("cpu_matmul_route")`, and collection fails for one that does not.

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import sacrebleu
 from click.testing import CliRunner
+from conftest import ONE_ROUTE
 
 from nmt_cli.cli import cli
 
@@ -193,6 +194,7 @@ def test_sampling_draws_afresh_in_every_chunk_and_follows_the_seed(tiny_checkpoi
     assert runs[1].stdout == runs[0].stdout
 
 
+@ONE_ROUTE  # the subject is how a terminal's lines are read, whatever route the products take
 def test_a_terminal_gets_each_translation_as_its_line_is_typed(tiny_checkpoint):
     """stdin a terminal: one line at a time (it had waited for 1,000 lines or the end of input)."""
     main, typed = pty.openpty()

@@ -43,10 +43,11 @@ def test_a_bucketed_batch_has_the_loss_and_gradient_of_the_plain_one(tiny_model,
 
 def test_bucketed_training_resumes_exactly_across_epochs(toy_data_bin, tmp_path, monkeypatch, caplog):
     model = ARCHITECTURES["transformer_tiny"]
+    # an epoch is 6 bucketed batches: the run resumed at update 5 crosses into epoch 2 by update 8
     cfg = dict(max_tokens=4096, bucket_shapes=True)
     with caplog.at_level(logging.INFO):
         inline = train(
-            tiny_train_config(toy_data_bin, tmp_path / "inline", max_update=14, **cfg), model, SearchConfig()
+            tiny_train_config(toy_data_bin, tmp_path / "inline", max_update=8, **cfg), model, SearchConfig()
         ).trainer
     assert inline.state.epoch > 1 and inline.bucket_limit == 256  # the model's positions
     # the padding against plain batches: once a run (plain batching costs host time the GPU would wait for)
@@ -61,13 +62,13 @@ def test_bucketed_training_resumes_exactly_across_epochs(toy_data_bin, tmp_path,
     )
     train(tiny_train_config(toy_data_bin, tmp_path / "bg", max_update=5, **cfg), model, SearchConfig())
     resumed = train(
-        tiny_train_config(toy_data_bin, tmp_path / "bg", max_update=14, **cfg), model, SearchConfig()
+        tiny_train_config(toy_data_bin, tmp_path / "bg", max_update=8, **cfg), model, SearchConfig()
     ).trainer
     assert resumed.loader.background and resumed.loader.bucket_limit == 256
     for (name, a), b in zip(inline.model.state_dict().items(), resumed.model.state_dict().values()):
         torch.testing.assert_close(a, b, rtol=0, atol=0, msg=name)
     plain = train(
-        tiny_train_config(toy_data_bin, tmp_path / "plain", max_update=14, max_tokens=4096), model, SearchConfig()
+        tiny_train_config(toy_data_bin, tmp_path / "plain", max_update=8, max_tokens=4096), model, SearchConfig()
     ).trainer
     assert not torch.equal(plain.model.output.weight, inline.model.output.weight)  # other batches were trained on
 

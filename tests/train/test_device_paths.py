@@ -82,14 +82,15 @@ def background_loader(monkeypatch):
 
 def test_background_batches_change_nothing_even_across_epochs_and_a_resume(toy_data_bin, tmp_path, monkeypatch):
     model = ARCHITECTURES["transformer_tiny"]
+    # an epoch is 5 batches: the run resumed at update 5 crosses into epoch 2 by update 8
     inline = train(
-        tiny_train_config(toy_data_bin, tmp_path / "inline", max_update=14, max_tokens=4096), model, SearchConfig()
+        tiny_train_config(toy_data_bin, tmp_path / "inline", max_update=8, max_tokens=4096), model, SearchConfig()
     ).trainer
     assert inline.state.epoch > 1  # the run crossed an epoch boundary
     background_loader(monkeypatch)
     train(tiny_train_config(toy_data_bin, tmp_path / "bg", max_update=5, max_tokens=4096), model, SearchConfig())
     resumed = train(
-        tiny_train_config(toy_data_bin, tmp_path / "bg", max_update=14, max_tokens=4096), model, SearchConfig()
+        tiny_train_config(toy_data_bin, tmp_path / "bg", max_update=8, max_tokens=4096), model, SearchConfig()
     ).trainer
     assert resumed.loader.background
     for (name, a), b in zip(inline.model.state_dict().items(), resumed.model.state_dict().values()):

@@ -5,9 +5,11 @@ import sys
 
 import pytest
 import torch
-from conftest import TINY
+from click.testing import CliRunner
+from conftest import ONE_ROUTE, TINY
 
 from nmt_cli.checkpoint import load_checkpoint
+from nmt_cli.cli import cli
 
 pytestmark = pytest.mark.usefixtures("cpu_matmul_route")  # both CPU matmul routes on every machine (conftest.py)
 
@@ -38,7 +40,10 @@ def assert_same_parameters(a, b, atol):
 
 
 def test_two_ranks_equal_one_process_with_update_freq_2(toy_data_bin, tmp_path):
-    nmt(toy_data_bin, tmp_path / "single", "--max-update", "4", "--update-freq", "2")
+    # the one process is this one (the subject is what the ranks compute, and torchrun starts them)
+    args = ["train", str(toy_data_bin), "--save-dir", str(tmp_path / "single"), *COMMON]
+    result = CliRunner().invoke(cli, [*args, "--max-update", "4", "--update-freq", "2"])
+    assert result.exit_code == 0, result.output
     two = nmt(toy_data_bin, tmp_path / "ddp", "--max-update", "4", ranks=2)
     single = load_checkpoint(tmp_path / "single" / "checkpoint_last.pt")
     ddp = load_checkpoint(tmp_path / "ddp" / "checkpoint_last.pt")
@@ -145,6 +150,7 @@ def test_out_of_memory_in_the_synchronising_backward_stops_every_rank(toy_data_b
     assert not our_frames(result.stderr)
 
 
+@ONE_ROUTE  # the stop is decided by the clocks the ranks share, whatever route their products take
 def test_ranks_stop_together_on_rank_0s_clock(toy_data_bin, tmp_path):
     """--max-time-minutes and timed saves follow rank 0's clock on every rank: ranks whose clocks disagree
     at the limit used to stop at different updates, the rest waiting in a collective for the one gone."""
@@ -251,7 +257,7 @@ def test_broadcast_from_main_in_one_process_returns_them_without_a_collective(mo
         assert distributed.broadcast_from_main(flags, DistInfo(), torch.device("cuda", 7)) == flags
 
 
-def share_flags_on_rank(rank, store_path, results):
+def share_flags_on_rank(rank, store_path, results_dir):
     import torch.distributed as dist
 
     from nmt_cli.runtime import DistInfo
@@ -269,14 +275,26 @@ def share_flags_on_rank(rank, store_path, results):
     finally:
         dist.all_reduce = all_reduce
         dist.destroy_process_group()
-    results[rank] = (flags, len(calls))
+    torch.save((flags, len(calls)), f"{results_dir}/{rank}.pt")
 
 
+@ONE_ROUTE  # a collective of four floats: no matrix product
 def test_broadcast_from_main_shares_rank_0s_values_in_one_all_reduce(tmp_path):
+    import time
+
     import torch.multiprocessing as mp
 
-    with mp.Manager() as manager:
-        results = manager.dict()
-        mp.spawn(share_flags_on_rank, args=(str(tmp_path / "store"), results), nprocs=2)
-        shared = [1.0, 0.0, 1e3 / 7, 0.0]
-        assert dict(results) == {0: (shared, 1), 1: (shared, 1)}
+    # forked ranks start at once, with torch already imported; each writes what it got to its own file
+    ranks = mp.start_processes(
+        share_flags_on_rank, args=(str(tmp_path / "store"), tmp_path), nprocs=2, join=False, start_method="fork"
+    )
+    deadline = time.monotonic() + 60
+    try:
+        while not ranks.join(timeout=1):  # True once both have ended; it raises where one failed
+            assert time.monotonic() < deadline, "the ranks did not finish in 60 s"
+    finally:
+        for process in ranks.processes:
+            process.kill()
+    shared = [1.0, 0.0, 1e3 / 7, 0.0]
+    results = {rank: torch.load(tmp_path / f"{rank}.pt") for rank in (0, 1)}
+    assert results == {0: (shared, 1), 1: (shared, 1)}

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 from click.testing import CliRunner
-from conftest import TINY
+from conftest import ONE_ROUTE, TINY
 
 from nmt_cli.checkpoint import load_checkpoint
 from nmt_cli.cli import cli
@@ -90,7 +90,7 @@ def test_resuming_with_other_batches_restarts_the_epoch(toy_data_bin, tmp_path):
     assert load_checkpoint(tmp_path / "checkpoint_last.pt")["train_state"]["batch_in_epoch"] == 1
 
 
-def train_subprocess(data_bin, save_dir, *extra):
+def train_subprocess(data_bin, save_dir, *extra, arch="transformer_small"):
     cmd = [
         sys.executable,
         "-m",
@@ -101,7 +101,7 @@ def train_subprocess(data_bin, save_dir, *extra):
         "--save-dir",
         str(save_dir),
         "--arch",
-        "transformer_small",
+        arch,
         "--max-tokens",
         "1024",
         "--warmup-updates",
@@ -148,10 +148,11 @@ def test_sigkill_and_resume_is_bit_identical(toy_data_bin, tmp_path):
         assert all(torch.equal(va[k], vb[k]) for k in va)
 
 
+@ONE_ROUTE  # the subject is the signal and the save it leads to, whatever route the products take
 def test_sigterm_saves_and_exits_as_interrupted(toy_data_bin, tmp_path):
     """Saved, then exit code 143 (128 + SIGTERM): with 0, a recipe went on to average, translate and score the
     half-trained model (and table3 marked the row done)."""
-    proc = train_subprocess(toy_data_bin, tmp_path, "--max-update", "100000")
+    proc = train_subprocess(toy_data_bin, tmp_path, "--max-update", "100000", arch="transformer_tiny")
     for line in proc.stderr:
         if "update 2 " in line:
             proc.send_signal(signal.SIGTERM)
@@ -195,6 +196,7 @@ main()
 """
 
 
+@ONE_ROUTE  # the subject is signals during a save, whatever route the products take
 def test_signals_during_the_last_save_wait_for_it(toy_data_bin, tmp_path):
     """Issue 47: further signals while the save of a stopped run was written stopped that save ("checkpoint ... was
     not written"): a fresh run kept nothing, a resumed one lost its updates since the last save. The save finishes,

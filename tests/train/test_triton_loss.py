@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import ONE_ROUTE
 
 from nmt_cli.train import loss as loss_module
 from nmt_cli.train.loss import label_smoothed_nll
@@ -39,6 +40,7 @@ def small_blocks(kernels, monkeypatch):
     return kernels
 
 
+@ONE_ROUTE  # the kernel against F.cross_entropy on given logits: no matrix product
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("eps", [0.0, 0.1])
 def test_kernel_matches_cross_entropy(small_blocks, dtype, eps):
@@ -62,6 +64,7 @@ def test_kernel_matches_cross_entropy(small_blocks, dtype, eps):
     torch.testing.assert_close(z[keep].float(), ref_z.grad, atol=4e-3 if dtype == torch.bfloat16 else 1e-6, rtol=0)
 
 
+@ONE_ROUTE  # given logits: no matrix product
 def test_kernel_without_gradient_leaves_the_logits(small_blocks):
     g = torch.Generator().manual_seed(4)
     z = torch.randn(5, 70, generator=g).to(torch.bfloat16)
