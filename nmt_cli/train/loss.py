@@ -196,9 +196,9 @@ class TranslationLoss(nn.Module):
         hidden = self.model.decode(tgt_in, self.model.encode(src_tokens, src_pad_mask))
         return self.score(hidden, tgt_out, tgt_index)
 
-    # Under `nmt train --compile` the encoder and decoder are compiled and this part runs eagerly: the
-    # selection's size depends on the data, and the loss's chunk loop would recompile for every token count.
-    @torch.compiler.disable
+    # Under `nmt train --compile` only the encoder and decoder layers are compiled (trainer.compile_layers) and
+    # this part stays eager: the selection's size depends on the data, and the loss's chunk loop would recompile
+    # for every token count. Nothing here imports torch._dynamo, which every training process would pay for.
     def score(self, hidden: Tensor, tgt_out: Tensor, tgt_index: Tensor | None) -> tuple[Tensor, Tensor]:
         """(loss_sum, nll_sum) of the decoder states hidden [B, T, D] at tgt_out's real tokens."""
         if tgt_index is not None:
