@@ -123,6 +123,8 @@ class ServedModel:
         """The server's search settings with a request's own; ConfigError or DataError names a field that does not
         fit (in the request's words: `beam`, not generate's `--beam`), or a cap it exceeds."""
         given = {name: value for name, value in fields_given.items() if name not in NOT_SEARCH_FIELDS}
+        if not given:  # the server's own settings, checked against the caps and the memory when it started
+            return self.search
         overrides = {name: search_field_value(name, value) for name, value in given.items()}
         try:
             check_request(replace(self.search, **overrides), self.caps)  # the caps first: they say the most
