@@ -107,7 +107,7 @@ def many_clients(args: argparse.Namespace, lines: list[str]) -> None:
     sources = [np.asarray(ids, dtype=np.int64) for ids in translator.vocab.encode(lines)]
     batcher = served.batcher(config.max_wait_ms / 1000, config.max_queue)
     batches: list[tuple[int, float]] = []  # (sentences, seconds searching) of each batch
-    batcher.on_batch = lambda sentences, requests, seconds: batches.append((sentences, seconds))
+    batcher.on_batch = lambda key, sentences, requests, seconds: batches.append((sentences, seconds))
     steps = [0]
     run = batcher.run
 

@@ -59,7 +59,7 @@ RunBatch = Callable[[Hashable, list[Any], Callable[[], list[bool]]], Generator[N
 # (key, source pieces) -> the most decoder steps a sentence may take (its longest output and EOS, known before the
 # search: a * |x| + b within the model's positions); None: unknown
 StepsBound = Callable[[Hashable, int], int]
-OnBatch = Callable[[int, int, float], None]  # (sentences, requests, seconds of its own steps) of each batch run
+OnBatch = Callable[[Hashable, int, int, float], None]  # (key, sentences, requests, seconds of its own steps)
 
 # Batches searched at once, a step of one at a time: two let the short batches pass an expensive one, and more
 # would only add memory. Each keeps to --max-batch-tokens, so the worker holds two batches' searches at most; the
@@ -358,7 +358,7 @@ class Batcher:
         self._recent_seconds.append(running.seconds)
         self._ended(running.batch)
         if self.on_batch is not None:  # counted before the answers go out: a client answered sees it
-            self.on_batch(len(running.batch), len(jobs_of(running.batch)), running.seconds)
+            self.on_batch(running.batch[0].job.key, len(running.batch), len(jobs_of(running.batch)), running.seconds)
         for q, result in zip(running.batch, results):
             q.answer(result)
 
