@@ -53,6 +53,7 @@ from nmt_cli.runtime import AMP_DTYPES, set_threads
 from nmt_cli.search.beam import Steps
 from nmt_cli.search.translate import load_translator, translate
 from nmt_cli.serve.app import Limits, make_app
+from nmt_cli.serve.models import Models, key_of
 from nmt_cli.serve.served_model import ServedModel
 
 
@@ -74,14 +75,16 @@ def one_at_a_time(args: argparse.Namespace, lines: list[str]) -> None:
         t.start()
         t.join()
 
-    batcher = served.batcher(config.max_wait_ms / 1000, config.max_queue)  # as `nmt serve` makes it
+    models = Models.one(served)
+    batcher = models.batcher(config.max_wait_ms / 1000, config.max_queue)  # as `nmt serve` makes it
+    key = key_of(models.default, served.search)
     batcher.start()
     batcher.ready.wait()
 
     def through_batcher() -> None:
         for line in lines:
             s = served.prepare([line])
-            batcher.submit(served.search, s, [served.length(x) for x in s]).result()
+            batcher.submit(key, s, [served.length(x) for x in s]).result()
 
     variants = {"main": loop, "thread": on_thread, "batcher": through_batcher}
     loop()  # warm-up of the main thread's translator
@@ -105,7 +108,9 @@ def many_clients(args: argparse.Namespace, lines: list[str]) -> None:
     translator, _ = load_translator(args.path, torch.device(args.device), AMP_DTYPES[served.precision])
     cfg, n = served.search, args.clients
     sources = [np.asarray(ids, dtype=np.int64) for ids in translator.vocab.encode(lines)]
-    batcher = served.batcher(config.max_wait_ms / 1000, config.max_queue)
+    models = Models.one(served)
+    batcher = models.batcher(config.max_wait_ms / 1000, config.max_queue)
+    key = key_of(models.default, served.search)
     batches: list[tuple[int, float]] = []  # (sentences, seconds searching) of each batch
     batcher.on_batch = lambda key, sentences, requests, seconds: batches.append((sentences, seconds))
     steps = [0]
@@ -146,7 +151,7 @@ def many_clients(args: argparse.Namespace, lines: list[str]) -> None:
                 if i is None:
                     return
                 s = prepared[i]
-                batcher.submit(served.search, s, [served.length(x) for x in s]).result()
+                batcher.submit(key, s, [served.length(x) for x in s]).result()
 
         threads = [threading.Thread(target=client) for _ in range(n)]
         t = time.perf_counter()
