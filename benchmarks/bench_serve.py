@@ -343,15 +343,21 @@ def metrics(port: int) -> str:
     return connection.getresponse().read().decode()
 
 
-def batch_sizes(port: int) -> re.Match | None:
-    """The server's batch-size sum and count so far, from /metrics."""
-    return re.search(r"nmt_batch_sentences_sum (\S+)\nnmt_batch_sentences_count (\d+)", metrics(port))
+def batch_sizes(port: int) -> tuple[float, int]:
+    """The server's batch-size sum and count so far, from /metrics (every model's)."""
+    text = metrics(port)
+    return metric_sum(text, "nmt_batch_sentences_sum"), int(metric_sum(text, "nmt_batch_sentences_count"))
 
 
 def search_seconds(port: int) -> float:
-    """The server's time spent searching so far, from /metrics."""
-    found = re.search(r"^nmt_batch_seconds_total (\S+)$", metrics(port), re.MULTILINE)
-    return float(found.group(1)) if found else float("nan")
+    """The server's time spent searching so far, from /metrics (every model's; NaN where it has none)."""
+    text = metrics(port)
+    return metric_sum(text, "nmt_batch_seconds_total") if "nmt_batch_seconds_total" in text else float("nan")
+
+
+def metric_sum(text: str, name: str) -> float:
+    """The sum of a metric's samples in a Prometheus text, over their labels (a series per served model)."""
+    return sum(float(v) for v in re.findall(rf"^{name}(?:{{[^}}]*}})? (\S+)$", text, re.MULTILINE))
 
 
 def thread_seconds(pid: int) -> tuple[float, float]:
@@ -466,7 +472,7 @@ def main() -> None:
         # one client's latency less the server's own search time for it: what serving adds, measured
         # in one go (generate's sentence alone is timed in another process, a minute apart)
         "1 client added ms": round((sum(single) - searched) / max(len(single), 1) * 1000, 1),
-        "mean batch": round(float(batches.group(1)) / max(int(batches.group(2)), 1), 1) if batches else None,
+        "mean batch": round(batches[0] / max(batches[1], 1), 1),
         # the event loop's CPU time per request (phase 1), and its share of all the server's
         "HTTP CPU ms/request": round((loop_after - loop_before) / max(len(latencies), 1) * 1000, 2),
         "HTTP share of CPU %": round(100 * (loop_after - loop_before) / max(all_after - all_before, 1e-9), 1),

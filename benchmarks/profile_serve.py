@@ -9,6 +9,20 @@ One sentence at a time (bench_serve.py's one client), alternated --rounds times,
 If `batcher` is slower than `main`, the time goes in the batcher or the worker thread; if it is not, and
 bench_serve.py's one client is slower than generate, in the HTTP server's process around them.
 
+--clients N (bench_serve.py's 32 one-sentence clients, without HTTP), sentences per second over the first
+--sentences sentences, alternated --rounds times:
+- `sorted N`: translate() in batches of N sentences of like length (what `nmt generate --batch-size N` does);
+- `arrival N`: translate() on consecutive chunks of N sentences, each one batch (a batcher that always filled
+  its batches: what the composition of the batches a server gets costs);
+- `batcher`: N client threads each submitting one sentence at a time to serve's Batcher, with its mean batch,
+  the worker's share of the time searching, and the decoder steps per batch.
+bench_serve.py's figure against `batcher`'s is what HTTP (event loop, JSON, the clients' own work) costs.
+
+--event-loop: the CPU time per /translate request of serve's Starlette app, called in-process by a minimal ASGI
+caller (no sockets, no uvicorn), its worker answering each batch at once without searching: what the checks,
+encoding, batcher bookkeeping and JSON take from the event loop (and, on the CPU, from the worker's GIL), with
+32 requests at once, and the functions that take most of it (cProfile).
+
 On the CPU the searches share one process, so they also share its OpenMP thread pools; the server's own
 figures come from bench_serve.py.
 
@@ -18,11 +32,17 @@ figures come from bench_serve.py.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import collections
+import cProfile
+import json
+import pstats
 import statistics
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -30,7 +50,10 @@ from common import MULTI30K
 
 from nmt_cli.config import ServeConfig
 from nmt_cli.runtime import AMP_DTYPES, set_threads
+from nmt_cli.search.beam import Steps
 from nmt_cli.search.translate import load_translator, translate
+from nmt_cli.serve.app import Limits, make_app
+from nmt_cli.serve.models import Models, key_of
 from nmt_cli.serve.served_model import ServedModel
 
 
@@ -52,14 +75,16 @@ def one_at_a_time(args: argparse.Namespace, lines: list[str]) -> None:
         t.start()
         t.join()
 
-    batcher = served.batcher(config.max_wait_ms / 1000, config.max_queue)  # as `nmt serve` makes it
+    models = Models.one(served)
+    batcher = models.batcher(config.max_wait_ms / 1000, config.max_queue)  # as `nmt serve` makes it
+    key = key_of(models.default, served.search)
     batcher.start()
     batcher.ready.wait()
 
     def through_batcher() -> None:
         for line in lines:
             s = served.prepare([line])
-            batcher.submit(served.search, s, [served.length(x) for x in s]).result()
+            batcher.submit(key, s, [served.length(x) for x in s]).result()
 
     variants = {"main": loop, "thread": on_thread, "batcher": through_batcher}
     loop()  # warm-up of the main thread's translator
@@ -75,6 +100,156 @@ def one_at_a_time(args: argparse.Namespace, lines: list[str]) -> None:
         print(f"  {name:>18}  " + "  ".join(f"{x:7.1f}" for x in ms) + f"   median {statistics.median(ms):7.1f}")
 
 
+def many_clients(args: argparse.Namespace, lines: list[str]) -> None:
+    """--clients: sentences/s of translate() in sorted and in arrival-order batches of N, and of N client threads
+    on serve's Batcher, alternated --rounds times (one process, no HTTP)."""
+    config = ServeConfig(path=str(args.path), device=args.device)
+    served = ServedModel(config, {"beam": args.beam})
+    translator, _ = load_translator(args.path, torch.device(args.device), AMP_DTYPES[served.precision])
+    cfg, n = served.search, args.clients
+    sources = [np.asarray(ids, dtype=np.int64) for ids in translator.vocab.encode(lines)]
+    models = Models.one(served)
+    batcher = models.batcher(config.max_wait_ms / 1000, config.max_queue)
+    key = key_of(models.default, served.search)
+    batches: list[tuple[int, float]] = []  # (sentences, seconds searching) of each batch
+    batcher.on_batch = lambda key, sentences, requests, seconds: batches.append((sentences, seconds))
+    steps = [0]
+    run = batcher.run
+
+    def counted(key: Any, items: list[Any], still_wanted: Callable[[], list[bool]]) -> Steps[list[Any]]:
+        search = run(key, items, still_wanted)
+        while True:
+            try:
+                next(search)
+            except StopIteration as stop:
+                return stop.value
+            steps[0] += 1
+            yield
+
+    batcher.run = counted
+    batcher.start()
+    batcher.ready.wait()
+
+    def sorted_batches() -> None:
+        with torch.inference_mode():
+            translate(translator, sources, cfg, served.max_tokens, n)
+
+    def arrival_batches() -> None:
+        with torch.inference_mode():
+            for i in range(0, len(sources), n):
+                translate(translator, sources[i : i + n], cfg, served.max_tokens)
+
+    def through_batcher() -> None:
+        prepared = [served.prepare([line]) for line in lines]  # the event loop's work, not timed
+        todo = iter(range(len(lines)))
+        lock = threading.Lock()
+
+        def client() -> None:
+            while True:
+                with lock:
+                    i = next(todo, None)
+                if i is None:
+                    return
+                s = prepared[i]
+                batcher.submit(key, s, [served.length(x) for x in s]).result()
+
+        threads = [threading.Thread(target=client) for _ in range(n)]
+        t = time.perf_counter()
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        return time.perf_counter() - t
+
+    sorted_batches()  # warm-up of the main thread's translator
+    rates: dict[str, list[float]] = collections.defaultdict(list)
+    shares, means, per_batch = [], [], []
+    for _ in range(args.rounds):
+        for name, work in ((f"sorted {n}", sorted_batches), (f"arrival {n}", arrival_batches)):
+            t = time.perf_counter()
+            work()
+            rates[name].append(len(lines) / (time.perf_counter() - t))
+        batches.clear()
+        steps[0] = 0
+        took = through_batcher()
+        rates["batcher"].append(len(lines) / took)
+        means.append(sum(b for b, _ in batches) / len(batches))
+        shares.append(100 * sum(s for _, s in batches) / took)
+        per_batch.append(steps[0] / len(batches))
+    batcher.stop()
+    print(f"{n} clients ({len(lines)} sentences, {args.rounds} rounds alternated), sentences/s:")
+    for name, ms in [*rates.items(), ("mean batch", means), ("searching %", shares), ("steps/batch", per_batch)]:
+        print(f"  {name:>18}  " + "  ".join(f"{x:7.1f}" for x in ms) + f"   median {statistics.median(ms):7.1f}")
+
+
+async def call_app(app: Any, body: bytes) -> None:
+    """One POST /translate through the ASGI app; the client stays connected until the answer is sent."""
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": "/translate",
+        "raw_path": b"/translate",
+        "query_string": b"",
+        "root_path": "",
+        "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
+        "client": ("127.0.0.1", 5000),
+        "server": ("127.0.0.1", 8000),
+    }
+    answered = asyncio.Event()
+    bodies = [{"type": "http.request", "body": body, "more_body": False}]
+
+    async def receive() -> dict:
+        if bodies:
+            return bodies.pop()
+        await answered.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict) -> None:
+        if message["type"] == "http.response.body" and not message.get("more_body"):
+            answered.set()
+
+    await app(scope, receive, send)
+
+
+def event_loop(args: argparse.Namespace, lines: list[str]) -> None:
+    """--event-loop: CPU ms per request of the app with an instant worker, 32 requests at once, and a profile."""
+    served = ServedModel(ServeConfig(path=str(args.path), device=args.device), {"beam": args.beam})
+    app = make_app(served, 0.0, 1 << 20, Limits(max_request_sentences=100, timeout=60.0))
+    batcher = app.state.server.batcher
+
+    def instant(key: Any, items: list[Any], still_wanted: Callable[[], list[bool]]) -> Steps[list[Any]]:
+        yield
+        return [{"text": "ein Hund", "score": -1.0} for _ in items]
+
+    batcher.run, batcher.warm_up = instant, None
+    bodies = [json.dumps({"text": line}).encode() for line in lines]
+
+    async def load() -> None:
+        for i in range(0, len(bodies), 32):
+            await asyncio.gather(*(call_app(app, body) for body in bodies[i : i + 32]))
+
+    async def measure() -> None:
+        async with app.router.lifespan_context(app):
+            await load()  # warm-up
+            ms = []
+            for _ in range(args.rounds):
+                t = time.thread_time()
+                await load()
+                ms.append((time.thread_time() - t) / len(bodies) * 1000)
+            print(f"event loop, {len(bodies)} requests 32 at a time, CPU ms per request:")
+            print("  " + "  ".join(f"{x:7.3f}" for x in ms) + f"   median {statistics.median(ms):7.3f}")
+            profile = cProfile.Profile()
+            profile.enable()
+            await load()
+            profile.disable()
+            pstats.Stats(profile).sort_stats("cumulative").print_stats(r"nmt_cli|starlette", 30)
+
+    asyncio.run(measure())
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--path", type=Path, required=True)
@@ -84,10 +259,18 @@ def main() -> None:
     ap.add_argument("--beam", type=int, default=4)
     ap.add_argument("--single", type=int, default=50, help="Sentences searched one at a time.")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--clients", type=int, default=0, help="Also N client threads on the Batcher (0: not).")
+    ap.add_argument("--sentences", type=int, default=500, help="Sentences sent by the --clients.")
+    ap.add_argument("--event-loop", action="store_true", help="Only the event loop's CPU time per request.")
     args = ap.parse_args()
     set_threads(args.threads)
     lines = args.input.read_text(encoding="utf-8").splitlines()
+    if args.event_loop:
+        event_loop(args, lines[: args.sentences])
+        return
     one_at_a_time(args, lines[: args.single])
+    if args.clients:
+        many_clients(args, lines[: args.sentences])
 
 
 if __name__ == "__main__":

@@ -54,7 +54,7 @@ from nmt_cli.serve.batcher import Batcher, QueueFull, Stopping
 from nmt_cli.serve.body import RequestError, json_kind, read_json
 from nmt_cli.serve.clients import ClientBusy, ClientLoad
 from nmt_cli.serve.metrics import Metrics
-from nmt_cli.serve.models import Models, key_of
+from nmt_cli.serve.models import Models, key_of, model_of
 from nmt_cli.serve.openapi import openapi_json
 from nmt_cli.serve.page import PAGE
 from nmt_cli.serve.served_model import Sentence, ServedModel, request_constraints, request_prefixes
@@ -171,15 +171,17 @@ class Server:
     async def translate(self, request: Request) -> Response:
         start = time.perf_counter()
         n_sentences = request.state.sentences = 0  # for the access log: 0 until the body is read
+        model = None  # the model the request asks for, once its body is read
         self.open_requests += 1
         try:
             body, h = await self.body(request), request.headers
             # A large body's JSON and sentencepiece encoding take long enough to stall every other request
             parsed = await run_in_threadpool(self.parse, body, h) if len(body) > OFFLOAD_BYTES else self.parse(body, h)
             n_sentences = request.state.sentences = len(parsed[0])
+            model = model_of(parsed[1])
             answer = await self.answer(request, *parsed[:3], start)
         except RequestError as e:
-            self.answered(e.status, n_sentences, time.perf_counter() - start)
+            self.answered(e.status, n_sentences, time.perf_counter() - start, model)
             self.aborted_requests += isinstance(e, Aborted)
             return error(e.status, str(e), request, e.headers)
         finally:
@@ -188,9 +190,9 @@ class Server:
         try:
             response = JSONResponse(libretranslate.shaped(parsed[3], answer, seconds))
         except ValueError as e:  # a score of inf or NaN (search settings at their extremes), which JSON lacks
-            self.answered(500, n_sentences, seconds)
+            self.answered(500, n_sentences, seconds, model)
             return error(500, f"the translation cannot be written as JSON: {e}", request)
-        self.answered(200, n_sentences, seconds)
+        self.answered(200, n_sentences, seconds, model)
         return response
 
     def check_key(self, request: Request) -> None:
@@ -215,8 +217,8 @@ class Server:
             raise RequestError(400, str(e)) from None
         return sentences, key_of(model, search), [model.served.length(s) for s in sentences], libre
 
-    def answered(self, status: int, sentences: int, seconds: float) -> None:
-        self.metrics.request(status, sentences, seconds)
+    def answered(self, status: int, sentences: int, seconds: float, model: str | None) -> None:
+        self.metrics.request(status, sentences, seconds, model)
         if self.draining:
             self.answered_in_drain[status] += 1
 
@@ -373,6 +375,6 @@ def make_app(served: ServedModel | Models, max_wait: float, max_queue: int, limi
     (Models.open), or one ServedModel."""
     models = served if isinstance(served, Models) else Models.one(served)
     batcher = models.batcher(max_wait, max_queue)
-    metrics = Metrics(lambda: batcher.queue_length)
-    batcher.on_batch = metrics.batch
+    metrics = Metrics(lambda: batcher.queue_length, [model.name for model in models])
+    batcher.on_batch = lambda key, *counts: metrics.batch(model_of(key), *counts)
     return build_app(models, batcher, metrics, limits)

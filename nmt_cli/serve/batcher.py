@@ -2,12 +2,15 @@
 
 A request (a Job) puts its sentences in the queue and gets a Future of their results, in order. The worker
 takes the oldest queued sentence and waits for company: until as many sentences are queued as the last batch
-ran plus those that waited through it (the clients it answered come back with their next ones moments later),
-or `max_tokens` padded tokens are, or `max_wait` has passed (from the sentence's arrival, or from the end of the
-last batch when that is later). A lone client is never kept waiting, and 32 clients in a loop make batches of
-32. The batch it takes holds the sentences of every request that share the oldest one's search settings (the
-job's `key`), packed by `batch_by_tokens` as `nmt generate` packs its input, and the batch holding the oldest
-sentence taken. Empty sentences cost nothing and ride along.
+answered plus those that waited through it (the clients it answered come back with their next ones moments
+later), or `max_tokens` padded tokens are, or no sentence has arrived for `max_wait` (counted from the oldest
+sentence's arrival, or from the end of the last batch when that is later). Company still arriving is waited for
+at most RETURN_SHARE of a usual batch's search time from that end: the answered clients come back one after
+another, as fast as the event loop answers and reads them, which on a few cores is slower than `max_wait` for
+32 of them, and a batch taken before they are back splits every later one. A lone client is never kept
+waiting, and 32 clients in a loop make batches of 32. The batch it takes holds the sentences of every request
+that share the oldest one's search settings (the job's `key`), packed by `batch_by_tokens` as `nmt generate`
+packs its input, and the batch holding the oldest sentence taken. Empty sentences cost nothing and ride along.
 
 A batch's search advances one decoder step per resumption (`RunBatch` returns a generator), and the worker keeps
 up to `MAX_RUNNING` batches running (`_may_start`): between two steps it takes the next batch, by the same rule
@@ -56,7 +59,7 @@ RunBatch = Callable[[Hashable, list[Any], Callable[[], list[bool]]], Generator[N
 # (key, source pieces) -> the most decoder steps a sentence may take (its longest output and EOS, known before the
 # search: a * |x| + b within the model's positions); None: unknown
 StepsBound = Callable[[Hashable, int], int]
-OnBatch = Callable[[int, int, float], None]  # (sentences, requests, seconds of its own steps) of each batch run
+OnBatch = Callable[[Hashable, int, int, float], None]  # (key, sentences, requests, seconds of its own steps)
 
 # Batches searched at once, a step of one at a time: two let the short batches pass an expensive one, and more
 # would only add memory. Each keeps to --max-batch-tokens, so the worker holds two batches' searches at most; the
@@ -70,6 +73,10 @@ RECENT = 32
 # A queued batch passes the running one at once when the running one may still take PASS_FACTOR times its most
 # steps or more: two batches of ordinary sentences (their bounds alike) do not split each other.
 PASS_FACTOR = 2
+# The answered clients coming back are waited for at most this share of the median search seconds of the last
+# RECENT batches (at least max_wait): the worker idles that long at most per batch (benchmarks/bench_serve.py's
+# mean batch and throughput, benchmarks/profile_serve.py --clients without HTTP).
+RETURN_SHARE = 0.25
 
 
 class QueueFull(Exception):
@@ -145,8 +152,10 @@ class Batcher:
         self.warm_up_error: Exception | None = None  # what it raised
         self._queue: list[Queued] = []
         self._free_since = time.monotonic()  # when the worker last finished a batch
+        self._last_arrival = 0.0  # when the newest request was queued
         self._expected = 1  # sentences worth waiting for: the last batch's and those queued at its end
         self._recent_steps: deque[int] = deque(maxlen=RECENT)  # the steps of the batches that ended last
+        self._recent_seconds: deque[float] = deque(maxlen=RECENT)  # and their own search seconds
         self._cond = threading.Condition()
         self._stopping = False
         self._thread = threading.Thread(target=self._work, name="nmt-serve-worker", daemon=True)
@@ -212,6 +221,7 @@ class Batcher:
                 Queued(job, i, n, math.inf if bound is None else bound(key, n) if n else 0)
                 for i, n in enumerate(lengths)
             )
+            self._last_arrival = job.arrived
             self._cond.notify()
         return job.future
 
@@ -281,13 +291,21 @@ class Batcher:
                 # answered by that batch send their next sentences within moments, and wait for them, instead of
                 # running the few sentences that queued during it (steady small batches, one per client cohort).
                 # Once they are back (as many sentences as expected) waiting longer gains nothing.
-                left = max(first.job.arrived, self._free_since) + self.max_wait - time.monotonic()
+                left = self._wait_end(max(first.job.arrived, self._free_since)) - time.monotonic()
                 count, padded = self._size(first.job.key)
                 if self._stopping or left <= 0 or padded >= self.max_tokens or count >= self._expected:
                     return self._take(first.job.key)
                 if not wait:
                     return None
                 self._cond.wait(left)
+
+    def _wait_end(self, since: float) -> float:
+        """When waiting for company that started at `since` ends: `max_wait` after the newest arrival, while
+        they keep coming, up to RETURN_SHARE of a usual batch's search seconds (at least `max_wait`) after `since`;
+        the caller holds the lock."""
+        usual = statistics.median(self._recent_seconds) if self._recent_seconds else 0.0
+        arriving = max(since, self._last_arrival) + self.max_wait
+        return min(arriving, since + max(self.max_wait, RETURN_SHARE * usual))
 
     def _size(self, key: Hashable) -> tuple[int, int]:
         """Queued sentences searched with `key`, and their padded tokens (EOS included) batched together."""
@@ -337,19 +355,21 @@ class Batcher:
     def _answer(self, running: Running, results: list[Any]) -> None:
         """Answer a finished batch's requests; the next batch waits for the company this one expects."""
         self._recent_steps.append(running.steps)
+        self._recent_seconds.append(running.seconds)
         self._ended(running.batch)
         if self.on_batch is not None:  # counted before the answers go out: a client answered sees it
-            self.on_batch(len(running.batch), len(jobs_of(running.batch)), running.seconds)
+            self.on_batch(running.batch[0].job.key, len(running.batch), len(jobs_of(running.batch)), running.seconds)
         for q, result in zip(running.batch, results):
             q.answer(result)
 
     def _ended(self, batch: list[Queued]) -> None:
         """Counted before any answer goes out: an answered client may be back at once, and counting its next
-        sentence as well as its last made the next batch wait for one too many."""
+        sentence as well as its last made the next batch wait for one too many. The sentences of requests
+        already cancelled (timed out, client gone) are not expected back."""
         with self._cond:
             self._free_since = time.monotonic()
             self._drop_cancelled()
-            self._expected = len(batch) + len(self._queue)
+            self._expected = sum(not q.job.future.done() for q in batch) + len(self._queue)
 
 
 def jobs_of(batch: list[Queued]) -> list[Job]:

@@ -10,6 +10,7 @@ does (`request_terms`).
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
@@ -52,8 +53,12 @@ def request_terms(message: str) -> str:
     return FLAG.sub(lambda m: SEARCH_FLAGS.get(m.group(0), m.group(0)), message)
 
 
+@functools.lru_cache(maxsize=4096)
 def longest_output(search: SearchConfig, pieces: int, max_positions: int) -> int:
-    """The output length a text of `pieces` pieces may reach under `search` (a * |x| + b within the positions)."""
+    """The output length a text of `pieces` pieces may reach under `search` (a * |x| + b within the positions).
+    Asked several times per request on the event loop (caps, the batcher's steps bound), with few distinct
+    arguments: remembered, as a tensor per call costs more than the rest of a request's checks together
+    (benchmarks/profile_serve.py --event-loop)."""
     return int(max_lengths(torch.tensor([pieces]), search, max_positions)[0])
 
 

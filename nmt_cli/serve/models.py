@@ -205,3 +205,9 @@ class Models:
 def key_of(model: Model, search: SearchConfig) -> tuple[str, SearchConfig]:
     """A request's batcher key: sentences batch together only with those of its model and search settings."""
     return model.name, search
+
+
+def model_of(key: Hashable) -> str:
+    """The name of the model a batcher key (`key_of`) searches with."""
+    assert isinstance(key, tuple)
+    return key[0]

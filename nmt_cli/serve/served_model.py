@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import typing
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
@@ -34,7 +34,7 @@ from nmt_cli.search.lexical import LexicalConstraints, check_fits, check_search,
 from nmt_cli.search.prefix import encode_prefixes, prefix_problem, prefix_source
 from nmt_cli.search.settings import search_settings
 from nmt_cli.search.translate import Inference, Translator, open_for_inference, sampling_generator, translate_steps
-from nmt_cli.serve.batcher import Batcher
+from nmt_cli.serve.body import json_kind
 from nmt_cli.serve.caps import (
     Caps,
     check_outputs,
@@ -123,6 +123,8 @@ class ServedModel:
         """The server's search settings with a request's own; ConfigError or DataError names a field that does not
         fit (in the request's words: `beam`, not generate's `--beam`), or a cap it exceeds."""
         given = {name: value for name, value in fields_given.items() if name not in NOT_SEARCH_FIELDS}
+        if not given:  # the server's own settings, checked against the caps and the memory when it started
+            return self.search
         overrides = {name: search_field_value(name, value) for name, value in given.items()}
         try:
             check_request(replace(self.search, **overrides), self.caps)  # the caps first: they say the most
@@ -264,18 +266,6 @@ class ServedModel:
             return answers
         return [answer if wanted else None for answer, wanted in zip(answers, still_wanted())]
 
-    def batcher(self, max_wait: float, max_queue: int) -> Batcher:
-        """The batcher (not started) whose worker searches with this model: the server's, or a benchmark's."""
-        return Batcher(
-            self.run,
-            max_tokens=self.max_tokens,
-            max_wait=max_wait,
-            max_queue=max_queue,
-            worker_context=self.worker_context,
-            warm_up=self.warm_up,
-            steps_bound=lambda search, pieces: self.steps_bound(typing.cast(SearchConfig, search), pieces),
-        )
-
     def steps_bound(self, search: SearchConfig, pieces: int) -> int:
         """The most decoder steps a sentence of `pieces` pieces may take: its longest output and EOS."""
         return longest_output(search, pieces, self.max_positions) + 1
@@ -302,21 +292,39 @@ class ServedModel:
 
 
 def request_constraints(payload: dict[str, Any], n_texts: int) -> list[list[str]] | None:
-    """A /translate body's `constraints`, one list of target phrases per text (None without the field): with "text"
-    a list of strings, with "texts" a list of such lists, one per text. DataError names the field."""
-    if "constraints" not in payload:
+    """A /translate body's `constraints`, one list of target phrases per text (None without the field)."""
+    return per_text(payload, "constraints", n_texts, ("a list of strings", "lists of strings"), is_phrase_list)
+
+
+def request_prefixes(payload: dict[str, Any], n_texts: int) -> list[str] | None:
+    """A /translate body's `prefix`, one string per text ("" for none; None without the field)."""
+    return per_text(payload, "prefix", n_texts, ("a string", "strings"), lambda value: isinstance(value, str))
+
+
+def per_text(
+    payload: dict[str, Any], name: str, n_texts: int, kind: tuple[str, str], fits: Callable[[Any], bool]
+) -> list[Any] | None:
+    """A body's field that gives one value per text: the value beside "text", a list of `n_texts` values beside
+    "texts" (None without the field); each value must `fit` (`kind`: what it is, one and several). DataError
+    names the field."""
+    if name not in payload:
         return None
-    value = payload["constraints"]
+    value = payload[name]
     if "text" in payload:
-        value = [value]
-        if not isinstance(value[0], list):
-            raise DataError(f"'constraints' must be a list of strings with 'text', not {value[0]!r}")
-    elif not isinstance(value, list) or len(value) != n_texts:
-        raise DataError(f"'constraints' must be a list of {n_texts} lists of strings, one per text, not {value!r}")
-    for i, phrases in enumerate(value):
-        if not isinstance(phrases, list) or not all(isinstance(p, str) for p in phrases):
-            raise DataError(f"'constraints'[{i}] must be a list of strings, not {phrases!r}")
+        if not fits(value):
+            raise DataError(f"'{name}' must be {kind[0]} beside 'text', not {json_kind(value)}")
+        return [value]
+    if not isinstance(value, list) or len(value) != n_texts:
+        raise DataError(f"'{name}' must be a list of {n_texts} {kind[1]} beside 'texts', one per text")
+    for i, one in enumerate(value):
+        if not fits(one):
+            raise DataError(f"'{name}'[{i}] must be {kind[0]}, not {json_kind(one)}")
     return value
+
+
+def is_phrase_list(value: Any) -> bool:
+    """A text's constraints: a list of strings."""
+    return isinstance(value, list) and all(isinstance(phrase, str) for phrase in value)
 
 
 def search_field_value(name: str, value: Any) -> Any:
@@ -346,21 +354,6 @@ def ensemble_of(inference: Inference) -> dict[str, Any]:
             for m, w in members
         ]
     }
-
-
-def request_prefixes(payload: dict[str, Any], n_texts: int) -> list[str] | None:
-    """A request's `prefix`, one per text: a string beside "text", a list of strings as long as "texts" beside it;
-    None when not given. DataError names the field."""
-    if "prefix" not in payload:
-        return None
-    prefix = payload["prefix"]
-    if "text" in payload:
-        if not isinstance(prefix, str):
-            raise DataError(f"'prefix' must be a string beside 'text', not {type(prefix).__name__}")
-        return [prefix]
-    if not isinstance(prefix, list) or len(prefix) != n_texts or not all(isinstance(p, str) for p in prefix):
-        raise DataError(f"'prefix' must be a list of {n_texts} strings beside 'texts', one per text ('' for none)")
-    return prefix
 
 
 def updates_of(saved: SavedModel) -> dict[str, Any]:

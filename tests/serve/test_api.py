@@ -49,8 +49,10 @@ def test_concurrent_requests_are_batched_together_and_each_gets_its_own(trained_
     assert [a["translations"][0]["text"] for a in answers] == expected
     buckets = dict(line.rsplit(" ", 1) for line in metrics.splitlines() if line.startswith("nmt_batch_requests_bucket"))
     # some batch held sentences of more than one request: fewer batches held one request than there were
-    assert int(buckets['nmt_batch_requests_bucket{le="1"}']) < int(buckets['nmt_batch_requests_bucket{le="+Inf"}'])
-    assert f"nmt_sentences_total {len(SENTENCES)}" in metrics
+    assert int(buckets['nmt_batch_requests_bucket{model="src-tgt",le="1"}']) < int(
+        buckets['nmt_batch_requests_bucket{model="src-tgt",le="+Inf"}']
+    )
+    assert f'nmt_sentences_total{{model="src-tgt"}} {len(SENTENCES)}' in metrics
     assert f'nmt_requests_total{{code="200"}} {len(SENTENCES)}' in metrics
 
 
@@ -67,7 +69,7 @@ def test_health_ready_info_metrics_and_the_page(tiny_checkpoint):
     assert metrics.headers["content-type"].startswith("text/plain; version=0.0.4")
     for name in ("nmt_requests_total", "nmt_queue_sentences", "nmt_batch_sentences", "nmt_request_seconds"):
         assert f"# TYPE {name} " in metrics.text
-    assert 'nmt_request_seconds{quantile="0.99"}' in metrics.text
+    assert 'nmt_request_seconds{model="src-tgt",quantile="0.99"}' in metrics.text
     assert page.status_code == 200 and 'id="translate"' in page.text and 'id="source"' in page.text
 
 

@@ -375,3 +375,54 @@ def test_a_batch_that_may_end_sooner_starts_at_once_and_runs_first():
     assert run.trace[first_short : first_short + 3] == ["short"] * 3  # ran first, without a long step between
     # started at once (the long batch at its 2nd or 3rd step), not once it had run past twice the usual 2 steps
     assert run.trace.index("short") <= 5
+
+
+def test_clients_coming_back_one_after_another_past_max_wait_still_batch_together():
+    """The clients a batch answered come back one after another (on a few cores the event loop answers and reads
+    them in turn); while they keep coming within max_wait of each other they are waited for, up to a share of a
+    usual batch's time, instead of the first of them running as a batch of their own and splitting the next."""
+    run = Recorder(delay=1.0)  # a batch's search: 1 s, so they may be waited for up to 0.25 s
+    batcher = Batcher(run, max_tokens=1000, max_wait=0.1, max_queue=100)
+    first = [submit(batcher, "cfg", [c + "1"]) for c in "wxyz"]
+    batcher.start()
+    assert [f.result(timeout=10) for f in first] == [["cfg:w1"], ["cfg:x1"], ["cfg:y1"], ["cfg:z1"]]
+    second = []
+    for c in "wxyz":  # 0.15 s from the first to the last: past max_wait
+        second.append(submit(batcher, "cfg", [c + "2"]))
+        time.sleep(0.05)
+    assert [f.result(timeout=10) for f in second] == [["cfg:w2"], ["cfg:x2"], ["cfg:y2"], ["cfg:z2"]]
+    batcher.stop(timeout=10)
+    assert [items for _, items in run.batches] == [["w1", "x1", "y1", "z1"], ["w2", "x2", "y2", "z2"]]
+
+
+def test_company_is_waited_for_no_longer_than_a_share_of_a_usual_batch():
+    """A client that keeps sending while the others do not come back does not hold the batch beyond the bound:
+    the oldest of its sentences runs within a quarter of a usual batch's time after the last batch's end."""
+    run = Recorder(delay=0.4)  # waited for up to 0.1 s
+    batcher = Batcher(run, max_tokens=1000, max_wait=0.08, max_queue=100)
+    first = [submit(batcher, "cfg", [c + "1"]) for c in "xyz"]  # three clients; only x comes back, often
+    batcher.start()
+    assert [f.result(timeout=10) for f in first] == [["cfg:x1"], ["cfg:y1"], ["cfg:z1"]]
+    again = submit(batcher, "cfg", ["x2"])
+    for i in range(6):  # another sentence every 0.05 s for 0.3 s: the wait ends at its bound, not with them
+        time.sleep(0.05)
+        submit(batcher, "cfg", [f"x{i + 3}"])
+    assert again.result(timeout=10) == ["cfg:x2"]
+    batcher.stop(timeout=10)
+    assert len(run.batches[1][1]) < 5, run.batches  # 0.1 s of sentences arriving every 0.05 s, not all six
+
+
+def test_the_sentences_of_a_cancelled_request_are_not_waited_for():
+    """A request that timed out while its batch ran does not come back at once: the next batch does not wait for
+    it (before, its sentences counted as company the next batch waited max_wait for)."""
+    run = Recorder(delay=0.05, steps=lambda key: 4)
+    batcher = Batcher(run, max_tokens=1000, max_wait=2.0, max_queue=100)
+    timed_out, answered = submit(batcher, "cfg", ["t1"]), submit(batcher, "cfg", ["a1"])
+    batcher.start()
+    time.sleep(0.1)  # their batch runs 0.25 s
+    timed_out.cancel()
+    assert answered.result(timeout=10) == ["cfg:a1"]
+    start = time.monotonic()
+    assert submit(batcher, "cfg", ["a2"]).result(timeout=10) == ["cfg:a2"]
+    assert time.monotonic() - start < 1.0  # not max_wait (2 s)
+    batcher.stop(timeout=10)

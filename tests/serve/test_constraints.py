@@ -32,10 +32,10 @@ def test_constraints_are_met_as_generate_meets_them(tiny_checkpoint, tmp_path):
 @pytest.mark.parametrize(
     ("body", "message"),
     [
-        ({"text": "1 2", "constraints": "9"}, "'constraints' must be a list of strings with 'text'"),
-        ({"text": "1 2", "constraints": [["9"]]}, "'constraints'[0] must be a list of strings"),
-        ({"texts": ["1 2", "3"], "constraints": [["9"]]}, "'constraints' must be a list of 2 lists of strings"),
-        ({"texts": ["1 2"], "constraints": ["9"]}, "'constraints'[0] must be a list of strings"),
+        ({"text": "1 2", "constraints": "9"}, "'constraints' must be a list of strings beside 'text', not a string"),
+        ({"text": "1 2", "constraints": [["9"]]}, "'constraints' must be a list of strings beside 'text', not an"),
+        ({"texts": ["1 2", "3"], "constraints": [["9"]]}, "'constraints' must be a list of 2 lists of strings beside"),
+        ({"texts": ["1 2"], "constraints": ["9"]}, "'constraints'[0] must be a list of strings, not a string"),
         ({"text": "1 2", "constraints": [""]}, "constraints[0]: constraint 1 is empty"),
         ({"text": "1 2", "constraints": ["1 2 3 4 5 6"], "max_len_a": 0, "max_len_b": 3}, "constraints[0]: the"),
         ({"text": "1 2", "constraints": ["9"], "sampling": True, "beam": 1}, "constraints needs beam search"),

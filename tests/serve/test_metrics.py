@@ -1,21 +1,61 @@
 """`GET /metrics`' text: counters and sums written exactly, so that a long-running server's totals keep moving."""
 
+import re
+
 from nmt_cli.serve.metrics import Metrics, number
 
 
 def test_counters_and_sums_are_written_exactly_past_a_million():
-    metrics = Metrics(lambda: 0)
-    metrics.batch(1_200_000, 3, 1_000_000.125)
-    metrics.batch(7, 1, 0.000123456789)
-    metrics.request(200, 1_200_007, 1234567.891)
-    metrics.request(499, 0, 0.5)
-    lines = dict(line.rsplit(" ", 1) for line in metrics.text().splitlines() if not line.startswith("#"))
-    assert lines["nmt_sentences_total"] == "1200007"
-    assert lines["nmt_batch_sentences_sum"] == "1200007"  # was 1.20001e+06: the sum stopped moving
-    assert lines["nmt_batch_requests_sum"] == "4"
-    assert float(lines["nmt_batch_seconds_total"]) == 1_000_000.125 + 0.000123456789
-    assert lines["nmt_request_seconds_sum"] == "1234567.891"
-    assert lines['nmt_requests_total{code="499"}'] == "1" and lines["nmt_request_seconds_count"] == "1"
+    metrics = Metrics(lambda: 0, ["en-de"])
+    metrics.batch("en-de", 1_200_000, 3, 1_000_000.125)
+    metrics.batch("en-de", 7, 1, 0.000123456789)
+    metrics.request(200, 1_200_007, 1234567.891, "en-de")
+    metrics.request(499, 0, 0.5, "en-de")
+    lines = samples(metrics.text())
+    assert lines['nmt_sentences_total{model="en-de"}'] == "1200007"
+    assert lines['nmt_batch_sentences_sum{model="en-de"}'] == "1200007"  # was 1.20001e+06: the sum stopped moving
+    assert lines['nmt_batch_requests_sum{model="en-de"}'] == "4"
+    assert float(lines['nmt_batch_seconds_total{model="en-de"}']) == 1_000_000.125 + 0.000123456789
+    assert lines['nmt_request_seconds_sum{model="en-de"}'] == "1234567.891"
+    assert lines['nmt_requests_total{code="499"}'] == "1" and lines['nmt_request_seconds_count{model="en-de"}'] == "1"
+
+
+def test_each_model_has_its_own_series():
+    """Several models served: every per-model series is labelled model="NAME", each counts its own batches and
+    requests, a model not yet asked for shows zeros, and a request whose body named no model (a 400) counts only
+    under its status."""
+    metrics = Metrics(lambda: 3, ["en-de", "de-en", 'odd"name'])
+    metrics.batch("en-de", 5, 2, 0.5)
+    metrics.batch("de-en", 1, 1, 0.25)
+    metrics.request(200, 3, 0.2, "en-de")
+    metrics.request(200, 2, 0.4, "en-de")
+    metrics.request(200, 1, 0.1, "de-en")
+    metrics.request(400, 0, 0.01, None)
+    text = metrics.text()
+    lines = samples(text)
+    assert lines['nmt_sentences_total{model="en-de"}'] == "5" and lines['nmt_sentences_total{model="de-en"}'] == "1"
+    assert lines['nmt_batch_sentences_bucket{model="en-de",le="4"}'] == "0"
+    assert lines['nmt_batch_sentences_bucket{model="en-de",le="8"}'] == "1"
+    assert lines['nmt_batch_sentences_count{model="de-en"}'] == "1"
+    assert lines['nmt_batch_seconds_total{model="de-en"}'] == "0.25"
+    assert lines['nmt_request_seconds{model="en-de",quantile="0.99"}'] == "0.4"
+    assert lines['nmt_request_seconds_count{model="de-en"}'] == "1"
+    assert lines['nmt_sentences_total{model="odd\\"name"}'] == "0"  # quoted as the text format escapes it
+    assert lines['nmt_request_seconds{model="odd\\"name",quantile="0.5"}'] == "NaN"
+    assert lines['nmt_requests_total{code="200"}'] == "3" and lines['nmt_requests_total{code="400"}'] == "1"
+    assert lines["nmt_queue_sentences"] == "3"
+    assert all(PROMETHEUS_LINE.fullmatch(line) for line in text.splitlines()), text
+
+
+# A line of Prometheus' text format: a comment (HELP, TYPE), or a sample: name, optional labels, value
+PROMETHEUS_LINE = re.compile(
+    r'# (HELP|TYPE) [a-z_]+ .+|[a-z_]+(\{[a-z_]+="([^"\\]|\\.)*"(,[a-z_]+="([^"\\]|\\.)*")*\})? [^ ]+'
+)
+
+
+def samples(text):
+    """A Prometheus text's samples: {name with its labels: value}."""
+    return dict(line.rsplit(" ", 1) for line in text.splitlines() if not line.startswith("#"))
 
 
 def test_sample_values_as_prometheus_spells_them():

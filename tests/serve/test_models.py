@@ -43,7 +43,15 @@ def test_each_request_is_answered_by_its_model_as_generate_answers(trained_copy_
         ]
         unknown = client.post("/translate", json={"text": "1", "model": "fr-en"})
         not_a_name = client.post("/translate", json={"text": "1", "model": 3})
+        metrics = client.get("/metrics").text
     assert unknown.status_code == not_a_name.status_code == 400
+    # /metrics counts each model's own: its sentences, batches and answered requests
+    n = len(SENTENCES)
+    for name, requests in (("src-tgt", 2), ("de-en", 1), ("other", 1)):
+        assert f'nmt_sentences_total{{model="{name}"}} {requests * n}' in metrics, metrics
+        assert f'nmt_batch_sentences_sum{{model="{name}"}} {requests * n}' in metrics, metrics
+        assert f'nmt_request_seconds_count{{model="{name}"}} {requests}' in metrics, metrics
+    assert 'nmt_requests_total{code="400"} 2' in metrics
     assert unknown.json()["error"] == "\"model\" is 'fr-en'; this server serves 'src-tgt', 'de-en', 'other'"
     assert not_a_name.json()["error"].startswith('"model" is 3; this server serves')
 

@@ -35,9 +35,10 @@ def test_prefixes_answer_what_generate_writes(tiny_checkpoint, tmp_path):
 @pytest.mark.parametrize(
     "body, said",
     [
-        ({"text": "1 2", "prefix": ["1"]}, "'prefix' must be a string beside 'text', not list"),
+        ({"text": "1 2", "prefix": ["1"]}, "'prefix' must be a string beside 'text', not an array"),
         ({"texts": ["1 2", "3"], "prefix": ["1"]}, "'prefix' must be a list of 2 strings beside 'texts'"),
         ({"texts": ["1 2"], "prefix": "1"}, "'prefix' must be a list of 1 strings beside 'texts'"),
+        ({"texts": ["1 2"], "prefix": [3]}, "'prefix'[0] must be a string, not a number"),
         ({"texts": ["1 2", "3"], "prefix": ["", "1 2 3 4 5 6"], "max_len_b": 2}, "prefix[1]: the prefix has "),
         ({"text": "", "prefix": "1"}, "prefix[0]: the prefix is given for an empty input"),
         ({"text": "1", "prefix": "\u25811 \u25812"}, "prefix[0]: the prefix holds sentencepiece pieces"),
