@@ -11,6 +11,7 @@ To see the attention weights of a teacher-forced pass, pass an `AttentionWeights
 from __future__ import annotations
 
 import math
+from collections.abc import Generator
 from dataclasses import dataclass, field
 from functools import partial
 
@@ -131,10 +132,23 @@ class Transformer(nn.Module):
         self, src_tokens: Tensor, src_pad_mask: Tensor | None, weights: AttentionWeights | None = None
     ) -> EncoderOut:
         """src_tokens: [B, S] -> memory [B, S, D]. weights: records each layer's self-attention."""
+        steps = self.encode_steps(src_tokens, src_pad_mask, weights)
+        while True:
+            try:
+                next(steps)
+            except StopIteration as stop:
+                return stop.value
+
+    def encode_steps(
+        self, src_tokens: Tensor, src_pad_mask: Tensor | None, weights: AttentionWeights | None = None
+    ) -> Generator[None, None, EncoderOut]:
+        """`encode` one layer per resumption, returning its output: a caller that interleaves other work with an
+        expensive batch's encoder (a batch of long sentences) pauses it between layers."""
         mask = attention_mask(src_pad_mask)
         x = self.src_embed(src_tokens)
         for layer in self.encoder:
             x = layer(x, mask, None if weights is None else weights.encoder)
+            yield
         return EncoderOut(self.encoder_norm(x), src_pad_mask)
 
     def decode(self, tgt_in: Tensor, enc: EncoderOut, weights: AttentionWeights | None = None) -> Tensor:

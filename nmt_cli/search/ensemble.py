@@ -11,7 +11,7 @@ Shapes: B sentences, N rows (sentences times beams), V vocabulary.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Generator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -88,6 +88,15 @@ class Ensemble:
     def encode(self, src_tokens: Tensor, src_pad_mask: Tensor | None) -> EnsembleEncoderOut:
         """src_tokens: [B, S] -> each member's memory."""
         return EnsembleEncoderOut([m.encode(src_tokens, src_pad_mask) for m in self.members])
+
+    def encode_steps(
+        self, src_tokens: Tensor, src_pad_mask: Tensor | None
+    ) -> Generator[None, None, EnsembleEncoderOut]:
+        """`encode` one member's layer per resumption (Transformer.encode_steps), returning every member's memory."""
+        memories = []
+        for member in self.members:
+            memories.append((yield from member.encode_steps(src_tokens, src_pad_mask)))
+        return EnsembleEncoderOut(memories)
 
     def init_cache(self, enc: EnsembleEncoderOut, beam: int) -> EnsembleCache:
         return EnsembleCache([m.init_cache(e, beam) for m, e in zip(self.members, enc.members)])

@@ -203,7 +203,9 @@ def batch_steps(
     if constraints is not None:
         batch_ids = np.arange(n) if ids is None else ids
         rules["constraint"], rules["n_leaves"] = constraints.for_batch(src, src_lens, batch_ids)
-    enc = translator.model.encode(src, None if no_padding else src.eq(PAD))
+    # A layer of the encoder per resumption: serve's worker runs another batch's steps between the layers of a
+    # batch of long sentences instead of waiting for its whole encoder.
+    enc = yield from translator.model.encode_steps(src, None if no_padding else src.eq(PAD))
     if cfg.sampling or cfg.beam == 1:
         if cfg.nbest > 1:  # independent samples: repeat each sentence nbest times
             rep = torch.arange(n).repeat_interleave(cfg.nbest)

@@ -153,6 +153,7 @@ class Batcher:
         self._queue: list[Queued] = []
         self._free_since = time.monotonic()  # when the worker last finished a batch
         self._last_arrival = 0.0  # when the newest request was queued
+        self._last_key: Hashable = None  # the search settings of the batch that ended last
         self._expected = 1  # sentences worth waiting for: the last batch's and those queued at its end
         self._recent_steps: deque[int] = deque(maxlen=RECENT)  # the steps of the batches that ended last
         self._recent_seconds: deque[float] = deque(maxlen=RECENT)  # and their own search seconds
@@ -291,7 +292,12 @@ class Batcher:
                 # answered by that batch send their next sentences within moments, and wait for them, instead of
                 # running the few sentences that queued during it (steady small batches, one per client cohort).
                 # Once they are back (as many sentences as expected) waiting longer gains nothing.
-                left = self._wait_end(max(first.job.arrived, self._free_since)) - time.monotonic()
+                # Past max_wait only an idle worker waits, and for the last batch's settings: beside a running batch
+                # the wait is that batch's next step, and another request (an expensive one) would start just as
+                # the answered clients are back.
+                since = max(first.job.arrived, self._free_since)
+                returning = wait and first.job.key == self._last_key
+                left = (self._wait_end(since) if returning else since + self.max_wait) - time.monotonic()
                 count, padded = self._size(first.job.key)
                 if self._stopping or left <= 0 or padded >= self.max_tokens or count >= self._expected:
                     return self._take(first.job.key)
@@ -368,6 +374,7 @@ class Batcher:
         already cancelled (timed out, client gone) are not expected back."""
         with self._cond:
             self._free_since = time.monotonic()
+            self._last_key = batch[0].job.key
             self._drop_cancelled()
             self._expected = sum(not q.job.future.done() for q in batch) + len(self._queue)
 

@@ -48,3 +48,22 @@ def test_two_searches_resumed_in_turn_get_what_each_gets_alone(tiny_model, toy_d
     assert together == alone
     assert min(steps) > 1  # both ran step by step, interleaved
     assert alone[0] != translate(bf16, SOURCES, cfg, 1000)  # the precision shows in the hypotheses
+
+
+def test_the_encoder_runs_a_layer_per_resumption(tiny_model, toy_data_bin):
+    """A batch of long sentences does not hold the worker for its whole encoder: the search pauses after each
+    encoder layer before its first decoder step, and the layers' output is `encode`'s."""
+    vocab = load_vocab(toy_data_bin)
+    translator = Translator(tiny_model, vocab, torch.device("cpu"))
+    cfg = SearchConfig(beam=2, min_len=3, max_len_a=0, max_len_b=3)  # exactly 3 tokens and EOS: 4 decoder steps
+    results, steps = in_turn(translate_steps(translator, SOURCES, cfg, 1000))
+    assert results == [translate(translator, SOURCES, cfg, 1000)]
+    assert steps == [len(tiny_model.encoder) + 3]  # a pause after each layer and each step but the last
+    src = torch.tensor([[5, 6, 7, 2], [8, 9, 2, 1]])
+    with torch.inference_mode():
+        layered = tiny_model.encode_steps(src, src.eq(1))
+        for _ in tiny_model.encoder:
+            next(layered)
+        with pytest.raises(StopIteration) as stop:
+            next(layered)
+        assert torch.equal(stop.value.value.memory, tiny_model.encode(src, src.eq(1)).memory)
