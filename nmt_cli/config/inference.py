@@ -162,7 +162,12 @@ class ServeConfig(InferenceConfig):
     port: int = flag(8080, "Port to listen on (0: a free one, logged at start).", min=0, max=65535)
     threads: int = flag(0, "CPU threads of the search (0: every core this process may use, its CPU affinity's).", min=0)
     max_batch_tokens: int = flag(8000, "Padded source tokens per batch, as generate's --max-tokens.", min=1)
-    max_wait_ms: float = flag(25.0, "How long a sentence waits for others to batch with.", min=0)
+    max_wait_ms: float = flag(
+        25.0,
+        "How long a sentence waits for others to batch with; while the clients just answered keep coming back, an "
+        "idle worker waits on, up to a quarter of a usual batch's search time.",
+        min=0,
+    )
     max_request_sentences: int = flag(256, "Sentences one request may hold.", min=1)
     max_queue: int = flag(4096, "Sentences waiting at most; a request that would exceed it gets 503.", min=1)
     timeout: float = flag(60.0, "Seconds a request may take before it gets 504.", min=0, min_open=True)
