@@ -371,12 +371,12 @@ class Batcher:
     def _ended(self, batch: list[Queued]) -> None:
         """Counted before any answer goes out: an answered client may be back at once, and counting its next
         sentence as well as its last made the next batch wait for one too many. The sentences of requests
-        already cancelled (timed out, client gone) are not expected back."""
+        cancelled (timed out, client gone) are not expected back; a batch of only those leaves the expectation."""
         with self._cond:
             self._free_since = time.monotonic()
-            self._last_key = batch[0].job.key
             self._drop_cancelled()
-            self._expected = sum(not q.job.future.done() for q in batch) + len(self._queue)
+            if wanted := sum(not q.job.future.done() for q in batch):
+                self._last_key, self._expected = batch[0].job.key, wanted + len(self._queue)
 
 
 def jobs_of(batch: list[Queued]) -> list[Job]:
