@@ -426,3 +426,19 @@ def test_the_sentences_of_a_cancelled_request_are_not_waited_for():
     assert submit(batcher, "cfg", ["a2"]).result(timeout=10) == ["cfg:a2"]
     assert time.monotonic() - start < 1.0  # not max_wait (2 s)
     batcher.stop(timeout=10)
+
+
+def test_a_batch_nobody_waits_for_leaves_the_company_the_next_batch_waits_for():
+    """Two batches ran side by side: the one answered expects its 20 clients back; the other, whose requests all
+    went away (timed out, client gone), ends after it and must not make the next request start alone."""
+    from nmt_cli.serve.batcher import Job, Queued
+
+    batcher = Batcher(Recorder(), max_tokens=1000, max_wait=0.05, max_queue=100)
+    answered, gone = Job("cfg", ["a"] * 20), Job("cfg", ["b"] * 20)
+    gone.future.cancel()
+    batcher._ended([Queued(answered, i, 1) for i in range(20)])
+    assert batcher._expected == 20
+    batcher._ended([Queued(gone, i, 1) for i in range(20)])
+    assert batcher._expected == 20
+    batcher._ended([Queued(Job("cfg", ["c"] * 3), i, 1) for i in range(3)])  # a batch answered sets it anew
+    assert batcher._expected == 3
