@@ -14,7 +14,7 @@ from nmt_cli.config import SearchConfig
 from nmt_cli.errors import DataError
 from nmt_cli.search.constraint import ConstraintSource
 from nmt_cli.search.lexical import LexicalConstraints, check_fits, encode_phrases
-from nmt_cli.search.prefix import encode_prefixes, prefix_problem, prefix_source
+from nmt_cli.search.prefix import checked_prefixes, prefix_source
 from nmt_cli.search.translate import Translator
 
 # What each file gives for one input line, as its errors say it.
@@ -81,11 +81,10 @@ def prefixes_for(
         DataError: the file ends first, or a prefix cannot begin its line's output (`FILE:LINE: ...`).
     """
     texts, where = lines.next_lines(len(sources))
-    prefixes = encode_prefixes(translator.vocab, texts)
-    for prefix, source, name in zip(prefixes, sources, where):
-        if problem := prefix_problem(prefix, len(source), search, translator.model.max_positions):
-            raise DataError(f"{name}: the prefix {problem}")
-    return prefix_source(prefixes)
+    src_lens = [len(s) for s in sources]
+    return prefix_source(
+        checked_prefixes(translator.vocab, texts, src_lens, search, translator.model.max_positions, where)
+    )
 
 
 def constraints_for(

@@ -124,8 +124,25 @@ def checked_prefix_source(
     """
     if len(texts) != len(sources):
         raise DataError(f"{len(texts)} prefixes for {len(sources)} sources; give one (or '') per source")
+    where = [f"prefix {i}" for i in range(len(texts))]
+    return prefix_source(checked_prefixes(vocab, texts, [len(s) for s in sources], cfg, max_positions, where))
+
+
+def checked_prefixes(
+    vocab: Vocab,
+    texts: Sequence[str],
+    src_lens: Sequence[int],
+    cfg: SearchConfig,
+    max_positions: int,
+    where: Sequence[str],
+) -> list[np.ndarray]:
+    """Each text's pieces (`encode_prefixes`), checked to begin the output of a source of src_lens[i] pieces.
+
+    Raises:
+        DataError: `WHERE: the prefix ...` (where[i]) for a prefix that cannot (`prefix_problem`).
+    """
     prefixes = encode_prefixes(vocab, texts)
-    for i, (prefix, source) in enumerate(zip(prefixes, sources)):
-        if problem := prefix_problem(prefix, len(source), cfg, max_positions):
-            raise DataError(f"prefix {i}: the prefix {problem}")
-    return prefix_source(prefixes)
+    for prefix, n, name in zip(prefixes, src_lens, where):
+        if problem := prefix_problem(prefix, n, cfg, max_positions):
+            raise DataError(f"{name}: the prefix {problem}")
+    return prefixes

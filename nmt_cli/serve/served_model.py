@@ -31,7 +31,7 @@ from nmt_cli.search.constraint import all_of
 from nmt_cli.search.forced import add_alignments, alignment_layer
 from nmt_cli.search.hypothesis import Hypothesis, hypothesis_record
 from nmt_cli.search.lexical import LexicalConstraints, check_fits, check_search, encode_phrases
-from nmt_cli.search.prefix import encode_prefixes, prefix_problem, prefix_source
+from nmt_cli.search.prefix import checked_prefixes, prefix_source
 from nmt_cli.search.settings import search_settings
 from nmt_cli.search.translate import Inference, Translator, open_for_inference, sampling_generator, translate_steps
 from nmt_cli.serve.body import json_kind
@@ -200,10 +200,9 @@ class ServedModel:
                 raise DataError(f"prefix[{i}]: the prefix holds a line break; give one line per text")
             if problem := raw_text_problem(text):
                 raise DataError(f"prefix[{i}]: the prefix {problem}")
-        encoded = encode_prefixes(self.vocab, prefixes)
-        for i, (sentence, ids) in enumerate(zip(sentences, encoded)):
-            if problem := prefix_problem(ids, sentence.pieces, search, self.max_positions):
-                raise DataError(f"prefix[{i}]: the prefix {problem}")
+        where = [f"prefix[{i}]" for i in range(len(prefixes))]
+        src_lens = [s.pieces for s in sentences]
+        encoded = checked_prefixes(self.vocab, prefixes, src_lens, search, self.max_positions, where)
         return [replace(sentence, prefix=ids) for sentence, ids in zip(sentences, encoded)]
 
     def length(self, sentence: Sentence) -> int:
