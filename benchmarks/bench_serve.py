@@ -13,7 +13,9 @@ Issue 37's targets (2 idle cores, transformer_small on Multi30k, beam 4, 32 clie
 of generate's; p99 <= 2x generate's batch of 32; one client: <= 10 ms over generate's sentence alone.
 32 clients with one sentence each in flight can fill batches of 32 at most, so the throughput is also given
 next to generate's with `--batch-size 32` (its batches of 32 sentences of like length, the server's of
-whichever 32 came).
+whichever 32 came). That comparison runs --rounds times, generate's batches then the clients in turn, each
+ratio against the generate run just before it, and reports the median ratio: on a shared or throttled machine
+either rate drifts by tens of percent between minutes, and alternating keeps the drift out of the ratio.
 
 --adversary (issue 48): the server starts with explicit caps and --timeout (ADVERSARY_CAPS, each its own option),
 and after the phases above the --clients phase runs again, --rounds times without and with one more client that
@@ -35,6 +37,7 @@ import json
 import os
 import re
 import socket
+import statistics
 import subprocess
 import sys
 import threading
@@ -407,7 +410,13 @@ def main() -> None:
         "the server's caps allow every --adversary-every seconds; the normal clients' p50/p99 in both, and the ratio.",
     )
     ap.add_argument("--adversary-every", type=float, default=3.0, help="Seconds between the adversary's requests.")
-    ap.add_argument("--rounds", type=int, default=1, help="Rounds of the alternated phases (--adversary, compare).")
+    ap.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="Rounds of the alternated phases: generate's batches of --clients then the clients (the median ratio), "
+        "and --adversary's and --threads-compare's.",
+    )
     ap.add_argument(
         "--threads-compare",
         type=thread_counts,
@@ -436,18 +445,25 @@ def main() -> None:
     src.write_text("\n".join(lines) + "\n", encoding="utf-8")
 
     gen_all, expected = generate_seconds(args.path, src, args)
-    gen_batch, _ = generate_seconds(args.path, src, args, "--batch-size", str(args.clients))
     single_src = WORK / "bench-serve-single.txt"
     single_src.write_text("\n".join(lines[: args.single]) + "\n", encoding="utf-8")
     gen_one, _ = generate_seconds(args.path, single_src, args, "--batch-size", "1")
-    per_batch = gen_batch / -(-len(lines) // args.clients)
 
     proc, port = start_server(args.path, args, args.threads)
     try:
-        loop_before, all_before = thread_seconds(proc.pid)
-        latencies, answers, seconds = load(port, lines, args.clients, args.time_limit)
-        loop_after, all_after = thread_seconds(proc.pid)
-        batches = batch_sizes(port)  # phase 1's batches only (the single client's are all of one)
+        rounds, latencies, answers, loop_cpu, all_cpu = [], [], {}, 0.0, 0.0
+        for _ in range(args.rounds):  # generate's batches of --clients, then the clients, in turn
+            gen_batch, _ = generate_seconds(args.path, src, args, "--batch-size", str(args.clients))
+            loop_before, all_before = thread_seconds(proc.pid)
+            searched = search_seconds(port)
+            served, answered, seconds = load(port, lines, args.clients, args.time_limit)
+            loop_after, all_after = thread_seconds(proc.pid)
+            searched = search_seconds(port) - searched
+            latencies += served
+            answers.update(answered)
+            loop_cpu, all_cpu = loop_cpu + loop_after - loop_before, all_cpu + all_after - all_before
+            rounds.append((len(served) / seconds, len(lines) / gen_batch, searched / seconds))
+        batches = batch_sizes(port)  # the --clients phases' batches only (the single client's are all of one)
         searched = search_seconds(port)
         single, _, _ = load(port, lines[: args.single], 1, args.time_limit)
         searched = search_seconds(port) - searched
@@ -455,15 +471,19 @@ def main() -> None:
     finally:
         proc.terminate()
         proc.wait(60)
-    served = len(latencies)
+    serve_rate, gen_rate = statistics.median(r[0] for r in rounds), statistics.median(r[1] for r in rounds)
+    per_batch = args.clients / gen_rate
     row = {
-        "sentences": served,
+        "sentences": len(latencies) // args.rounds,
         "clients": args.clients,
-        "serve sent/s": round(served / seconds, 1),
+        "serve sent/s": round(serve_rate, 1),
         "generate sent/s": round(len(lines) / gen_all, 1),
-        "ratio": round(served / seconds / (len(lines) / gen_all), 2),
-        f"generate batch of {args.clients} sent/s": round(len(lines) / gen_batch, 1),
-        f"ratio to batch of {args.clients}": round(served / seconds / (len(lines) / gen_batch), 2),
+        "ratio": round(serve_rate / (len(lines) / gen_all), 2),
+        f"generate batch of {args.clients} sent/s": round(gen_rate, 1),
+        # each round's serve rate over the generate run just before it; the median of them (--rounds)
+        f"ratio to batch of {args.clients}": round(statistics.median(r[0] / r[1] for r in rounds), 2),
+        "rounds serve/generate": " ".join(f"{r[0]:.1f}/{r[1]:.1f}" for r in rounds),
+        "worker searching %": round(100 * statistics.median(r[2] for r in rounds), 1),
         "p50 ms": round(percentile(latencies, 0.5) * 1000, 1),
         "p99 ms": round(percentile(latencies, 0.99) * 1000, 1),
         f"generate batch of {args.clients} ms": round(per_batch * 1000, 1),
@@ -474,8 +494,8 @@ def main() -> None:
         "1 client added ms": round((sum(single) - searched) / max(len(single), 1) * 1000, 1),
         "mean batch": round(batches[0] / max(batches[1], 1), 1),
         # the event loop's CPU time per request (phase 1), and its share of all the server's
-        "HTTP CPU ms/request": round((loop_after - loop_before) / max(len(latencies), 1) * 1000, 2),
-        "HTTP share of CPU %": round(100 * (loop_after - loop_before) / max(all_after - all_before, 1e-9), 1),
+        "HTTP CPU ms/request": round(loop_cpu / max(len(latencies), 1) * 1000, 2),
+        "HTTP share of CPU %": round(100 * loop_cpu / max(all_cpu, 1e-9), 1),
         "differ from generate": sum(answers[i] != expected[i] for i in answers),
         "conditions": args.conditions or "not given",
         "threads": args.threads,

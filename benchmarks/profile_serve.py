@@ -54,6 +54,7 @@ from nmt_cli.search.beam import Steps
 from nmt_cli.search.translate import load_translator, translate
 from nmt_cli.serve.app import Limits, make_app
 from nmt_cli.serve.models import Models, key_of
+from nmt_cli.serve.queued import Answer
 from nmt_cli.serve.served_model import ServedModel
 
 
@@ -116,8 +117,8 @@ def many_clients(args: argparse.Namespace, lines: list[str]) -> None:
     steps = [0]
     run = batcher.run
 
-    def counted(key: Any, items: list[Any], still_wanted: Callable[[], list[bool]]) -> Steps[list[Any]]:
-        search = run(key, items, still_wanted)
+    def counted(key: Any, items: list[Any], still_wanted: Callable[[], list[bool]], answer: Answer) -> Steps[list[Any]]:
+        search = run(key, items, still_wanted, answer)
         while True:
             try:
                 next(search)
@@ -220,7 +221,7 @@ def event_loop(args: argparse.Namespace, lines: list[str]) -> None:
     app = make_app(served, 0.0, 1 << 20, Limits(max_request_sentences=100, timeout=60.0))
     batcher = app.state.server.batcher
 
-    def instant(key: Any, items: list[Any], still_wanted: Callable[[], list[bool]]) -> Steps[list[Any]]:
+    def instant(key: Any, items: list[Any], still_wanted: Callable[[], list[bool]], answer: Answer) -> Steps[list[Any]]:
         yield
         return [{"text": "ein Hund", "score": -1.0} for _ in items]
 

@@ -16,6 +16,8 @@ An optional `constraint` (parsing/constraint.py, search/lexical.py) masks log-pr
 the beams; one that has `rank_candidates` (lexical constraints) also chooses and orders each step's candidates.
 An optional `still_wanted` (serve's requests that timed out or went away) is asked on the host once a step;
 a sentence no longer wanted leaves the batch as a finished one does, and the batch stops when none is wanted.
+An optional `on_done` (serve) is told a sentence's results as it finishes: its client is answered while the
+longer sentences are still searched (one more host read on such steps).
 `beam_steps` is the search as a generator that yields after each decoder step (serve's worker interleaves
 batches by step); `beam_search` runs it to its end.
 """
@@ -41,6 +43,8 @@ NEG_INF = float("-inf")
 # Asked once a step: for each sentence of the call, in order, whether its result is still wanted (host-side,
 # e.g. a request's Future not yet done). The hypotheses of a sentence no longer wanted are to be discarded.
 StillWanted = Callable[[], Sequence[bool]]
+# Told a sentence of the call (its index) and its nbest hypotheses at the step it finishes (and returned at the end)
+OnDone = Callable[[int, list[Hypothesis]], None]
 
 R = TypeVar("R")
 # A search that runs one decoder step per resumption and returns its results: serve's worker advances several
@@ -251,12 +255,13 @@ def keep_sentences(state: BeamState, keep: Tensor) -> BeamState:
     return BeamState(state.tokens[keep], state.scores[keep], state.step_scores[keep], state.sent_ids[keep])
 
 
-def collect(fin: Finished, nbest: int) -> list[list[Hypothesis]]:
-    """Each sentence's `nbest` finished hypotheses, best first (copied to the host once: four copies a batch,
-    then read there with NumPy)."""
-    scores = fin.scores[:, :-1].cpu().numpy()  # without the spare slot
-    tokens, step_scores, lengths = fin.tokens.cpu().numpy(), fin.step_scores.cpu().numpy(), fin.lengths.cpu().numpy()
-    order = np.argsort(-scores, axis=1, kind="stable")[:, :nbest]
+def collect(fin: Finished, nbest: int, sentences: Tensor | None = None) -> list[list[Hypothesis]]:
+    """Each sentence's (or those `sentences`' [n]) `nbest` finished hypotheses, best first (copied to the host
+    once: four copies, then read there with NumPy)."""
+    pick = slice(None) if sentences is None else sentences
+    scores, tokens = fin.scores[pick].cpu().numpy(), fin.tokens[pick].cpu().numpy()
+    step_scores, lengths = fin.step_scores[pick].cpu().numpy(), fin.lengths[pick].cpu().numpy()
+    order = np.argsort(-scores[:, :-1], axis=1, kind="stable")[:, :nbest]  # without the spare slot
     results = []
     for s in range(scores.shape[0]):
         hyps = []
@@ -318,6 +323,7 @@ def beam_steps(
     constraint: Constraint[Any] | None = None,
     n_leaves: Tensor | None = None,
     still_wanted: StillWanted | None = None,
+    on_done: OnDone | None = None,
 ) -> Steps[list[list[Hypothesis]]]:
     """Translate a batch of encoded sentences, one decoder step per resumption (`beam_search` runs it to its end).
 
@@ -330,6 +336,7 @@ def beam_steps(
         constraint: optional rules (search/constraint.py; a parser's tree), with n_leaves [B0] per sentence.
         still_wanted: optional, asked once a step (see StillWanted); the sentences no longer wanted leave the
             batch at that step, and their hypotheses (those finished by then, or none) are to be discarded.
+        on_done: optional, told each sentence's results at its step (OnDone), but at the batch's last step.
 
     Returns:
         For each sentence, `cfg.nbest` hypotheses, best first.
@@ -364,12 +371,16 @@ def beam_steps(
             scores, beams, tokens = rank(constraint_state, state.scores, log_probs, (scores, beams, tokens))
         finish(state, fin, scores, beams, tokens, log_probs, step, cfg)
         state, rows = survive(state, scores, beams, tokens, log_probs, in_order=rank is not None)
-        done = fin.count[state.sent_ids] >= k  # [B]
+        done = finished = fin.count[state.sent_ids] >= k  # [B]
         if unwanted is not None and (gone := unwanted.update()) is not None:
             done = done | gone[state.sent_ids]  # they leave with the finished ones, counted in the same host sync
         b, n_done = done.shape[0], int(done.sum())  # the step's one host synchronisation
         if n_done == b:
             break
+        if n_done and on_done is not None:
+            ids = state.sent_ids[finished]
+            for i, hyps in zip(ids.tolist(), collect(fin, cfg.nbest, ids)):
+                on_done(i, hyps)
         if n_done:  # finished sentences leave the batch; keep: the others, in order
             keep = torch.argsort(done.to(torch.uint8), stable=True)[: b - n_done]
             rows = rows.view(-1, k)[keep].view(-1)

@@ -10,6 +10,7 @@ import logging
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +26,7 @@ from nmt_cli.model.linear import ONEDNN_AVAILABLE, pack_for_cpu_inference
 from nmt_cli.model.quantize import quantize_for_cpu_inference
 from nmt_cli.model.transformer import Transformer
 from nmt_cli.runtime import AMP_DTYPES, autocast, choose_attention_backends, choose_device
-from nmt_cli.search.beam import R, Steps, StillWanted, beam_steps, max_lengths, to_the_end
+from nmt_cli.search.beam import OnDone, R, Steps, StillWanted, beam_steps, max_lengths, to_the_end
 from nmt_cli.search.constraint import ConstraintSource, all_of
 from nmt_cli.search.ensemble import Ensemble, check_members, ensemble_bounds, member_paths, member_weights
 from nmt_cli.search.greedy import greedy_steps
@@ -153,11 +154,12 @@ def search_batch_steps(
     constraints: ConstraintSource | None = None,
     ids: np.ndarray | None = None,
     still_wanted: StillWanted | None = None,
+    on_done: OnDone | None = None,
 ) -> Steps[list[list[Hypothesis]]]:
     """`search_batch` one decoder step per resumption (the encoder runs with the first). Each step runs in
     inference mode under the translator's autocast, entered and left around it: serve's worker interleaves the
     steps of two batches on one thread, and a context held open across a pause would leak into the other's."""
-    steps = batch_steps(translator, sources, cfg, generator, constraints, ids, still_wanted)
+    steps = batch_steps(translator, sources, cfg, generator, constraints, ids, still_wanted, on_done)
     return each_step_in(lambda: search_context(translator), steps)
 
 
@@ -190,6 +192,7 @@ def batch_steps(
     constraints: ConstraintSource | None = None,
     ids: np.ndarray | None = None,
     still_wanted: StillWanted | None = None,
+    on_done: OnDone | None = None,
 ) -> Steps[list[list[Hypothesis]]]:
     """The body of `search_batch_steps`, which runs each of its resumptions in inference mode and autocast."""
     n, n_pieces = len(sources), translator.vocab.n_pieces
@@ -220,7 +223,12 @@ def batch_steps(
     if translator.slots is not None and applies(cfg, bool(rules)):
         graphs = translator.slots.graphs
         return (yield from slot_steps(translator.model, enc, src_lens, cfg, n_pieces, graphs=graphs))
-    return (yield from beam_steps(translator.model, enc, src_lens, cfg, n_pieces, **rules))
+    return (yield from beam_steps(translator.model, enc, src_lens, cfg, n_pieces, **rules, on_done=on_done))
+
+
+def tell_source(on_done: OnDone, ids: np.ndarray, i: int, hyps: list[Hypothesis]) -> None:
+    """`on_done` of a batch of the sources `ids`: its sentence i is the source ids[i]."""
+    on_done(int(ids[i]), hyps)
 
 
 def repeated(still_wanted: StillWanted, n: int) -> StillWanted:
@@ -247,6 +255,7 @@ def translate_steps(
     generator: torch.Generator | None = None,
     constraints: ConstraintSource | None = None,
     still_wanted: StillWanted | None = None,
+    on_done: OnDone | None = None,
 ) -> Steps[list[list[Hypothesis]]]:
     """Translate token-id sequences (no EOS), one decoder step per resumption (serve's worker hands it one batch
     and interleaves it with another); results come back in input order. `constraints`: the rules of a
@@ -254,7 +263,9 @@ def translate_steps(
     search/lexical.py; several composed with constraint.all_of), asked for each batch, with
     cfg.no_repeat_ngram_size's ban (search/ngram.py) added. `still_wanted`: one answer per source, asked once a
     step (search/beam.py's StillWanted); a sentence no longer wanted leaves its batch at the next step, a batch of
-    none wanted is not searched, and their results (empty or partial) are to be discarded.
+    none wanted is not searched, and their results (empty or partial) are to be discarded. `on_done`: told a
+    source's index and results as soon as its beam search finishes it (search/beam.py's OnDone), before its batch
+    ends; the results returned hold every source's, told or not.
 
     Empty sources get an empty hypothesis without running the model; sources longer than the
     model's positions are cut (with a warning). Sampling draws from `generator`, else from one seeded
@@ -288,8 +299,9 @@ def translate_steps(
         wanted = None if still_wanted is None else subset(still_wanted, ids)
         if wanted is not None and not any(wanted()):
             continue
+        told = None if on_done is None else partial(tell_source, on_done, ids)
         hyps_of = yield from search_batch_steps(
-            translator, [sources[i] for i in ids], cfg, generator, constraints, ids, wanted
+            translator, [sources[i] for i in ids], cfg, generator, constraints, ids, wanted, told
         )
         for i, hyps in zip(ids, hyps_of):
             results[i] = hyps

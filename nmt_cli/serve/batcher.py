@@ -1,34 +1,31 @@
 """Dynamic batching across requests, with no HTTP in it: one worker thread drains a queue of sentences.
 
-A request (a Job) puts its sentences in the queue and gets a Future of their results, in order. The worker
-takes the oldest queued sentence and waits for company: until as many sentences are queued as the last batch
-answered plus those that waited through it (the clients it answered come back with their next ones moments
-later), or `max_tokens` padded tokens are, or no sentence has arrived for `max_wait` (counted from the oldest
-sentence's arrival, or from the end of the last batch when that is later). Company still arriving is waited for
-at most RETURN_SHARE of a usual batch's search time from that end: the answered clients come back one after
-another, as fast as the event loop answers and reads them, which on a few cores is slower than `max_wait` for
-32 of them, and a batch taken before they are back splits every later one. A lone client is never kept
-waiting, and 32 clients in a loop make batches of 32. The batch it takes holds the sentences of every request
-that share the oldest one's search settings (the job's `key`), packed by `batch_by_tokens` as `nmt generate`
-packs its input, and the batch holding the oldest sentence taken. Empty sentences cost nothing and ride along.
+A request (a Job) puts its sentences in the queue and gets a Future of their results, in order. The worker takes
+the oldest queued sentence and waits for company: until as many sentences are queued as the last batch answered
+plus those that waited through it (its clients come back with their next ones moments after their answers), or
+`max_tokens` padded tokens are, or no sentence has arrived for `max_wait` (from the oldest sentence's arrival,
+or the last batch's end when later). Company still arriving is waited for at most RETURN_SHARE of a usual
+batch's search time from that end: the clients come back one after another, as fast as the event loop answers
+and reads them, and a batch taken before they are back splits every later one. A lone client is never kept
+waiting. The batch holds the sentences of every request that share the oldest one's search settings (the job's
+`key`), packed by `batch_by_tokens` as `nmt generate` packs its input, the batch holding the oldest one taken.
+Empty sentences cost nothing and ride along.
 
 A batch's search advances one decoder step per resumption (`RunBatch` returns a generator), and the worker keeps
 up to `MAX_RUNNING` batches running (`_may_start`): between two steps it takes the next batch, by the same rule
 but without waiting, if a slot is free and either the running one may still take twice the steps that batch may
 take at most (`steps_bound`: a * |x| + b is known before the search), or it has run past twice the usual steps.
-It then advances the running batch with the fewest steps left at most, then the one that has run the fewest
-(least attained service, the classic policy for jobs of unknown length). A short batch that arrives while
-an expensive one runs (a request of the largest beam and output the caps allow) starts at once and finishes
-about as it would alone, the expensive one using the time the others leave; a batch of the usual length is not
-joined (the sentences that arrive meanwhile wait for its end and batch together), and a batch that ran long is
-finished before a newer one, not starved by it. With one batch running the worker does what a one-batch worker
-does.
-A request is answered as soon as its last sentence is done; a cancelled one (timed out, client gone) loses
-its sentences that have not started, and those of a running batch stop at the search's next step (the
-whole batch when none is wanted), so that the others' latency does not depend on it. `stop` refuses new
-requests, finishes the queued ones, and returns.
-Before its first batch the worker runs `warm_up` (one sentence through the model), then sets `ready`; either
-way it sets `warmed`, with `warm_up_error` holding what the warm-up raised (`nmt serve` refuses to start on it).
+It advances the running batch with the fewest steps left at most, then the one that has run the fewest (least
+attained service). A short batch that arrives while an expensive one runs (the largest beam and output the caps
+allow) starts at once and finishes about as it would alone; a batch of the usual length is not joined (what
+arrives meanwhile waits for its end and batches together), and one that ran long is not starved by a newer one.
+A sentence is answered as soon as the search has its result (a beam search's short sentences before the batch
+ends, so their clients are back while it runs), a request with its last sentence. A cancelled request (timed
+out, client gone) loses its sentences not yet started, and those of a running batch stop at the search's next
+step (the whole batch when none is wanted), so that the others' latency does not depend on it. `stop` refuses
+new requests, finishes the queued ones, and returns. Before its first batch the worker runs `warm_up` (one
+sentence through the model), then sets `ready`; either way it sets `warmed`, with `warm_up_error` holding what
+the warm-up raised (`nmt serve` refuses to start on it).
 """
 
 from __future__ import annotations
@@ -40,22 +37,22 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Generator, Hashable, Sequence
-from concurrent.futures import Future, InvalidStateError
+from concurrent.futures import Future
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from nmt_cli.data.batching import batch_by_tokens
 from nmt_cli.errors import NmtError
+from nmt_cli.serve.queued import Answer, Job, Queued, Running, answer_of, jobs_of, settle, still_waiting
 
 logger = logging.getLogger(__name__)
 
-# (key, items, still_wanted) -> a search that runs one step per resumption and returns one result per item, in
-# order; still_wanted() says, per item, whether its request is still waiting (the search asks it once a step and
-# drops the others: their results are not used)
-RunBatch = Callable[[Hashable, list[Any], Callable[[], list[bool]]], Generator[None, None, list[Any]]]
+# (key, items, still_wanted, answer) -> a search that runs one step per resumption and returns one result per item,
+# in order; still_wanted() says, per item, whether its request is still waiting (the search asks it once a step and
+# drops the others: their results are not used); `answer` may be given some results early
+RunBatch = Callable[[Hashable, list[Any], Callable[[], list[bool]], Answer], Generator[None, None, list[Any]]]
 # (key, source pieces) -> the most decoder steps a sentence may take (its longest output and EOS, known before the
 # search: a * |x| + b within the model's positions); None: unknown
 StepsBound = Callable[[Hashable, int], int]
@@ -85,48 +82,6 @@ class QueueFull(Exception):
 
 class Stopping(Exception):
     """The server is shutting down and takes no new requests (HTTP 503)."""
-
-
-@dataclass(eq=False)
-class Job:
-    """One request's sentences (`items`, searched with the settings `key`) and the Future of their results."""
-
-    key: Hashable
-    items: Sequence[Any]
-    future: Future[list[Any]] = field(default_factory=Future)
-    results: list[Any] = field(default_factory=list)
-    remaining: int = 0
-    arrived: float = field(default_factory=time.monotonic)
-
-
-@dataclass(eq=False)
-class Queued:
-    job: Job
-    index: int
-    length: int  # source pieces, for the token budget; 0: an empty sentence (no search)
-    bound: float = math.inf  # the most steps its search may take (StepsBound; inf: unknown)
-
-    def answer(self, result: Any) -> None:
-        """Record this sentence's result; the request is answered with its last sentence's."""
-        self.job.results[self.index] = result
-        self.job.remaining -= 1
-        if self.job.remaining == 0:
-            settle(self.job.future, result=self.job.results)
-
-
-@dataclass(eq=False)
-class Running:
-    """A batch whose search has started: its sentences, its search, and the steps (and seconds) it has had."""
-
-    batch: list[Queued]
-    search: Generator[None, None, list[Any]]
-    steps: int = 0
-    seconds: float = 0.0
-
-    @property
-    def left(self) -> float:
-        """The most steps it may still take (inf: unknown)."""
-        return max((q.bound for q in self.batch), default=0) - self.steps
 
 
 class Batcher:
@@ -337,7 +292,7 @@ class Batcher:
         """The batch's search, not yet started (its first step encodes)."""
         futures = [q.job.future for q in batch]
         items = [q.job.items[q.index] for q in batch]
-        return Running(batch, self.run(batch[0].job.key, items, lambda: still_waiting(futures)))
+        return Running(batch, self.run(batch[0].job.key, items, lambda: still_waiting(futures), answer_of(batch)))
 
     def _step(self, running: Running) -> bool:
         """Advance a batch's search by one step; True once it has ended, its requests answered (or failed)."""
@@ -369,32 +324,12 @@ class Batcher:
             q.answer(result)
 
     def _ended(self, batch: list[Queued]) -> None:
-        """Counted before any answer goes out: an answered client may be back at once, and counting its next
-        sentence as well as its last made the next batch wait for one too many. The sentences of requests
-        cancelled (timed out, client gone) are not expected back; a batch of only those leaves the expectation."""
+        """Counted before the last answers go out: an answered client may be back at once, and counting its next
+        sentence as well as its last made the next batch wait for one too many (those answered early are back,
+        or on their way, and queued). The sentences of requests cancelled (timed out, client gone) are not
+        expected back; a batch of only those leaves the expectation."""
         with self._cond:
             self._free_since = time.monotonic()
             self._drop_cancelled()
             if wanted := sum(not q.job.future.done() for q in batch):
                 self._last_key, self._expected = batch[0].job.key, wanted + len(self._queue)
-
-
-def jobs_of(batch: list[Queued]) -> list[Job]:
-    """The requests a batch's sentences belong to, each once."""
-    return list({id(q.job): q.job for q in batch}.values())
-
-
-def still_waiting(futures: list[Future[list[Any]]]) -> list[bool]:
-    """Per sentence, whether its request still waits for it: not answered, timed out, cancelled, or gone."""
-    return [not f.done() for f in futures]
-
-
-def settle(future: Future[list[Any]], result: list[Any] | None = None, exception: Exception | None = None) -> None:
-    """Set a Future's outcome unless it was cancelled meanwhile (its request timed out or went away)."""
-    try:
-        if exception is not None:
-            future.set_exception(exception)
-        else:
-            future.set_result(result if result is not None else [])
-    except InvalidStateError:
-        pass

@@ -24,6 +24,7 @@ from nmt_cli.errors import ConfigError, DataError
 from nmt_cli.search.beam import Steps
 from nmt_cli.serve.batcher import Batcher
 from nmt_cli.serve.libretranslate import is_libretranslate
+from nmt_cli.serve.queued import Answer
 from nmt_cli.serve.served_model import ServedModel
 
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]*")  # a model's name: what a URL's query and JSON carry plainly
@@ -157,12 +158,14 @@ class Models:
         """GET /info: the default model's info, and every model's summary."""
         return {**self.default.served.info, "models": [m.summary() for m in self]}
 
-    def run(self, key: Hashable, sentences: list[Any], still_wanted: Callable[[], list[bool]]) -> Steps[list[Any]]:
+    def run(
+        self, key: Hashable, sentences: list[Any], still_wanted: Callable[[], list[bool]], answer: Answer
+    ) -> Steps[list[Any]]:
         """The batcher's run: search a batch with the model and settings of its key, (name, SearchConfig), one
-        decoder step per resumption."""
+        decoder step per resumption, its sentences answered early where the search can."""
         assert isinstance(key, tuple)
         name, search = key
-        return self.models[name].served.run(search, sentences, still_wanted)
+        return self.models[name].served.run(search, sentences, still_wanted, answer)
 
     def warm_up(self) -> None:
         """Build and warm up every model in the worker thread, in --path order; with several, what one fails on is

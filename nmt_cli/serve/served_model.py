@@ -15,6 +15,7 @@ import typing
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, fields, replace
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -44,6 +45,7 @@ from nmt_cli.serve.caps import (
     longest_output,
     request_terms,
 )
+from nmt_cli.serve.queued import Answer
 
 logger = logging.getLogger(__name__)
 
@@ -240,11 +242,16 @@ class ServedModel:
         run_to_end(self.run(self.search, self.prepare(["Hello, world."])))
 
     def run(
-        self, search: Any, sentences: list[Sentence], still_wanted: StillWanted | None = None
+        self,
+        search: Any,
+        sentences: list[Sentence],
+        still_wanted: StillWanted | None = None,
+        answer: Answer | None = None,
     ) -> Steps[list[dict[str, Any] | None]]:
         """Search one batch (the worker thread resumes it) one decoder step per resumption (a parser's batch in
         one); returns one JSON-ready result per sentence. `still_wanted` (per sentence, asked once a step): those
-        no longer wanted stop at the next step, and get None."""
+        no longer wanted stop at the next step, and get None. `answer` is given a sentence's result as soon as the
+        beam search finishes it, where no sentence asks for an alignment (those are computed for the batch)."""
         translator = self.translator
         generator = sampling_generator(search, self.device)
         if self.parser is not None:
@@ -256,14 +263,21 @@ class ServedModel:
             lexical = LexicalConstraints([s.phrases for s in sentences]) if any(s.phrases for s in sentences) else None
             forced = prefix_source([np.zeros(0, np.int64) if s.prefix is None else s.prefix for s in sentences])
             rules = all_of(lexical, forced)
+            early = (
+                None if answer is None or any(s.alignment for s in sentences) else partial(self.tell, answer, search)
+            )
             results = yield from translate_steps(
-                translator, ids, search, self.max_tokens, 0, generator, rules, still_wanted
+                translator, ids, search, self.max_tokens, 0, generator, rules, still_wanted, early
             )
             self.align(sentences, results)
             answers = [self.translation(hyps, search.nbest) for hyps in results]
         if still_wanted is None:
             return answers
         return [answer if wanted else None for answer, wanted in zip(answers, still_wanted())]
+
+    def tell(self, answer: Answer, search: SearchConfig, i: int, hyps: list[Hypothesis]) -> None:
+        """`run`'s early answer of sentence i, from its hypotheses."""
+        answer(i, self.translation(hyps, search.nbest))
 
     def steps_bound(self, search: SearchConfig, pieces: int) -> int:
         """The most decoder steps a sentence of `pieces` pieces may take: its longest output and EOS."""

@@ -67,3 +67,27 @@ def test_the_encoder_runs_a_layer_per_resumption(tiny_model, toy_data_bin):
         with pytest.raises(StopIteration) as stop:
             next(layered)
         assert torch.equal(stop.value.value.memory, tiny_model.encode(src, src.eq(1)).memory)
+
+
+def test_a_sentence_is_told_as_it_finishes_with_the_hypotheses_the_search_returns(tiny_model, toy_data_bin):
+    """`on_done` (serve's early answers): a sentence that finishes before its batch's last step is told once, at
+    the step it finishes, with exactly the hypotheses the search then returns for it."""
+    vocab = load_vocab(toy_data_bin)
+    translator = Translator(tiny_model, vocab, torch.device("cpu"))
+    sources = [np.arange(4, 4 + n) for n in (1, 3, 6, 9)]
+    cfg = SearchConfig(beam=3, nbest=2, min_len=1, max_len_a=1, max_len_b=1)  # at most 2, 4, 7 and 10 pieces
+    told, steps = [], 0
+    search = translate_steps(translator, sources, cfg, 1000, on_done=lambda i, hyps: told.append((i, steps, hyps)))
+    while True:
+        try:
+            next(search)
+            steps += 1
+        except StopIteration as stop:
+            results = stop.value
+            break
+    assert results == translate(translator, sources, cfg, 1000)
+    assert [i for i, _, _ in told] == sorted({i for i, _, _ in told})  # each once, the shortest first here
+    assert all(hyps == results[i] for i, _, hyps in told)
+    assert told and told[0][0] == 0 and told[0][1] < steps - 3  # the one-piece source, well before the end
+    longest = max(range(len(sources)), key=lambda i: len(results[i][0].tokens))
+    assert longest not in {i for i, _, _ in told}  # the last to finish comes with the batch's end

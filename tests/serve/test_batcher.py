@@ -22,7 +22,7 @@ class Recorder:
         self.steps = steps or (lambda key: 0)
         self.running = self.most_running = 0
 
-    def __call__(self, key, items, still_wanted=None):
+    def __call__(self, key, items, still_wanted=None, answer=None):
         self.batches.append((key, list(items)))
         if self.fail_on is not None and self.fail_on in items:
             raise RuntimeError("boom")
@@ -431,7 +431,7 @@ def test_the_sentences_of_a_cancelled_request_are_not_waited_for():
 def test_a_batch_nobody_waits_for_leaves_the_company_the_next_batch_waits_for():
     """Two batches ran side by side: the one answered expects its 20 clients back; the other, whose requests all
     went away (timed out, client gone), ends after it and must not make the next request start alone."""
-    from nmt_cli.serve.batcher import Job, Queued
+    from nmt_cli.serve.queued import Job, Queued
 
     batcher = Batcher(Recorder(), max_tokens=1000, max_wait=0.05, max_queue=100)
     answered, gone = Job("cfg", ["a"] * 20), Job("cfg", ["b"] * 20)
@@ -442,3 +442,27 @@ def test_a_batch_nobody_waits_for_leaves_the_company_the_next_batch_waits_for():
     assert batcher._expected == 20
     batcher._ended([Queued(Job("cfg", ["c"] * 3), i, 1) for i in range(3)])  # a batch answered sets it anew
     assert batcher._expected == 3
+
+
+def test_a_sentence_answered_early_answers_its_request_while_the_batch_runs():
+    """A search that has a sentence's result before its batch ends (`answer`) answers that request at once; a
+    request of several sentences waits for its last, and the batch's end does not answer anyone twice."""
+    release = threading.Event()
+
+    def run(key, items, still_wanted, answer):
+        answer(items.index("short"), "early:short")
+        answer(items.index("x1"), "early:x1")
+        while not release.is_set():  # the long sentence's steps, until the test has looked
+            time.sleep(0.005)
+            yield
+        return [f"end:{item}" for item in items]
+
+    batcher = Batcher(run, max_tokens=1000, max_wait=0.05, max_queue=100)
+    batcher.start()
+    short, pair, long = submit(batcher, "k", ["short"]), submit(batcher, "k", ["x1", "x2"]), submit(batcher, "k", ["y"])
+    assert short.result(timeout=5) == ["early:short"]
+    time.sleep(0.05)
+    assert not pair.done() and not long.done()
+    release.set()
+    assert pair.result(timeout=5) == ["early:x1", "end:x2"] and long.result(timeout=5) == ["end:y"]
+    batcher.stop(timeout=5)

@@ -1,0 +1,87 @@
+"""The queue's records (serve/batcher.py): a request's Job, its sentences Queued, a Running batch's search, and
+how their results reach the requests' Futures (early answers included)."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Generator, Hashable, Sequence
+from concurrent.futures import Future, InvalidStateError
+from dataclasses import dataclass, field
+from typing import Any
+
+# (item's index, its result): an item's result given as soon as the search has it, before the batch ends
+Answer = Callable[[int, Any], None]
+
+
+@dataclass(eq=False)
+class Job:
+    """One request's sentences (`items`, searched with the settings `key`) and the Future of their results."""
+
+    key: Hashable
+    items: Sequence[Any]
+    future: Future[list[Any]] = field(default_factory=Future)
+    results: list[Any] = field(default_factory=list)
+    remaining: int = 0
+    arrived: float = field(default_factory=time.monotonic)
+
+
+@dataclass(eq=False)
+class Queued:
+    job: Job
+    index: int
+    length: int  # source pieces, for the token budget; 0: an empty sentence (no search)
+    bound: float = math.inf  # the most steps its search may take (StepsBound; inf: unknown)
+    answered: bool = False
+
+    def answer(self, result: Any) -> None:
+        """Record this sentence's result (once: an early answer is not given again at the batch's end); the request
+        is answered with its last sentence's."""
+        if self.answered:
+            return
+        self.answered = True
+        self.job.results[self.index] = result
+        self.job.remaining -= 1
+        if self.job.remaining == 0:
+            settle(self.job.future, result=self.job.results)
+
+
+@dataclass(eq=False)
+class Running:
+    """A batch whose search has started: its sentences, its search, and the steps (and seconds) it has had."""
+
+    batch: list[Queued]
+    search: Generator[None, None, list[Any]]
+    steps: int = 0
+    seconds: float = 0.0
+
+    @property
+    def left(self) -> float:
+        """The most steps it may still take (inf: unknown)."""
+        return max((q.bound for q in self.batch), default=0) - self.steps
+
+
+def jobs_of(batch: list[Queued]) -> list[Job]:
+    """The requests a batch's sentences belong to, each once."""
+    return list({id(q.job): q.job for q in batch}.values())
+
+
+def answer_of(batch: list[Queued]) -> Answer:
+    """The batch's early answers: item i is batch[i]."""
+    return lambda i, result: batch[i].answer(result)
+
+
+def still_waiting(futures: list[Future[list[Any]]]) -> list[bool]:
+    """Per sentence, whether its request still waits for it: not answered, timed out, cancelled, or gone."""
+    return [not f.done() for f in futures]
+
+
+def settle(future: Future[list[Any]], result: list[Any] | None = None, exception: Exception | None = None) -> None:
+    """Set a Future's outcome unless it was cancelled meanwhile (its request timed out or went away)."""
+    try:
+        if exception is not None:
+            future.set_exception(exception)
+        else:
+            future.set_result(result if result is not None else [])
+    except InvalidStateError:
+        pass
