@@ -143,12 +143,15 @@ def test_a_line_over_the_models_positions_is_truncated_with_a_warning(tiny_check
 def test_a_full_queue_answers_503_and_a_late_request_504(tiny_checkpoint):
     with serving(tiny_checkpoint, max_queue=2, max_request_sentences=3) as client:
         full = client.post("/translate", json={"texts": ["1", "2", "3"]})
-    with serving(tiny_checkpoint, max_wait=5.0, timeout=0.2) as client:
-        client.post("/translate", json={"texts": ["1", "2", "3"]})  # a batch of 3: the next waits for 3 sentences
+    # The timeout leaves the first request time to be answered on a loaded machine: timed out, it would not be
+    # waited for, and the late request would run at once.
+    with serving(tiny_checkpoint, max_wait=5.0, timeout=1.0) as client:
+        first = client.post("/translate", json={"texts": ["1", "2", "3"]})  # a batch of 3: the next waits for 3
         late = client.post("/translate", json={"text": "1 2 3"})
         metrics = client.get("/metrics").text
     assert full.status_code == 503 and "queue" in full.json()["error"]
-    assert late.status_code == 504 and "--timeout 0.2" in late.json()["error"]
+    assert first.status_code == 200
+    assert late.status_code == 504 and "--timeout 1" in late.json()["error"]
     assert "nmt_queue_sentences 0" in metrics  # the late request's sentence left the queue with it
 
 
