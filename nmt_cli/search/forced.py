@@ -57,7 +57,7 @@ class ForcedBatch:
 
 
 def forced_batch(sources: Sequence[np.ndarray], targets: Sequence[np.ndarray], device: torch.device) -> ForcedBatch:
-    """The padded tensors of these pairs on `device`; the source side as the search pads it (search_batch)."""
+    """The padded tensors of these pairs on `device`; the source side as the search pads it (translate.batch_steps)."""
     src = pad_sources([np.asarray(s, dtype=np.int64) for s in sources]).to(device)
     lengths = [len(s) for s in sources]
     no_padding = device.type == "cuda" and min(lengths) == max(lengths)

@@ -146,26 +146,6 @@ def inference_model(
     return model
 
 
-def search_batch_steps(
-    translator: Translator,
-    sources: Sequence[np.ndarray],
-    cfg: SearchConfig,
-    generator: torch.Generator | None,
-    constraints: ConstraintSource | None = None,
-    ids: np.ndarray | None = None,
-    still_wanted: StillWanted | None = None,
-    on_done: OnDone | None = None,
-) -> Steps[list[list[Hypothesis]]]:
-    """`search_batch` one decoder step per resumption (the encoder runs with the first). Each step runs in
-    inference mode under the translator's autocast, entered and left around it: serve's worker interleaves the
-    steps of two batches on one thread, and a context held open across a pause would leak into the other's."""
-    steps = batch_steps(translator, sources, cfg, generator, constraints, ids, still_wanted, on_done)
-    return each_step_in(lambda: search_context(translator), steps)
-
-
-search_batch = to_the_end(search_batch_steps)
-
-
 @contextmanager
 def search_context(translator: Translator) -> Iterator[None]:
     """Inference mode and the translator's autocast, together."""
@@ -194,7 +174,9 @@ def batch_steps(
     still_wanted: StillWanted | None = None,
     on_done: OnDone | None = None,
 ) -> Steps[list[list[Hypothesis]]]:
-    """The body of `search_batch_steps`, which runs each of its resumptions in inference mode and autocast."""
+    """Search one batch, one decoder step per resumption (the encoder a layer per resumption before them). The
+    caller runs each resumption in `search_context`: serve's worker interleaves the steps of two batches on one
+    thread, and a context held open across a pause would leak into the other's."""
     n, n_pieces = len(sources), translator.vocab.n_pieces
     src = pad_sources([np.asarray(s, dtype=np.int64) for s in sources]).to(translator.device)
     lengths = [len(s) for s in sources]
@@ -300,9 +282,8 @@ def translate_steps(
         if wanted is not None and not any(wanted()):
             continue
         told = None if on_done is None else partial(tell_source, on_done, ids)
-        hyps_of = yield from search_batch_steps(
-            translator, [sources[i] for i in ids], cfg, generator, constraints, ids, wanted, told
-        )
+        steps = batch_steps(translator, [sources[i] for i in ids], cfg, generator, constraints, ids, wanted, told)
+        hyps_of = yield from each_step_in(lambda: search_context(translator), steps)
         for i, hyps in zip(ids, hyps_of):
             results[i] = hyps
     return results
