@@ -13,7 +13,7 @@ import numpy as np
 from nmt_cli.config import SearchConfig
 from nmt_cli.errors import DataError
 from nmt_cli.search.constraint import ConstraintSource
-from nmt_cli.search.lexical import LexicalConstraints, check_fits, encode_phrases
+from nmt_cli.search.lexical import LexicalConstraints, checked_phrases
 from nmt_cli.search.prefix import checked_prefixes, prefix_source
 from nmt_cli.search.translate import Translator
 
@@ -91,17 +91,15 @@ def constraints_for(
     lines: SideLines, translator: Translator, sources: Sequence[np.ndarray], search: SearchConfig
 ) -> LexicalConstraints:
     """The lexical constraints (tab-separated target phrases) of the next input lines (`sources`), encoded and
-    checked against their sources (check_fits).
+    checked against their sources (checked_phrases).
 
     Raises:
         DataError: the file ends first, a phrase is empty, or the phrases cannot fit their output (`FILE:LINE: ...`).
     """
     texts, where = lines.next_lines(len(sources))
-    phrases = encode_phrases(translator.vocab, [text.split("\t") if text else [] for text in texts], where)
-    max_positions = translator.model.max_positions
-    limit = max_positions - 1  # translate cuts longer sources
-    check_fits(phrases, [min(len(s), limit) for s in sources], search, max_positions, where)
-    return LexicalConstraints(phrases)
+    phrase_lists = [text.split("\t") if text else [] for text in texts]
+    src_lens, max_positions = [len(s) for s in sources], translator.model.max_positions
+    return LexicalConstraints(checked_phrases(translator.vocab, phrase_lists, src_lens, search, max_positions, where))
 
 
 def count_lines(path: Path) -> int:

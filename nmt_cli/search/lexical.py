@@ -226,9 +226,20 @@ class LexicalConstraints:
     phrases: Sequence[Phrases]
 
     @classmethod
-    def of_text(cls, vocab: Vocab, lines: Sequence[Sequence[str]]) -> LexicalConstraints:
-        """From each source's phrases as raw text (`encode_phrases`; a DataError names `constraints[i]`)."""
-        return cls(encode_phrases(vocab, lines, [f"constraints[{i}]" for i in range(len(lines))]))
+    def of_text(
+        cls,
+        vocab: Vocab,
+        lines: Sequence[Sequence[str]],
+        sources: Sequence[np.ndarray],
+        search: SearchConfig,
+        max_positions: int,
+    ) -> LexicalConstraints:
+        """From each source's phrases as raw text, encoded and checked to fit its output (`checked_phrases`; a
+        DataError names `constraints[i]`, or a number of lines other than the sources')."""
+        if len(lines) != len(sources):
+            raise DataError(f"{len(lines)} lists of constraints for {len(sources)} sources; give one per source")
+        where = [f"constraints[{i}]" for i in range(len(lines))]
+        return cls(checked_phrases(vocab, lines, [len(s) for s in sources], search, max_positions, where))
 
     def for_batch(self, src: Tensor, src_lens: Tensor, ids: np.ndarray) -> tuple[LexicalConstraint, Tensor]:
         return LexicalConstraint([self.phrases[i] for i in ids], src.device), torch.zeros(len(ids), dtype=torch.long)
@@ -256,6 +267,22 @@ def encode_phrases(vocab: Vocab, lines: Sequence[Sequence[str]], where: Sequence
                 ids.append(pieces)
         out.append(ids)
     return out
+
+
+def checked_phrases(
+    vocab: Vocab,
+    lines: Sequence[Sequence[str]],
+    src_lens: Sequence[int],
+    search: SearchConfig,
+    max_positions: int,
+    where: Sequence[str],
+) -> list[list[list[int]]]:
+    """Each line's phrases encoded (`encode_phrases`) and checked to fit the output of its source of src_lens[i]
+    pieces (`check_fits`; a source longer than the model's positions counted as the search cuts it): what
+    generate's --constraints-file, serve's "constraints" and `LexicalConstraints.of_text` share."""
+    phrases = encode_phrases(vocab, lines, where)
+    check_fits(phrases, [min(n, max_positions - 1) for n in src_lens], search, max_positions, where)
+    return phrases
 
 
 def check_fits(

@@ -31,7 +31,7 @@ from nmt_cli.search.beam import Steps, StillWanted, run_to_end
 from nmt_cli.search.constraint import all_of
 from nmt_cli.search.forced import add_alignments, alignment_layer
 from nmt_cli.search.hypothesis import Hypothesis, hypothesis_record
-from nmt_cli.search.lexical import LexicalConstraints, check_fits, check_search, encode_phrases
+from nmt_cli.search.lexical import LexicalConstraints, check_search, checked_phrases
 from nmt_cli.search.prefix import checked_prefixes, prefix_source
 from nmt_cli.search.settings import search_settings
 from nmt_cli.search.translate import Inference, Translator, open_for_inference, sampling_generator, translate_steps
@@ -189,8 +189,8 @@ class ServedModel:
             raise DataError("constraints: this server runs a parsing model; its trees take no constraints")
         check_search(search, "constraints")
         where = [f"constraints[{i}]" for i in range(len(sentences))]
-        phrases = encode_phrases(self.vocab, constraints, where)
-        check_fits(phrases, [self.length(s) for s in sentences], search, self.max_positions, where)
+        src_lens = [self.length(s) for s in sentences]
+        phrases = checked_phrases(self.vocab, constraints, src_lens, search, self.max_positions, where)
         return [replace(s, phrases=tuple(tuple(p) for p in ph)) for s, ph in zip(sentences, phrases)]
 
     def with_prefixes(self, sentences: list[Sentence], prefixes: list[str], search: SearchConfig) -> list[Sentence]:

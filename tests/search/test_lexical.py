@@ -116,9 +116,17 @@ def test_refusals(toy_data_bin):
     with pytest.raises(DataError, match=r"c.txt:1: constraint 1 .* lacks"):
         encode_phrases(vocab, [["\u4e2d"]], ["c.txt:1"])
     assert encode_phrases(vocab, [["1 2", "1 2"], []], ["a", "b"]) == [[vocab.encode(["1 2"])[0]], []]
-    assert LexicalConstraints.of_text(vocab, [["1 2", "3"]]).phrases == [vocab.encode(["1 2", "3"])]
+    sources, fits = [np.array([4, 5]), np.array([6])], SearchConfig(max_len_a=0, max_len_b=5)
+    assert LexicalConstraints.of_text(vocab, [["1 2", "3"], []], sources, fits, 64).phrases == [
+        vocab.encode(["1 2", "3"]),
+        [],
+    ]
     with pytest.raises(DataError, match=r"constraints\[1\]: constraint 1 is empty"):
-        LexicalConstraints.of_text(vocab, [[], [" "]])
+        LexicalConstraints.of_text(vocab, [[], [" "]], sources, fits, 64)
+    with pytest.raises(DataError, match=r"constraints\[1\]: the constraints take \d+ pieces, but this output may"):
+        LexicalConstraints.of_text(vocab, [[], ["1 2 3", "4 5 6"]], sources, fits, 64)
+    with pytest.raises(DataError, match=r"1 lists of constraints for 2 sources"):
+        LexicalConstraints.of_text(vocab, [["1"]], sources, fits, 64)
     cfg = SearchConfig(max_len_a=0, max_len_b=3)
     check_fits([[[4, 5], [6]]], [2], cfg, 64, ["c.txt:1"])
     with pytest.raises(DataError, match=r"c.txt:1: the constraints take 4 pieces, but this output may have 3"):
