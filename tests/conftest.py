@@ -1,7 +1,9 @@
-"""Shared fixtures: a toy digit corpus, its data directory, a tiny model and a tiny trained checkpoint."""
+"""Shared fixtures: a toy digit corpus, its data directory, a tiny model and a tiny trained checkpoint; `nmt`, the
+command line run in this process."""
 
 from __future__ import annotations
 
+import logging
 import os
 import random
 import sys
@@ -9,7 +11,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from click.testing import CliRunner, Result
 
+from nmt_cli.cli import cli
 from nmt_cli.config import ARCHITECTURES, ModelConfig, PreprocessConfig, SearchConfig, TrainConfig, model_config
 from nmt_cli.data.preprocess import preprocess
 from nmt_cli.model import linear as _linear
@@ -40,6 +44,22 @@ TINY = [
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = ROOT.parent / "shared" / "data"
+
+
+def nmt(*args: object, input: str | bytes | None = None) -> Result:
+    """`nmt ARGS` (with `input` on stdin) run in this process through the click group of the `nmt` script, so that
+    a user's error is its one `error:` line and exit 1 (a usage error exit 2) as a user sees it, and any other
+    exception is `result.exception`, the in-process form of a traceback. A test about the process itself (signals,
+    closed or full stdout, stdin closed, torchrun, start-up imports) starts `python -m nmt_cli` instead.
+
+    The command points the `nmt_cli` logger at its captured stderr; the logger is put back as it was afterwards,
+    so that later tests' records reach pytest's capture rather than a dead stream."""
+    logger = logging.getLogger("nmt_cli")
+    saved = logger.handlers[:], logger.level, logger.propagate
+    try:
+        return CliRunner().invoke(cli, [str(a) for a in args], input=input)
+    finally:
+        logger.handlers[:], logger.level, logger.propagate = saved
 
 
 def recipe_env(**kw: str) -> dict[str, str]:

@@ -6,10 +6,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from click.testing import CliRunner
+from conftest import nmt
 
 from nmt_cli.checkpoint import FORMAT_VERSION, load_checkpoint, model_config_of
-from nmt_cli.cli import cli
 
 FIXTURES = Path(__file__).parent / "data" / "checkpoints"
 VERSIONS = (1, 2, 3)
@@ -28,10 +27,6 @@ MODEL_ARGS = [
     "--max-positions",
     64,
 ]
-
-
-def nmt(*args):
-    return CliRunner().invoke(cli, [str(a) for a in args])
 
 
 def fixture(version: int) -> Path:

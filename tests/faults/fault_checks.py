@@ -22,10 +22,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from click.testing import CliRunner
-from conftest import write_copy_corpus
+from conftest import nmt, write_copy_corpus
 
-from nmt_cli.cli import cli
 from nmt_cli.config import PreprocessConfig
 from nmt_cli.data.preprocess import preprocess
 
@@ -64,10 +62,6 @@ def assert_clean_failure(rc, output, expected, root, before=None, exception=None
     if before is not None:
         after = snapshot(root)
         assert {k: after.get(k) for k in before} == before, "an earlier file was changed or removed"
-
-
-def nmt(*args, input=None):
-    return CliRunner().invoke(cli, ["--no-progress", *[str(a) for a in args]], input=input)
 
 
 def preprocess_args(trainpref, destdir):

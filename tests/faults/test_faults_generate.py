@@ -14,6 +14,7 @@ from fault_checks import (
     edit_meta,
     id_beyond_the_vocabulary,
     merge_two_sentences,
+    nmt,
     nmt_subprocess,
     reversed_data,
 )
@@ -159,7 +160,8 @@ def test_fault_in_process(case_id, setup, args, expected, work, other_data_bin, 
 
 
 def test_invalid_utf8_on_stdin(tiny_checkpoint, tmp_path):
-    r = nmt_subprocess(
+    # in this process: the subject is how generate decodes the bytes of stdin, not the process (closed stdin is)
+    r = nmt(
         "generate",
         "--path",
         tiny_checkpoint,
@@ -169,8 +171,8 @@ def test_invalid_utf8_on_stdin(tiny_checkpoint, tmp_path):
         2,
         input=b"1 2\n3 4\n5 6\n7 \xc3\x28 8\n9\n",
     )
-    assert_clean_failure(r.returncode, r.stderr.decode(), "stdin:4: invalid UTF-8", tmp_path)
-    assert len(r.stdout.decode().splitlines()) == 2, "the first buffer is translated, nothing of the bad one"
+    assert_clean_failure(r.exit_code, r.output, "stdin:4: invalid UTF-8", tmp_path, exception=r.exception)
+    assert len(r.stdout.splitlines()) == 2, "the first buffer is translated, nothing of the bad one"
 
 
 def test_closed_stdin(tiny_checkpoint, tmp_path):

@@ -18,7 +18,6 @@ from fault_checks import (
     assert_clean_failure,
     check_fault_in_process,
     nmt,
-    nmt_subprocess,
     preprocess_args,
 )
 
@@ -103,13 +102,16 @@ def test_full_disk_while_sentencepiece_trains(work, toy_corpus, monkeypatch):
 
 def test_preprocess_refuses_a_destdir_in_use(toy_corpus, tmp_path):
     dest = tmp_path / "dest"
+    # the command runs in this process: an flock taken on another open of the file conflicts as another process's
+    # does (test_recoveries.py's test_lock_is_exclusive_and_released takes one from another process)
     with run_lock(tmp_path / ".dest.lock", "preprocess", dest):  # what a running preprocess holds
-        r = nmt_subprocess(*preprocess_args(toy_corpus / "train", dest))
+        r = nmt(*preprocess_args(toy_corpus / "train", dest))
         assert_clean_failure(
-            r.returncode,
-            r.stderr.decode(),
+            r.exit_code,
+            r.output,
             f"another nmt preprocess is using {dest} (pid {os.getpid()})",
             tmp_path / "none",
+            exception=r.exception,
         )
     assert not dest.exists()
 

@@ -10,9 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
-
-from nmt_cli.cli import cli
+from conftest import nmt
 
 ROOT = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -47,10 +45,6 @@ from nmt_cli.cli import main
 sys.argv[0] = "nmt"
 main()
 """
-
-
-def nmt(*args):
-    return CliRunner().invoke(cli, ["--no-progress", *[str(a) for a in args]])
 
 
 def wait_for(tmp: Path, process: subprocess.Popen) -> None:

@@ -12,11 +12,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from click.testing import CliRunner
-from conftest import TINY
+from conftest import TINY, nmt
 
 from nmt_cli.checkpoint import load_checkpoint
-from nmt_cli.cli import cli
 from nmt_cli.config import SearchConfig
 from nmt_cli.data.dataset import load_vocab
 from nmt_cli.files import atomic_write_text, run_lock
@@ -25,10 +23,6 @@ from nmt_cli.search.beam import constrain
 from nmt_cli.search.translate import Translator, translate
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def nmt(*args, input=None):
-    return CliRunner().invoke(cli, ["--no-progress", *[str(a) for a in args]], input=input)
 
 
 def test_output_files_in_missing_directories_are_created(tiny_checkpoint, tmp_path):

@@ -43,6 +43,18 @@ def test_help_of_the_nmt_command_imports_no_torch():
     assert not [m for m in imported if m.split(".")[0] in HEAVY]
 
 
+def test_the_installed_nmt_script_starts_the_command_line():
+    """The `nmt` script that installing the package puts beside this python (setup.cfg's entry point): the tests
+    run the command in-process or as `python -m nmt_cli`, so this is where the script a user types is run."""
+    script = Path(sys.executable).with_name("nmt")
+    assert script.is_file(), f"{script} is missing: install the package (make install)"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    version = subprocess.run([str(script), "--version"], capture_output=True, text=True, env=env, timeout=120)
+    assert version.returncode == 0 and version.stdout.startswith("nmt, version "), version.stderr
+    usage = subprocess.run([str(script), "score"], capture_output=True, text=True, env=env, timeout=120)
+    assert usage.returncode == 2 and "Usage: nmt score" in usage.stderr and "Traceback" not in usage.stderr
+
+
 def test_every_help_and_usage_error_imports_no_torch():
     """Each subcommand's --help, and a usage error, in one process: torch and numpy are never imported."""
     code = """

@@ -7,10 +7,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from click.testing import CliRunner
+from conftest import nmt
 
 from nmt_cli.checkpoint import read_saved_model
-from nmt_cli.cli import cli
 from nmt_cli.config import InferenceConfig, PreprocessConfig, SearchConfig, model_config
 from nmt_cli.data.batching import pad_sources
 from nmt_cli.data.dataset import SPM_FILE, ParallelDataset
@@ -24,10 +23,6 @@ from nmt_cli.search.settings import search_bounds
 from nmt_cli.search.translate import load_translator, open_for_inference, translate
 
 pytestmark = pytest.mark.usefixtures("cpu_matmul_route")  # both CPU matmul routes on every machine (conftest.py)
-
-
-def nmt(*args, input=None):
-    return CliRunner().invoke(cli, [str(a) for a in args], input=input)
 
 
 def variant(src: Path, dest: Path, *, noise_seed=None, shape=None, **fields) -> Path:

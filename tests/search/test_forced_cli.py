@@ -3,17 +3,11 @@
 import json
 
 import pytest
-from click.testing import CliRunner
-
-from nmt_cli.cli import cli
+from conftest import nmt
 
 pytestmark = pytest.mark.usefixtures("cpu_matmul_route")  # both CPU matmul routes on every machine (conftest.py)
 
 SOURCES = ["1 2 3", "4 5 6 7 8", "", "9 0", "3 3 1 2 5 6 7"]
-
-
-def nmt(*args, input=None):
-    return CliRunner().invoke(cli, [str(a) for a in args], input=input)
 
 
 @pytest.fixture

@@ -10,16 +10,9 @@ from pathlib import Path
 
 import pytest
 import sacrebleu
-from click.testing import CliRunner
-from conftest import ONE_ROUTE
-
-from nmt_cli.cli import cli
+from conftest import ONE_ROUTE, nmt
 
 pytestmark = pytest.mark.usefixtures("cpu_matmul_route")  # both CPU matmul routes on every machine (conftest.py)
-
-
-def nmt(*args, input=None):
-    return CliRunner().invoke(cli, [str(a) for a in args], input=input)
 
 
 def test_generate_split_fairseq_format(tiny_checkpoint, toy_data_bin, toy_corpus):

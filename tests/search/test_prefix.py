@@ -5,9 +5,8 @@ prefix is scored with the model's own log-probs, sentences without one search ex
 import numpy as np
 import pytest
 import torch
-from click.testing import CliRunner
+from conftest import nmt
 
-from nmt_cli.cli import cli
 from nmt_cli.config import SearchConfig
 from nmt_cli.data.dataset import load_vocab
 from nmt_cli.data.vocab import BOS
@@ -133,10 +132,6 @@ def test_checked_prefix_source(translator):
         checked_prefix_source(translator.vocab, ["", "1 2 3 4"], sources, cfg, 64)
     with pytest.raises(DataError, match="1 prefixes for 2 sources"):
         checked_prefix_source(translator.vocab, [""], sources, cfg, 64)
-
-
-def nmt(*args, input=None):
-    return CliRunner().invoke(cli, [str(a) for a in args], input=input)
 
 
 def test_generate_prefix_file(tiny_checkpoint, tmp_path):

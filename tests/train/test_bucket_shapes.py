@@ -5,11 +5,9 @@ import logging
 import numpy as np
 import pytest
 import torch
-from click.testing import CliRunner
-from conftest import TINY, tiny_train_config
+from conftest import TINY, nmt, tiny_train_config
 
 from nmt_cli.checkpoint import load_checkpoint
-from nmt_cli.cli import cli
 from nmt_cli.commands.train import train
 from nmt_cli.config import ARCHITECTURES, SearchConfig
 from nmt_cli.data.batching import collate
@@ -74,9 +72,6 @@ def test_bucketed_training_resumes_exactly_across_epochs(toy_data_bin, tmp_path,
 
 
 def test_padding_is_logged_and_switching_buckets_restarts_the_epoch(toy_data_bin, tmp_path):
-    def nmt(*args):
-        return CliRunner().invoke(cli, [str(a) for a in args])
-
     first = nmt("train", toy_data_bin, "--save-dir", tmp_path, *TINY, "--max-update", 2, "--bucket-shapes")
     assert first.exit_code == 0, first.output
     assert "epoch 1: " in first.output and "more positions" in first.output

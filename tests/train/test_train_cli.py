@@ -9,17 +9,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from click.testing import CliRunner
-from conftest import ONE_ROUTE, TINY
+from conftest import ONE_ROUTE, TINY, nmt
 
 from nmt_cli.checkpoint import load_checkpoint
-from nmt_cli.cli import cli
 
 pytestmark = pytest.mark.usefixtures("cpu_matmul_route")  # both CPU matmul routes on every machine (conftest.py)
-
-
-def nmt(*args):
-    return CliRunner().invoke(cli, [str(a) for a in args])
 
 
 def test_train_writes_checkpoints_logs_and_config(toy_data_bin, tmp_path):
