@@ -12,7 +12,7 @@ CTranslate2's forced length is min = max = 25 decoding steps, nmt's 24 tokens pl
 
 --searches default,slots runs nmt's rows with each beam search, side by side: default (no flag, the
 search that drops finished sentences) and slots (`--fixed-slots`, search/slots.py: rows stay, masked once
-finished, until the live ones fit in half of them). --rounds N runs each row N times, alternating the searches
+finished, until the live ones fit in fewer). --rounds N runs each row N times, alternating the searches
 round after round so that the machine's drift falls on both alike, and reports the medians; --sentences takes
 fewer (or more) test sentences.
 """

@@ -7,12 +7,12 @@ survives), and the decoder steps over fixed slots: with CUDA graphs (search/grap
 preallocated buffers (model/slots.py), captured once per bucket and replayed; eagerly the model's `decode_step`,
 the same step without fixed buffers (`Slots`).
 
-A batch shrinks a bounded number of times: once the live sentences fit in half of its slots or fewer (their
-bucket's sentences, with graphs), the live sentences' state (their keys and values, cross-attention keys, values
-and bias, beams and scores) moves to that many slots, finished ones filling any the bucket has beyond, and the
-search goes on there. So a batch moves at most log2(B) times, shapes stay fixed between moves, and each bucket's
-step is still captured once and replayed (the moved state is loaded into its buffers). The finished hypotheses
-stay indexed by sentence and are not moved.
+A batch shrinks a bounded number of times (`Slots.fewer`): with graphs, once the live sentences' bucket holds at
+most half of its sentences, the live sentences' state (their keys and values, cross-attention keys, values and
+bias, beams and scores) moves to that bucket, finished ones filling the slots it has beyond, and the search goes
+on there: at most log2(B) moves a batch, shapes fixed between moves, and each bucket's step still captured once
+and replayed (the moved state is loaded into its buffers). Eagerly, the live sentences move once they fit in
+three quarters of the slots. The finished hypotheses stay indexed by sentence and are not moved.
 
 The host reads the device once a step: the number of sentences still searching, which says both whether the
 batch is done and whether it shrinks.
@@ -180,11 +180,16 @@ class Slots:
         return log_probs
 
     def fewer(self, n_live: int) -> int | None:
-        """The smaller number of sentences to move the slots to once n_live sentences are still searching: n_live
-        itself (eager) or their bucket's sentences, when that is at most half the slots' (so that a batch moves at
-        most log2(B) times); None: stay."""
-        fewer = n_live if self.graphs is None else sentence_bucket(n_live)
-        return fewer if fewer <= self.n_sentences // 2 else None
+        """The smaller number of sentences to move the slots to once n_live sentences are still searching, or None
+        to stay. With graphs, their bucket's sentences once that is at most half the slots' (each new bucket is a
+        capture: at most log2(B) moves a batch). Eagerly, n_live itself once that is at most three quarters of
+        them: a move costs one copy of the live rows' state, and a finished row costs a step as much as a live
+        one, so waiting for half of them to finish loses more than the extra moves cost (at most log_4/3(B) moves;
+        `benchmarks/bench_generate.py --lengths natural --searches default,slots --rounds 4`)."""
+        if self.graphs is not None:
+            bucket = sentence_bucket(n_live)
+            return bucket if 2 * bucket <= self.n_sentences else None
+        return n_live if 4 * n_live <= 3 * self.n_sentences else None
 
     def shrink(self, keep: Tensor, rows: Tensor, written: int) -> None:
         """Move to the sentences `keep` [B'] alone, row i continuing row rows[i] ([B'*K]): eagerly in the decoder

@@ -86,9 +86,9 @@ def moves(monkeypatch):
 
 @pytest.mark.parametrize("graphs", [False, True])
 def test_finished_sentences_move_to_fewer_slots(copy_translator, moves, graphs):
-    """Sentences that finish at very different steps: the batch moves to fewer slots, each time to at most half
-    of them (eagerly the live sentences; with graphs their bucket, the bucket's fill sentences and finished ones
-    moved along), and the results stay beam.py's, nbest included."""
+    """Sentences that finish at very different steps: the batch moves to fewer slots (eagerly the live sentences,
+    each time at most three quarters of the slots; with graphs their bucket, at most half of them, the bucket's
+    fill sentences and finished ones moved along), and the results stay beam.py's, nbest included."""
     g = np.random.default_rng(3)
     sources = [g.integers(4, 20, n) for n in (1, 2, 2, 3, 4, 5, 6, 7, 9, 12, 16, 21, 26, 30)]  # 14: a bucket of 16
     enc, lens = encoded(copy_translator, sources)
@@ -98,8 +98,8 @@ def test_finished_sentences_move_to_fewer_slots(copy_translator, moves, graphs):
         want = beam_search(model, enc, lens, cfg, n_pieces)
         step_graphs = StepGraphs(eager_capture) if graphs else None
         assert_same(want, slot_search(model, enc, lens, cfg, n_pieces, graphs=step_graphs))
-        counts = [16 if graphs else 14, *moves]
-        assert len(moves) >= 2 and all(2 * b <= a for a, b in zip(counts, counts[1:])), counts
+        counts, most = [16 if graphs else 14, *moves], 0.5 if graphs else 0.75
+        assert len(moves) >= 2 and all(b <= most * a for a, b in zip(counts, counts[1:])), counts
         if graphs:  # bucket sizes: powers of two
             assert all(b & (b - 1) == 0 for b in moves), moves
 
