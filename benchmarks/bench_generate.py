@@ -90,6 +90,8 @@ def timed_rows(commands: dict[str, list[str]], rounds: int) -> dict[str, dict]:
         for name in list(commands) if r % 2 == 0 else reversed(list(commands)):
             err, _, rss = run(commands[name])
             runs[name].append((number(r"([\d.]+) sentences/s", err), number(r"([\d.]+) tokens/s", err), rss))
+            if rounds > 1:
+                print(f"  round {r + 1} {name}: {runs[name][-1][0]} sentences/s", file=sys.stderr, flush=True)
     return {
         name: {
             "sent/s": statistics.median(r[0] for r in rs),
