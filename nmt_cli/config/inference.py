@@ -118,17 +118,17 @@ class GenerateConfig(InferenceConfig):
     )
     fixed_slots: bool = flag(
         False,
-        "Beam search over fixed slots: a batch's sentences keep their rows until it ends (finished ones masked) and "
-        "the decoder's keys and values fill buffers sized to the batch's longest output, so no step changes a "
-        "shape (what --cuda-graphs needs); the same translations as the default search. Only a plain beam "
-        "search (--beam 2 or more) runs so; constraints, prefixes, --no-repeat-ngram-size and sampling keep the "
-        "default search. Off by default: it is slower than the default search on a CPU, and on CUDA it waits for "
+        "Beam search over fixed slots: a batch's sentences keep their rows (finished ones masked) until the live "
+        "ones fit in fewer, where they move, and with --cuda-graphs the decoder's keys and values fill buffers "
+        "sized to the batch's longest output, so no step between moves changes a shape; the same translations as "
+        "the default search. Only a plain beam search (--beam 2 or more) runs so; constraints, prefixes, "
+        "--no-repeat-ngram-size and sampling keep the default search. Off by default: on CUDA it waits for "
         "benchmarks/bench_gpu.py to show it faster.",
     )
     cuda_graphs: bool = flag(
         True,
         "CUDA, with fixed slots: capture the decoder step once per batch shape (sentences rounded up to a power of "
-        "two or a multiple of 64, lengths to a multiple of 64; the last 8 shapes kept) as a CUDA graph and replay "
+        "two or a multiple of 64, lengths to a multiple of 64; the last 16 shapes kept) as a CUDA graph and replay "
         "it each step; --no-cuda-graphs runs it eagerly.",
     )
 

@@ -143,19 +143,15 @@ class SelfAttention(nn.Module):
         y = attend(qkv[:, :qk].view(n, self.heads, 1, -1), k, v)  # [N, H, 1, Dh]
         return self.out(y.reshape(n, -1)), k, v  # a view, whichever layout SDPA returned its one query in
 
-    def step_slots(
-        self, x: Tensor, buf_k: Tensor, buf_v: Tensor, step: Tensor, bias: Tensor | None, window: int | None
-    ) -> Tensor:
+    def step_slots(self, x: Tensor, buf_k: Tensor, buf_v: Tensor, step: Tensor, bias: Tensor) -> Tensor:
         """One decoding step over fixed slots (model/slots.py). x: [N, D]; buf_k: [N, H, L, Dk], buf_v:
-        [N, H, L, Dh], written in place at position `step` ([1] long); attends to the first `window` positions
-        (all written), or with window None to all L with `bias` [1, 1, 1, L] masking those not yet written
-        -> y [N, D]."""
+        [N, H, L, Dh], written in place at position `step` ([1] long); attends to all L with `bias` [1, 1, 1, L]
+        masking those not yet written -> y [N, D]."""
         n, qk = x.shape[0], self.qk_size
         qkv = self.qkv(x)  # [N, 2 * H*Dk + D]
         write_position(buf_k, qkv[:, qk : 2 * qk], step)
         write_position(buf_v, qkv[:, 2 * qk :], step)
-        k, v = (buf_k, buf_v) if window is None else (buf_k[:, :, :window], buf_v[:, :, :window])
-        y = attend(qkv[:, :qk].view(n, self.heads, 1, -1), k, v, bias)  # [N, H, 1, Dh]
+        y = attend(qkv[:, :qk].view(n, self.heads, 1, -1), buf_k, buf_v, bias)  # [N, H, 1, Dh]
         return self.out(y.reshape(n, -1))
 
 

@@ -1,15 +1,19 @@
-"""The decoder's state over fixed slots: every row keeps its place for a whole batch, and each layer's
-self-attention keys and values live in buffers preallocated to the batch's longest output, written in place at
-the step's position (`Transformer.decode_slots`).
+"""The decoder's state over fixed slots: every row keeps its place, and each layer's self-attention keys and values
+live in buffers preallocated to the batch's longest output, written in place at the step's position
+(`Transformer.decode_slots`).
 
 Shapes: B sentences, K beams, N = B*K rows (row = sentence * K + beam), H heads, L preallocated positions,
 S source length, Dk key size and Dh value size per head.
 
 No tensor of a step changes shape or address between steps: the step index is a device tensor, beams are
 reordered by copying within the same buffers, and the positions not yet written are masked. That is what lets a
-step be captured once as a CUDA graph and replayed. A caller that runs the step eagerly passes a `window`, the
-positions written so far: the step attends to those alone (no mask) and reorders only them, in one copy into
-spare buffers that then swap places with the buffers.
+step be captured once as a CUDA graph and replayed. A step run eagerly has no need of fixed shapes, and the
+buffers would cost it strided products and copies over their first positions: it runs `decode_step` over its
+growing cache instead.
+
+As sentences finish, their rows are masked; once few enough are left, the live ones move to a cache of fewer
+slots (`select`: new buffers of the same L positions), which is then loaded (`load`) into the buffers of the
+step captured for that smaller shape, so that each shape's step is still captured once and replayed.
 """
 
 from __future__ import annotations
@@ -31,57 +35,56 @@ class SlotCache:
     cross_bias: Tensor | None  # [B, 1, 1, S] added to cross-attention scores: 0, -inf at padding; None: no padding
     step: Tensor  # [1] long: the position the next step writes
     positions: Tensor  # [L] long, 0..L-1: compared with `step` for the mask of positions not yet written
-    spare_k: list[Tensor] | None = None  # eager steps' reorder target, as self_k (made by the first one)
-    spare_v: list[Tensor] | None = None
 
     @property
     def n_positions(self) -> int:
         """L, the positions preallocated."""
         return self.self_k[0].shape[2]
 
-    def reorder(self, rows: Tensor, window: int | None) -> None:
-        """Row i continues row rows[i] [N]: each layer's keys and values reordered.
+    def reorder(self, rows: Tensor) -> None:
+        """Row i continues row rows[i] [N]: each layer's keys and values reordered over all L positions, copied
+        within their own buffers, which keep their addresses (two copies)."""
+        for buf in (*self.self_k, *self.self_v):
+            buf.copy_(buf.index_select(0, rows))
 
-        window None (a step to capture): all L positions, copied within their own buffers, which keep their
-        addresses (two copies). A window (an eager step): its first positions, gathered in one copy into spare
-        buffers, which then take the buffers' place."""
-        if window is None:
-            for buf in (*self.self_k, *self.self_v):
-                buf.copy_(buf.index_select(0, rows))
-            return
-        if self.spare_k is None or self.spare_v is None:
-            self.spare_k, self.spare_v = (
-                [b.new_empty(b.shape) for b in self.self_k],
-                [b.new_empty(b.shape) for b in self.self_v],
-            )
-        for buffers, spares in ((self.self_k, self.spare_k), (self.self_v, self.spare_v)):
-            for i, (buf, spare) in enumerate(zip(buffers, spares)):
-                torch.index_select(buf[:, :, :window], 0, rows, out=spare[:, :, :window])
-                buffers[i], spares[i] = spare, buf
-
-    def self_bias(self, window: int | None) -> Tensor | None:
-        """[1, 1, 1, L] scores to add over all L positions: 0 up to the step's own, -inf beyond (not yet written);
-        None with a window, whose positions are all written."""
-        if window is not None:
-            return None
+    def self_bias(self) -> Tensor:
+        """[1, 1, 1, L] scores to add over all L positions: 0 up to the step's own, -inf beyond (not yet written)."""
         zero = self.step.new_zeros((), dtype=self.self_k[0].dtype)
         return torch.where(self.positions > self.step, NEG_INF, zero)[None, None, None, :]
 
-    def load(self, other: SlotCache) -> None:
-        """Take `other`'s batch (its cross-attention keys, values and bias) into these buffers and start again at
-        step 0: the buffers keep their addresses, so a step captured over them replays for the new batch.
+    def select(self, sentences: Tensor, rows: Tensor) -> SlotCache:
+        """A cache of fewer slots: the sentences `sentences` [B'] alone, row i continuing row rows[i] ([B'*K], rows
+        of those sentences), at the same step, in new buffers of the same L positions (all copied: positions past
+        the step are read, masked, and so must hold no uninitialised memory)."""
+        return SlotCache(
+            [buf.index_select(0, rows) for buf in self.self_k],
+            [buf.index_select(0, rows) for buf in self.self_v],
+            [k[sentences] for k in self.cross_k],  # indexing keeps their memory layout (init_cache's)
+            [v[sentences] for v in self.cross_v],
+            None if self.cross_bias is None else self.cross_bias.index_select(0, sentences),
+            self.step.clone(),
+            self.positions,
+        )
+
+    def load(self, other: SlotCache, written: int) -> None:
+        """Take `other`'s batch into these buffers: its cross-attention keys, values and bias, its first `written`
+        self-attention positions and its step (a new batch: 0 and 0; a batch moved to fewer slots: its positions
+        so far). The buffers keep their addresses, so a step captured over them replays for `other`'s batch.
         `other` must have this cache's shapes (the same bucket)."""
         for mine, theirs in zip([*self.cross_k, *self.cross_v], [*other.cross_k, *other.cross_v]):
             assert mine.shape == theirs.shape, "a batch is loaded only into a cache of its own shapes"
             mine.copy_(theirs)
+        for mine, theirs in zip([*self.self_k, *self.self_v], [*other.self_k, *other.self_v]):
+            assert mine.shape == theirs.shape, "a batch is loaded only into a cache of its own shapes"
+            mine[:, :, :written].copy_(theirs[:, :, :written])
         assert (self.cross_bias is None) == (other.cross_bias is None), "both caches pad their sources, or neither"
         if self.cross_bias is not None and other.cross_bias is not None:
             self.cross_bias.copy_(other.cross_bias)
-        self.restart()
+        self.step.copy_(other.step)
 
-    def restart(self) -> None:
-        """Start the batch again at step 0 (what is written beyond is masked until written again)."""
-        self.step.zero_()
+    def restart(self, step: int) -> None:
+        """Go back to position `step` (what is written beyond is masked until written again)."""
+        self.step.fill_(step)
 
 
 def write_position(buf: Tensor, new: Tensor, step: Tensor) -> None:

@@ -244,16 +244,15 @@ class Transformer(nn.Module):
             torch.arange(n_positions, device=device),
         )
 
-    def decode_slots(self, prev_tokens: Tensor, rows: Tensor | None, cache: SlotCache, window: int | None) -> Tensor:
+    def decode_slots(self, prev_tokens: Tensor, rows: Tensor | None, cache: SlotCache) -> Tensor:
         """`decode_step` over fixed slots: row i first continues row rows[i] ([N]; None: its own), then every row
-        advances one token, its keys and values written in place. prev_tokens: [N] -> log-probs [N, V] in float32.
-
-        window: the positions attended, all written once this step's are (a caller that knows the step); None:
-        all L, those not yet written masked, every shape fixed (a step to capture as a CUDA graph)."""
+        advances one token, its keys and values written in place, attending to all L positions with those not yet
+        written masked, every shape fixed (a step to capture as a CUDA graph). prev_tokens: [N] -> log-probs
+        [N, V] in float32."""
         if rows is not None:
-            cache.reorder(rows, window)
+            cache.reorder(rows)
         x = self.tgt_embed.at(prev_tokens, cache.step)  # [N, D]
-        bias = cache.self_bias(window)
+        bias = cache.self_bias()
         for i, layer in enumerate(self.decoder):
             self_attend = partial(
                 layer.self_attn.step_slots,
@@ -261,7 +260,6 @@ class Transformer(nn.Module):
                 buf_v=cache.self_v[i],
                 step=cache.step,
                 bias=bias,
-                window=window,
             )
             x = layer.step_slots(x, self_attend, cache.cross_k[i], cache.cross_v[i], cache.cross_bias)
         cache.step.add_(1)

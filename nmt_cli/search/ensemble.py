@@ -62,14 +62,18 @@ class EnsembleSlotCache:
 
     members: list[SlotCache]
 
-    def load(self, other: EnsembleSlotCache) -> None:
+    def select(self, sentences: Tensor, rows: Tensor) -> EnsembleSlotCache:
+        """Every member's cache of fewer slots (SlotCache.select)."""
+        return EnsembleSlotCache([cache.select(sentences, rows) for cache in self.members])
+
+    def load(self, other: EnsembleSlotCache, written: int) -> None:
         """Load `other`'s batch into every member's buffers (SlotCache.load)."""
         for mine, theirs in zip(self.members, other.members):
-            mine.load(theirs)
+            mine.load(theirs, written)
 
-    def restart(self) -> None:
+    def restart(self, step: int) -> None:
         for cache in self.members:
-            cache.restart()
+            cache.restart(step)
 
 
 class Ensemble:
@@ -120,12 +124,10 @@ class Ensemble:
             ]
         )
 
-    def decode_slots(
-        self, prev_tokens: Tensor, rows: Tensor | None, cache: EnsembleSlotCache, window: int | None
-    ) -> Tensor:
+    def decode_slots(self, prev_tokens: Tensor, rows: Tensor | None, cache: EnsembleSlotCache) -> Tensor:
         """`decode_step` over every member's fixed slots (Transformer.decode_slots): the weighted average of the
         members' log-probs [N, V] in float32."""
-        steps = [m.decode_slots(prev_tokens, rows, c, window) for m, c in zip(self.members, cache.members)]
+        steps = [m.decode_slots(prev_tokens, rows, c) for m, c in zip(self.members, cache.members)]
         total = steps[0].mul_(self.weights[0])
         for log_probs, weight in zip(steps[1:], self.weights[1:]):
             total.add_(log_probs, alpha=weight)

@@ -6,8 +6,10 @@ A bucket is the step's shapes: rows (B*K, sentences rounded up to a power of two
 of 64), the self-attention positions
 (the longest output + 1, rounded up to a multiple of 64, within the model's positions) and the source length
 (rounded up to a multiple of 64). Batches of one bucket share one captured step: their cross-attention keys and
-values are loaded into the bucket's own buffers, whose addresses the graph holds. At most `max_graphs` buckets are
-kept (the least recently used one is dropped), so capture is paid once per bucket in use and memory stays bounded.
+values are loaded into the bucket's own buffers, whose addresses the graph holds. A batch whose sentences finish
+moves to the smaller buckets of the same positions and source length (search/slots.py), its state so far loaded
+into theirs, or captured over when the bucket is new. At most `max_graphs` buckets are kept (the least recently used
+one is dropped), so capture is paid once per bucket in use and memory stays bounded.
 
 Everything here but `cuda_capture` is plain Python over a `Capture` function, which tests replace on the CPU.
 """
@@ -29,7 +31,7 @@ logger = logging.getLogger(__name__)
 
 POSITION_STEP = 64  # self-attention positions and source lengths are rounded up to a multiple of this
 SENTENCE_STEP = 64  # sentences: a power of two up to this, beyond a multiple of it
-MAX_GRAPHS = 8
+MAX_GRAPHS = 16  # a batch that shrinks adds up to log2(B) smaller buckets of its positions and source length
 
 # Records `run` (a step over fixed buffers) and returns what replays it.
 Capture = Callable[[Callable[[], None]], Callable[[], None]]
@@ -44,19 +46,27 @@ class Bucket(NamedTuple):
 class SlotCacheLike(Protocol):
     """What the graphs ask of a fixed-slot cache (model/slots.py's SlotCache, or an ensemble's)."""
 
-    def load(self, other: Any) -> None: ...
+    def select(self, sentences: Tensor, rows: Tensor) -> Any: ...
 
-    def restart(self) -> None: ...
+    def load(self, other: Any, written: int) -> None: ...
+
+    def restart(self, step: int) -> None: ...
 
 
 class SlotModel(Protocol):
-    """A model that steps over fixed slots: a Transformer (model/transformer.py) or an Ensemble (ensemble.py)."""
+    """A model that steps over fixed slots (`init_slots`, `decode_slots`), and eagerly as beam.py steps it
+    (searchable.py's `init_cache`, `decode_step`): a Transformer (model/transformer.py) or an Ensemble
+    (ensemble.py)."""
 
     max_positions: int
 
+    def init_cache(self, enc: Any, beam: int) -> Any: ...
+
+    def decode_step(self, prev_tokens: Tensor, cache: Any) -> tuple[Tensor, Any]: ...
+
     def init_slots(self, enc: Any, beam: int, *, n_positions: int, source_len: int) -> Any: ...
 
-    def decode_slots(self, prev_tokens: Tensor, rows: Tensor | None, cache: Any, window: int | None) -> Tensor: ...
+    def decode_slots(self, prev_tokens: Tensor, rows: Tensor | None, cache: Any) -> Tensor: ...
 
 
 def round_up(n: int, step: int) -> int:
@@ -116,17 +126,20 @@ class StepGraphs:
         self.n_captures = 0
         self.n_batches = 0
 
-    def step_for(self, model: SlotModel, cache: SlotCacheLike, bucket: Bucket) -> tuple[Captured, int]:
-        """The captured step of `bucket`, with `cache` (a batch's, made by model.init_slots with the bucket's
-        shapes) loaded into it (captured over `cache` itself when the bucket has none yet), and the batch's number
-        for `Captured.step`. The bucket's buffers hold this batch until the next `step_for` of the bucket: the
+    def step_for(
+        self, model: SlotModel, cache: SlotCacheLike, bucket: Bucket, written: int = 0
+    ) -> tuple[Captured, int]:
+        """The captured step of `bucket`, with `cache` (a batch's with the bucket's shapes: made by
+        model.init_slots, or moved to the fewer slots of this bucket by its `select`, `written` positions in)
+        loaded into it (captured over `cache` itself when the bucket has none yet), and the batch's number for
+        `Captured.step`. The bucket's buffers hold this batch until the next `step_for` of the bucket: the
         searches of two batches of one bucket cannot be interleaved."""
         captured = self.graphs.get(bucket)
         if captured is not None:
             self.graphs.move_to_end(bucket)
-            captured.cache.load(cache)
+            captured.cache.load(cache, written)
         else:
-            captured = self.record(model, cache, bucket)
+            captured = self.record(model, cache, bucket, written)
             self.graphs[bucket] = captured
             if len(self.graphs) > self.max_graphs:
                 self.graphs.popitem(last=False)
@@ -134,20 +147,20 @@ class StepGraphs:
         captured.batch = self.n_batches
         return captured, captured.batch
 
-    def record(self, model: SlotModel, cache: SlotCacheLike, bucket: Bucket) -> Captured:
-        """Capture the step over `cache`'s buffers, then restart the cache at step 0 (the probe and capture's
-        warm-up run advance it)."""
+    def record(self, model: SlotModel, cache: SlotCacheLike, bucket: Bucket, written: int) -> Captured:
+        """Capture the step over `cache`'s buffers, then take the cache back to position `written` (the probe and
+        capture's warm-up run advance it and write beyond it, where the search writes before it reads)."""
         device = cache_device(cache)
         prev = torch.full((bucket.rows,), BOS, dtype=torch.long, device=device)
         rows = torch.arange(bucket.rows, device=device)
-        probe = model.decode_slots(prev, rows, cache, None)  # [N, V]: the output's shape and dtype
+        probe = model.decode_slots(prev, rows, cache)  # [N, V]: the output's shape and dtype
         log_probs = torch.empty_like(probe)
 
         def run() -> None:
-            log_probs.copy_(model.decode_slots(prev, rows, cache, None))
+            log_probs.copy_(model.decode_slots(prev, rows, cache))
 
         replay = self.capture(run)
-        cache.restart()
+        cache.restart(written)
         self.n_captures += 1
         logger.debug("captured the decoder step of %s (%d captures)", bucket, self.n_captures)
         return Captured(bucket, cache, prev, rows, log_probs, replay)

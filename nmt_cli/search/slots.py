@@ -1,14 +1,24 @@
 """Beam search over fixed slots: the same search as beam.py's `beam_search` (the same candidates, finishing rule,
-length penalty and results), with every sentence's K rows kept in place for the whole batch.
+length penalty and results), with every sentence's K rows kept in place while it searches.
 
-Today's search (beam.py) drops finished sentences from the batch and grows each layer's keys and values by a step
-each step: shapes change every step. Here a finished sentence's rows stay, masked (their beams score -inf, so
-none of their candidates finishes or survives), and the decoder steps over fixed slots (model/slots.py): no tensor
-of the step changes shape between steps, which lets the step be captured once as a CUDA graph per bucket and
-replayed (search/graphs.py). The host reads the device once a step, to learn whether every sentence is done.
+Today's search (beam.py) drops finished sentences from the batch at every step, so shapes change every step.
+Here a finished sentence's rows stay, masked (their beams score -inf, so none of their candidates finishes or
+survives), and the decoder steps over fixed slots: with CUDA graphs (search/graphs.py) the step over
+preallocated buffers (model/slots.py), captured once per bucket and replayed; eagerly the model's `decode_step`,
+the same step without fixed buffers (`Slots`).
+
+A batch shrinks a bounded number of times (`Slots.fewer`): with graphs, once the live sentences' bucket holds at
+most half of its sentences, the live sentences' state (their keys and values, cross-attention keys, values and
+bias, beams and scores) moves to that bucket, finished ones filling the slots it has beyond, and the search goes
+on there: at most log2(B) moves a batch, shapes fixed between moves, and each bucket's step still captured once
+and replayed (the moved state is loaded into its buffers). Eagerly, the live sentences move once they fit in
+three quarters of the slots. The finished hypotheses stay indexed by sentence and are not moved.
+
+The host reads the device once a step: the number of sentences still searching, which says both whether the
+batch is done and whether it shrinks.
 
 Shapes: B0 sentences in the call, B >= B0 sentences searched (a graph's bucket may add copies of the first
-sentence, done from the start), K beam, N = B*K rows, V vocabulary.
+sentence, done from the start; fewer once the batch shrinks), K beam, N = B*K rows, V vocabulary.
 
 Only a plain beam search runs here (`applies`); constraints, prefixes, lexical constraints, n-gram bans,
 sampling, greedy search (beam 1) and serve's stepping with `still_wanted` keep beam.py's search.
@@ -16,8 +26,8 @@ sampling, greedy search (beam 1) and serve's stepping with `still_wanted` keep b
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -30,6 +40,7 @@ from nmt_cli.search.beam import (
     collect,
     constrain,
     finish,
+    keep_sentences,
     max_lengths,
     per_beam,
     start,
@@ -37,12 +48,9 @@ from nmt_cli.search.beam import (
     to_the_end,
     top_candidates,
 )
-from nmt_cli.search.graphs import SlotModel, StepGraphs, bucket_of, cuda_capture
+from nmt_cli.search.graphs import Captured, SlotModel, StepGraphs, bucket_of, cuda_capture, sentence_bucket
 from nmt_cli.search.hypothesis import Hypothesis
 from nmt_cli.search.searchable import SearchEncoderOut
-
-# A step: (previous tokens [N], the row each row continues [N] or None, the step index) -> log-probs [N, V]
-Step = Callable[[Tensor, Tensor | None, int], Tensor]
 
 
 @dataclass
@@ -88,7 +96,8 @@ def slot_steps(
     k, device, b0 = cfg.beam, enc.memory.device, enc.memory.shape[0]
     host_max_len = max_lengths(src_lens.cpu(), cfg, model.max_positions)  # [B0]
     n_steps, first_max = int(host_max_len.numpy().max()) + 1, int(host_max_len.numpy().min())
-    step_fn, b = stepper(model, enc, k, n_steps, graphs)
+    slots = Slots.open(model, enc, k, n_steps, graphs)
+    b = slots.n_sentences
     if b > b0:  # the bucket's extra sentences: copies of the first one, done from the start
         host_max_len = host_max_len[filled(b0, b)]
     max_len = host_max_len.to(device)
@@ -98,14 +107,23 @@ def slot_steps(
     prev = torch.full((b * k,), BOS, dtype=torch.long, device=device)
     rows: Tensor | None = None  # step 0: every row its own
     for step in range(n_steps):
-        log_probs = step_fn(prev, rows, step)  # [N, V]
+        log_probs = slots.step(prev, rows, step)  # [N, V]
         log_probs = constrain(log_probs, step, row_max_len, cfg, n_pieces, may_reach_max=step >= first_max)
         scores, beams, tokens = top_candidates(state, log_probs)
         finish(state, fin, scores, beams, tokens, log_probs, step, cfg)
         state, rows = survive(state, scores, beams, tokens, log_probs)
-        done = fin.count >= k  # [B]
-        if bool(done.all()):  # the step's one host synchronisation
+        done = fin.count[state.sent_ids] >= k  # [B]
+        n_live = int(done.logical_not().sum())  # the step's one host synchronisation
+        if n_live == 0:
             break
+        fewer = slots.fewer(n_live)
+        if fewer is not None:  # the live sentences first, then finished ones up to the smaller slot count
+            keep = torch.argsort(done.to(torch.uint8), stable=True)[:fewer]  # [B']
+            rows = rows.view(-1, k)[keep].view(-1)
+            state, done = keep_sentences(state, keep), done[keep]
+            slots.shrink(keep, rows, step + 1)
+            rows = None  # the move applied the reorder
+            row_max_len = per_beam(max_len[state.sent_ids], k)
         state.scores.masked_fill_(done[:, None], NEG_INF)  # a finished sentence's rows stay, masked
         prev = state.tokens[:, :, -1].reshape(-1)  # [N]
         yield  # a step done
@@ -115,26 +133,75 @@ def slot_steps(
 slot_search = to_the_end(slot_steps)
 
 
-def stepper(
-    model: SlotModel, enc: SearchEncoderOut, k: int, n_steps: int, graphs: StepGraphs | None
-) -> tuple[Step, int]:
-    """The batch's decoder step and the number of sentences B it searches: eagerly over the positions written so
-    far (B = B0), or replaying the captured step of the batch's bucket (B: the bucket's sentences)."""
-    b0, source_len = enc.memory.shape[0], enc.memory.shape[1]
-    if graphs is None:
-        own = model.init_slots(enc, k, n_positions=n_steps, source_len=source_len)
+@dataclass
+class Slots:
+    """A batch's decoder step over its slots, and the move of its live sentences to fewer slots. Eagerly (`graphs`
+    None) the model's own `decode_step` over its cache of the written positions: a step to capture needs buffers
+    of fixed shapes, an eager one does not, and the fixed buffers' windows cost it strided products and copies
+    (`benchmarks/bench_generate.py --searches default,slots`). With graphs, the captured step of the batch's
+    bucket, replayed."""
 
-        def eager(prev: Tensor, rows: Tensor | None, step: int) -> Tensor:
-            return model.decode_slots(prev, rows, own, step + 1)
+    model: SlotModel
+    k: int
+    n_sentences: int  # B, the sentences the slots hold
+    cache: Any  # the batch's decoder cache (eager), or its bucket's fixed-slot cache (`captured`)
+    graphs: StepGraphs | None = None
+    captured: Captured | None = None
+    batch: int = 0  # the batch's number in `graphs` (Captured.step)
 
-        return eager, b0
-    bucket = bucket_of(b0, k, n_steps, source_len, model.max_positions)
-    b = bucket.rows // k
-    if b > b0:
-        enc = enc.select(filled(b0, b).to(enc.memory.device))
-    cache = model.init_slots(enc, k, n_positions=bucket.n_positions, source_len=bucket.source_len)
-    captured, batch = graphs.step_for(model, cache, bucket)
-    return (lambda prev, rows, step: captured.step(prev, rows, batch)), b
+    @classmethod
+    def open(cls, model: SlotModel, enc: SearchEncoderOut, k: int, n_steps: int, graphs: StepGraphs | None) -> Slots:
+        """The slots of a batch of B0 sentences searched for at most n_steps steps: B0 eagerly, or the sentences of
+        its bucket, filled with copies of the first one."""
+        b0, source_len = enc.memory.shape[0], enc.memory.shape[1]
+        if graphs is None:
+            return cls(model, k, b0, model.init_cache(enc, 1))  # all beams start equal: `step` expands step 0
+        bucket = bucket_of(b0, k, n_steps, source_len, model.max_positions)
+        b = bucket.rows // k
+        if b > b0:
+            enc = enc.select(filled(b0, b).to(enc.memory.device))
+        cache = model.init_slots(enc, k, n_positions=bucket.n_positions, source_len=bucket.source_len)
+        captured, batch = graphs.step_for(model, cache, bucket)
+        return cls(model, k, b, captured.cache, graphs, captured, batch)
+
+    def step(self, prev: Tensor, rows: Tensor | None, step: int) -> Tensor:
+        """Row i continues row rows[i] (None: its own) and takes token prev[i] [N] at position `step` -> log-probs
+        [N, V]."""
+        if self.captured is not None:
+            return self.captured.step(prev, rows, self.batch)
+        if step == 0:  # once per sentence, then each sentence's row copied to its K rows (as beam.py's step 0)
+            to_beams = per_beam(torch.arange(self.n_sentences, device=prev.device), self.k)
+            log_probs, cache = self.model.decode_step(prev[:: self.k], self.cache)
+            self.cache = cache.select_rows(to_beams)
+            return log_probs[to_beams]
+        if rows is not None:
+            self.cache = self.cache.select_rows(rows)
+        log_probs, self.cache = self.model.decode_step(prev, self.cache)
+        return log_probs
+
+    def fewer(self, n_live: int) -> int | None:
+        """The smaller number of sentences to move the slots to once n_live sentences are still searching, or None
+        to stay. With graphs, their bucket's sentences once that is at most half the slots' (each new bucket is a
+        capture: at most log2(B) moves a batch). Eagerly, n_live itself once that is at most three quarters of
+        them: a move costs one copy of the live rows' state, and a finished row costs a step as much as a live
+        one, so waiting for half of them to finish loses more than the extra moves cost (at most log_4/3(B) moves;
+        `benchmarks/bench_generate.py --lengths natural --searches default,slots --rounds 4`)."""
+        if self.graphs is not None:
+            bucket = sentence_bucket(n_live)
+            return bucket if 2 * bucket <= self.n_sentences else None
+        return n_live if 4 * n_live <= 3 * self.n_sentences else None
+
+    def shrink(self, keep: Tensor, rows: Tensor, written: int) -> None:
+        """Move to the sentences `keep` [B'] alone, row i continuing row rows[i] ([B'*K]): eagerly in the decoder
+        cache; with graphs into the smaller bucket's captured step, its `written` positions so far copied."""
+        self.n_sentences = keep.shape[0]
+        if self.graphs is None or self.captured is None:
+            self.cache = self.cache.select_sentences(keep, rows)
+            return
+        bucket = self.captured.bucket._replace(rows=self.n_sentences * self.k)
+        moved = self.cache.select(keep, rows)
+        self.captured, self.batch = self.graphs.step_for(self.model, moved, bucket, written)
+        self.cache = self.captured.cache
 
 
 def filled(b0: int, b: int) -> Tensor:

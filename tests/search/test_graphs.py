@@ -1,6 +1,7 @@
 """The bookkeeping of the captured decoder steps (search/graphs.py) on the CPU, with a capture that counts and
 replays by running the step again: buckets, a captured step reused by every batch of its bucket, a bounded number
-of captures, and no captured step used for shapes outside its bucket."""
+of captures, batches that move to smaller buckets as their sentences finish, and no captured step used for shapes
+outside its bucket."""
 
 import numpy as np
 import pytest
@@ -9,6 +10,7 @@ import torch
 from nmt_cli.config import SearchConfig
 from nmt_cli.data.batching import pad_sources
 from nmt_cli.data.vocab import PAD
+from nmt_cli.search.beam import beam_search
 from nmt_cli.search.graphs import Bucket, StepGraphs, bucket_of, sentence_bucket
 from nmt_cli.search.slots import slot_search
 
@@ -71,6 +73,26 @@ def test_a_bucket_is_captured_once_and_reused(tiny_model):
     enc, lens = encoded(tiny_model, [2, 2, 2])  # the dropped bucket is captured again
     slot_search(tiny_model, enc, lens, cfg, graphs=graphs)
     assert capture.captures == 4
+
+
+def test_finished_sentences_move_to_smaller_buckets(tiny_model):
+    """As a batch's sentences finish it moves to the bucket of its live sentences once that holds at most half of
+    its sentences (the same positions and source length): each smaller bucket is captured once, over the moved
+    batch, and a later batch of those buckets loads its moved state into them."""
+    capture = CountingCapture()
+    graphs = StepGraphs(capture)
+    cfg = SearchConfig(beam=2, max_len_a=1.0, max_len_b=0, nbest=2)  # each sentence stops by its own length
+    enc, lens = encoded(tiny_model, [1, 1, 2, 2, 3, 4, 5, 6, 8, 10, 13, 16, 20])  # the bucket of 16 sentences
+    want = beam_search(tiny_model, enc, lens, cfg)
+    for _ in range(2):
+        got = slot_search(tiny_model, enc, lens, cfg, graphs=graphs)
+        assert [[h.tokens for h in hyps] for hyps in got] == [[h.tokens for h in hyps] for hyps in want]
+        assert [h.score for hyps in got for h in hyps] == pytest.approx([h.score for hyps in want for h in hyps])
+        buckets = list(graphs.graphs)
+        rows = [bucket.rows for bucket in buckets]
+        assert rows[0] == 32 and len(rows) >= 3 and all(2 * b <= a for a, b in zip(rows, rows[1:])), rows
+        assert {bucket._replace(rows=0) for bucket in buckets} == {Bucket(0, 64, 64)}
+        assert capture.captures == len(buckets)  # the second batch captures nothing
 
 
 @torch.inference_mode()

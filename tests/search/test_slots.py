@@ -1,9 +1,8 @@
 """The beam search over fixed slots (search/slots.py) against beam.py's: the same hypotheses and scores for every
 search setting, on a single model and an ensemble, eagerly and through the captured-step bookkeeping
-(search/graphs.py, with a capture that runs the step eagerly); one host read a step; the searches it leaves to
-beam.py."""
+(search/graphs.py, with a capture that runs the step eagerly), with batches that move to fewer slots as their
+sentences finish; one host read a step; the searches it leaves to beam.py."""
 
-import copy
 import json
 from collections import Counter
 
@@ -18,7 +17,7 @@ from nmt_cli.search.beam import beam_search
 from nmt_cli.search.ensemble import Ensemble
 from nmt_cli.search.graphs import StepGraphs
 from nmt_cli.search.prefix import prefix_source
-from nmt_cli.search.slots import SlotSearch, slot_search, slot_search_for
+from nmt_cli.search.slots import Slots, SlotSearch, slot_search, slot_search_for
 from nmt_cli.search.translate import Translator, load_translator, translate
 
 pytestmark = pytest.mark.usefixtures("cpu_matmul_route")  # both CPU matmul routes on every machine (conftest.py)
@@ -71,6 +70,40 @@ def test_fixed_slots_translate_as_the_beam_search_does(copy_translator, toy_data
         assert_same(expected, got)
 
 
+@pytest.fixture
+def moves(monkeypatch):
+    """The sentence counts that batches' slots move to (Slots.shrink), in order."""
+    counts = []
+    shrink = Slots.shrink
+
+    def recording(self, keep, rows, written):
+        counts.append(keep.shape[0])
+        shrink(self, keep, rows, written)
+
+    monkeypatch.setattr(Slots, "shrink", recording)
+    return counts
+
+
+@pytest.mark.parametrize("graphs", [False, True])
+def test_finished_sentences_move_to_fewer_slots(copy_translator, moves, graphs):
+    """Sentences that finish at very different steps: the batch moves to fewer slots (eagerly the live sentences,
+    each time at most three quarters of the slots; with graphs their bucket, at most half of them, the bucket's
+    fill sentences and finished ones moved along), and the results stay beam.py's, nbest included."""
+    g = np.random.default_rng(3)
+    sources = [g.integers(4, 20, n) for n in (1, 2, 2, 3, 4, 5, 6, 7, 9, 12, 16, 21, 26, 30)]  # 14: a bucket of 16
+    enc, lens = encoded(copy_translator, sources)
+    model, n_pieces = copy_translator.model, copy_translator.vocab.n_pieces
+    for cfg in (SearchConfig(beam=4, nbest=3), SearchConfig(beam=3, lenpen=1.0, lenpen_style="fairseq", nbest=2)):
+        moves.clear()
+        want = beam_search(model, enc, lens, cfg, n_pieces)
+        step_graphs = StepGraphs(eager_capture) if graphs else None
+        assert_same(want, slot_search(model, enc, lens, cfg, n_pieces, graphs=step_graphs))
+        counts, most = [16 if graphs else 14, *moves], 0.5 if graphs else 0.75
+        assert len(moves) >= 2 and all(b <= most * a for a, b in zip(counts, counts[1:])), counts
+        if graphs:  # bucket sizes: powers of two
+            assert all(b & (b - 1) == 0 for b in moves), moves
+
+
 def test_the_outputs_end_at_different_steps(copy_translator, toy_data_bin):
     """The rows above test what they claim: in one batch some sentences finish before others."""
     results = translate(copy_translator, sources_of(toy_data_bin), SETTINGS[0], max_tokens=10_000)
@@ -101,7 +134,7 @@ def encoded(translator, sources):
         return translator.model.encode(src, src.eq(PAD)), torch.tensor([len(s) for s in sources])
 
 
-def test_an_ensemble_over_fixed_slots(copy_translator, trained_copy_checkpoint, toy_data_bin, tmp_path):
+def test_an_ensemble_over_fixed_slots(copy_translator, trained_copy_checkpoint, toy_data_bin, tmp_path, moves):
     ckpt = torch.load(trained_copy_checkpoint, map_location="cpu", weights_only=True)
     g = torch.Generator().manual_seed(1)
     ckpt["model"] = {
@@ -115,43 +148,44 @@ def test_an_ensemble_over_fixed_slots(copy_translator, trained_copy_checkpoint, 
     expected = translate(plain, sources, cfg, max_tokens=10_000)
     for slots in (SlotSearch(), SlotSearch(StepGraphs(eager_capture))):
         fixed = Translator(ensemble, copy_translator.vocab, torch.device("cpu"), slots=slots)
+        moves.clear()
         assert_same(expected, translate(fixed, sources, cfg, max_tokens=10_000))
+        assert moves  # its batch moved to fewer slots
 
 
-def count_slot_steps(model):
-    """Counts the calls of model.decode_slots (a list that grows by one each)."""
+@pytest.fixture
+def slot_steps_taken(monkeypatch):
+    """Counts the fixed-slot search's decoder steps (Slots.step; a list that grows by one each)."""
     calls = []
-    decode_slots = model.decode_slots
-    model.decode_slots = lambda *a: calls.append(1) or decode_slots(*a)
+    step = Slots.step
+    monkeypatch.setattr(Slots, "step", lambda *a: calls.append(1) or step(*a))
     return calls
 
 
 @pytest.mark.parametrize("graphs", [False, True])
-def test_fixed_slots_wait_for_the_device_once_a_step(copy_translator, toy_data_bin, graphs):
+def test_fixed_slots_wait_for_the_device_once_a_step(copy_translator, toy_data_bin, slot_steps_taken, graphs):
     """What beam.py's search waits for (tests/search/test_beam_syncs.py): collect's four copies and the source
-    lengths once a batch, and one read a step (whether every sentence is done)."""
-    model = copy.copy(copy_translator.model)
-    calls = count_slot_steps(model)
+    lengths once a batch, and one read a step (how many sentences are still searching), moves to fewer slots
+    included."""
     slots = SlotSearch(StepGraphs(eager_capture) if graphs else None)
-    translator = Translator(model, copy_translator.vocab, torch.device("cpu"), slots=slots)
+    translator = Translator(copy_translator.model, copy_translator.vocab, torch.device("cpu"), slots=slots)
     sources = sources_of(toy_data_bin)
     for cfg in (SearchConfig(beam=4, max_len_a=0, max_len_b=10, min_len=10), SearchConfig(beam=4)):
-        calls.clear()
+        slot_steps_taken.clear()
         with SyncLog() as log:
             translate(translator, sources, cfg, 10_000)
-        n_steps = len(calls) - graphs  # capture's probe step runs once, outside the search's steps
+        n_steps = len(slot_steps_taken)
         syncs = Counter((call, where.rsplit(" in ", 1)[1]) for call, where in log.syncs)
         per_batch = Counter({("cpu", "collect"): 4, ("cpu", "slot_steps"): 1})
-        assert syncs == per_batch + Counter({("__bool__", "slot_steps"): n_steps}), syncs
+        assert syncs == per_batch + Counter({("__int__", "slot_steps"): n_steps}), syncs
         if cfg.min_len == 10:
             assert n_steps == 11
 
 
-def test_other_searches_keep_the_beam_search(copy_translator, toy_data_bin):
+def test_other_searches_keep_the_beam_search(copy_translator, toy_data_bin, slot_steps_taken):
     """Prefixes, the n-gram ban, sampling and beam 1 run beam.py's or greedy.py's search, as without slots."""
-    model = copy.copy(copy_translator.model)
-    calls = count_slot_steps(model)
-    translator = Translator(model, copy_translator.vocab, torch.device("cpu"), slots=SlotSearch())
+    calls = slot_steps_taken
+    translator = Translator(copy_translator.model, copy_translator.vocab, torch.device("cpu"), slots=SlotSearch())
     sources = sources_of(toy_data_bin, 6)
     prefixes = prefix_source([s[:2] for s in sources])
     translate(translator, sources, SearchConfig(beam=4), 10_000, constraints=prefixes)
