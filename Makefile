@@ -22,9 +22,9 @@ lint: install
 	$(BIN)/ruff format --check nmt_cli tests benchmarks
 	$(BIN)/mypy
 
-# The fast suite (slow and gpu tests excluded), after lint.
+# The fast suite (slow and gpu tests excluded), after lint, a test file per worker on every core (pytest-xdist).
 test: lint
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n auto --dist loadfile
 
 # Adds the slow tests: torchrun ranks, SIGKILL torture, recipe-scale runs.
 test-all: lint
