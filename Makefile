@@ -22,9 +22,10 @@ lint: install
 	$(BIN)/ruff format --check nmt_cli tests benchmarks
 	$(BIN)/mypy
 
-# The fast suite (slow and gpu tests excluded), after lint, a test file per worker on every core (pytest-xdist).
+# The fast suite (slow and gpu tests excluded), after lint: a test file per worker on every core (pytest-xdist),
+# each worker's PyTorch on one thread (more would only take the other workers' cores).
 test: lint
-	$(BIN)/python -m pytest -q -n auto --dist loadfile
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -n auto --dist loadfile
 
 # Adds the slow tests: torchrun ranks, SIGKILL torture, recipe-scale runs.
 test-all: lint
