@@ -39,13 +39,14 @@ from collections import deque
 from collections.abc import Callable, Generator, Hashable, Sequence
 from concurrent.futures import Future
 from contextlib import AbstractContextManager, nullcontext
+from functools import partial
 from typing import Any
 
 import numpy as np
 
 from nmt_cli.data.batching import batch_by_tokens
 from nmt_cli.errors import NmtError
-from nmt_cli.serve.queued import Answer, Job, Queued, Running, answer_of, jobs_of, settle, still_waiting
+from nmt_cli.serve.queued import Answer, Job, Queued, Running, jobs_of, settle, still_waiting
 
 logger = logging.getLogger(__name__)
 
@@ -108,6 +109,7 @@ class Batcher:
         self._queue: list[Queued] = []
         self._free_since = time.monotonic()  # when the worker last finished a batch
         self._last_arrival = 0.0  # when the newest request was queued
+        self._arrived = 0  # sentences queued so far
         self._last_key: Hashable = None  # the search settings of the batch that ended last
         self._expected = 1  # sentences worth waiting for: the last batch's and those queued at its end
         self._recent_steps: deque[int] = deque(maxlen=RECENT)  # the steps of the batches that ended last
@@ -178,6 +180,7 @@ class Batcher:
                 for i, n in enumerate(lengths)
             )
             self._last_arrival = job.arrived
+            self._arrived += len(items)
             self._cond.notify()
         return job.future
 
@@ -292,7 +295,18 @@ class Batcher:
         """The batch's search, not yet started (its first step encodes)."""
         futures = [q.job.future for q in batch]
         items = [q.job.items[q.index] for q in batch]
-        return Running(batch, self.run(batch[0].job.key, items, lambda: still_waiting(futures), answer_of(batch)))
+        wanted = partial(still_waiting, futures)
+        # the search calls `answer` from its steps, which start after `running` is assigned
+        running = Running(batch, self.run(batch[0].job.key, items, wanted, lambda i, r: self._early(running, i, r)))
+        return running
+
+    def _early(self, running: Running, i: int, result: Any) -> None:
+        """Sentence i's result before its batch ends (`Answer`); from the first request it answers, the batch
+        counts the sentences that arrive (its answered clients coming back, `_ended`)."""
+        running.batch[i].answer(result)
+        if running.arrived_at_early is None and running.batch[i].job.future.done():
+            with self._cond:
+                running.arrived_at_early = self._arrived
 
     def _step(self, running: Running) -> bool:
         """Advance a batch's search by one step; True once it has ended, its requests answered (or failed)."""
@@ -305,7 +319,7 @@ class Batcher:
             return True
         except Exception as e:  # a bug or a device error: fail these requests, keep serving the others
             logger.exception("a batch of %d sentences failed", len(running.batch))
-            self._ended(running.batch)
+            self._ended(running)
             for job in jobs_of(running.batch):
                 settle(job.future, exception=e)
             return True
@@ -317,19 +331,25 @@ class Batcher:
         """Answer a finished batch's requests; the next batch waits for the company this one expects."""
         self._recent_steps.append(running.steps)
         self._recent_seconds.append(running.seconds)
-        self._ended(running.batch)
+        self._ended(running)
         if self.on_batch is not None:  # counted before the answers go out: a client answered sees it
             self.on_batch(running.batch[0].job.key, len(running.batch), len(jobs_of(running.batch)), running.seconds)
         for q, result in zip(running.batch, results):
             q.answer(result)
 
-    def _ended(self, batch: list[Queued]) -> None:
+    def _ended(self, running: Running) -> None:
         """Counted before the last answers go out: an answered client may be back at once, and counting its next
-        sentence as well as its last made the next batch wait for one too many (those answered early are back,
-        or on their way, and queued). The sentences of requests cancelled (timed out, client gone) are not
-        expected back; a batch of only those leaves the expectation."""
+        sentence as well as its last made the next batch wait for one too many. Expected: the sentences queued, the
+        batch's still waiting, and those answered early that are not back: as many as were answered early less
+        those that have arrived since the first was (the clients that came back; a newcomer counts as one of them).
+        The sentences of requests cancelled (timed out, client gone) are not expected back; a batch of only those
+        leaves the expectation."""
+        batch = running.batch
         with self._cond:
             self._free_since = time.monotonic()
             self._drop_cancelled()
-            if wanted := sum(not q.job.future.done() for q in batch):
-                self._last_key, self._expected = batch[0].job.key, wanted + len(self._queue)
+            wanted = sum(not q.job.future.done() for q in batch)
+            early = sum(q.answered and q.job.future.done() and not q.job.future.cancelled() for q in batch)
+            back = 0 if running.arrived_at_early is None else min(early, self._arrived - running.arrived_at_early)
+            if wanted + early:
+                self._last_key, self._expected = batch[0].job.key, wanted + len(self._queue) + early - back

@@ -54,6 +54,7 @@ class Running:
     search: Generator[None, None, list[Any]]
     steps: int = 0
     seconds: float = 0.0
+    arrived_at_early: int | None = None  # the batcher's sentences arrived when this batch first answered a request
 
     @property
     def left(self) -> float:
@@ -64,11 +65,6 @@ class Running:
 def jobs_of(batch: list[Queued]) -> list[Job]:
     """The requests a batch's sentences belong to, each once."""
     return list({id(q.job): q.job for q in batch}.values())
-
-
-def answer_of(batch: list[Queued]) -> Answer:
-    """The batch's early answers: item i is batch[i]."""
-    return lambda i, result: batch[i].answer(result)
 
 
 def still_waiting(futures: list[Future[list[Any]]]) -> list[bool]:

@@ -431,16 +431,19 @@ def test_the_sentences_of_a_cancelled_request_are_not_waited_for():
 def test_a_batch_nobody_waits_for_leaves_the_company_the_next_batch_waits_for():
     """Two batches ran side by side: the one answered expects its 20 clients back; the other, whose requests all
     went away (timed out, client gone), ends after it and must not make the next request start alone."""
-    from nmt_cli.serve.queued import Job, Queued
+    from nmt_cli.serve.queued import Job, Queued, Running
+
+    def ended(job, n):
+        return Running([Queued(job, i, 1) for i in range(n)], iter(()))
 
     batcher = Batcher(Recorder(), max_tokens=1000, max_wait=0.05, max_queue=100)
     answered, gone = Job("cfg", ["a"] * 20), Job("cfg", ["b"] * 20)
     gone.future.cancel()
-    batcher._ended([Queued(answered, i, 1) for i in range(20)])
+    batcher._ended(ended(answered, 20))
     assert batcher._expected == 20
-    batcher._ended([Queued(gone, i, 1) for i in range(20)])
+    batcher._ended(ended(gone, 20))
     assert batcher._expected == 20
-    batcher._ended([Queued(Job("cfg", ["c"] * 3), i, 1) for i in range(3)])  # a batch answered sets it anew
+    batcher._ended(ended(Job("cfg", ["c"] * 3), 3))  # a batch answered sets it anew
     assert batcher._expected == 3
 
 
@@ -466,3 +469,25 @@ def test_a_sentence_answered_early_answers_its_request_while_the_batch_runs():
     release.set()
     assert pair.result(timeout=5) == ["early:x1", "end:x2"] and long.result(timeout=5) == ["end:y"]
     batcher.stop(timeout=5)
+
+
+def test_clients_answered_early_are_expected_back_until_they_are():
+    """A batch that answered two of its three one-sentence requests early expects three sentences back when it ends:
+    the two answered early are counted until as many sentences have arrived since the first early answer."""
+    from nmt_cli.serve.queued import Job, Queued, Running
+
+    def batch_of_three(batcher):
+        jobs = [Job("cfg", ["a"], results=[None], remaining=1) for _ in range(3)]
+        running = Running([Queued(job, 0, 1) for job in jobs], iter(()))
+        for i in (0, 1):
+            batcher._early(running, i, "early")
+        return running
+
+    away = Batcher(Recorder(), max_tokens=1000, max_wait=0.05, max_queue=100)
+    away._ended(batch_of_three(away))
+    assert away._expected == 3  # none of the two is back yet
+    back = Batcher(Recorder(), max_tokens=1000, max_wait=0.05, max_queue=100)
+    running = batch_of_three(back)
+    submit(back, "cfg", ["b"]), submit(back, "cfg", ["c"])  # the two come back before the batch ends
+    back._ended(running)
+    assert back._expected == 3  # the one answered at the end, and the two queued
