@@ -94,6 +94,10 @@ class ServedModel:
         self.alignment_layer = alignment_layer(None, layers)  # generate's default
         self.caps = Caps.of(cfg, self.search, self.max_positions)
         check_server(self.search, self.caps)
+        # Answer a sentence as its beam search finishes it, on a GPU: the event loop answers and reads the clients
+        # on host cores the search leaves free. On the CPU the search's threads take every core, and the clients
+        # handled beside its steps slowed it more than their early return gained (benchmarks/record/serve.md).
+        self.answers_early = self.device.type == "cuda"
         self.info = self._info(saved, cfg)
 
     def _info(self, saved: SavedModel, cfg: ServeConfig) -> dict[str, Any]:
@@ -251,7 +255,7 @@ class ServedModel:
         """Search one batch (the worker thread resumes it) one decoder step per resumption (a parser's batch in
         one); returns one JSON-ready result per sentence. `still_wanted` (per sentence, asked once a step): those
         no longer wanted stop at the next step, and get None. `answer` is given a sentence's result as soon as the
-        beam search finishes it, where no sentence asks for an alignment (those are computed for the batch)."""
+        beam search finishes it (`answers_early`), where no sentence asks for an alignment (computed per batch)."""
         translator = self.translator
         generator = sampling_generator(search, self.device)
         if self.parser is not None:
@@ -264,7 +268,9 @@ class ServedModel:
             forced = prefix_source([np.zeros(0, np.int64) if s.prefix is None else s.prefix for s in sentences])
             rules = all_of(lexical, forced)
             early = (
-                None if answer is None or any(s.alignment for s in sentences) else partial(self.tell, answer, search)
+                partial(self.tell, answer, search)
+                if answer is not None and self.answers_early and not any(s.alignment for s in sentences)
+                else None
             )
             results = yield from translate_steps(
                 translator, ids, search, self.max_tokens, 0, generator, rules, still_wanted, early

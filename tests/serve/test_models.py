@@ -156,14 +156,16 @@ def test_a_model_that_fails_its_warm_up_is_named_by_its_path():
 
 
 def test_a_served_sentence_is_answered_when_its_search_ends_with_what_the_batch_returns(trained_copy_checkpoint):
-    """The batcher's `answer` reaches the beam search (Models.run -> ServedModel.run -> translate_steps): the
-    short sentence of a batch is answered before the long one's steps end, with the result the batch returns;
-    a batch in which a sentence asks for an alignment is answered at its end."""
+    """On a GPU (`answers_early`), the batcher's `answer` reaches the beam search (Models.run -> ServedModel.run ->
+    translate_steps): the short sentence of a batch is answered before the long one's steps end, with the result
+    the batch returns; a batch in which a sentence asks for an alignment is answered at its end."""
     from nmt_cli.search.beam import run_to_end
     from nmt_cli.serve.models import key_of
 
     models = Models.open(ServeConfig(path=str(trained_copy_checkpoint), device="cpu", threads=1), {})
     served = models.default.served
+    assert not served.answers_early  # on the CPU; forced here, as on a GPU
+    served.answers_early = True
     served.warm_up()
     texts = ["0", "1 2 3 4 5 6 7 8 9 1 2 3 4 5 6 7"]  # the copy model answers each in its own length
     sentences = served.prepare(texts)
