@@ -240,7 +240,7 @@ def test_fixed_slots_and_cuda_graphs_return_the_beam_searchs_hypotheses(tiny_che
 
 
 def test_cuda_graphs_make_one_host_synchronisation_per_step(tiny_checkpoint, toy_data_bin):
-    """As beam.py's search: one a step (whether every sentence is done), a few a batch."""
+    """As beam.py's search: one a step (how many sentences are still searching), a few a batch."""
     from nmt_cli.search.slots import slot_search_for
 
     sources = [ParallelDataset(toy_data_bin, "test").src[i] for i in range(30)]
