@@ -9,7 +9,7 @@
 # OUT_DIR receives 8 files, what the device tool brings back: env.log, tests.log, bench.log (the fairseq
 # step's too), profile.log (the compile step's too: both run profile_gpu.py), recipe.log, serve.log,
 # results.jsonl (every figure and step time) and summary.md (the table). STEPS="tests bench ..." runs only
-# those steps (default: all seven). The recipe's data, checkpoints and the `nmt` shim
+# those steps (default: all eight). The recipe's data, checkpoints and the `nmt` shim
 # go to WORK (a temporary directory unless given). Multi30k is read from RAW_DIR (default
 # ../shared/data/multi30k beside the checkout; the recipe step is skipped where it is absent: no downloads).
 #
@@ -30,7 +30,9 @@
 #                 elsewhere, to compare with its CPU figures): `nmt serve` on the GPU under 32
 #                 clients and one, next to `nmt generate`; then
 #                 benchmarks/profile_serve.py, where a served sentence's time goes (after it in serve.log)
-#   7. compile    --compile's warm-up for transformer_base (8 updates), if time is left before DEADLINE
+#   7. decoding   benchmarks/bench_decoding.py on the recipe's checkpoint: each decoding feature's time against
+#                 plain beam 4, and score-pairs' sentences/s against the search's (issue 49: >= 10x); in bench.log
+#   8. compile    --compile's warm-up for transformer_base (8 updates), if time is left before DEADLINE
 # then a table (OUT_DIR/summary.md). Runs from this checkout with the packages of a CUDA PyTorch image (torch,
 # numpy, sentencepiece, sacrebleu, click, rich, pytest): nothing is installed, `nmt` is `python3 -m nmt_cli`.
 set -uo pipefail
@@ -41,7 +43,7 @@ DRY_RUN=${DRY_RUN:-0}
 DEADLINE=${DEADLINE:-540}
 TRAIN_MINUTES=${TRAIN_MINUTES:-2}
 RAW_DIR=${RAW_DIR:-$(cd "$repo/.." && pwd)/shared/data/multi30k}
-STEPS=${STEPS:-tests bench fairseq profile recipe serve compile}
+STEPS=${STEPS:-tests bench fairseq profile recipe serve decoding compile}
 mkdir -p "$OUT_DIR"
 OUT_DIR=$(cd "$OUT_DIR" && pwd)
 [ -n "${WORK:-}" ] || { WORK=$(mktemp -d "${TMPDIR:-/tmp}/gpu-check-XXXXXX"); made_work=1; }
@@ -55,11 +57,11 @@ start=$SECONDS
 failed=()
 
 log_of() {  # log_of NAME: a step's log file; compile's goes after profile's, serve-profile's after serve's and
-    # fairseq's after bench's, keeping OUT_DIR to 8 files
+    # fairseq's and decoding's after bench's, keeping OUT_DIR to 8 files
     case $1 in
         compile) echo "$OUT_DIR/profile.log" ;;
         serve-profile) echo "$OUT_DIR/serve.log" ;;
-        fairseq*) echo "$OUT_DIR/bench.log" ;;
+        fairseq* | decoding) echo "$OUT_DIR/bench.log" ;;
         *) echo "$OUT_DIR/$1.log" ;;
     esac
 }
@@ -108,6 +110,18 @@ serve_step() {
             $bench_args "$@"
         # shellcheck disable=SC2086
         step serve-profile 90 "$PYTHON" benchmarks/profile_serve.py --path "$checkpoint" $profile_args "$@"
+    fi
+}
+
+# decoding_step LIMIT ARGS...: bench_decoding.py on the recipe's checkpoint (or SERVE_CHECKPOINT's) with ARGS
+decoding_step() {
+    local limit=$1 checkpoint=${SERVE_CHECKPOINT:-$WORK/multi30k/average.pt}
+    shift
+    if [ ! -f "$checkpoint" ]; then
+        skipped decoding "no checkpoint at $checkpoint"
+    else
+        step decoding "$limit" env NMT_BENCH_DIR="$WORK/bench" "$PYTHON" benchmarks/bench_decoding.py \
+            --path "$checkpoint" "$@"
     fi
 }
 
@@ -162,6 +176,7 @@ if [ "$DRY_RUN" = 1 ]; then  # the same steps at tiny sizes on the CPU (gpu test
     step recipe 60 env DRY_RUN=1 PATH="$WORK/bin:$PATH" WORK_DIR="$WORK/multi30k" RAW_DIR="$RAW_DIR" \
         TRAIN_MINUTES="$TRAIN_MINUTES" bash recipes/multi30k_en_de/run.sh
     serve_step 120 --tiny "--single 4 --rounds 1" --threads 1
+    decoding_step 90 --tiny --threads 1
     skipped compile "dry run (tests/test_compile.py's slow test compiles on the CPU)"
 else
     step tests 150 "$PYTHON" -m pytest -q -p no:cacheprovider -m gpu
@@ -176,6 +191,7 @@ else
         failed+=(recipe)
     fi
     serve_step 150 "" "--single 30 --rounds 2" --device cuda --input "$RAW_DIR/test_2016_flickr.en"
+    decoding_step 150 --device cuda --rounds 1 --sentences 1000 --input "$RAW_DIR/test_2016_flickr.en"
     if [ $((DEADLINE - (SECONDS - start))) -ge 90 ]; then  # whole or not at all: a cut-short warm-up says nothing
         step compile 90 "$PYTHON" benchmarks/profile_gpu.py --compile-warmup --results "$RESULTS"
     else

@@ -178,6 +178,7 @@ def main() -> None:
     rows += profile_rows(results) + [("profile time", times.get("profile", "not run"))]
     rows += [("recipe", f"{recipe_row(work / 'multi30k')[1]} ({times.get('recipe', 'not run')})")]
     rows += serve_rows(out) + [("serve time", times.get("serve", "not run"))]
+    rows += [("decoding step (figures in bench.log)", times.get("decoding", "not run"))]
     rows += [("compile step", times.get("compile", "not run")), ("gpu_check.sh in all", f"{seconds} s")]
     print("| what | measured |\n|---|---|")
     for what, value in rows:
