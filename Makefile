@@ -23,9 +23,11 @@ lint: install
 	$(BIN)/mypy
 
 # The fast suite (slow and gpu tests excluded), after lint: a test file per worker on every core (pytest-xdist),
-# each worker's PyTorch on one thread (more would only take the other workers' cores).
+# each worker's PyTorch on one thread (more would only take the other workers' cores); then, alone, the tests
+# that compare latencies (marked serial), which a test beside them would disturb.
 test: lint
-	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -n auto --dist loadfile
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -n auto --dist loadfile -m "not slow and not gpu and not serial"
+	$(BIN)/python -m pytest -q -m "serial and not slow and not gpu"
 
 # Adds the slow tests: torchrun ranks, SIGKILL torture, recipe-scale runs.
 test-all: lint

@@ -127,6 +127,7 @@ def three_clients(client):
     return answers
 
 
+@pytest.mark.serial  # it compares latencies: a test beside it on the same cores would move them
 def test_a_request_that_times_out_stops_at_the_next_step_and_the_others_are_answered_in_their_usual_time(
     tiny_checkpoint,
 ):
@@ -182,6 +183,7 @@ def test_a_cancelled_request_leaves_the_running_batch_at_the_next_step():
     assert asked[0] == [True, True] and [False, False] in asked
 
 
+@pytest.mark.serial  # it compares latencies
 def test_the_others_are_answered_in_their_usual_time_while_an_expensive_request_is_still_searched(tiny_checkpoint):
     """The worker searches the expensive request's batch and the others' step by step, least attained service
     first (serve/batcher.py): the others pass it without waiting for its end or its 504 (its timeout is long here),
