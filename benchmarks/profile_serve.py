@@ -50,12 +50,12 @@ from common import MULTI30K
 
 from nmt_cli.config import ServeConfig
 from nmt_cli.runtime import AMP_DTYPES, set_threads
-from nmt_cli.search.beam import Steps
 from nmt_cli.search.translate import load_translator, translate
 from nmt_cli.serve.app import Limits, make_app
 from nmt_cli.serve.models import Models, key_of
 from nmt_cli.serve.queued import Answer
 from nmt_cli.serve.served_model import ServedModel
+from nmt_cli.steps import Steps
 
 
 def one_at_a_time(args: argparse.Namespace, lines: list[str]) -> None:

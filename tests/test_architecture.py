@@ -26,6 +26,7 @@ LAYERS = {
     "files": 1,
     "signals": 1,
     "allocator": 1,
+    "steps": 1,
     "flags": 2,
     "config": 2,
     "runtime": 2,

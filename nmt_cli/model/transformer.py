@@ -11,7 +11,6 @@ To see the attention weights of a teacher-forced pass, pass an `AttentionWeights
 from __future__ import annotations
 
 import math
-from collections.abc import Generator
 from dataclasses import dataclass, field
 from functools import partial
 
@@ -25,6 +24,7 @@ from nmt_cli.model.cache import DecoderCache
 from nmt_cli.model.layers import DecoderLayer, Dropout, EncoderLayer, sinusoidal_positions
 from nmt_cli.model.linear import Linear
 from nmt_cli.model.slots import SlotCache, pad_source
+from nmt_cli.steps import Steps, run_to_end
 
 
 @dataclass
@@ -132,16 +132,11 @@ class Transformer(nn.Module):
         self, src_tokens: Tensor, src_pad_mask: Tensor | None, weights: AttentionWeights | None = None
     ) -> EncoderOut:
         """src_tokens: [B, S] -> memory [B, S, D]. weights: records each layer's self-attention."""
-        steps = self.encode_steps(src_tokens, src_pad_mask, weights)
-        while True:
-            try:
-                next(steps)
-            except StopIteration as stop:
-                return stop.value
+        return run_to_end(self.encode_steps(src_tokens, src_pad_mask, weights))
 
     def encode_steps(
         self, src_tokens: Tensor, src_pad_mask: Tensor | None, weights: AttentionWeights | None = None
-    ) -> Generator[None, None, EncoderOut]:
+    ) -> Steps[EncoderOut]:
         """`encode` one layer per resumption, returning its output: a caller that interleaves other work with an
         expensive batch's encoder (a batch of long sentences) pauses it between layers."""
         mask = attention_mask(src_pad_mask)

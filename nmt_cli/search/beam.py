@@ -24,9 +24,9 @@ batches by step); `beam_search` runs it to its end.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, ParamSpec, TypeVar
+from typing import Any
 
 import numpy as np
 import torch
@@ -37,6 +37,7 @@ from nmt_cli.data.vocab import BOS, EOS, PAD, UNK
 from nmt_cli.search.constraint import Constraint
 from nmt_cli.search.hypothesis import Hypothesis
 from nmt_cli.search.searchable import SearchEncoderOut, SearchModel
+from nmt_cli.steps import Steps, to_the_end  # a search is stepped work (serve's worker interleaves)
 
 NEG_INF = float("-inf")
 
@@ -45,34 +46,6 @@ NEG_INF = float("-inf")
 StillWanted = Callable[[], Sequence[bool]]
 # Told a sentence of the call (its index) and its nbest hypotheses at the step it finishes (and returned at the end)
 OnDone = Callable[[int, list[Hypothesis]], None]
-
-R = TypeVar("R")
-# A search that runs one decoder step per resumption and returns its results: serve's worker advances several
-# batches' searches in turn (serve/batcher.py); generate drives one to its end (`run_to_end`).
-Steps = Generator[None, None, R]
-
-
-P = ParamSpec("P")
-
-
-def run_to_end(steps: Steps[R]) -> R:
-    """Run a stepping search to its end; its results."""
-    while True:
-        try:
-            next(steps)
-        except StopIteration as stop:
-            return stop.value
-
-
-def to_the_end(stepping: Callable[P, Steps[R]]) -> Callable[P, R]:
-    """A stepping search (`beam_steps`, ...) as a function that runs it to its end (`beam_search`, ...): the same
-    arguments, its results."""
-
-    def whole(*args: P.args, **kwargs: P.kwargs) -> R:
-        return run_to_end(stepping(*args, **kwargs))
-
-    whole.__doc__ = f"`{stepping.__name__}` run to its end, with its arguments: its results."
-    return whole
 
 
 @dataclass

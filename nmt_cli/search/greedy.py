@@ -15,10 +15,11 @@ from torch import Tensor
 
 from nmt_cli.config import SearchConfig
 from nmt_cli.data.vocab import BOS, EOS, PAD, UNK
-from nmt_cli.search.beam import Steps, StillWanted, Unwanted, to_the_end
+from nmt_cli.search.beam import StillWanted, Unwanted
 from nmt_cli.search.constraint import Constraint
 from nmt_cli.search.hypothesis import Hypothesis
 from nmt_cli.search.searchable import SearchEncoderOut, SearchModel
+from nmt_cli.steps import Steps, to_the_end
 
 NEG_INF = float("-inf")
 

@@ -36,7 +36,6 @@ from nmt_cli.config import SearchConfig
 from nmt_cli.data.vocab import BOS
 from nmt_cli.search.beam import (
     NEG_INF,
-    Steps,
     collect,
     constrain,
     finish,
@@ -45,12 +44,12 @@ from nmt_cli.search.beam import (
     per_beam,
     start,
     survive,
-    to_the_end,
     top_candidates,
 )
 from nmt_cli.search.graphs import Captured, SlotModel, StepGraphs, bucket_of, cuda_capture, sentence_bucket
 from nmt_cli.search.hypothesis import Hypothesis
 from nmt_cli.search.searchable import SearchEncoderOut
+from nmt_cli.steps import Steps, to_the_end
 
 
 @dataclass

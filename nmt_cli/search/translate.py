@@ -26,7 +26,7 @@ from nmt_cli.model.linear import ONEDNN_AVAILABLE, pack_for_cpu_inference
 from nmt_cli.model.quantize import quantize_for_cpu_inference
 from nmt_cli.model.transformer import Transformer
 from nmt_cli.runtime import AMP_DTYPES, autocast, choose_attention_backends, choose_device
-from nmt_cli.search.beam import OnDone, R, Steps, StillWanted, beam_steps, max_lengths, to_the_end
+from nmt_cli.search.beam import OnDone, StillWanted, beam_steps, max_lengths
 from nmt_cli.search.constraint import ConstraintSource, all_of
 from nmt_cli.search.ensemble import Ensemble, check_members, ensemble_bounds, member_paths, member_weights
 from nmt_cli.search.greedy import greedy_steps
@@ -34,6 +34,7 @@ from nmt_cli.search.hypothesis import Hypothesis
 from nmt_cli.search.ngram import no_repeat_ngrams
 from nmt_cli.search.settings import SearchBounds, generation_precision, search_bounds, search_settings
 from nmt_cli.search.slots import SlotSearch, applies, slot_steps
+from nmt_cli.steps import R, Steps, to_the_end
 
 logger = logging.getLogger(__name__)
 

@@ -21,11 +21,11 @@ from typing import Any
 
 from nmt_cli.config import SearchConfig, ServeConfig
 from nmt_cli.errors import ConfigError, DataError
-from nmt_cli.search.beam import Steps
 from nmt_cli.serve.batcher import Batcher
 from nmt_cli.serve.libretranslate import is_libretranslate
 from nmt_cli.serve.queued import Answer
 from nmt_cli.serve.served_model import ServedModel
+from nmt_cli.steps import Steps
 
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]*")  # a model's name: what a URL's query and JSON carry plainly
 

@@ -27,7 +27,7 @@ from nmt_cli.config import SearchConfig, ServeConfig
 from nmt_cli.data import raw_text_problem
 from nmt_cli.errors import ConfigError, DataError
 from nmt_cli.parsing.parser import TreeParser, ptb_words
-from nmt_cli.search.beam import Steps, StillWanted, run_to_end
+from nmt_cli.search.beam import StillWanted
 from nmt_cli.search.constraint import all_of
 from nmt_cli.search.forced import add_alignments, alignment_layer
 from nmt_cli.search.hypothesis import Hypothesis, hypothesis_record
@@ -46,6 +46,7 @@ from nmt_cli.serve.caps import (
     request_terms,
 )
 from nmt_cli.serve.queued import Answer
+from nmt_cli.steps import Steps, run_to_end
 
 logger = logging.getLogger(__name__)
 

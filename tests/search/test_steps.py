@@ -15,6 +15,16 @@ SOURCES = [np.array(s) for s in ([5, 6, 7], [8, 9, 10, 11, 12], [4])]
 OTHERS = [np.array(s) for s in ([13, 14, 15, 16], [17, 18], [6, 6, 6, 6, 6, 6])]
 
 
+def counting(search, steps):
+    """Run a stepping search to its end, steps[0] counting its resumptions as they go (for callbacks to read)."""
+    while True:
+        try:
+            next(search)
+        except StopIteration as stop:
+            return stop.value
+        steps[0] += 1
+
+
 def in_turn(*searches):
     """Resume the searches one after another until each has ended; their results, and the steps each ran."""
     results, steps, live = [None] * len(searches), [0] * len(searches), list(range(len(searches)))
@@ -76,18 +86,12 @@ def test_a_sentence_is_told_as_it_finishes_with_the_hypotheses_the_search_return
     translator = Translator(tiny_model, vocab, torch.device("cpu"))
     sources = [np.arange(4, 4 + n) for n in (1, 3, 6, 9)]
     cfg = SearchConfig(beam=3, nbest=2, min_len=1, max_len_a=1, max_len_b=1)  # at most 2, 4, 7 and 10 pieces
-    told, steps = [], 0
-    search = translate_steps(translator, sources, cfg, 1000, on_done=lambda i, hyps: told.append((i, steps, hyps)))
-    while True:
-        try:
-            next(search)
-            steps += 1
-        except StopIteration as stop:
-            results = stop.value
-            break
+    told, steps = [], [0]
+    search = translate_steps(translator, sources, cfg, 1000, on_done=lambda i, hyps: told.append((i, steps[0], hyps)))
+    results = counting(search, steps)
     assert results == translate(translator, sources, cfg, 1000)
     assert [i for i, _, _ in told] == sorted({i for i, _, _ in told})  # each once, the shortest first here
     assert all(hyps == results[i] for i, _, hyps in told)
-    assert told and told[0][0] == 0 and told[0][1] < steps - 3  # the one-piece source, well before the end
+    assert told and told[0][0] == 0 and told[0][1] < steps[0] - 3  # the one-piece source, well before the end
     longest = max(range(len(sources)), key=lambda i: len(results[i][0].tokens))
     assert longest not in {i for i, _, _ in told}  # the last to finish comes with the batch's end

@@ -159,8 +159,9 @@ def test_a_served_sentence_is_answered_when_its_search_ends_with_what_the_batch_
     """On a GPU (`answers_early`), the batcher's `answer` reaches the beam search (Models.run -> ServedModel.run ->
     translate_steps): the short sentence of a batch is answered before the long one's steps end, with the result
     the batch returns; a batch in which a sentence asks for an alignment is answered at its end."""
-    from nmt_cli.search.beam import run_to_end
     from nmt_cli.serve.models import key_of
+    from nmt_cli.steps import run_to_end
+    from tests.search.test_steps import counting
 
     models = Models.open(ServeConfig(path=str(trained_copy_checkpoint), device="cpu", threads=1), {})
     served = models.default.served
@@ -170,19 +171,11 @@ def test_a_served_sentence_is_answered_when_its_search_ends_with_what_the_batch_
     texts = ["0", "1 2 3 4 5 6 7 8 9 1 2 3 4 5 6 7"]  # the copy model answers each in its own length
     sentences = served.prepare(texts)
     key, told, steps = key_of(models.default, served.search), [], [0]
-
-    def counted(search):
-        while True:
-            try:
-                next(search)
-            except StopIteration as stop:
-                return stop.value
-            steps[0] += 1
-
-    results = counted(models.run(key, sentences, lambda: [True] * 2, lambda i, r: told.append((i, steps[0], r))))
+    search = models.run(key, sentences, lambda: [True] * 2, lambda i, r: told.append((i, steps[0], r)))
+    results = counting(search, steps)
     assert [i for i, _, _ in told] == [0] and told[0][2] == results[0] and told[0][1] < steps[0] - 5
     assert results == run_to_end(models.run(key, served.prepare(texts), lambda: [True] * 2, lambda i, r: None))
     aligned = [replace(sentences[0], alignment="hard"), sentences[1]]
     told.clear()
-    counted(models.run(key, aligned, lambda: [True] * 2, lambda i, r: told.append(i)))
+    run_to_end(models.run(key, aligned, lambda: [True] * 2, lambda i, r: told.append(i)))
     assert told == []
