@@ -243,8 +243,6 @@ def head_lines(src: Path, dest: Path, n: int | None) -> None:
 
 
 def quality(args) -> None:
-    import sacrebleu
-
     work = Path(args.work)
     raw = work / "raw"
     raw.mkdir(parents=True, exist_ok=True)
@@ -267,6 +265,9 @@ def quality(args) -> None:
     with open(work / "nmt.hyp.de", "w") as hyp:
         run([*nmt, "generate", "--path", str(work / "nmt-ckpt" / "checkpoint_last.pt"), "--beam", "4"]
             + ["--input", str(raw / "test_2016_flickr.en"), "--device", args.device], stdout=hyp)  # fmt: skip
+    refs = (raw / "test_2016_flickr.de").read_text(encoding="utf-8").splitlines()
+    nmt_hyps = (work / "nmt.hyp.de").read_text(encoding="utf-8").splitlines()
+    record_quality(args, "nmt", nmt_hyps, refs, nmt_s, precision)  # before fairseq's run: kept if that is cut short
     fs_dir.mkdir(exist_ok=True)
     for split in ("train", "test"):
         write_fairseq_split(data, split, ("en", "de"), fs_dir, ("en", "de"))
@@ -295,24 +296,24 @@ def quality(args) -> None:
             stdout=gen)  # fmt: skip
     found = [re.match(r"D-(\d+)\t\S+\t(.*)$", line) for line in out.read_text(encoding="utf-8").splitlines()]
     fairseq_hyps = [m.group(2) for m in sorted((m for m in found if m), key=lambda m: int(m.group(1)))]
-    refs = (raw / "test_2016_flickr.de").read_text(encoding="utf-8").splitlines()
-    nmt_hyps = (work / "nmt.hyp.de").read_text(encoding="utf-8").splitlines()
-    for toolkit, hyps, seconds, trained_in in (
-        ("nmt", nmt_hyps, nmt_s, precision),
-        ("fairseq", fairseq_hyps, fairseq_s, fs_precision),
-    ):
-        if len(hyps) != len(refs):
-            raise SystemExit(f"{toolkit} translated {len(hyps)} of {len(refs)} test sentences")
-        bleu = sacrebleu.corpus_bleu(hyps, [refs]).score
-        record(
-            args,
-            what="quality multi30k",
-            toolkit=toolkit,
-            updates=args.quality_updates,
-            precision=trained_in,
-            bleu=round(bleu, 2),
-            train_s=round(seconds, 1),
-        )
+    record_quality(args, "fairseq", fairseq_hyps, refs, fairseq_s, fs_precision)
+
+
+def record_quality(args, toolkit: str, hyps: list[str], refs: list[str], seconds: float, trained_in: str) -> None:
+    import sacrebleu
+
+    if len(hyps) != len(refs):
+        raise SystemExit(f"{toolkit} translated {len(hyps)} of {len(refs)} test sentences")
+    bleu = sacrebleu.corpus_bleu(hyps, [refs]).score
+    record(
+        args,
+        what="quality multi30k",
+        toolkit=toolkit,
+        updates=args.quality_updates,
+        precision=trained_in,
+        bleu=round(bleu, 2),
+        train_s=round(seconds, 1),
+    )
 
 
 def parse_args() -> argparse.Namespace:

@@ -9,7 +9,8 @@
 # OUT_DIR receives 8 files, what the device tool brings back: env.log, tests.log, bench.log (the fairseq
 # step's too), profile.log (the compile step's too: both run profile_gpu.py), recipe.log, serve.log,
 # results.jsonl (every figure and step time) and summary.md (the table). STEPS="tests bench ..." runs only
-# those steps (default: all eight). The recipe's data, checkpoints and the `nmt` shim
+# those steps (default: all eight); BENCH_ARGS adds arguments to bench_gpu.py (e.g. "--skip-training" where the
+# fairseq step measures training). The recipe's data, checkpoints and the `nmt` shim
 # go to WORK (a temporary directory unless given). Multi30k is read from RAW_DIR (default
 # ../shared/data/multi30k beside the checkout; the recipe step is skipped where it is absent: no downloads).
 #
@@ -170,7 +171,8 @@ cat "$OUT_DIR/env.log"
 
 if [ "$DRY_RUN" = 1 ]; then  # the same steps at tiny sizes on the CPU (gpu tests skip themselves there)
     step tests 120 "$PYTHON" -m pytest -q -p no:cacheprovider -m gpu
-    step bench 120 "$PYTHON" benchmarks/bench_gpu.py --device cpu --results "$RESULTS"
+    # shellcheck disable=SC2086  # BENCH_ARGS: words
+    step bench 120 "$PYTHON" benchmarks/bench_gpu.py --device cpu --results "$RESULTS" ${BENCH_ARGS:-}
     fairseq_step 120 180 --device cpu
     step profile 120 "$PYTHON" benchmarks/profile_gpu.py --device cpu --results "$RESULTS"
     step recipe 60 env DRY_RUN=1 PATH="$WORK/bin:$PATH" WORK_DIR="$WORK/multi30k" RAW_DIR="$RAW_DIR" \
@@ -180,8 +182,9 @@ if [ "$DRY_RUN" = 1 ]; then  # the same steps at tiny sizes on the CPU (gpu test
     skipped compile "dry run (tests/test_compile.py's slow test compiles on the CPU)"
 else
     step tests 150 "$PYTHON" -m pytest -q -p no:cacheprovider -m gpu
-    step bench 150 "$PYTHON" benchmarks/bench_gpu.py --results "$RESULTS"
-    fairseq_step 150 170
+    # shellcheck disable=SC2086  # BENCH_ARGS: words
+    step bench 150 "$PYTHON" benchmarks/bench_gpu.py --results "$RESULTS" ${BENCH_ARGS:-}
+    fairseq_step 150 200
     step profile 60 "$PYTHON" benchmarks/profile_gpu.py --results "$RESULTS"
     if [ -f "$RAW_DIR/train.en" ]; then
         step recipe 200 env PATH="$WORK/bin:$PATH" WORK_DIR="$WORK/multi30k" RAW_DIR="$RAW_DIR" \
@@ -191,7 +194,7 @@ else
         failed+=(recipe)
     fi
     serve_step 150 "" "--single 30 --rounds 2" --device cuda --input "$RAW_DIR/test_2016_flickr.en"
-    decoding_step 150 --device cuda --rounds 1 --sentences 1000 --input "$RAW_DIR/test_2016_flickr.en"
+    decoding_step 150 --device cuda --rounds 1 --sentences 500 --input "$RAW_DIR/test_2016_flickr.en"
     if [ $((DEADLINE - (SECONDS - start))) -ge 90 ]; then  # whole or not at all: a cut-short warm-up says nothing
         step compile 90 "$PYTHON" benchmarks/profile_gpu.py --compile-warmup --results "$RESULTS"
     else
