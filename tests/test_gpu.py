@@ -216,7 +216,8 @@ def test_fixed_slots_and_cuda_graphs_return_the_beam_searchs_hypotheses(tiny_che
     batches of several buckets, one of them twice (a captured step reused)."""
     from nmt_cli.search.slots import slot_search_for
 
-    sources = [ParallelDataset(toy_data_bin, "test").src[i] for i in range(40)]
+    test = ParallelDataset(toy_data_bin, "test")
+    sources = [test.src[i] for i in range(len(test))]  # all 30
     choose_attention_backends(torch.device("cuda"), False)
     cuda, _ = load_translator(tiny_checkpoint, torch.device("cuda"), None)
     torch.backends.cuda.matmul.allow_tf32 = False  # exact fp32 for the comparison
