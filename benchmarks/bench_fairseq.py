@@ -12,15 +12,17 @@ vocabulary size are the same for both.
 
 speed: per architecture the same model (nmt's transformer_base / _big = fairseq's transformer_wmt_en_de /
 transformer_wmt_en_de_big with attention dropout 0, all embeddings shared, post-norm), the same --max-tokens,
-WARM untimed updates then MEAS timed ones. fairseq runs once with --fp16 and once with --bf16 on the first
-architecture and keeps the faster for the rest (the row says which); nmt runs bf16 (autocast). fairseq's
+WARM untimed updates then MEAS timed ones. fairseq runs with --fp16 (faster than its --bf16 for base and big
+on an H200); with --fairseq-precisions fp16,bf16 it runs with each on the first architecture and keeps the
+faster for the rest (the row says which); nmt runs bf16 (autocast). fairseq's
 target tok/s = the target tokens (wpb) of updates WARM+1..WARM+MEAS over the wall time between the log lines
 of update WARM and WARM+MEAS (--log-interval 1, stamped here as the lines arrive); nmt's from bench_gpu.py's
 Trainer loop (one host sync per update, as fairseq's logging makes). fairseq's batches hold a multiple of 8
 sentences (its default --required-batch-size-multiple), so its target tokens per update come out slightly
 fewer at the same --max-tokens: each row prints its own. Peak GPU memory: torch's allocator peak in each
-process (fairseq's over its whole run, nmt's after the warm-up). The runs alternate (fairseq, nmt, fairseq
-on the first architecture; nmt then fairseq on the next). Then nmt's base again with `--bucket-shapes` and
+process (fairseq's over its whole run, nmt's after the warm-up). The runs alternate (fairseq, nmt, then
+fairseq's other precision if asked, on the first architecture; nmt then fairseq on the next). Then nmt's
+first architecture again with `--bucket-shapes` and
 with the Triton loss off (the fused loss's kernel is chosen in nmt_cli/train/loss.py by `fused_kernel`, which
 this script replaces for that row).
 
@@ -196,7 +198,8 @@ def speed(args) -> None:
         fs_dir.mkdir()
         write_fairseq_split(nmt_dir, "train", ("src", "tgt"), fs_dir, ("src", "tgt"))
         write_fairseq_dict(fs_dir, [f"p{i}" for i in range(4, args.vocab)], ("src", "tgt"))
-        precisions = ["fp32"] if args.device == "cpu" else ["fp16", "bf16"]
+        precisions = ["fp32"] if args.device == "cpu" else args.fairseq_precisions.split(",")
+        nmt_precision = "fp32" if args.device == "cpu" else "bf16"
         for i, arch in enumerate(args.archs.split(",")):
             base = [str(fs_dir), "--task", "translation", "-s", "src", "-t", "tgt", *FAIRSEQ_ARCH[arch], *COMMON]
             base += [*OPTIM, "--lr", "5e-4", "--warmup-updates", "4000", "--max-tokens", str(args.max_tokens)]
@@ -214,12 +217,11 @@ def speed(args) -> None:
                 record(args, **row)
                 return row
 
-            def nmt_row(variant: str = "", **how) -> None:
-                figures = nmt_speed(arch, nmt_dir, args, **how)
-                precision = "fp32" if args.device == "cpu" else "bf16"
-                record(args, what=f"speed {arch}", toolkit="nmt", variant=variant, precision=precision, **figures)
+            def nmt_row() -> None:
+                figures = nmt_speed(arch, nmt_dir, args)
+                record(args, what=f"speed {arch}", toolkit="nmt", variant="", precision=nmt_precision, **figures)
 
-            if i == 0:  # fairseq's two precisions around nmt's run; the faster serves the rest
+            if i == 0:  # fairseq's precisions around nmt's run; the fastest serves the rest
                 rows = [fairseq_row(precisions[0])]
                 nmt_row()
                 rows += [fairseq_row(p) for p in precisions[1:]]
@@ -227,12 +229,16 @@ def speed(args) -> None:
                 if not done:
                     raise SystemExit(f"fairseq failed with {' and '.join(precisions)} (see its output above)")
                 precisions = [max(done, key=lambda r: r["target_tok_s"])["precision"]]
-                nmt_row("--bucket-shapes", bucket_shapes=True)
-                if args.device == "cuda":
-                    nmt_row("Triton loss off", triton=False)
             else:
                 nmt_row()
                 fairseq_row(precisions[0])
+        # nmt's options on the first architecture, after every side-by-side row (a step cut short keeps those)
+        first = args.archs.split(",")[0]
+        variants = [("--bucket-shapes", {"bucket_shapes": True})]
+        variants += [("Triton loss off", {"triton": False})] if args.device == "cuda" else []
+        for variant, how in variants:
+            figures = nmt_speed(first, nmt_dir, args, **how)
+            record(args, what=f"speed {first}", toolkit="nmt", variant=variant, precision=nmt_precision, **figures)
 
 
 def run(command: list[str], stdout=None) -> None:
@@ -327,6 +333,12 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--results", help="append each figure to this file as a JSON line")
     parser.add_argument("--archs", help=f"[default: {GPU['archs']}; cpu: {CPU['archs']}]")
     parser.add_argument("--max-tokens", type=int, help="per update, both toolkits [default: 25000]")
+    parser.add_argument(
+        "--fairseq-precisions",
+        default="fp16",
+        help="speed, CUDA: fairseq's mixed precisions tried on the first architecture, the fastest kept for the rest; "
+        "--fp16 beat --bf16 for base and big on the H200 on 2026-11-27 [default: fp16; both: fp16,bf16]",
+    )
     parser.add_argument("--warm", type=int, help="untimed updates [default: 5]")
     parser.add_argument("--meas", type=int, help="timed updates [default: 20]")
     parser.add_argument("--sentences", type=int, help="synthetic training pairs [default: 100000]")

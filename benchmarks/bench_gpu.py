@@ -257,9 +257,10 @@ def bench_training(arch: str, data_dir: Path, args, device: torch.device, peak: 
     first = n_warm + len(timed)
     profiled = batches[first : first + args.busy_updates]
     busy = gpu_busy(trainer, plan, profiled, first) if device.type == "cuda" and profiled else float("nan")
+    why_not = "no CUDA" if device.type != "cuda" else "no update profiled"
+    busy_text = f"{busy:.0%} of {len(profiled)} profiled updates" if busy == busy else f"not measured ({why_not})"
     print(
-        f"train {arch:18s} {args.precision}: GPU busy "
-        f"{f'{busy:.0%} of {len(profiled)} profiled updates' if busy == busy else 'not measured (no CUDA)'}; padding "
+        f"train {arch:18s} {args.precision}: GPU busy {busy_text}; padding "
         f"{padding.padding():.1%} of the timed batches' positions in {len(padding.shapes)} shapes"
         f"{' (--bucket-shapes)' if args.bucket_shapes else ''}",
         flush=True,

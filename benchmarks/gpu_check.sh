@@ -184,7 +184,7 @@ else
     step tests 150 "$PYTHON" -m pytest -q -p no:cacheprovider -m gpu
     # shellcheck disable=SC2086  # BENCH_ARGS: words
     step bench 150 "$PYTHON" benchmarks/bench_gpu.py --results "$RESULTS" ${BENCH_ARGS:-}
-    fairseq_step 150 200
+    fairseq_step 180 240
     step profile 60 "$PYTHON" benchmarks/profile_gpu.py --results "$RESULTS"
     if [ -f "$RAW_DIR/train.en" ]; then
         step recipe 200 env PATH="$WORK/bin:$PATH" WORK_DIR="$WORK/multi30k" RAW_DIR="$RAW_DIR" \
