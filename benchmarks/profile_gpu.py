@@ -344,6 +344,8 @@ def parse_args() -> argparse.Namespace:
     args = parser.parse_args()
     if args.generation and args.compile_warmup:
         parser.error("--generation and --compile-warmup: one at a time")
+    if args.steps < 1:
+        parser.error(f"--steps {args.steps}: profile at least one decoder step")
     cpu = args.device == "cpu"
     defaults = CPU_DEFAULTS if cpu else GPU_DEFAULTS
     args.arch = args.arch or ("transformer_tiny" if cpu else "transformer_base")
