@@ -199,7 +199,7 @@ def run_window(
     for _ in range(first):
         next(steps)
     synchronize(translator.device)
-    with prof or contextlib.nullcontext():
+    with prof if prof is not None else contextlib.nullcontext():
         start = time.perf_counter()
         for _ in range(n):
             next(steps)

@@ -142,6 +142,38 @@ def test_profile_gpu_counts_kernel_and_graph_launches_apart():
     assert launch_counts(prof) == (3, 2, 2)
 
 
+def test_profile_gpu_shows_a_cuda_search_step(capsys):
+    """A search step's lines from CUDA figures (the CPU run prints its no-CUDA lines): busy, launches, tables."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from profile_gpu import show_search
+
+    figures = {
+        "decoder_steps": 33,
+        "profiled_steps": [12, 21],
+        "ms_per_step": 4.82,
+        "profiled_ms_per_step": 5.1,
+        "host_ops_ms_per_step": 1.2,
+        "gpu_busy": 0.41,
+        "kernel_ms_per_step": 2.09,
+        "launches_per_step": 2.0,
+        "graph_launches_per_step": 1.0,
+        "kernels_per_step": 402.0,
+        "kernels_ms": [[0.61, "nvjet_sm90_tst_64x8"]],
+        "host_ops_ms": [[0.35, "cudaGraphLaunch", 1.0]],
+    }
+    show_search("generate transformer_base beam 4, budget, graphs (bf16)", "batch 4 of 7, 540 sentences", figures)
+    out = capsys.readouterr().out.splitlines()
+    assert out[:2] == [
+        "generate transformer_base beam 4, budget, graphs (bf16): batch 4 of 7, 540 sentences, 33 decoder steps; "
+        "steps 12-21 profiled",
+        "  4.82 ms/step (5.1 under the profiler, 1.2 of it host time in ops); GPU busy 41% (2.09 ms/step of kernels); "
+        "per step 2.0 kernel launches, 1.0 graph launches, 402.0 kernels run",
+    ]
+    assert "      0.610  nvjet_sm90_tst_64x8" in out and "      0.350  cudaGraphLaunch  x1.0" in out
+    show_search("w", "b", figures | {"gpu_busy": None, "kernel_ms_per_step": None})
+    assert "GPU busy n/a (no kernel traced); per step 2.0 kernel launches" in capsys.readouterr().out
+
+
 def test_gpu_check_sh_is_valid_bash():
     r = subprocess.run(["bash", "-n", str(ROOT / "benchmarks" / "gpu_check.sh")], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
