@@ -7,7 +7,7 @@
 #     DRY_RUN=1 bash benchmarks/gpu_check.sh DIR      # on the CPU at tiny sizes: checks the script itself
 #
 # OUT_DIR receives 8 files, what the device tool brings back: env.log, tests.log, bench.log (the fairseq
-# step's too), profile.log (the compile step's too: both run profile_gpu.py), recipe.log, serve.log,
+# step's too), profile.log (profile-generation's and compile's too: all run profile_gpu.py), recipe.log, serve.log,
 # results.jsonl (every figure and step time) and summary.md (the table). STEPS="tests bench ..." runs only
 # those steps (default: all eight); BENCH_ARGS adds arguments to bench_gpu.py (e.g. "--skip-training" where the
 # fairseq step measures training). The recipe's data, checkpoints and the `nmt` shim
@@ -25,7 +25,9 @@
 #                 base with --bucket-shapes and with the Triton loss off; then (fairseq-quality) both trained
 #                 the same number of updates on Multi30k, beam 4 on test_2016_flickr, sacreBLEU of each.
 #                 Skipped, with the reason, where the bundle is absent
-#   4. profile    benchmarks/profile_gpu.py: GPU busy %, the 10 costliest kernels, host time of the top ops
+#   4. profile    benchmarks/profile_gpu.py: GPU busy %, the 10 costliest kernels, host time of the top ops of a
+#                 training update; then (profile-generation) of a beam-search step, with its kernel and graph
+#                 launches, for each of bench_gpu.py's batchings and searches (--generation)
 #   5. recipe     recipes/multi30k_en_de trained for TRAIN_MINUTES (2) on the GPU, its sacreBLEU
 #   6. serve      benchmarks/bench_serve.py on the recipe's checkpoint (or SERVE_CHECKPOINT's, a model trained
 #                 elsewhere, to compare with its CPU figures): `nmt serve` on the GPU under 32
@@ -57,10 +59,10 @@ RESULTS=$OUT_DIR/results.jsonl
 start=$SECONDS
 failed=()
 
-log_of() {  # log_of NAME: a step's log file; compile's goes after profile's, serve-profile's after serve's and
-    # fairseq's and decoding's after bench's, keeping OUT_DIR to 8 files
+log_of() {  # log_of NAME: a step's log file; profile-generation's and compile's go after profile's,
+    # serve-profile's after serve's and fairseq's and decoding's after bench's, keeping OUT_DIR to 8 files
     case $1 in
-        compile) echo "$OUT_DIR/profile.log" ;;
+        profile-generation | compile) echo "$OUT_DIR/profile.log" ;;
         serve-profile) echo "$OUT_DIR/serve.log" ;;
         fairseq* | decoding) echo "$OUT_DIR/bench.log" ;;
         *) echo "$OUT_DIR/$1.log" ;;
@@ -175,6 +177,7 @@ if [ "$DRY_RUN" = 1 ]; then  # the same steps at tiny sizes on the CPU (gpu test
     step bench 120 "$PYTHON" benchmarks/bench_gpu.py --device cpu --results "$RESULTS" ${BENCH_ARGS:-}
     fairseq_step 120 180 --device cpu
     step profile 120 "$PYTHON" benchmarks/profile_gpu.py --device cpu --results "$RESULTS"
+    step profile-generation 60 "$PYTHON" benchmarks/profile_gpu.py --generation --device cpu --results "$RESULTS"
     step recipe 60 env DRY_RUN=1 PATH="$WORK/bin:$PATH" WORK_DIR="$WORK/multi30k" RAW_DIR="$RAW_DIR" \
         TRAIN_MINUTES="$TRAIN_MINUTES" bash recipes/multi30k_en_de/run.sh
     serve_step 120 --tiny "--single 4 --rounds 1" --threads 1
@@ -185,7 +188,9 @@ else
     # shellcheck disable=SC2086  # BENCH_ARGS: words
     step bench 150 "$PYTHON" benchmarks/bench_gpu.py --results "$RESULTS" ${BENCH_ARGS:-}
     fairseq_step 180 240
-    step profile 60 "$PYTHON" benchmarks/profile_gpu.py --results "$RESULTS"
+    # a training update's profile, then a search step's
+    step profile 45 "$PYTHON" benchmarks/profile_gpu.py --results "$RESULTS"
+    step profile-generation 45 "$PYTHON" benchmarks/profile_gpu.py --generation --results "$RESULTS"
     if [ -f "$RAW_DIR/train.en" ]; then
         step recipe 200 env PATH="$WORK/bin:$PATH" WORK_DIR="$WORK/multi30k" RAW_DIR="$RAW_DIR" \
             TRAIN_MINUTES="$TRAIN_MINUTES" THREADS=8 SHOW=0 bash recipes/multi30k_en_de/run.sh

@@ -64,6 +64,9 @@ def bench_rows(results: list[dict]) -> list[tuple[str, str]]:
 def profile_rows(results: list[dict]) -> list[tuple[str, str]]:
     rows = []
     for r in (r for r in results if r.get("what", "").startswith("profile")):
+        if "ms_per_step" in r:
+            rows.append((r["what"], search_step(r)))
+            continue
         busy = "n/a" if r["gpu_busy"] is None else f"{r['gpu_busy']:.0%}"
         top = r["kernels_ms"][0][1][:60] if r["kernels_ms"] else "none"
         host = r["host_ops_ms"][0] if r["host_ops_ms"] else [0, "none", 0]
@@ -77,6 +80,24 @@ def profile_rows(results: list[dict]) -> list[tuple[str, str]]:
     for r in (r for r in results if r.get("what", "").startswith("compile")):
         rows.append((r["what"], f"8 warm-up updates {r['warmup_s']} s, then {r['steady_ms_per_update']} ms/update"))
     return rows
+
+
+def search_step(r: dict) -> str:
+    """profile_gpu.py --generation's figures of one batching and search: ms/step, GPU busy, launches per step."""
+    top = r["kernels_ms"][0][1][:60] if r["kernels_ms"] else "none"
+    host = r["host_ops_ms"][0] if r["host_ops_ms"] else [0, "none", 0]
+    if r["launches_per_step"] is None:
+        gpu = "no CUDA"
+    else:
+        busy = "n/a" if r["gpu_busy"] is None else f"{r['gpu_busy']:.0%} ({r['kernel_ms_per_step']} ms/step of kernels)"
+        gpu = (
+            f"GPU busy {busy}; per step {r['launches_per_step']} kernel launches, {r['graph_launches_per_step']} "
+            f"graph launches, {r['kernels_per_step']} kernels run"
+        )
+    return (
+        f"{r['ms_per_step']} ms/step ({r['profiled_ms_per_step']} profiled), {gpu}; costliest kernel {top}; "
+        f"top host op {host[1]} {host[0]} ms/step"
+    )
 
 
 def fairseq_rows(results: list[dict]) -> list[tuple[str, str]]:
@@ -175,7 +196,13 @@ def main() -> None:
     rows += [
         ("fairseq time", f"speed {times.get('fairseq', 'not run')}; quality {times.get('fairseq-quality', 'not run')}")
     ]
-    rows += profile_rows(results) + [("profile time", times.get("profile", "not run"))]
+    rows += profile_rows(results)
+    rows += [
+        (
+            "profile time",
+            f"training {times.get('profile', 'not run')}; generation {times.get('profile-generation', 'not run')}",
+        )
+    ]
     rows += [("recipe", f"{recipe_row(work / 'multi30k')[1]} ({times.get('recipe', 'not run')})")]
     rows += serve_rows(out) + [("serve time", times.get("serve", "not run"))]
     rows += [("decoding step (figures in bench.log)", times.get("decoding", "not run"))]

@@ -10,8 +10,10 @@ import os
 import re
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
+import torch
 from conftest import ROOT
 
 
@@ -92,6 +94,86 @@ def test_bench_gpu_runs_on_cpu(tmp_path):
     assert figures[2]["differ"] == figures[4]["differ"] == 0  # the fixed-slot search translates as today's
 
 
+def test_profile_gpu_generation_runs_on_cpu(tmp_path):
+    """--generation: a row per batching and search (graphs skipped without CUDA), steps in a batch's middle."""
+    results = tmp_path / "profile.jsonl"
+    args = ("--generation", "--device", "cpu", "--sentences", "8", "--steps", "4", "--results", str(results))
+    out = run_benchmark("profile_gpu.py", *args, tmp_path=tmp_path)
+    generate = "generate transformer_tiny beam 4"
+    searched = [
+        f"{generate}, {batching}, {search}" for batching in ("budget", "batch 32") for search in ("default", "slots")
+    ]
+    for what in searched:
+        assert f"{what} (fp32): batch 1 of 1, 8 sentences of " in out, out
+    for batching in ("budget", "batch 32"):
+        assert f"{generate}, {batching}, graphs: skipped (CUDA graphs need CUDA)" in out
+    assert "GPU busy n/a, kernel launches n/a (no CUDA)" in out and "none: no CUDA kernels were recorded" in out
+    figures = [json.loads(line) for line in results.read_text().splitlines()]
+    assert [f["what"] for f in figures] == [f"profile {what}" for what in searched]
+    for f in figures:
+        first, last = f["profiled_steps"]
+        assert last - first == 3 and first > 0 and last < f["decoder_steps"] - 1, f
+        assert f["ms_per_step"] > 0 and f["profiled_ms_per_step"] > 0 and f["host_ops_ms_per_step"] > 0
+        assert f["gpu_busy"] is f["launches_per_step"] is f["kernels_per_step"] is None and f["kernels_ms"] == []
+        assert len(f["host_ops_ms"]) == 10 and {"aten::addmm", "aten::bmm"} <= {op for _, op, _ in f["host_ops_ms"]}
+
+
+def test_profile_gpu_counts_kernel_and_graph_launches_apart():
+    """The launch count of a CUDA profile, on events named as the profiler names them (no GPU here)."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from profile_gpu import launch_counts
+
+    cpu, cuda = torch.autograd.DeviceType.CPU, torch.autograd.DeviceType.CUDA
+    names = [
+        (cpu, "aten::mm"),
+        (cpu, "cudaLaunchKernel"),
+        (cpu, "cudaLaunchKernelExC_v11060"),
+        (cpu, "cuLaunchKernelEx"),
+        (cpu, "cudaGraphLaunch"),
+        (cpu, "cudaGraphLaunch_v10000"),
+        (cpu, "cudaMemcpyAsync"),
+        (cpu, "cudaLaunchHostFunc"),
+        (cuda, "nvjet_sm90_tst_128x128"),
+        (cuda, "void at::native::vectorized_elementwise_kernel<4>"),
+        (cuda, "Memcpy DtoH (Device -> Pinned)"),
+        (cuda, "Memset (Device)"),
+    ]
+    prof = SimpleNamespace(events=lambda: [SimpleNamespace(device_type=d, name=n) for d, n in names])
+    assert launch_counts(prof) == (3, 2, 2)
+
+
+def test_profile_gpu_shows_a_cuda_search_step(capsys):
+    """A search step's lines from CUDA figures (the CPU run prints its no-CUDA lines): busy, launches, tables."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from profile_gpu import show_search
+
+    figures = {
+        "decoder_steps": 33,
+        "profiled_steps": [12, 21],
+        "ms_per_step": 4.82,
+        "profiled_ms_per_step": 5.1,
+        "host_ops_ms_per_step": 1.2,
+        "gpu_busy": 0.41,
+        "kernel_ms_per_step": 2.09,
+        "launches_per_step": 2.0,
+        "graph_launches_per_step": 1.0,
+        "kernels_per_step": 402.0,
+        "kernels_ms": [[0.61, "nvjet_sm90_tst_64x8"]],
+        "host_ops_ms": [[0.35, "cudaGraphLaunch", 1.0]],
+    }
+    show_search("generate transformer_base beam 4, budget, graphs (bf16)", "batch 4 of 7, 540 sentences", figures)
+    out = capsys.readouterr().out.splitlines()
+    assert out[:2] == [
+        "generate transformer_base beam 4, budget, graphs (bf16): batch 4 of 7, 540 sentences, 33 decoder steps; "
+        "steps 12-21 profiled",
+        "  4.82 ms/step (5.1 under the profiler, 1.2 of it host time in ops); GPU busy 41% (2.09 ms/step of kernels); "
+        "per step 2.0 kernel launches, 1.0 graph launches, 402.0 kernels run",
+    ]
+    assert "      0.610  nvjet_sm90_tst_64x8" in out and "      0.350  cudaGraphLaunch  x1.0" in out
+    show_search("w", "b", figures | {"gpu_busy": None, "kernel_ms_per_step": None})
+    assert "GPU busy n/a (no kernel traced); per step 2.0 kernel launches" in capsys.readouterr().out
+
+
 def test_gpu_check_sh_is_valid_bash():
     r = subprocess.run(["bash", "-n", str(ROOT / "benchmarks" / "gpu_check.sh")], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
@@ -116,6 +198,19 @@ def test_gpu_check_table_reads_what_the_steps_leave(tmp_path):
         {"step": "bench", "seconds": 62, "rc": 0},
         {"what": "profile transformer_base", "wall_ms_per_update": 87.3, "gpu_busy": 0.58},
         {"step": "profile", "seconds": 20, "rc": 0},
+        {
+            "what": "profile generate transformer_base beam 4, budget, graphs",
+            "ms_per_step": 4.82,
+            "profiled_ms_per_step": 5.1,
+            "gpu_busy": 0.41,
+            "kernel_ms_per_step": 2.09,
+            "launches_per_step": 2.0,
+            "graph_launches_per_step": 1.0,
+            "kernels_per_step": 402.0,
+            "kernels_ms": [[0.61, "nvjet_sm90_tst_64x8"]],
+            "host_ops_ms": [[0.35, "cudaGraphLaunch", 1.0]],
+        },
+        {"step": "profile-generation", "seconds": 24, "rc": 0},
         {"step": "recipe", "seconds": 170, "rc": 0},
         {"step": "compile", "seconds": 90, "rc": 124},
     ]
@@ -155,6 +250,12 @@ def test_gpu_check_table_reads_what_the_steps_leave(tmp_path):
         "p50 / p99 194.0 / 821.0 ms (2 x generate's batch of 32: 331 ms); 1 client 103.1 ms (generate 76.9 ms, "
         "serving's own 2.0 ms) |" in table
     )
+    assert (
+        "| profile generate transformer_base beam 4, budget, graphs | 4.82 ms/step (5.1 profiled), GPU busy 41% "
+        "(2.09 ms/step of kernels); per step 2.0 kernel launches, 1.0 graph launches, 402.0 kernels run; costliest "
+        "kernel nvjet_sm90_tst_64x8; top host op cudaGraphLaunch 0.35 ms/step |" in table
+    )
+    assert "| profile time | training 20 s; generation 24 s |" in table
     assert "GPU busy 58%" in table and "sacreBLEU 35.05 on test_2016_flickr after 1594 updates (170 s)" in table
     assert "| compile step | failed: exit 124 after 90 s |" in table and "| gpu_check.sh in all | 417 s |" in table
 
@@ -176,5 +277,6 @@ def test_gpu_check_dry_run(tmp_path):
     assert "| GPU tests | " in summary and " skipped" in summary  # collected, and skipped without CUDA
     assert "| train transformer_tiny (fp32) |" in summary and "| generate transformer_tiny beam 4 (fp32) |" in summary
     assert "| profile transformer_tiny |" in summary
+    assert "| profile generate transformer_tiny beam 4, batch 32, slots | " in summary
     assert "+ nmt train" in (tmp_path / "out" / "recipe.log").read_text()
     assert "| compile step | skipped: dry run" in summary
