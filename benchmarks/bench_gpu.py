@@ -284,18 +284,29 @@ GEN_BATCHINGS = ("budget", "batch 32")  # --gen-max-tokens source tokens a batch
 GEN_SEARCHES = ("default", "slots", "graphs")  # beam.py's search; fixed slots eager; fixed slots, captured steps
 
 
+def generation_model(arch: str, vocab: int, device: torch.device):
+    """The generation model: `arch` with `vocab` pieces and random weights (seed 1), for inference."""
+    from nmt_cli.model.transformer import build_model
+
+    torch.manual_seed(1)
+    return build_model(replace(ARCHITECTURES[arch], vocab_size=vocab)).to(device).eval()
+
+
+def news_sources(n: int, vocab: int) -> list[np.ndarray]:
+    """The generation sources: n news-length sentences of random ids below `vocab` (seed 2)."""
+    rng = np.random.default_rng(2)
+    return [rng.integers(4, vocab, k) for k in news_lengths(n, rng)]
+
+
 def bench_generation(args, data_dir: Path, device: torch.device, peak: float) -> None:
     """Beam 4 over --sentences sentences, for each batching and search of --gen-batchings and --gen-searches; each
     row also counts the sentences whose best translation differs from the default search's at that batching."""
-    from nmt_cli.model.transformer import build_model
     from nmt_cli.search.slots import slot_search_for
 
     model_cfg = replace(ARCHITECTURES[args.gen_arch], vocab_size=args.vocab)
-    torch.manual_seed(1)
-    model = build_model(model_cfg).to(device).eval()
-    rng = np.random.default_rng(2)
-    lens = news_lengths(args.sentences, rng)
-    sources = [rng.integers(4, args.vocab, n) for n in lens]
+    model = generation_model(args.gen_arch, args.vocab, device)
+    sources = news_sources(args.sentences, args.vocab)
+    lens = np.array([len(s) for s in sources])
     cfg = SearchConfig(beam=4, max_len_a=1.1, max_len_b=0, min_len=0)
     amp = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(args.precision)
     vocab = SyntheticVocab(data_dir / "spm.model", args.vocab)

@@ -33,7 +33,6 @@ import re
 import tempfile
 import time
 from collections import defaultdict
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -45,14 +44,14 @@ from bench_gpu import (
     GPU_DEFAULTS,
     SyntheticVocab,
     benchmark_trainer,
-    news_lengths,
+    generation_model,
+    news_sources,
     synthetic_data_dir,
     translate_counting_steps,
 )
 
-from nmt_cli.config import ARCHITECTURES, SearchConfig
+from nmt_cli.config import SearchConfig
 from nmt_cli.data.batching import batch_by_tokens
-from nmt_cli.model.transformer import Transformer, build_model
 from nmt_cli.runtime import AMP_DTYPES, choose_attention_backends
 from nmt_cli.search.slots import slot_search_for
 from nmt_cli.search.translate import Translator, translate_steps
@@ -145,18 +144,6 @@ def show_tables(figures: dict, unit: str) -> None:
     print(f"host time of the top ops (self CPU ms per {unit}, calls per {unit}):")
     for ms, name, calls in figures["host_ops_ms"]:
         print(f"  {ms:9.3f}  {name[:90]}  x{calls}")
-
-
-def generation_model(arch: str, vocab: int, device: torch.device) -> Transformer:
-    """bench_gpu.py's generation model: `arch` with `vocab` pieces and random weights (seed 1), for inference."""
-    torch.manual_seed(1)
-    return build_model(replace(ARCHITECTURES[arch], vocab_size=vocab)).to(device).eval()
-
-
-def news_sources(n: int, vocab: int) -> list[np.ndarray]:
-    """bench_gpu.py's generation sources: n news-length sentences of random ids below `vocab` (seed 2)."""
-    rng = np.random.default_rng(2)
-    return [rng.integers(4, vocab, k) for k in news_lengths(n, rng)]
 
 
 def middle_batch(sources: list[np.ndarray], max_tokens: int, batch_size: int) -> tuple[list[np.ndarray], str]:
