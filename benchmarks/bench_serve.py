@@ -23,9 +23,12 @@ sends, at once and every --adversary-every seconds, the most expensive request t
 at --max-input-chars, --max-request-sentences of them, beam and nbest at their caps, every output forced to
 the longest length); the normal clients' p50/p99 in both conditions (a 504 counts at its latency) and p99's
 ratio, whose target is <= 1.5. --threads-compare 1,2: the --clients phase on a server of each thread count
-(0: serve's default), all with the same settings, in turn round after round.
+(0: serve's default), all with the same settings, in turn round after round. --fixed-slots: the server and every
+generate run it is compared with search over fixed slots (`--fixed-slots`, with CUDA graphs on a GPU), so that each
+ratio compares one search; the table's `search` says which ran (the server's /info).
     .venv/bin/python benchmarks/bench_serve.py --path work/multi30k_en_de/average.pt --conditions idle
     .venv/bin/python benchmarks/bench_serve.py --path CKPT --adversary --rounds 2 --threads-compare 0,1,2
+    .venv/bin/python benchmarks/bench_serve.py --path CKPT --device cuda --fixed-slots
     .venv/bin/python benchmarks/bench_serve.py --tiny --path CKPT   # a few seconds: does it all run
 """
 
@@ -67,7 +70,7 @@ def generate_seconds(path: Path, src: Path, args: argparse.Namespace, *extra: st
         stderr, _, _ = run(
             NMT
             + ["generate", "--path", str(path), "--input", str(src), "--device", args.device]
-            + ["--threads", str(args.threads), "--beam", str(args.beam), *extra],
+            + ["--threads", str(args.threads), "--beam", str(args.beam), *search_flags(args), *extra],
             stdout=stdout,
         )
     # seconds from the sentences/s figure: the seconds themselves are printed to 0.1 s, 0.0 for a tiny input
@@ -75,6 +78,19 @@ def generate_seconds(path: Path, src: Path, args: argparse.Namespace, *extra: st
     if found is None:
         raise SystemExit(f"no timing line in generate's log:\n{stderr[-2000:]}")
     return int(found.group(1)) / float(found.group(2)), out.read_text().splitlines()
+
+
+def search_flags(args: argparse.Namespace) -> list[str]:
+    """The search flags the server and generate both get: --fixed-slots, or none (the default search)."""
+    return ["--fixed-slots"] if args.fixed_slots else []
+
+
+def search_of(port: int) -> str:
+    """Which search the server runs, as its /info says."""
+    info = request(port, "GET", "/info")[1]
+    if not info.get("fixed_slots"):
+        return "default"
+    return "fixed slots, CUDA graphs" if info.get("cuda_graphs") else "fixed slots, eager"
 
 
 def server_caps(args: argparse.Namespace) -> list[str]:
@@ -91,7 +107,7 @@ def start_server(path: Path, args: argparse.Namespace, threads: int) -> tuple[su
     proc = subprocess.Popen(
         NMT
         + ["serve", "--path", str(path), "--port", "0", "--device", args.device, "--threads", str(threads)]
-        + ["--beam", str(args.beam), "--max-queue", "100000", *server_caps(args)]
+        + ["--beam", str(args.beam), "--max-queue", "100000", *search_flags(args), *server_caps(args)]
         + ([] if args.max_wait_ms is None else ["--max-wait-ms", str(args.max_wait_ms)]),
         stderr=subprocess.PIPE,
         text=True,
@@ -402,6 +418,11 @@ def main() -> None:
     ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     ap.add_argument("--max-wait-ms", type=float, default=None, help="The server's --max-wait-ms (default: its own).")
     ap.add_argument("--tiny", action="store_true", help="Digit sentences, 4 clients: a few seconds.")
+    ap.add_argument(
+        "--fixed-slots",
+        action="store_true",
+        help="Serve and generate with --fixed-slots (the beam search over fixed slots, CUDA graphs on a GPU).",
+    )
     ap.add_argument("--conditions", default="", help="How the machine was (idle, under load), for the record.")
     ap.add_argument(
         "--adversary",
@@ -451,6 +472,7 @@ def main() -> None:
 
     proc, port = start_server(args.path, args, args.threads)
     try:
+        search = search_of(port)
         rounds, latencies, answers, loop_cpu, all_cpu = [], [], {}, 0.0, 0.0
         for _ in range(args.rounds):  # generate's batches of --clients, then the clients, in turn
             gen_batch, _ = generate_seconds(args.path, src, args, "--batch-size", str(args.clients))
@@ -499,6 +521,7 @@ def main() -> None:
         "differ from generate": sum(answers[i] != expected[i] for i in answers),
         "conditions": args.conditions or "not given",
         "threads": args.threads,
+        "search": search,
         "server caps": " ".join(server_caps(args)) or "its defaults",
         **adversary,
         **(compare_threads(lines, args) if args.threads_compare else {}),

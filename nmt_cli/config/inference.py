@@ -1,7 +1,7 @@
 """The configs of the commands that translate with a checkpoint: what `nmt generate`, `nmt serve` and `nmt
-score-pairs` share (InferenceConfig: the checkpoint, or an ensemble of them, and where and how its model runs)
-and each one's own options. The search settings themselves are SearchConfig's (nmt_cli/config/__init__.py),
-whose defaults come from the checkpoint.
+score-pairs` share (InferenceConfig: the checkpoint, or an ensemble of them, and where and how its model runs),
+what the two that search share (SearchingConfig: fixed slots and CUDA graphs) and each one's own options. The
+search settings themselves are SearchConfig's (nmt_cli/config/__init__.py), whose defaults come from the checkpoint.
 """
 
 from __future__ import annotations
@@ -64,7 +64,29 @@ def ensemble_weights(text: str) -> tuple[float, ...]:
 
 
 @dataclass(frozen=True, kw_only=True)
-class GenerateConfig(InferenceConfig):
+class SearchingConfig(InferenceConfig):
+    """What the commands that search share beyond InferenceConfig (`nmt generate` and `nmt serve`; score-pairs
+    does not search): how a plain beam search runs (search/slots.py's `slot_search_for` reads them)."""
+
+    fixed_slots: bool = flag(
+        False,
+        "Beam search over fixed slots: a batch's sentences keep their rows (finished ones masked) until the live "
+        "ones fit in fewer, where they move, and with --cuda-graphs the decoder's keys and values fill buffers "
+        "sized to the batch's longest output, so no step between moves changes a shape; the same translations as "
+        "the default search. Only a plain beam search (--beam 2 or more) runs so; constraints, prefixes, "
+        "--no-repeat-ngram-size and sampling keep the default search. Off by default: on CUDA it waits for "
+        "benchmarks/bench_gpu.py to show it faster.",
+    )
+    cuda_graphs: bool = flag(
+        True,
+        "CUDA, with fixed slots: capture the decoder step once per batch shape (sentences rounded up to a power of "
+        "two or a multiple of 64, lengths to a multiple of 64; the last 16 shapes kept) as a CUDA graph and replay "
+        "it each step; --no-cuda-graphs runs it eagerly.",
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class GenerateConfig(SearchingConfig):
     """`nmt generate` apart from the search itself (SearchConfig, whose defaults come from the checkpoint)."""
 
     data_dir: str | None = flag(
@@ -116,21 +138,6 @@ class GenerateConfig(InferenceConfig):
         "(lexically constrained beam search; an empty line for none).",
         path="file",
     )
-    fixed_slots: bool = flag(
-        False,
-        "Beam search over fixed slots: a batch's sentences keep their rows (finished ones masked) until the live "
-        "ones fit in fewer, where they move, and with --cuda-graphs the decoder's keys and values fill buffers "
-        "sized to the batch's longest output, so no step between moves changes a shape; the same translations as "
-        "the default search. Only a plain beam search (--beam 2 or more) runs so; constraints, prefixes, "
-        "--no-repeat-ngram-size and sampling keep the default search. Off by default: on CUDA it waits for "
-        "benchmarks/bench_gpu.py to show it faster.",
-    )
-    cuda_graphs: bool = flag(
-        True,
-        "CUDA, with fixed slots: capture the decoder step once per batch shape (sentences rounded up to a power of "
-        "two or a multiple of 64, lengths to a multiple of 64; the last 16 shapes kept) as a CUDA graph and replay "
-        "it each step; --no-cuda-graphs runs it eagerly.",
-    )
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -148,7 +155,7 @@ class GenerateConfig(InferenceConfig):
 
 
 @dataclass(frozen=True, kw_only=True)
-class ServeConfig(InferenceConfig):
+class ServeConfig(SearchingConfig):
     """`nmt serve` apart from the search (SearchConfig, whose defaults come from the checkpoint)."""
 
     # --path is repeatable for serve: cli/serve.py gives its first value to `path`, the others to `more_paths`

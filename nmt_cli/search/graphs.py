@@ -11,6 +11,10 @@ moves to the smaller buckets of the same positions and source length (search/slo
 into theirs, or captured over when the bucket is new. At most `max_graphs` buckets are kept (the least recently used
 one is dropped), so capture is paid once per bucket in use and memory stays bounded.
 
+A batch holds its bucket's captured step from `step_for` until it moves or ends (`Captured.held`): serve's worker
+steps two batches in turn, and a second batch of a bucket whose step is held gets a capture of its own, kept beside
+the first (a bucket has as many as the batches of it that ever searched at once).
+
 Everything here but `cuda_capture` is plain Python over a `Capture` function, which tests replace on the CPU.
 """
 
@@ -101,6 +105,7 @@ class Captured:
     log_probs: Tensor  # [N, V]
     replay: Callable[[], None]
     batch: int = 0  # which batch's search owns the buffers now (one at a time: `step_for`)
+    held: bool = False  # a batch's search holds the buffers: from `step_for` until it moves or ends
 
     def step(self, prev: Tensor, rows: Tensor | None, batch: int) -> Tensor:
         """Replay for `prev` [N] and `rows` [N] (None: each row its own) -> log-probs [N, V], the graph's own
@@ -122,7 +127,7 @@ class StepGraphs:
     def __init__(self, capture: Capture, max_graphs: int = MAX_GRAPHS) -> None:
         self.capture = capture
         self.max_graphs = max_graphs
-        self.graphs: OrderedDict[Bucket, Captured] = OrderedDict()
+        self.graphs: OrderedDict[Bucket, list[Captured]] = OrderedDict()  # a bucket's captures, held or free
         self.n_captures = 0
         self.n_batches = 0
 
@@ -132,19 +137,22 @@ class StepGraphs:
         """The captured step of `bucket`, with `cache` (a batch's with the bucket's shapes: made by
         model.init_slots, or moved to the fewer slots of this bucket by its `select`, `written` positions in)
         loaded into it (captured over `cache` itself when the bucket has none yet), and the batch's number for
-        `Captured.step`. The bucket's buffers hold this batch until the next `step_for` of the bucket: the
-        searches of two batches of one bucket cannot be interleaved."""
-        captured = self.graphs.get(bucket)
+        `Captured.step`. The batch holds the captured step (`Captured.held`) until it sets `held` back to False:
+        while it does, another batch of the bucket gets a capture of its own, so that two searches stepped in turn
+        (serve's) never share buffers."""
+        copies = self.graphs.get(bucket, [])
+        captured = next((c for c in copies if not c.held), None)
         if captured is not None:
-            self.graphs.move_to_end(bucket)
             captured.cache.load(cache, written)
         else:
             captured = self.record(model, cache, bucket, written)
-            self.graphs[bucket] = captured
-            if len(self.graphs) > self.max_graphs:
-                self.graphs.popitem(last=False)
+            copies = [*copies, captured]
+        self.graphs[bucket] = copies
+        self.graphs.move_to_end(bucket)
+        if len(self.graphs) > self.max_graphs:  # a held step dropped here stays its batch's until that ends
+            self.graphs.popitem(last=False)
         self.n_batches += 1
-        captured.batch = self.n_batches
+        captured.batch, captured.held = self.n_batches, True
         return captured, captured.batch
 
     def record(self, model: SlotModel, cache: SlotCacheLike, bucket: Bucket, written: int) -> Captured:

@@ -15,13 +15,15 @@ and replayed (the moved state is loaded into its buffers). Eagerly, the live sen
 three quarters of the slots. The finished hypotheses stay indexed by sentence and are not moved.
 
 The host reads the device once a step: the number of sentences still searching, which says both whether the
-batch is done and whether it shrinks.
+batch is done and whether it shrinks. As in beam.py, serve's `still_wanted` is asked once a step (a sentence no
+longer wanted is masked as a finished one is, and the batch stops when none is wanted), and `on_done` is told each
+sentence's results at the step it finishes (one more host read on such steps, as in beam.py).
 
 Shapes: B0 sentences in the call, B >= B0 sentences searched (a graph's bucket may add copies of the first
 sentence, done from the start; fewer once the batch shrinks), K beam, N = B*K rows, V vocabulary.
 
 Only a plain beam search runs here (`applies`); constraints, prefixes, lexical constraints, n-gram bans,
-sampling, greedy search (beam 1) and serve's stepping with `still_wanted` keep beam.py's search.
+sampling and greedy search (beam 1) keep beam.py's search.
 """
 
 from __future__ import annotations
@@ -36,6 +38,10 @@ from nmt_cli.config import SearchConfig
 from nmt_cli.data.vocab import BOS
 from nmt_cli.search.beam import (
     NEG_INF,
+    Finished,
+    OnDone,
+    StillWanted,
+    Unwanted,
     collect,
     constrain,
     finish,
@@ -55,15 +61,15 @@ from nmt_cli.steps import Steps, to_the_end
 @dataclass
 class SlotSearch:
     """How a Translator searches over fixed slots: `graphs` holds the captured steps (CUDA), or is None (eager).
-    With graphs, the batches of one bucket share buffers: their searches run one after the other (translate's),
-    never interleaved."""
+    With graphs, a batch holds its bucket's buffers while it searches; batches stepped in turn (serve's) each hold
+    their own (graphs.py)."""
 
     graphs: StepGraphs | None = None
 
 
 def slot_search_for(fixed_slots: bool, cuda_graphs: bool, device: torch.device) -> SlotSearch | None:
-    """The fixed-slot search generate asks for (--fixed-slots); cuda_graphs applies on CUDA only (no CUDA call is
-    made elsewhere). None: beam.py's search."""
+    """The fixed-slot search generate and serve ask for (--fixed-slots); cuda_graphs applies on CUDA only (no CUDA
+    call is made elsewhere). None: beam.py's search."""
     if not fixed_slots:
         return None
     on_cuda = device.type == "cuda" and torch.cuda.is_available()
@@ -72,7 +78,7 @@ def slot_search_for(fixed_slots: bool, cuda_graphs: bool, device: torch.device) 
 
 def applies(cfg: SearchConfig, has_rules: bool) -> bool:
     """Whether the fixed-slot search runs a search of these settings: a plain beam search (beam > 1, no sampling)
-    with no rules (constraints, prefixes, lexical constraints, the n-gram ban) and no `still_wanted`."""
+    with no rules (constraints, prefixes, lexical constraints, the n-gram ban)."""
     return cfg.beam > 1 and not cfg.sampling and not has_rules
 
 
@@ -85,9 +91,12 @@ def slot_steps(
     n_pieces: int | None = None,
     *,
     graphs: StepGraphs | None = None,
+    still_wanted: StillWanted | None = None,
+    on_done: OnDone | None = None,
 ) -> Steps[list[list[Hypothesis]]]:
     """Translate a batch of encoded sentences over fixed slots, one decoder step per resumption: beam.py's
-    `beam_steps` without constraints (the same arguments; `graphs`: replay captured steps, CUDA).
+    `beam_steps` without constraints (the same arguments, `still_wanted` and `on_done` as there; `graphs`: replay
+    captured steps, CUDA).
 
     Returns:
         For each of the B0 sentences, `cfg.nbest` hypotheses, best first.
@@ -96,40 +105,81 @@ def slot_steps(
     host_max_len = max_lengths(src_lens.cpu(), cfg, model.max_positions)  # [B0]
     n_steps, first_max = int(host_max_len.numpy().max()) + 1, int(host_max_len.numpy().min())
     slots = Slots.open(model, enc, k, n_steps, graphs)
-    b = slots.n_sentences
-    if b > b0:  # the bucket's extra sentences: copies of the first one, done from the start
-        host_max_len = host_max_len[filled(b0, b)]
-    max_len = host_max_len.to(device)
-    state, fin = start(b, k, n_steps, device)
-    fin.count[b0:] = k
-    row_max_len = per_beam(max_len, k)  # [N]
-    prev = torch.full((b * k,), BOS, dtype=torch.long, device=device)
-    rows: Tensor | None = None  # step 0: every row its own
-    for step in range(n_steps):
-        log_probs = slots.step(prev, rows, step)  # [N, V]
-        log_probs = constrain(log_probs, step, row_max_len, cfg, n_pieces, may_reach_max=step >= first_max)
-        scores, beams, tokens = top_candidates(state, log_probs)
-        finish(state, fin, scores, beams, tokens, log_probs, step, cfg)
-        state, rows = survive(state, scores, beams, tokens, log_probs)
-        done = fin.count[state.sent_ids] >= k  # [B]
-        n_live = int(done.logical_not().sum())  # the step's one host synchronisation
-        if n_live == 0:
-            break
-        fewer = slots.fewer(n_live)
-        if fewer is not None:  # the live sentences first, then finished ones up to the smaller slot count
-            keep = torch.argsort(done.to(torch.uint8), stable=True)[:fewer]  # [B']
-            rows = rows.view(-1, k)[keep].view(-1)
-            state, done = keep_sentences(state, keep), done[keep]
-            slots.shrink(keep, rows, step + 1)
-            rows = None  # the move applied the reorder
-            row_max_len = per_beam(max_len[state.sent_ids], k)
-        state.scores.masked_fill_(done[:, None], NEG_INF)  # a finished sentence's rows stay, masked
-        prev = state.tokens[:, :, -1].reshape(-1)  # [N]
-        yield  # a step done
+    try:
+        b = slots.n_sentences
+        if b > b0:  # the bucket's extra sentences: copies of the first one, done from the start
+            host_max_len = host_max_len[filled(b0, b)]
+        max_len = host_max_len.to(device)
+        state, fin = start(b, k, n_steps, device)
+        fin.count[b0:] = k
+        padding = [True] * (b - b0)  # the bucket's copies, wanted so that only still_wanted's answers mask sentences
+        unwanted = None if still_wanted is None else Unwanted(lambda: [*still_wanted(), *padding], device)
+        early = None if on_done is None else Early.of(on_done, b0, b, device)
+        row_max_len = per_beam(max_len, k)  # [N]
+        prev = torch.full((b * k,), BOS, dtype=torch.long, device=device)
+        rows: Tensor | None = None  # step 0: every row its own
+        for step in range(n_steps):
+            log_probs = slots.step(prev, rows, step)  # [N, V]
+            log_probs = constrain(log_probs, step, row_max_len, cfg, n_pieces, may_reach_max=step >= first_max)
+            scores, beams, tokens = top_candidates(state, log_probs)
+            finish(state, fin, scores, beams, tokens, log_probs, step, cfg)
+            state, rows = survive(state, scores, beams, tokens, log_probs)
+            done = finished = fin.count[state.sent_ids] >= k  # [B]
+            if unwanted is not None and (gone := unwanted.update()) is not None:
+                done = done | gone[state.sent_ids]  # masked with the finished ones, counted in the same host read
+            n_live = int(done.logical_not().sum())  # the step's one host synchronisation
+            if n_live == 0:
+                break
+            if early is not None:
+                early.tell(fin, cfg.nbest, finished, state.sent_ids, done.shape[0] - n_live)
+            fewer = slots.fewer(n_live)
+            if fewer is not None:  # the live sentences first, then finished ones up to the smaller slot count
+                keep = torch.argsort(done.to(torch.uint8), stable=True)[:fewer]  # [B']
+                rows = rows.view(-1, k)[keep].view(-1)
+                state, done = keep_sentences(state, keep), done[keep]
+                slots.shrink(keep, rows, step + 1)
+                rows = None  # the move applied the reorder
+                row_max_len = per_beam(max_len[state.sent_ids], k)
+                if early is not None:
+                    early.n_done = fewer - n_live
+            state.scores.masked_fill_(done[:, None], NEG_INF)  # a finished sentence's rows stay, masked
+            prev = state.tokens[:, :, -1].reshape(-1)  # [N]
+            yield  # a step done
+    finally:  # ended, failed or abandoned: its bucket's captured step is free for the next batch
+        slots.release()
     return collect(fin, cfg.nbest)[:b0]
 
 
 slot_search = to_the_end(slot_steps)
+
+
+@dataclass
+class Early:
+    """`on_done` told each sentence's results at the step it finishes, once: finished sentences stay in their slots
+    (masked), so those already told are marked, and the host reads which are new only on a step whose count of
+    finished (or no longer wanted) sentences in the slots rose."""
+
+    on_done: OnDone
+    told: Tensor  # [B] told already, or never to tell (a bucket's copies)
+    n_done: int  # sentences in the slots finished or no longer wanted, as the host last counted them
+
+    @classmethod
+    def of(cls, on_done: OnDone, b0: int, b: int, device: torch.device) -> Early:
+        told = torch.zeros(b, dtype=torch.bool, device=device)
+        told[b0:] = True
+        return cls(on_done, told, b - b0)
+
+    def tell(self, fin: Finished, nbest: int, finished: Tensor, sent_ids: Tensor, n_done: int) -> None:
+        """Tell the sentences of `finished` [B] (the slots' sentences `sent_ids` [B]) not told yet, once n_done
+        (the step's count) says some sentence has finished or stopped being wanted."""
+        if n_done <= self.n_done:
+            return
+        self.n_done = n_done
+        ids = sent_ids[finished & self.told[sent_ids].logical_not()]  # the one more host read (its size)
+        if ids.numel():
+            self.told.index_fill_(0, ids, True)
+            for i, hyps in zip(ids.tolist(), collect(fin, nbest, ids)):
+                self.on_done(i, hyps)
 
 
 @dataclass
@@ -199,8 +249,15 @@ class Slots:
             return
         bucket = self.captured.bucket._replace(rows=self.n_sentences * self.k)
         moved = self.cache.select(keep, rows)
+        left = self.captured
         self.captured, self.batch = self.graphs.step_for(self.model, moved, bucket, written)
         self.cache = self.captured.cache
+        left.held = False
+
+    def release(self) -> None:
+        """The search is over: its bucket's captured step is free for another batch (graphs.py)."""
+        if self.captured is not None:
+            self.captured.held = False
 
 
 def filled(b0: int, b: int) -> Tensor:

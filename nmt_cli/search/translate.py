@@ -203,9 +203,9 @@ def batch_steps(
             hyps = yield from greedy_steps(translator.model, enc, src_lens[rep], cfg, generator, n_pieces, **rules)
             return [[h[0] for h in hyps[i * cfg.nbest : (i + 1) * cfg.nbest]] for i in range(n)]
         return (yield from greedy_steps(translator.model, enc, src_lens, cfg, generator, n_pieces, **rules))
-    if translator.slots is not None and applies(cfg, bool(rules)):
-        graphs = translator.slots.graphs
-        return (yield from slot_steps(translator.model, enc, src_lens, cfg, n_pieces, graphs=graphs))
+    if translator.slots is not None and applies(cfg, constraints is not None):
+        slots = partial(slot_steps, graphs=translator.slots.graphs, still_wanted=still_wanted, on_done=on_done)
+        return (yield from slots(translator.model, enc, src_lens, cfg, n_pieces))
     return (yield from beam_steps(translator.model, enc, src_lens, cfg, n_pieces, **rules, on_done=on_done))
 
 

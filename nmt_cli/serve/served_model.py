@@ -34,6 +34,7 @@ from nmt_cli.search.hypothesis import Hypothesis, hypothesis_record
 from nmt_cli.search.lexical import LexicalConstraints, check_search, checked_phrases
 from nmt_cli.search.prefix import checked_prefixes, prefix_source
 from nmt_cli.search.settings import search_settings
+from nmt_cli.search.slots import slot_search_for
 from nmt_cli.search.translate import Inference, Translator, open_for_inference, sampling_generator, translate_steps
 from nmt_cli.serve.body import json_kind
 from nmt_cli.serve.caps import (
@@ -52,10 +53,8 @@ logger = logging.getLogger(__name__)
 
 SEARCH_TYPES = typing.get_type_hints(SearchConfig)
 SEARCH_FIELDS = tuple(f.name for f in fields(SearchConfig))
-NOT_SEARCH_FIELDS = (
-    "prefix",
-    "constraints",
-)  # a request's fields beside its texts that set no search setting (`prepare`'s)
+# a request's fields beside its texts that set no search setting (`prepare`'s)
+NOT_SEARCH_FIELDS = ("prefix", "constraints")
 
 
 @dataclass(frozen=True)
@@ -99,6 +98,7 @@ class ServedModel:
         # on host cores the search leaves free. On the CPU the search's threads take every core, and the clients
         # handled beside its steps slowed it more than their early return gained (benchmarks/record/serve.md).
         self.answers_early = self.device.type == "cuda"
+        self.slots = slot_search_for(cfg.fixed_slots, cfg.cuda_graphs, self.device)  # as generate's --fixed-slots
         self.info = self._info(saved, cfg)
 
     def _info(self, saved: SavedModel, cfg: ServeConfig) -> dict[str, Any]:
@@ -116,6 +116,8 @@ class ServedModel:
             "device": str(self.device),
             "precision": self.precision,
             "quantize": cfg.quantize,
+            "fixed_slots": self.slots is not None,
+            "cuda_graphs": self.slots is not None and self.slots.graphs is not None,
             "max_batch_tokens": cfg.max_batch_tokens,
             "max_wait_ms": cfg.max_wait_ms,
             "max_request_sentences": cfg.max_request_sentences,
@@ -237,7 +239,7 @@ class ServedModel:
     def translator(self) -> Translator:
         """The model and its vocabulary, built by the worker thread (`warm_up`) on first use."""
         if self._translator is None:
-            self._translator = self.inference.translator()  # which lets the checkpoint's tensors go
+            self._translator = replace(self.inference.translator(), slots=self.slots)  # lets the checkpoint go
             self.parser = TreeParser.of(self._translator, self.leaves) if self.is_parser else None
         return self._translator
 

@@ -12,7 +12,7 @@ from nmt_cli.data.batching import pad_sources
 from nmt_cli.data.vocab import PAD
 from nmt_cli.search.beam import beam_search
 from nmt_cli.search.graphs import Bucket, StepGraphs, bucket_of, sentence_bucket
-from nmt_cli.search.slots import slot_search
+from nmt_cli.search.slots import slot_search, slot_steps
 
 pytestmark = pytest.mark.usefixtures("cpu_matmul_route")  # both CPU matmul routes on every machine (conftest.py)
 
@@ -104,6 +104,7 @@ def test_a_captured_step_is_never_used_outside_its_bucket(tiny_model):
     captured, batch = graphs.step_for(tiny_model, cache, bucket)
     with pytest.raises(AssertionError):  # other rows
         captured.step(torch.full((6,), 4), None, batch)
+    captured.held = False  # its batch ended: the next batch of the bucket loads its cache into this one's
     other_length = tiny_model.init_slots(enc, 2, n_positions=64, source_len=128)
     with pytest.raises(AssertionError):  # a batch of another source length is not loaded into the bucket's cache
         graphs.step_for(tiny_model, other_length, bucket)
@@ -112,3 +113,44 @@ def test_a_captured_step_is_never_used_outside_its_bucket(tiny_model):
     assert again is captured and next_batch != batch
     with pytest.raises(AssertionError):  # the first batch's search may not step on the second one's buffers
         captured.step(torch.full((4,), 4), None, batch)
+
+
+def test_batches_searched_in_turn_hold_captures_of_their_own(tiny_model):
+    """serve's worker steps two batches in turn: a second batch of a bucket whose captured step a running batch
+    holds gets a capture of its own, and both translate as they do alone; once they end, a later batch reuses one."""
+    capture = CountingCapture()
+    graphs = StepGraphs(capture)
+    cfg = SearchConfig(beam=2, max_len_a=1.0, max_len_b=2, nbest=2)
+    batches = [encoded(tiny_model, lengths, seed) for seed, lengths in enumerate(([3, 5, 2, 4], [6, 1, 4, 2]))]
+    want = [slot_search(tiny_model, enc, lens, cfg) for enc, lens in batches]
+    searches = [slot_steps(tiny_model, enc, lens, cfg, graphs=graphs) for enc, lens in batches]
+    got: list = [None, None]
+    while any(g is None for g in got):  # one step of each in turn
+        for i, search in enumerate(searches):
+            if got[i] is None:
+                try:
+                    next(search)
+                except StopIteration as stop:
+                    got[i] = stop.value
+    for w, g in zip(want, got):
+        assert [[h.tokens for h in hyps] for hyps in g] == [[h.tokens for h in hyps] for hyps in w]
+        assert [h.score for hyps in g for h in hyps] == pytest.approx([h.score for hyps in w for h in hyps])
+    first = Bucket(8, 64, 64)
+    assert len(graphs.graphs[first]) == 2  # the first bucket, captured for each batch
+    assert not any(c.held for copies in graphs.graphs.values() for c in copies)  # both searches let go
+    n_captures = capture.captures
+    slot_search(tiny_model, *batches[0], cfg, graphs=graphs)
+    assert capture.captures == n_captures
+
+
+def test_an_abandoned_search_lets_its_captured_step_go(tiny_model):
+    graphs = StepGraphs(CountingCapture())
+    enc, lens = encoded(tiny_model, [3, 5])
+    search = slot_steps(
+        tiny_model, enc, lens, SearchConfig(beam=2, max_len_a=0.0, max_len_b=6, min_len=6), graphs=graphs
+    )
+    next(search)
+    (captured,) = graphs.graphs[Bucket(4, 64, 64)]
+    assert captured.held
+    search.close()  # a batch dropped before its end (a failed step's, a stopped worker's)
+    assert not captured.held

@@ -18,7 +18,7 @@ from nmt_cli.search.ensemble import Ensemble
 from nmt_cli.search.graphs import StepGraphs
 from nmt_cli.search.prefix import prefix_source
 from nmt_cli.search.slots import Slots, SlotSearch, slot_search, slot_search_for
-from nmt_cli.search.translate import Translator, load_translator, translate
+from nmt_cli.search.translate import Translator, load_translator, translate, translate_steps
 
 pytestmark = pytest.mark.usefixtures("cpu_matmul_route")  # both CPU matmul routes on every machine (conftest.py)
 
@@ -194,6 +194,63 @@ def test_other_searches_keep_the_beam_search(copy_translator, toy_data_bin, slot
     assert calls == []
     translate(translator, sources, SearchConfig(beam=4), 10_000)
     assert calls
+
+
+def with_slots(translator, graphs):
+    """The translator, searching over fixed slots (graphs: through the captured-step bookkeeping)."""
+    slots = SlotSearch(StepGraphs(eager_capture) if graphs else None)
+    return Translator(translator.model, translator.vocab, translator.device, slots=slots)
+
+
+@pytest.mark.parametrize("graphs", [False, True])
+def test_a_sentence_is_told_as_it_finishes_as_the_beam_search_tells_it(copy_translator, toy_data_bin, graphs):
+    """serve's early answers (`on_done`): each sentence that finishes before its batch's last step is told once, at
+    the step beam.py's search tells it, with the hypotheses the search returns for it; a bucket's copies never."""
+    sources, cfg = sources_of(toy_data_bin, 13), SearchConfig(beam=4, nbest=2)  # 15 sentences: a bucket of 16
+
+    def told_by(translator):
+        told, steps = [], [0]
+        search = translate_steps(translator, sources, cfg, 10_000, on_done=lambda i, h: told.append((i, steps[0], h)))
+        while True:
+            try:
+                next(search)
+            except StopIteration as stop:
+                return told, stop.value
+            steps[0] += 1
+
+    want_told, want = told_by(copy_translator)
+    told, got = told_by(with_slots(copy_translator, graphs))
+    assert_same(want, got)
+    assert len(want_told) > 3
+    assert [(i, step) for i, step, _ in told] == [(i, step) for i, step, _ in want_told]
+    assert all(hyps == got[i] for i, _, hyps in told)
+
+
+@pytest.mark.parametrize("graphs", [False, True])
+def test_sentences_no_longer_wanted_stop_over_fixed_slots(copy_translator, toy_data_bin, slot_steps_taken, graphs):
+    """serve's `still_wanted`: a sentence no longer wanted stops at the next step without changing the others'
+    results, and a batch of none wanted stops."""
+    sources = sources_of(toy_data_bin, 6)
+    n, cfg = len(sources), SearchConfig(beam=4, nbest=2, max_len_a=0, max_len_b=12, min_len=10)
+    fixed = with_slots(copy_translator, graphs)
+    alone = translate(fixed, sources, cfg, 10_000)
+    n_steps = len(slot_steps_taken)
+    slot_steps_taken.clear()
+    gone = {1, 4}
+    stopped = translate(
+        fixed,
+        sources,
+        cfg,
+        10_000,
+        still_wanted=lambda: [len(slot_steps_taken) <= 2 or i not in gone for i in range(n)],
+    )
+    others = [i for i in range(len(sources)) if i not in gone]
+    assert_same([alone[i] for i in others], [stopped[i] for i in others])
+    assert not all(len(h) == cfg.nbest and h == alone[i] for i, h in enumerate(stopped) if i in gone)
+    assert len(slot_steps_taken) == n_steps  # the others run to their end
+    slot_steps_taken.clear()
+    translate(fixed, sources, cfg, 10_000, still_wanted=lambda: [len(slot_steps_taken) <= 2] * n)
+    assert len(slot_steps_taken) == 3 < n_steps
 
 
 def test_the_choice_of_search():

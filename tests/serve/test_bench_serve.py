@@ -1,6 +1,7 @@
 """benchmarks/bench_serve.py's tiny mode runs end to end: generate's baselines, the server under 4 clients
-and 1, and a report whose translations match generate's; with --adversary, the 4 clients without and with a
-client of the most expensive requests the caps allow; with --threads-compare, a server per thread count."""
+and 1, and a report whose translations match generate's (with --fixed-slots, both over fixed slots); with
+--adversary, the 4 clients without and with a client of the most expensive requests the caps allow; with
+--threads-compare, a server per thread count."""
 
 import os
 import re
@@ -39,12 +40,15 @@ def test_tiny_mode_reports_throughput_and_latency_next_to_generate(trained_copy_
     added, http_cpu = float(report["1 client added ms"]), float(report["HTTP CPU ms/request"])
     assert 0 <= added < 1000 and http_cpu > 0  # latency less search; the event loop's CPU
     assert report["server caps"] == "its defaults" and '"cores"' in report["machine"]
+    assert report["search"] == "default"
 
 
 @pytest.mark.slow  # as above, then two more load phases and two more servers
 def test_tiny_mode_with_an_adversary_and_two_thread_counts(trained_copy_checkpoint, tmp_path):
+    """Over fixed slots (--fixed-slots): the adversary's plain beam searches run there, stopped by its timeout."""
     options = ["--adversary", "--timeout", "2", "--max-output-tokens", "300", "--threads-compare", "1,0"]
-    report = bench_serve(trained_copy_checkpoint, tmp_path, *options)
+    report = bench_serve(trained_copy_checkpoint, tmp_path, *options, "--fixed-slots")
+    assert report["search"] == "fixed slots, eager" and report["differ from generate"] == "0"
     caps = "--max-beam 8 --max-nbest 8 --max-output-tokens 300 --max-input-chars 2000 --max-request-sentences 16"
     assert report["server caps"] == caps + " --timeout 2.0"
     # transformer_tiny's 256 positions bound the forced length below --max-output-tokens
