@@ -31,8 +31,8 @@
 #   5. recipe     recipes/multi30k_en_de trained for TRAIN_MINUTES (2) on the GPU, its sacreBLEU
 #   6. serve      benchmarks/bench_serve.py on the recipe's checkpoint (or SERVE_CHECKPOINT's, a model trained
 #                 elsewhere, to compare with its CPU figures): `nmt serve` on the GPU under 32
-#                 clients and one, next to `nmt generate`; then
-#                 benchmarks/profile_serve.py, where a served sentence's time goes (after it in serve.log)
+#                 clients and one, next to `nmt generate`; again (serve-slots) with --fixed-slots, the server
+#                 and generate both; then benchmarks/profile_serve.py, where a served sentence's time goes
 #   7. decoding   benchmarks/bench_decoding.py on the recipe's checkpoint: each decoding feature's time against
 #                 plain beam 4, and score-pairs' sentences/s against the search's (issue 49: >= 10x); in bench.log
 #   8. compile    --compile's warm-up for transformer_base (8 updates), if time is left before DEADLINE
@@ -60,10 +60,10 @@ start=$SECONDS
 failed=()
 
 log_of() {  # log_of NAME: a step's log file; profile-generation's and compile's go after profile's,
-    # serve-profile's after serve's and fairseq's and decoding's after bench's, keeping OUT_DIR to 8 files
+    # serve-slots' and serve-profile's after serve's and fairseq's and decoding's after bench's, keeping OUT_DIR to 8 files
     case $1 in
         profile-generation | compile) echo "$OUT_DIR/profile.log" ;;
-        serve-profile) echo "$OUT_DIR/serve.log" ;;
+        serve-*) echo "$OUT_DIR/serve.log" ;;
         fairseq* | decoding) echo "$OUT_DIR/bench.log" ;;
         *) echo "$OUT_DIR/$1.log" ;;
     esac
@@ -78,7 +78,7 @@ skipped() {  # skipped NAME REASON
 step() {
     local name=$1 limit=$2
     shift 2
-    case " $STEPS " in *" ${name%%-*} "*) ;; *) skipped "$name" "not in STEPS"; return ;; esac  # serve-profile: serve's
+    case " $STEPS " in *" ${name%%-*} "*) ;; *) skipped "$name" "not in STEPS"; return ;; esac  # serve-slots, serve-profile: serve's
     local left=$((DEADLINE - (SECONDS - start)))
     if [ "$left" -lt 20 ]; then
         skipped "$name" "$left s left before the $DEADLINE s deadline"
@@ -111,6 +111,9 @@ serve_step() {
         # shellcheck disable=SC2086  # the quoted words are arguments
         step serve "$limit" env NMT_BENCH_DIR="$WORK/bench" "$PYTHON" benchmarks/bench_serve.py --path "$checkpoint" \
             $bench_args "$@"
+        # shellcheck disable=SC2086
+        step serve-slots "$limit" env NMT_BENCH_DIR="$WORK/bench" "$PYTHON" benchmarks/bench_serve.py \
+            --path "$checkpoint" --fixed-slots $bench_args "$@"
         # shellcheck disable=SC2086
         step serve-profile 90 "$PYTHON" benchmarks/profile_serve.py --path "$checkpoint" $profile_args "$@"
     fi

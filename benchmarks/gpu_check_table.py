@@ -163,25 +163,28 @@ def recipe_row(work: Path) -> tuple[str, str]:
 
 
 def serve_rows(out: Path) -> list[tuple[str, str]]:
-    """bench_serve.py's table in serve.log: a line per figure; no row where it did not print one."""
+    """bench_serve.py's tables in serve.log (one per run: `== serve`, `== serve-slots` start them), a row each;
+    no row for a run that printed no table."""
     log = out / "serve.log"
-    figure = {}
+    runs: list[dict[str, str]] = []
     for line in log.read_text().splitlines() if log.exists() else []:
-        if found := re.match(r"\s*(\S.*?)\s{2,}(\S.*)$", line):
-            figure[found.group(1)] = found.group(2).strip()
-    if "serve sent/s" not in figure:
-        return []
-    return [
-        (
-            "serve",
-            f"32 clients {figure.get('serve sent/s')} sent/s ({figure.get('ratio')}x generate's "
-            f"{figure.get('generate sent/s')}, {figure.get('ratio to batch of 32')}x its batches of 32), "
-            f"p50 / p99 {figure.get('p50 ms')} / {figure.get('p99 ms')} ms "
-            f"(2 x generate's batch of 32: {2 * float(figure.get('generate batch of 32 ms', 'nan')):.0f} ms); "
-            f"1 client {figure.get('1 client ms')} ms (generate {figure.get('generate 1 sentence ms')} ms, "
-            f"serving's own {figure.get('1 client added ms')} ms)",
-        )
-    ]
+        if line.startswith("== serve"):
+            runs.append({})
+        elif runs and (found := re.match(r"\s*(\S.*?)\s{2,}(\S.*)$", line)):
+            runs[-1][found.group(1)] = found.group(2).strip()
+    return [serve_row(figure) for figure in runs if "serve sent/s" in figure]
+
+
+def serve_row(figure: dict[str, str]) -> tuple[str, str]:
+    return (
+        f"serve ({figure.get('search', 'default')} search)",
+        f"32 clients {figure.get('serve sent/s')} sent/s ({figure.get('ratio')}x generate's "
+        f"{figure.get('generate sent/s')}, {figure.get('ratio to batch of 32')}x its batches of 32), "
+        f"p50 / p99 {figure.get('p50 ms')} / {figure.get('p99 ms')} ms "
+        f"(2 x generate's batch of 32: {2 * float(figure.get('generate batch of 32 ms', 'nan')):.0f} ms); "
+        f"1 client {figure.get('1 client ms')} ms (generate {figure.get('generate 1 sentence ms')} ms, "
+        f"serving's own {figure.get('1 client added ms')} ms)",
+    )
 
 
 def main() -> None:
@@ -204,7 +207,9 @@ def main() -> None:
         )
     ]
     rows += [("recipe", f"{recipe_row(work / 'multi30k')[1]} ({times.get('recipe', 'not run')})")]
-    rows += serve_rows(out) + [("serve time", times.get("serve", "not run"))]
+    rows += serve_rows(out)
+    serve_times = f"default {times.get('serve', 'not run')}; --fixed-slots {times.get('serve-slots', 'not run')}"
+    rows += [("serve time", serve_times)]
     rows += [("decoding step (figures in bench.log)", times.get("decoding", "not run"))]
     rows += [("compile step", times.get("compile", "not run")), ("gpu_check.sh in all", f"{seconds} s")]
     print("| what | measured |\n|---|---|")

@@ -231,7 +231,13 @@ def test_gpu_check_table_reads_what_the_steps_leave(tmp_path):
         "1 client added ms": "2.0",
         "conditions": "not given",
     }
-    (out / "serve.log").write_text("".join(f"{k:>28}  {v:>12}\n" for k, v in serve.items()))
+    slots = serve | {"serve sent/s": "301.0", "search": "fixed slots, CUDA graphs"}
+    (out / "serve.log").write_text(  # the step's header line above each run's table, as gpu_check.sh writes them
+        "".join(
+            f"== {step}: bench_serve.py ...\n" + "".join(f"{k:>28}  {v:>12}\n" for k, v in figures.items())
+            for step, figures in (("serve", serve), ("serve-slots", slots))
+        )
+    )
     (work / "multi30k" / "score.txt").write_text("BLEU = 35.05 67.9/43.2/30.1/21.1 (BP = 0.949)\n")
     (work / "multi30k" / "train.jsonl").write_text('{"event": "train", "update": 1594}\n')
     r = subprocess.run(
@@ -246,10 +252,11 @@ def test_gpu_check_table_reads_what_the_steps_leave(tmp_path):
     assert "270,198 target tok/s, 75.6 ms/update, MFU 10.2%, 8.1 GiB" in table
     assert "3,000 sentences in 3.35 s (26,347 tokens/s)" in table
     assert (
-        "| serve | 32 clients 145.3 sent/s (0.25x generate's 588.0, 0.77x its batches of 32), "
+        "| serve (default search) | 32 clients 145.3 sent/s (0.25x generate's 588.0, 0.77x its batches of 32), "
         "p50 / p99 194.0 / 821.0 ms (2 x generate's batch of 32: 331 ms); 1 client 103.1 ms (generate 76.9 ms, "
         "serving's own 2.0 ms) |" in table
     )
+    assert "| serve (fixed slots, CUDA graphs search) | 32 clients 301.0 sent/s" in table
     assert (
         "| profile generate transformer_base beam 4, budget, graphs | 4.82 ms/step (5.1 profiled), GPU busy 41% "
         "(2.09 ms/step of kernels); per step 2.0 kernel launches, 1.0 graph launches, 402.0 kernels run; costliest "
