@@ -128,7 +128,7 @@ class StepGraphs:
     def __init__(
         self,
         objective: TranslationLoss,
-        params: list[Tensor],
+        params: list[torch.nn.Parameter],
         amp_dtype: torch.dtype | None,
         *,
         capture: Capture,
@@ -239,7 +239,9 @@ def cuda_warm_up(run: Callable[[], None]) -> None:
     torch.cuda.current_stream().wait_stream(stream)
 
 
-def cuda_step_graphs(objective: TranslationLoss, params: list[Tensor], amp_dtype: torch.dtype | None) -> StepGraphs:
+def cuda_step_graphs(
+    objective: TranslationLoss, params: list[torch.nn.Parameter], amp_dtype: torch.dtype | None
+) -> StepGraphs:
     """The training step's graphs on CUDA, all in one shared memory pool."""
     pool = torch.cuda.graph_pool_handle()
     return StepGraphs(objective, params, amp_dtype, capture=cuda_capture(pool), warm_up=cuda_warm_up)
