@@ -274,9 +274,9 @@ class TrainConfig:
         if len(self.adam_betas) != 2 or not all(0.0 <= b < 1.0 for b in self.adam_betas):
             raise ConfigError(f"--adam-betas {self.adam_betas} must be two numbers in [0, 1)")
         if self.cuda_graphs:
-            self.check_cuda_graphs()
+            self.check_cuda_graph_options()
 
-    def check_cuda_graphs(self) -> None:
+    def check_cuda_graph_options(self) -> None:
         """The options --cuda-graphs cannot go with (the device and the ranks: train/graphs.py)."""
         if not self.bucket_shapes:
             raise ConfigError(

@@ -62,6 +62,7 @@ class Trainer:
     ) -> None:
         self.cfg, self.model_cfg, self.search_cfg = cfg, model_cfg, search_cfg
         self.vocab, self.meta, self.info, self.device = vocab, meta, info, device
+        check_cuda_graphs(cfg, device, info.world_size)
         data_dir = Path(cfg.data_dir)
         self.train_data = ParallelDataset(data_dir, "train")
         self.valid_data = ParallelDataset(data_dir, "valid") if "valid" in meta["splits"] else None
@@ -87,7 +88,6 @@ class Trainer:
         self.loader = BatchLoader(
             self.train_data, device, background=device.type == "cuda", bucket_limit=self.bucket_limit
         )
-        check_cuda_graphs(cfg, device, info.world_size)
         # --cuda-graphs: each batch shape's forward and backward captured once and replayed (train/graphs.py)
         self.graphs: StepGraphs | None = (
             cuda_step_graphs(self.objective, self.params, self.amp_dtype) if cfg.cuda_graphs else None

@@ -12,6 +12,7 @@ import pytest
 import torch
 from conftest import TINY, nmt, tiny_train_config
 
+from nmt_cli.checkpoint import load_checkpoint
 from nmt_cli.commands.train import train
 from nmt_cli.config import ARCHITECTURES, SearchConfig
 from nmt_cli.data.batching import collate
@@ -95,14 +96,18 @@ def assert_same_training(a, b):
         torch.testing.assert_close(x, y, rtol=1e-4, atol=1e-5, msg=lambda m: name + m)
 
 
-@pytest.mark.parametrize("update_freq", [1, 2])
-def test_graphs_train_as_the_eager_trainer_with_one_capture_per_shape(toy_data_bin, tmp_path, mock_graphs, update_freq):
-    eager = run(toy_data_bin, tmp_path / "eager", update_freq=update_freq)
-    graphed = run(toy_data_bin, tmp_path / "graphs", update_freq=update_freq, cuda_graphs=True)
+@pytest.mark.parametrize("update_freq, precision", [(1, "fp32"), (2, "fp32"), (1, "bf16")])
+def test_graphs_train_as_the_eager_trainer_with_one_capture_per_shape(
+    toy_data_bin, tmp_path, mock_graphs, update_freq, precision
+):
+    n_updates = 4 if precision == "bf16" else 8  # bf16 is emulated on CPUs without bf16 instructions: slow
+    kw = dict(update_freq=update_freq, precision=precision, max_update=n_updates)
+    eager = run(toy_data_bin, tmp_path / "eager", **kw)
+    graphed = run(toy_data_bin, tmp_path / "graphs", **kw, cuda_graphs=True)
     assert eager[0].graphs is None
     assert_same_training(eager, graphed)
     graphs = graphed[0].graphs
-    n_batches = 8 * update_freq
+    n_batches = n_updates * update_freq
     assert graphs.n_replays == mock_graphs.replays == n_batches  # every batch, the first of its shape too
     assert graphs.n_captures == mock_graphs.captures == len(graphs.graphs) < n_batches  # shapes come back
     assert mock_graphs.warm_ups == graphs_module.WARM_UP_RUNS * mock_graphs.captures
@@ -115,6 +120,7 @@ def test_graphs_resume_exactly(toy_data_bin, tmp_path, mock_graphs):
     run(toy_data_bin, tmp_path / "parts", max_update=5, cuda_graphs=True)
     resumed = run(toy_data_bin, tmp_path / "parts", max_update=8, cuda_graphs=True)
     assert resumed[0].state.update == 8 and len(resumed[1]) == 8  # the log file holds both runs' updates
+    assert "cuda_graphs" not in load_checkpoint(tmp_path / "parts" / "checkpoint_last.pt")["train_config"]
     assert_same_training(eager, resumed)
 
 
