@@ -4,10 +4,11 @@ of the step's thousand kernels and casts. --bucket-shapes (data/batching.py) mak
 
 How the captured step keeps the eager step's numbers:
 
-- Static buffers per shape. A shape is (sentences, source length, target length). Its batches are copied into the
-  shape's input buffers (source, source padding mask, target in and out) before each replay; the graph writes the
-  loss and NLL sums into output buffers made before capture, which the trainer reads after the replay in stream
-  order. A batch without source padding gets an all-False mask (the graph holds one attention route).
+- Static buffers per shape. A shape is (sentences, source length, target length, whether the source is padded: a
+  CUDA batch without padding has no mask, so that attention may take SDPA's Flash kernel, train/prefetch.py, and its
+  graph holds that route as the eager step takes it). Its batches are copied into the shape's input buffers (source,
+  source padding mask, target in and out) before each replay; the graph writes the loss and NLL sums into output
+  buffers made before capture, which the trainer reads after the replay in stream order.
 - A fixed-shape loss. The eager step selects the real target positions (a data-dependent row count); the graph
   scores every position of the padded batch with PAD ignored by the loss (TranslationLoss.fixed_shape: no gradient,
   nothing summed), so it also runs the output projection and the loss over the bucket's padding. The Triton loss
@@ -65,10 +66,12 @@ class Shape(NamedTuple):
     n_sentences: int  # B
     src_len: int  # S
     tgt_len: int  # T
+    src_padded: bool  # the batch has a source padding mask
 
 
 def shape_of(batch: Batch) -> Shape:
-    return Shape(batch.src_tokens.shape[0], batch.src_tokens.shape[1], batch.tgt_in.shape[1])
+    b, s = batch.src_tokens.shape
+    return Shape(b, s, batch.tgt_in.shape[1], batch.src_pad_mask is not None)
 
 
 def check_cuda_graphs(cfg: TrainConfig, device: torch.device, world_size: int) -> None:
@@ -90,7 +93,7 @@ class Buffers:
     """One shape's buffers, which its graph reads and writes."""
 
     src_tokens: Tensor  # [B, S]
-    src_pad_mask: Tensor  # [B, S] True at padding
+    src_pad_mask: Tensor | None  # [B, S] True at padding; None: the shape's batches have no padding
     tgt_in: Tensor  # [B, T]
     tgt_out: Tensor  # [B, T]
     loss: Tensor  # [] the loss sum, written by each replay
@@ -102,16 +105,15 @@ class Buffers:
             return torch.empty(t.shape, dtype=t.dtype, device=device)
 
         b = batch
-        mask = torch.zeros(b.src_tokens.shape, dtype=torch.bool, device=device)
+        mask = None if b.src_pad_mask is None else like(b.src_pad_mask)
         out = torch.zeros((), dtype=torch.float32, device=device)
         return cls(like(b.src_tokens), mask, like(b.tgt_in), like(b.tgt_out), out, torch.zeros_like(out))
 
     def load(self, batch: Batch) -> None:
         """Copy the batch (on the host, pinned on CUDA, or on the device) into the buffers, in stream order."""
         self.src_tokens.copy_(batch.src_tokens, non_blocking=True)
-        if batch.src_pad_mask is None:
-            self.src_pad_mask.fill_(False)
-        else:
+        if self.src_pad_mask is not None:
+            assert batch.src_pad_mask is not None, "a shape's batches all have a mask or none (Shape.src_padded)"
             self.src_pad_mask.copy_(batch.src_pad_mask, non_blocking=True)
         self.tgt_in.copy_(batch.tgt_in, non_blocking=True)
         self.tgt_out.copy_(batch.tgt_out, non_blocking=True)
@@ -187,7 +189,7 @@ class StepGraphs:
             logger.warning(
                 "out of memory capturing the training step of %d sentences, %d source and %d target positions: "
                 "batches of that shape train eagerly",
-                *shape,
+                *shape[:3],
             )
             return None
         self.n_captures += 1

@@ -229,7 +229,7 @@ class TranslationLoss(nn.Module):
         return label_smoothed_nll(hidden, self.model.output.weight, target, self.epsilon)
 
     def fixed_shape(
-        self, src_tokens: Tensor, src_pad_mask: Tensor, tgt_in: Tensor, tgt_out: Tensor
+        self, src_tokens: Tensor, src_pad_mask: Tensor | None, tgt_in: Tensor, tgt_out: Tensor
     ) -> tuple[Tensor, Tensor]:
         """`forward` over every target position, padding included, with PAD ignored by the loss (no gradient,
         nothing summed): shapes that depend on the batch's shape alone, which a captured CUDA graph needs

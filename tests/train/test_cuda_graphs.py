@@ -180,3 +180,30 @@ def test_several_ranks_are_refused(toy_data_bin, tmp_path):
         check_cuda_graphs(cfg, torch.device("cuda"), world_size=2)
     check_cuda_graphs(cfg, torch.device("cuda"), world_size=1)
     check_cuda_graphs(replace(cfg, cuda_graphs=False), torch.device("cpu"), world_size=2)
+
+
+def test_batches_without_source_padding_have_their_own_graph(tiny_model, toy_data_bin):
+    """A CUDA batch without source padding has no mask (train/prefetch.py): its shape is captured apart, so that its
+    graph takes the eager step's attention route; each graph gives the eager step's sums and gradients."""
+    data = ParallelDataset(toy_data_bin, "train")
+    lengths = np.array([len(s) for s in data.src])
+    ids = np.flatnonzero(lengths == np.bincount(lengths).argmax())[:4]  # equal sources: no source padding
+    plain = collate(data, ids)
+    assert not plain.src_pad_mask.any()
+    unmasked = replace(plain, src_pad_mask=None)
+    capture = CountingCapture()
+    objective = TranslationLoss(tiny_model.train(), 0.1)
+    params = list(tiny_model.parameters())
+    graphs = StepGraphs(objective, params, None, capture=capture, warm_up=capture.warm_up)
+    for batch in (plain, unmasked, plain, unmasked):
+        tiny_model.zero_grad()
+        loss, nll = objective(batch.src_tokens, batch.src_pad_mask, batch.tgt_in, batch.tgt_out)
+        loss.backward()
+        want = [loss.detach(), nll, *(p.grad.clone() for p in params)]
+        for p in params:
+            p.grad.zero_()  # in place, as the trainer zeroes them under graphs
+        got = [t.clone() for t in graphs.step(batch)] + [p.grad for p in params]
+        for a, b in zip(got, want):
+            torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
+    assert capture.captures == 2 and capture.replays == 4
+    assert [shape.src_padded for shape in graphs.graphs] == [True, False]
