@@ -5,12 +5,14 @@ loss, and every refusal's error line."""
 
 import json
 import logging
+import subprocess
+import sys
 from dataclasses import replace
 
 import numpy as np
 import pytest
 import torch
-from conftest import TINY, nmt, tiny_train_config
+from conftest import ONE_ROUTE, TINY, nmt, tiny_train_config
 
 from nmt_cli.checkpoint import load_checkpoint
 from nmt_cli.commands.train import train
@@ -172,6 +174,26 @@ def test_refusals(toy_data_bin, tmp_path, args, message):
     ]
     assert message in result.output, result.output
     assert "Traceback" not in result.output
+
+
+@pytest.mark.slow  # starts two ranks under torchrun (each imports torch); make test-all
+@ONE_ROUTE  # a refusal before any matrix product
+def test_several_ranks_are_refused_on_the_command_line(toy_data_bin, tmp_path):
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--standalone"]
+    args = ["-m", "nmt_cli", "train", str(toy_data_bin), "--save-dir", str(tmp_path), *TINY, "--max-update", "1"]
+    cmd = [*launcher, *args, "--bucket-shapes", "--cuda-graphs"]
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert result.returncode != 0
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert (
+        errors
+        == [
+            "error: --cuda-graphs trains one process; this run has 2 ranks, whose gradient all-reduce "
+            "(DDP's hooks) is not captured: drop --cuda-graphs"
+        ]
+        * 2
+    ), result.stderr[-3000:]
+    assert "nmt_cli" not in "".join(line for line in result.stderr.splitlines() if line.strip().startswith("File "))
 
 
 def test_several_ranks_are_refused(toy_data_bin, tmp_path):
