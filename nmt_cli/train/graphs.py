@@ -11,7 +11,8 @@ How the captured step keeps the eager step's numbers:
   buffers made before capture, which the trainer reads after the replay in stream order.
 - A fixed-shape loss. The eager step selects the real target positions (a data-dependent row count); the graph
   scores every position of the padded batch with PAD ignored by the loss (TranslationLoss.fixed_shape: no gradient,
-  nothing summed), so it also runs the output projection and the loss over the bucket's padding. The Triton loss
+  nothing summed), so it also runs the output projection and the loss over the target padding of the bucket (the
+  share `nmt train --bucket-shapes` logs at its start, source and target together). The Triton loss
   (train/triton_loss.py) is capturable: it neither syncs the host nor allocates per call beyond shapes.
 - Gradients. Every parameter's .grad exists (zeros) before the first capture, so the captured backward accumulates
   into those tensors, which outlive every graph; the trainer zeroes them in place between updates (never
@@ -28,8 +29,13 @@ How the captured step keeps the eager step's numbers:
   uses the pool as scratch it writes before it reads, and replays run one at a time on one stream. The pool then
   peaks at the largest shape's activations, as the eager step does, instead of the sum over shapes that private
   pools would hold, so no cap on the number of graphs is needed.
-- What cannot be captured is refused (`check_cuda_graphs`, one ConfigError) or falls back: a shape whose warm-up or
-  capture runs out of memory trains eagerly from then on, with one warning.
+- Refusals (one ConfigError each; the device and ranks here in `check_cuda_graphs`, the rest TrainConfig's): off
+  CUDA (the flag is CUDA's, and ignoring it would hide a run on the wrong device); without --bucket-shapes, which
+  is not implied because it changes the batches, so --cuda-graphs alone would train other numbers than the eager
+  run it replaces; with several ranks (DDP's all-reduce hooks inside a graph are out of scope for now); with
+  --compile (both take over the step); with fp16 (GradScaler's scale and overflow checks are decided on the host;
+  fp32 and bf16 only). A shape whose warm-up or capture runs out of memory trains eagerly from then on, with one
+  warning.
 
 Everything here but `cuda_capture` and `cuda_warm_up` is plain Python over a `Capture` and a `WarmUp` function,
 which tests replace on the CPU.
@@ -235,10 +241,12 @@ def cuda_warm_up(run: Callable[[], None]) -> None:
     """Run the step WARM_UP_RUNS times on a side stream, as PyTorch asks before a capture."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(WARM_UP_RUNS):
-            run()
-    torch.cuda.current_stream().wait_stream(stream)
+    try:
+        with torch.cuda.stream(stream):
+            for _ in range(WARM_UP_RUNS):
+                run()
+    finally:  # also after running out of memory: the throwaway gradients are freed on the current stream
+        torch.cuda.current_stream().wait_stream(stream)
 
 
 def cuda_step_graphs(
