@@ -32,13 +32,17 @@ MODEL = ARCHITECTURES["transformer_tiny"]  # dropout 0.1: the warm-up must leave
 
 class CountingCapture:
     """Captures by keeping the step to run it again; counts captures and replays. fail_after: captures that
-    succeed before every later one runs out of memory."""
+    succeed before every later one runs out of memory, in its capture or (fail_in "warm_up") after its warm-up's
+    first run."""
 
-    def __init__(self, fail_after=None):
-        self.captures, self.replays, self.warm_ups, self.fail_after = 0, 0, 0, fail_after
+    def __init__(self, fail_after=None, fail_in="capture"):
+        self.captures, self.replays, self.warm_ups, self.fail_after, self.fail_in = 0, 0, 0, fail_after, fail_in
+
+    def failing(self, where):
+        return self.fail_in == where and self.fail_after is not None and self.captures >= self.fail_after
 
     def __call__(self, run):
-        if self.fail_after is not None and self.captures >= self.fail_after:
+        if self.failing("capture"):
             raise torch.cuda.OutOfMemoryError("CUDA out of memory (a test's capture)")
         self.captures += 1
 
@@ -51,7 +55,9 @@ class CountingCapture:
     def warm_up(self, run):
         for _ in range(graphs_module.WARM_UP_RUNS):
             self.warm_ups += 1
-            run()
+            run()  # gradients and dropout draws the graphs must not keep
+            if self.failing("warm_up"):
+                raise torch.cuda.OutOfMemoryError("CUDA out of memory (a test's warm-up)")
 
 
 @pytest.fixture
@@ -126,8 +132,9 @@ def test_graphs_resume_exactly(toy_data_bin, tmp_path, mock_graphs):
     assert_same_training(eager, resumed)
 
 
-def test_a_shape_whose_capture_runs_out_of_memory_trains_eagerly(toy_data_bin, tmp_path, mock_graphs, caplog):
-    mock_graphs.fail_after = 1
+@pytest.mark.parametrize("fail_in", ["warm_up", "capture"])
+def test_a_shape_whose_capture_runs_out_of_memory_trains_eagerly(toy_data_bin, tmp_path, mock_graphs, caplog, fail_in):
+    mock_graphs.fail_after, mock_graphs.fail_in = 1, fail_in
     eager = run(toy_data_bin, tmp_path / "eager")
     with caplog.at_level(logging.WARNING):
         graphed = run(toy_data_bin, tmp_path / "graphs", cuda_graphs=True)
