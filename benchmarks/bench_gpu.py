@@ -27,6 +27,8 @@ MFU = model FLOP/s / the device's dense bf16 peak (table below, or --peak-tflops
 Also per architecture: GPU busy % (the union of the kernels' time over the wall time of --busy-updates more
 updates under torch.profiler; the kernels of overlapping streams count once) and the padding of the timed
 batches (positions that are not tokens or EOS, source and target together; --bucket-shapes pads more).
+With --cuda-graphs (and --bucket-shapes) training is `nmt train --cuda-graphs`: the warm-up also trains one batch of
+each shape of the timed and profiled updates, so every capture is paid there, and prints its time and captures.
 """
 
 from __future__ import annotations
@@ -219,6 +221,7 @@ def bench_training(arch: str, data_dir: Path, args, device: torch.device, peak: 
         args.precision,
         cudnn_attention=args.cudnn_attention,
         bucket_shapes=args.bucket_shapes,
+        cuda_graphs=args.cuda_graphs,
     )
     model_cfg = trainer.model_cfg
     data = trainer.train_data
@@ -227,9 +230,23 @@ def bench_training(arch: str, data_dir: Path, args, device: torch.device, peak: 
     )
     batches = plan.batches
     n_warm = min(args.warmup, len(batches) - 1)
-    for i in range(n_warm):
-        trainer.train_step([batches[i]], plan)
-        trainer.state.batch_in_epoch = i + 1
+    warm = batches[:n_warm]
+    if trainer.graphs is not None:  # every shape timed or profiled is captured in the warm-up, which is timed
+        warm = with_every_shape(warm, batches[n_warm : n_warm + args.updates + args.busy_updates], trainer)
+    start = time.perf_counter()
+    for i, ids in enumerate(warm):
+        trainer.train_step([ids], plan)
+        trainer.state.batch_in_epoch = min(i + 1, n_warm)
+    graphs: dict = {}
+    if trainer.graphs is not None:
+        torch.cuda.synchronize()
+        graphs = dict(warmup_updates=len(warm), warmup_s=round(time.perf_counter() - start, 1))
+        graphs["graphs"] = n_captures = trainer.graphs.n_captures
+        print(
+            f"train {arch:18s} {args.precision}: warm-up {len(warm)} updates in {graphs['warmup_s']} s, "
+            f"{n_captures} batch shapes captured as CUDA graphs (--cuda-graphs)",
+            flush=True,
+        )
     if device.type == "cuda":
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
@@ -262,22 +279,41 @@ def bench_training(arch: str, data_dir: Path, args, device: torch.device, peak: 
     print(
         f"train {arch:18s} {args.precision}: GPU busy {busy_text}; padding "
         f"{padding.padding():.1%} of the timed batches' positions in {len(padding.shapes)} shapes"
-        f"{' (--bucket-shapes)' if args.bucket_shapes else ''}",
+        f"{' (--bucket-shapes)' if args.bucket_shapes else ''}{' (--cuda-graphs)' if args.cuda_graphs else ''}",
         flush=True,
     )
+    if trainer.graphs is not None:
+        assert trainer.graphs.n_captures == n_captures, "a timed or profiled update captured a shape"
     record(
         args,
-        what=f"train {arch}",
+        what=f"train {arch}{' --cuda-graphs' if args.cuda_graphs else ''}",
         target_tok_s=round(n_tokens / seconds),
         ms_per_update=round(1000 * seconds / len(timed), 1),
         mfu=round(mfu, 4),
         peak_gib=round(peak_gb, 1),
         padding=round(padding.padding(), 4),
         gpu_busy=None if busy != busy else round(busy, 3),
+        **graphs,
     )
     del trainer
     if device.type == "cuda":
         torch.cuda.empty_cache()
+
+
+def with_every_shape(warm: list[np.ndarray], later: list[np.ndarray], trainer) -> list[np.ndarray]:
+    """`warm` and the first batch of each shape of `later` that `warm` lacks (shapes as `collate` pads them)."""
+    data = trainer.train_data
+
+    def shape(ids: np.ndarray) -> tuple[int, int, int]:
+        return padding_stats([ids], data.src_lens, data.tgt_lens, trainer.bucket_limit).shapes.pop()
+
+    seen = {shape(ids) for ids in warm}
+    extra = []
+    for ids in later:
+        if shape(ids) not in seen:
+            seen.add(shape(ids))
+            extra.append(ids)
+    return warm + extra
 
 
 GEN_BATCHINGS = ("budget", "batch 32")  # --gen-max-tokens source tokens a batch, or batches of 32 sentences
@@ -420,7 +456,16 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--results", help="append each figure to this file as a JSON line")
     parser.add_argument("--busy-updates", type=int, default=3, help="updates profiled for GPU busy %% (0: none)")
     parser.add_argument("--bucket-shapes", action="store_true", help="train with `nmt train --bucket-shapes`")
+    parser.add_argument(
+        "--cuda-graphs",
+        action="store_true",
+        help="train with `nmt train --cuda-graphs` (needs --bucket-shapes; the warm-up then captures every shape)",
+    )
     args = parser.parse_args()
+    if args.cuda_graphs and not args.bucket_shapes:
+        parser.error("--cuda-graphs needs --bucket-shapes, as `nmt train --cuda-graphs` does")
+    if args.cuda_graphs and args.device != "cuda":
+        parser.error("--cuda-graphs captures CUDA graphs: it needs --device cuda")
     for key, value in (CPU_DEFAULTS if args.device == "cpu" else GPU_DEFAULTS).items():
         if getattr(args, key) is None:
             setattr(args, key, value)

@@ -250,3 +250,59 @@ def test_cuda_graphs_make_one_host_synchronisation_per_step(tiny_checkpoint, toy
     translator.slots = slot_search_for(True, True, translator.device)
     short, long = cuda_syncs(translator, sources, 10), cuda_syncs(translator, sources, 20)
     assert long - short == 10, (short, long)
+
+
+@pytest.mark.parametrize("dropout", [0.0, 0.1])
+def test_training_with_cuda_graphs_follows_the_eager_step(toy_data_bin, tmp_path, dropout):
+    """fp32 updates with --cuda-graphs: the eager step's losses and weights. The graph scores every padded position
+    (the loss ignores PAD) where the eager step selects the real ones, so sums differ in order only. With dropout,
+    a replay draws the masks the eager step draws (Philox offsets advance alike; the warm-up puts the streams back)."""
+
+    def fit(name, **kw):
+        cfg = tiny_train_config(
+            toy_data_bin,
+            tmp_path / name,
+            device="cuda",
+            precision="fp32",
+            bucket_shapes=True,
+            max_update=8,
+            update_freq=2,
+            log_interval=1,
+            log_file=str(tmp_path / f"{name}.jsonl"),
+            **kw,
+        )
+        return train(cfg, replace(TINY, dropout=dropout), SearchConfig()).trainer, losses(cfg.log_file)
+
+    (eager, eager_losses), (graphed, graph_losses) = fit("eager"), fit("graphs", cuda_graphs=True)
+    assert graphed.graphs.n_replays == 16 and 0 < graphed.graphs.n_captures == len(graphed.graphs.graphs) < 16
+    assert None not in graphed.graphs.graphs.values()  # every shape captured, none fell back to eager
+    assert max(abs(a - b) for a, b in zip(eager_losses, graph_losses)) < 2e-3, (eager_losses, graph_losses)
+    d = TINY.d_model
+    for (name, a), b in zip(eager.model.state_dict().items(), graphed.model.state_dict().values()):
+        if name.endswith(("attn.qkv.bias", "attn.kv.bias")):  # the key bias: a zero gradient but for rounding
+            a, b = (torch.cat([t[: -2 * d], t[-d:]]) for t in (a, b))
+        torch.testing.assert_close(b, a, rtol=1e-2, atol=1e-3, msg=lambda m: f"{name}: {m}")
+
+
+def test_training_update_with_cuda_graphs_makes_one_host_synchronisation(toy_data_bin, tmp_path):
+    cfg = tiny_train_config(
+        toy_data_bin, tmp_path, device="cuda", max_update=3, update_freq=2, bucket_shapes=True, cuda_graphs=True
+    )
+    trainer = prepare(cfg, TINY, SearchConfig())
+    plan = plan_epoch(
+        trainer.train_data, trainer.cfg, max_positions=trainer.model_cfg.max_positions, info=trainer.info, epoch=1
+    )
+    trainer.train_step(plan.update_batches(2, 2))  # captures the shapes of the update measured below
+    trainer.train_step(plan.update_batches(0, 2), plan)
+    trainer.state.consume_batches(2)
+    n_captures = trainer.graphs.n_captures
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("warn")
+    try:
+        with pytest.warns(UserWarning) as record:
+            trainer.train_step(plan.update_batches(2, 2), plan)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    syncs = [str(w.message) for w in record if "synchroniz" in str(w.message)]
+    assert len(syncs) == 1, syncs
+    assert trainer.graphs.n_captures == n_captures and trainer.graphs.n_replays == 6

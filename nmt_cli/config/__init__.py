@@ -253,6 +253,11 @@ class TrainConfig:
         "Pad each batch's lengths to multiples of 8 (at most 4 sizes per doubling) and take sentence counts from "
         "a grid alike, so that batch shapes repeat; the padding added is logged at the start.",
     )
+    cuda_graphs: bool = flag(
+        False,
+        "CUDA, with --bucket-shapes: capture each batch shape's forward and backward as a CUDA graph once and "
+        "replay it (one process, fp32 or bf16; not saved).",
+    )
 
     def __post_init__(self) -> None:
         check_fields(self)
@@ -268,6 +273,23 @@ class TrainConfig:
             raise ConfigError("--eval-bleu-max-tokens needs --eval-bleu")
         if len(self.adam_betas) != 2 or not all(0.0 <= b < 1.0 for b in self.adam_betas):
             raise ConfigError(f"--adam-betas {self.adam_betas} must be two numbers in [0, 1)")
+        if self.cuda_graphs:
+            self.check_cuda_graph_options()
+
+    def check_cuda_graph_options(self) -> None:
+        """The options --cuda-graphs cannot go with (the device and the ranks: train/graphs.py)."""
+        if not self.bucket_shapes:
+            raise ConfigError(
+                "--cuda-graphs captures a graph per batch shape and needs --bucket-shapes, which makes the shapes few "
+                "(it changes the batches, so it is not implied): add --bucket-shapes"
+            )
+        if self.compile:
+            raise ConfigError("--cuda-graphs and --compile both take over the training step: choose one")
+        if self.precision == "fp16":
+            raise ConfigError(
+                "--cuda-graphs captures fp32 or bf16 steps; fp16's loss scaling decides on the host: "
+                "use --precision bf16"
+            )
 
 
 @dataclass(frozen=True)

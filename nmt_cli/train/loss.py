@@ -47,7 +47,8 @@ def _compute_dtype(device_type: str) -> torch.dtype:
     return torch.float32
 
 
-RowsKernel = Callable[[Tensor, Tensor, float, bool], tuple[Tensor, Tensor]]
+RowsKernel = Callable[[Tensor, Tensor, float, bool, int], tuple[Tensor, Tensor]]
+NO_IGNORE = -1  # ignore_index that matches no target
 
 
 @functools.cache
@@ -65,17 +66,21 @@ def fused_kernel(z: Tensor) -> RowsKernel | None:
     return _triton_kernel() if z.device.type == "cuda" else None
 
 
-def _smoothed_ce(z: Tensor, t: Tensor, epsilon: float, need_grad: bool) -> tuple[Tensor, Tensor]:
-    """Loss and NLL sums of logits z [n, V] against targets t [n]; with need_grad, z becomes their gradient."""
+def _smoothed_ce(z: Tensor, t: Tensor, epsilon: float, need_grad: bool, ignore_index: int) -> tuple[Tensor, Tensor]:
+    """Loss and NLL sums of logits z [n, V] against targets t [n]; with need_grad, z becomes their gradient. Rows whose
+    target is ignore_index add nothing and get a zero gradient."""
     kernel = fused_kernel(z)
     if kernel is not None:
-        return kernel(z, t, epsilon, need_grad)
-    return _softmax_blocks(z, t[:, None], epsilon, need_grad)
+        return kernel(z, t, epsilon, need_grad, ignore_index)
+    return _softmax_blocks(z, t[:, None], epsilon, need_grad, ignore_index)
 
 
-def _softmax_blocks(z: Tensor, t: Tensor, epsilon: float, need_grad: bool) -> tuple[Tensor, Tensor]:
+def _softmax_blocks(
+    z: Tensor, t: Tensor, epsilon: float, need_grad: bool, ignore_index: int = NO_IGNORE
+) -> tuple[Tensor, Tensor]:
     """Loss and NLL sums of logits z [n, V] against targets t [n, 1]; with need_grad, z is overwritten
-    with the logits' gradient softmax(z) - (1 - eps) * one_hot(t) - eps / V.
+    with the logits' gradient softmax(z) - (1 - eps) * one_hot(t) - eps / V (zero in rows whose target is
+    ignore_index, which add nothing to the sums).
 
     On CPU the element-wise work (about ten passes) runs over blocks of BLOCK_ELEMENTS in float32,
     small enough to stay in cache between passes, instead of over the whole chunk in memory; on CUDA
@@ -86,6 +91,7 @@ def _softmax_blocks(z: Tensor, t: Tensor, epsilon: float, need_grad: bool) -> tu
     z_max = torch.empty(z.shape[0], 1, dtype=torch.float32, device=z.device)
     total, z_mean = torch.empty_like(z_max), torch.empty_like(z_max)
     z_target = z.gather(1, t).float()
+    keep = t.ne(ignore_index).float() if ignore_index != NO_IGNORE else None  # [n, 1]
     for r in range(0, z.shape[0], rows):
         block = z[r : r + rows]
         zb = block.float()  # float32 logits: zb is the block itself, written in place
@@ -96,16 +102,23 @@ def _softmax_blocks(z: Tensor, t: Tensor, epsilon: float, need_grad: bool) -> tu
         if need_grad:
             zb.div_(total[r : r + rows]).sub_(epsilon / vocab)  # softmax - eps / V
             zb.scatter_add_(1, t[r : r + rows], zb.new_full((zb.shape[0], 1), -(1.0 - epsilon)))
+            if keep is not None:
+                zb.mul_(keep[r : r + rows])
             if zb is not block:
                 block.copy_(zb)
     lse = z_max + total.log()
     nll = lse - z_target
-    return ((1.0 - epsilon) * nll + epsilon * (lse - z_mean)).sum(), nll.sum()
+    loss = (1.0 - epsilon) * nll + epsilon * (lse - z_mean)
+    if keep is not None:
+        loss, nll = loss * keep, nll * keep
+    return loss.sum(), nll.sum()
 
 
 class _LinearLabelSmoothedCE(torch.autograd.Function):
     @staticmethod
-    def forward(ctx: Any, hidden: Tensor, weight: Tensor, target: Tensor, epsilon: float) -> tuple[Tensor, Tensor]:
+    def forward(
+        ctx: Any, hidden: Tensor, weight: Tensor, target: Tensor, epsilon: float, ignore_index: int
+    ) -> tuple[Tensor, Tensor]:
         device_type = hidden.device.type
         dtype = _compute_dtype(device_type)
         need_grad = hidden.requires_grad or weight.requires_grad
@@ -134,7 +147,9 @@ class _LinearLabelSmoothedCE(torch.autograd.Function):
                 if padded:
                     h = pad_rows(h)
                 z_all = matmul_nt(h, w)  # [c, V] in the compute dtype, rows past n are padding
-                chunk_loss, chunk_nll = _smoothed_ce(z_all[:n], target[start : start + chunk], epsilon, need_grad)
+                chunk_loss, chunk_nll = _smoothed_ce(
+                    z_all[:n], target[start : start + chunk], epsilon, need_grad, ignore_index
+                )
                 loss += chunk_loss
                 nll_sum += chunk_nll
                 if need_grad:  # z_all now holds the logits' gradient
@@ -152,12 +167,15 @@ class _LinearLabelSmoothedCE(torch.autograd.Function):
         return loss, nll_sum
 
     @staticmethod
-    def backward(ctx: Any, grad_loss: Tensor, grad_nll: Tensor) -> tuple[Tensor, Tensor, None, None]:
+    def backward(ctx: Any, grad_loss: Tensor, grad_nll: Tensor) -> tuple[Tensor, Tensor, None, None, None]:
         grad_hidden, grad_weight = ctx.saved_tensors
-        return ((grad_hidden * grad_loss).to(ctx.dtypes[0]), (grad_weight * grad_loss).to(ctx.dtypes[1]), None, None)
+        grads = (grad_hidden * grad_loss).to(ctx.dtypes[0]), (grad_weight * grad_loss).to(ctx.dtypes[1])
+        return (*grads, None, None, None)
 
 
-def label_smoothed_nll(hidden: Tensor, weight: Tensor, target: Tensor, epsilon: float) -> tuple[Tensor, Tensor]:
+def label_smoothed_nll(
+    hidden: Tensor, weight: Tensor, target: Tensor, epsilon: float, ignore_index: int = NO_IGNORE
+) -> tuple[Tensor, Tensor]:
     """Label-smoothed cross-entropy of softmax(hidden @ weight.T) against `target`.
 
     Args:
@@ -165,11 +183,12 @@ def label_smoothed_nll(hidden: Tensor, weight: Tensor, target: Tensor, epsilon: 
         weight: [V, D] the output projection (tied to the embeddings by default).
         target: [M] gold ids.
         epsilon: label smoothing; 0 gives plain NLL.
+        ignore_index: rows whose target is this add nothing and get no gradient (NO_IGNORE: none).
 
     Returns:
         (loss_sum, nll_sum): scalars summed over the M tokens, in nats; only loss_sum is differentiable.
     """
-    return _LinearLabelSmoothedCE.apply(hidden, weight, target, epsilon)
+    return _LinearLabelSmoothedCE.apply(hidden, weight, target, epsilon, ignore_index)
 
 
 class TranslationLoss(nn.Module):
@@ -208,3 +227,13 @@ class TranslationLoss(nn.Module):
             keep = tgt_out.ne(PAD)
             hidden, target = hidden[keep], tgt_out[keep]
         return label_smoothed_nll(hidden, self.model.output.weight, target, self.epsilon)
+
+    def fixed_shape(
+        self, src_tokens: Tensor, src_pad_mask: Tensor | None, tgt_in: Tensor, tgt_out: Tensor
+    ) -> tuple[Tensor, Tensor]:
+        """`forward` over every target position, padding included, with PAD ignored by the loss (no gradient,
+        nothing summed): shapes that depend on the batch's shape alone, which a captured CUDA graph needs
+        (train/graphs.py). The output projection and the loss then also run over the padded positions."""
+        hidden = self.model.decode(tgt_in, self.model.encode(src_tokens, src_pad_mask))
+        weight = self.model.output.weight
+        return label_smoothed_nll(hidden.flatten(0, 1), weight, tgt_out.flatten(), self.epsilon, ignore_index=PAD)

@@ -31,6 +31,7 @@ from nmt_cli.model.transformer import Transformer, build_model
 from nmt_cli.runtime import AMP_DTYPES, DistInfo, autocast, rng_state
 from nmt_cli.train.distributed import all_reduce_sum, gather_objects, wrap_ddp
 from nmt_cli.train.epoch_plan import EpochPlan
+from nmt_cli.train.graphs import StepGraphs, check_cuda_graphs, cuda_step_graphs
 from nmt_cli.train.loss import TranslationLoss
 from nmt_cli.train.prefetch import BatchLoader
 from nmt_cli.train.schedule import learning_rate
@@ -61,6 +62,7 @@ class Trainer:
     ) -> None:
         self.cfg, self.model_cfg, self.search_cfg = cfg, model_cfg, search_cfg
         self.vocab, self.meta, self.info, self.device = vocab, meta, info, device
+        check_cuda_graphs(cfg, device, info.world_size)
         data_dir = Path(cfg.data_dir)
         self.train_data = ParallelDataset(data_dir, "train")
         self.valid_data = ParallelDataset(data_dir, "valid") if "valid" in meta["splits"] else None
@@ -85,6 +87,10 @@ class Trainer:
         # On CUDA a background thread collates and pins the next batches; on CPU collation stays inline.
         self.loader = BatchLoader(
             self.train_data, device, background=device.type == "cuda", bucket_limit=self.bucket_limit
+        )
+        # --cuda-graphs: each batch shape's forward and backward captured once and replayed (train/graphs.py)
+        self.graphs: StepGraphs | None = (
+            cuda_step_graphs(self.objective, self.params, self.amp_dtype) if cfg.cuda_graphs else None
         )
         checksums = [meta.get("checksums", {}).get(f"train.{lang}.idx.npy") for lang in self.languages()]
         train_data = " ".join(checksums) if all(checksums) else ""  # "" for data directories without checksums
@@ -134,7 +140,7 @@ class Trainer:
         norm_t = grad_norm.to(totals.device, torch.float64).view(1)
         loss_sum, nll_sum, n_tokens, n_failed, norm = torch.cat([totals, norm_t]).tolist()
         if n_failed:
-            self.optimizer.zero_grad(set_to_none=True)
+            self.zero_grad()
             self.state.n_skipped_updates += 1
             if self.scaler:  # no overflow: the scale stays (the scaler needs an update after unscale_)
                 self.scaler.update(self.scaler.get_scale())
@@ -151,7 +157,13 @@ class Trainer:
         """
         totals = torch.zeros(4, dtype=torch.float64, device=self.device)
         for i, ids in enumerate(group):
-            batch = self.loader.get(ids).to(self.device)
+            batch = self.loader.get(ids)
+            sums = self.graphs.step(batch) if self.graphs is not None else None  # None: eager
+            if sums is not None:
+                totals[:2] += torch.stack(sums).double()
+                totals[2] += batch.n_tgt_tokens
+                continue
+            batch = batch.to(self.device)
             syncing = i == len(group) - 1  # this batch's backward all-reduces the gradients (DDP)
             try:
                 with nullcontext() if syncing else self.no_sync():
@@ -205,6 +217,10 @@ class Trainer:
         with torch.autocast(self.device.type, enabled=False):
             (self.scaler.scale(loss) if self.scaler else loss).backward()
 
+    def zero_grad(self) -> None:
+        """Drop the gradients; with CUDA graphs zero them in place, since the graphs accumulate into them."""
+        self.optimizer.zero_grad(set_to_none=self.graphs is None)
+
     def no_sync(self) -> AbstractContextManager:
         """Accumulate this batch's gradients locally; the update's last batch syncs them all."""
         return self.synced_objective.no_sync() if self.distributed else nullcontext()  # type: ignore[operator]
@@ -220,12 +236,12 @@ class Trainer:
         self.optimizer.step()  # unscaled and finite: scaler.step's own inf check (a host sync) is not needed
         if self.scaler:
             self.scaler.update()
-        self.optimizer.zero_grad(set_to_none=True)
+        self.zero_grad()
         self.state.advance_update()
         return StepStats(loss_sum / n_tokens, nll_sum / n_tokens, n_tokens, grad_norm, seconds)
 
     def skip_nonfinite(self, loss_sum: float, grad_norm: float) -> None:
-        self.optimizer.zero_grad(set_to_none=True)
+        self.zero_grad()
         self.state.n_skipped_updates += 1
         if self.scaler:  # fp16 overflow: halve the loss scale and try again, down to --min-loss-scale
             scale = self.scaler.get_scale() / 2
