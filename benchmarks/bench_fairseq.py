@@ -22,7 +22,8 @@ sentences (its default --required-batch-size-multiple), so its target tokens per
 fewer at the same --max-tokens: each row prints its own. Peak GPU memory: torch's allocator peak in each
 process (fairseq's over its whole run, nmt's after the warm-up). The runs alternate (fairseq, nmt, then
 fairseq's other precision if asked, on the first architecture; nmt then fairseq on the next). Then nmt's
-first architecture again with `--bucket-shapes` and
+first architecture again with `--bucket-shapes`, with `--bucket-shapes --cuda-graphs` (CUDA; its warm-up
+captures every timed shape) and
 with the Triton loss off (the fused loss's kernel is chosen in nmt_cli/train/loss.py by `fused_kernel`, which
 this script replaces for that row).
 
@@ -144,7 +145,9 @@ def precision_args(precision: str) -> list[str]:
     return {"fp32": ["--cpu"], "bf16": ["--bf16"], "fp16": ["--fp16"]}[precision]
 
 
-def nmt_speed(arch: str, data_dir: Path, args, *, bucket_shapes: bool = False, triton: bool = True) -> dict:
+def nmt_speed(
+    arch: str, data_dir: Path, args, *, bucket_shapes: bool = False, triton: bool = True, cuda_graphs: bool = False
+) -> dict:
     """bench_gpu.py's training figures for `arch` on data_dir (the real Trainer, WARM untimed updates)."""
     import bench_gpu
 
@@ -156,6 +159,7 @@ def nmt_speed(arch: str, data_dir: Path, args, *, bucket_shapes: bool = False, t
             precision="fp32" if args.device == "cpu" else "bf16",
             cudnn_attention=False,
             bucket_shapes=bucket_shapes,
+            cuda_graphs=cuda_graphs,
             warmup=args.warm,
             updates=args.meas,
             busy_updates=0,
@@ -235,7 +239,9 @@ def speed(args) -> None:
         # nmt's options on the first architecture, after every side-by-side row (a step cut short keeps those)
         first = args.archs.split(",")[0]
         variants = [("--bucket-shapes", {"bucket_shapes": True})]
-        variants += [("Triton loss off", {"triton": False})] if args.device == "cuda" else []
+        if args.device == "cuda":
+            variants += [("--bucket-shapes --cuda-graphs", {"bucket_shapes": True, "cuda_graphs": True})]
+            variants += [("Triton loss off", {"triton": False})]
         for variant, how in variants:
             figures = nmt_speed(first, nmt_dir, args, **how)
             record(args, what=f"speed {first}", toolkit="nmt", variant=variant, precision=nmt_precision, **figures)

@@ -119,6 +119,23 @@ def test_fairseq_split_holds_nmts_ids_with_eos_and_fairseqs_unk(tmp_path):
 NO_FAIRSEQ = "fairseq is not importable (benchmarks/fairseq-bundle/README.md: the CPU twin)"
 
 
+@pytest.mark.parametrize("how", [{}, {"bucket_shapes": True}])
+def test_nmts_rows_run_without_fairseq(tmp_path, how):
+    """nmt's side of the speed step (bench_gpu.py's training loop, driven with the options this script gives it)
+    on the CPU at tiny sizes, so that an option bench_gpu.py gains cannot break the step where only a GPU with
+    fairseq would show it."""
+    import argparse
+
+    import bench_gpu
+    import torch
+
+    data_dir = bench_gpu.synthetic_data_dir(tmp_path, 40, 100)
+    args = argparse.Namespace(max_tokens=256, device="cpu", warm=1, meas=2, device_name="cpu", peak=1.0)
+    args.torch_device = torch.device("cpu")
+    figures = bench_fairseq.nmt_speed("transformer_tiny", data_dir, args, **how)
+    assert figures["target_tok_s"] > 0 and figures["tokens_per_update"] > 0
+
+
 @pytest.mark.skipif(not HAS_FAIRSEQ, reason=NO_FAIRSEQ)
 def test_gpu_check_fairseq_step_dry_run(tmp_path):
     """DRY_RUN=1 STEPS=fairseq: fairseq and nmt trained side by side on the CPU at tiny sizes; the rows reach
