@@ -59,10 +59,11 @@ from nmt_cli.steps import Steps
 
 
 def one_at_a_time(args: argparse.Namespace, lines: list[str]) -> None:
-    config = ServeConfig(path=str(args.path), device=args.device)
+    config = ServeConfig(path=str(args.path), device=args.device, fixed_slots=args.fixed_slots)
     served = ServedModel(config, {"beam": args.beam})
     # the precision generate and serve choose (the checkpoint's on CUDA)
     translator, _ = load_translator(args.path, torch.device(args.device), AMP_DTYPES[served.precision])
+    translator.slots = served.slots  # the server's search (--fixed-slots), so that the three ways compare alike
     cfg = served.search
     sources = [np.asarray(ids, dtype=np.int64) for ids in translator.vocab.encode(lines)]
 
@@ -104,9 +105,10 @@ def one_at_a_time(args: argparse.Namespace, lines: list[str]) -> None:
 def many_clients(args: argparse.Namespace, lines: list[str]) -> None:
     """--clients: sentences/s of translate() in sorted and in arrival-order batches of N, and of N client threads
     on serve's Batcher, alternated --rounds times (one process, no HTTP)."""
-    config = ServeConfig(path=str(args.path), device=args.device)
+    config = ServeConfig(path=str(args.path), device=args.device, fixed_slots=args.fixed_slots)
     served = ServedModel(config, {"beam": args.beam})
     translator, _ = load_translator(args.path, torch.device(args.device), AMP_DTYPES[served.precision])
+    translator.slots = served.slots
     cfg, n = served.search, args.clients
     sources = [np.asarray(ids, dtype=np.int64) for ids in translator.vocab.encode(lines)]
     models = Models.one(served)
@@ -217,7 +219,7 @@ async def call_app(app: Any, body: bytes) -> None:
 
 def event_loop(args: argparse.Namespace, lines: list[str]) -> None:
     """--event-loop: CPU ms per request of the app with an instant worker, 32 requests at once, and a profile."""
-    served = ServedModel(ServeConfig(path=str(args.path), device=args.device), {"beam": args.beam})
+    served = ServedModel(ServeConfig(path=str(args.path), device=args.device), {"beam": args.beam})  # no search
     app = make_app(served, 0.0, 1 << 20, Limits(max_request_sentences=100, timeout=60.0))
     batcher = app.state.server.batcher
 
@@ -263,6 +265,7 @@ def main() -> None:
     ap.add_argument("--clients", type=int, default=0, help="Also N client threads on the Batcher (0: not).")
     ap.add_argument("--sentences", type=int, default=500, help="Sentences sent by the --clients.")
     ap.add_argument("--event-loop", action="store_true", help="Only the event loop's CPU time per request.")
+    ap.add_argument("--fixed-slots", action="store_true", help="Search as `nmt serve --fixed-slots` does.")
     args = ap.parse_args()
     set_threads(args.threads)
     lines = args.input.read_text(encoding="utf-8").splitlines()
