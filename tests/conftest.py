@@ -18,6 +18,7 @@ from nmt_cli.config import ARCHITECTURES, ModelConfig, PreprocessConfig, SearchC
 from nmt_cli.data.preprocess import preprocess
 from nmt_cli.model import linear as _linear
 from nmt_cli.model.transformer import build_model
+from nmt_cli.search.slots import Slots
 
 # CTranslate2's CPU backend for the export tests: MKL, whose int8 products are exact on every x86 CPU. On
 # AMD CPUs CTranslate2 4.8 picks oneDNN, whose uint8 x int8 products saturate without VNNI (AVX2 only): on
@@ -227,3 +228,13 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
                 f"{item.nodeid}: tests in tests/{package}/ run on both CPU matmul routes; "
                 'add pytestmark = pytest.mark.usefixtures("cpu_matmul_route") to the module'
             )
+
+
+@pytest.fixture
+def slot_steps_taken(monkeypatch):
+    """Counts the fixed-slot search's decoder steps (Slots.step; a list that grows by one each), in every thread
+    (serve's worker too)."""
+    calls = []
+    step = Slots.step
+    monkeypatch.setattr(Slots, "step", lambda *a: calls.append(1) or step(*a))
+    return calls

@@ -153,15 +153,6 @@ def test_an_ensemble_over_fixed_slots(copy_translator, trained_copy_checkpoint, 
         assert moves  # its batch moved to fewer slots
 
 
-@pytest.fixture
-def slot_steps_taken(monkeypatch):
-    """Counts the fixed-slot search's decoder steps (Slots.step; a list that grows by one each)."""
-    calls = []
-    step = Slots.step
-    monkeypatch.setattr(Slots, "step", lambda *a: calls.append(1) or step(*a))
-    return calls
-
-
 @pytest.mark.parametrize("graphs", [False, True])
 def test_fixed_slots_wait_for_the_device_once_a_step(copy_translator, toy_data_bin, slot_steps_taken, graphs):
     """What beam.py's search waits for (tests/search/test_beam_syncs.py): collect's four copies and the source

@@ -11,25 +11,12 @@ from click.testing import CliRunner
 from nmt_cli.cli import cli
 from nmt_cli.config import ServeConfig
 from nmt_cli.search.graphs import StepGraphs
-from nmt_cli.search.slots import Slots, SlotSearch
+from nmt_cli.search.slots import SlotSearch
 from nmt_cli.serve.models import Models, key_of
 from nmt_cli.steps import run_to_end
+from tests.search.test_slots import eager_capture
 from tests.search.test_steps import counting, in_turn
 from tests.serve.serving import SENTENCES, generate_jsonl, serving
-
-
-def eager_capture(run):
-    """A capture that replays by running the step again: the bookkeeping of CUDA graphs, on the CPU."""
-    return run
-
-
-@pytest.fixture
-def slot_steps_taken(monkeypatch):
-    """Counts the fixed-slot search's decoder steps (Slots.step), in every thread (the server's worker)."""
-    calls = []
-    step = Slots.step
-    monkeypatch.setattr(Slots, "step", lambda *a: calls.append(1) or step(*a))
-    return calls
 
 
 def answers(response):
