@@ -142,25 +142,26 @@ def test_profile_gpu_counts_kernel_and_graph_launches_apart():
     assert launch_counts(prof) == (3, 2, 2)
 
 
+# profile_gpu.py --generation's figures of a CUDA-graph search step (what it prints and records)
+GRAPHS_STEP = {
+    "ms_per_step": 4.82,
+    "profiled_ms_per_step": 5.1,
+    "gpu_busy": 0.41,
+    "kernel_ms_per_step": 2.09,
+    "launches_per_step": 2.0,
+    "graph_launches_per_step": 1.0,
+    "kernels_per_step": 402.0,
+    "kernels_ms": [[0.61, "nvjet_sm90_tst_64x8"]],
+    "host_ops_ms": [[0.35, "cudaGraphLaunch", 1.0]],
+}
+
+
 def test_profile_gpu_shows_a_cuda_search_step(capsys):
     """A search step's lines from CUDA figures (the CPU run prints its no-CUDA lines): busy, launches, tables."""
     sys.path.insert(0, str(ROOT / "benchmarks"))
     from profile_gpu import show_search
 
-    figures = {
-        "decoder_steps": 33,
-        "profiled_steps": [12, 21],
-        "ms_per_step": 4.82,
-        "profiled_ms_per_step": 5.1,
-        "host_ops_ms_per_step": 1.2,
-        "gpu_busy": 0.41,
-        "kernel_ms_per_step": 2.09,
-        "launches_per_step": 2.0,
-        "graph_launches_per_step": 1.0,
-        "kernels_per_step": 402.0,
-        "kernels_ms": [[0.61, "nvjet_sm90_tst_64x8"]],
-        "host_ops_ms": [[0.35, "cudaGraphLaunch", 1.0]],
-    }
+    figures = GRAPHS_STEP | {"decoder_steps": 33, "profiled_steps": [12, 21], "host_ops_ms_per_step": 1.2}
     show_search("generate transformer_base beam 4, budget, graphs (bf16)", "batch 4 of 7, 540 sentences", figures)
     out = capsys.readouterr().out.splitlines()
     assert out[:2] == [
@@ -198,18 +199,7 @@ def test_gpu_check_table_reads_what_the_steps_leave(tmp_path):
         {"step": "bench", "seconds": 62, "rc": 0},
         {"what": "profile transformer_base", "wall_ms_per_update": 87.3, "gpu_busy": 0.58},
         {"step": "profile", "seconds": 20, "rc": 0},
-        {
-            "what": "profile generate transformer_base beam 4, budget, graphs",
-            "ms_per_step": 4.82,
-            "profiled_ms_per_step": 5.1,
-            "gpu_busy": 0.41,
-            "kernel_ms_per_step": 2.09,
-            "launches_per_step": 2.0,
-            "graph_launches_per_step": 1.0,
-            "kernels_per_step": 402.0,
-            "kernels_ms": [[0.61, "nvjet_sm90_tst_64x8"]],
-            "host_ops_ms": [[0.35, "cudaGraphLaunch", 1.0]],
-        },
+        {"what": "profile generate transformer_base beam 4, budget, graphs", **GRAPHS_STEP},
         {"step": "profile-generation", "seconds": 24, "rc": 0},
         {"step": "recipe", "seconds": 170, "rc": 0},
         {"step": "compile", "seconds": 90, "rc": 124},
