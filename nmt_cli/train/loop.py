@@ -206,7 +206,10 @@ def train_loop(trainer: Trainer) -> int:
     waiting = f"stopping once {LAST} is saved; please wait" if trainer.info.is_main else ""
     with deferred_signals(waiting) as signals:
         session = Session(trainer, signals)
-        reason, signalled = run_updates(session)
+        try:
+            reason, signalled = run_updates(session)
+        finally:
+            trainer.loader.close()  # no batch is prepared past the last update
         if session.saved_at != state.update:  # else saved at this update already, numbered where a rule holds
             if signalled:
                 save(trainer, numbered=False, best=False)

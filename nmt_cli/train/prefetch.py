@@ -93,6 +93,7 @@ class BatchLoader:
         self._next = 0
         self._queue: queue.Queue | None = None
         self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
         weakref.finalize(self, self._stop.set)  # the thread ends with its loader
 
     def plan(self, order: list[np.ndarray], start: int) -> None:
@@ -103,12 +104,22 @@ class BatchLoader:
         self._stop = stop = threading.Event()
         weakref.finalize(self, stop.set)
         self._order, self._next, self._queue = order, start, queue.Queue(maxsize=self.depth)
-        threading.Thread(
+        self._thread = threading.Thread(
             target=_work,
             args=(self.dataset, self.device, self.bucket_limit, order, start, self._queue, stop),
             daemon=True,
             name="nmt-batches",
-        ).start()
+        )
+        self._thread.start()
+
+    def close(self) -> None:
+        """Stop the thread and wait for it: a daemon thread still pinning memory when the interpreter exits
+        aborts the process ("terminate called without an active exception", seen on an H200 after training)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        self._order = self._queue = None
 
     def get(self, ids: np.ndarray) -> Batch:
         """The prepared batch of `ids`: from the thread when it is the planned next one, else made now."""

@@ -3,6 +3,8 @@
 The real thing runs in tests/test_gpu.py (`make test-gpu`) where CUDA is present.
 """
 
+import threading
+
 import numpy as np
 import pytest
 import torch
@@ -139,3 +141,13 @@ def test_loader_follows_the_plan_and_falls_back_off_it(toy_data_bin, depth):
     assert torch.equal(loader.get(stray).src_tokens, collate(data, stray).src_tokens)  # off the plan
     loader.plan(order, 5)  # restarts
     assert torch.equal(loader.get(order[5]).tgt_in, collate(data, order[5]).tgt_in)
+
+
+def test_training_stops_the_loaders_thread_before_it_returns(toy_data_bin, tmp_path, monkeypatch):
+    """A prefetch thread still pinning memory at the interpreter's exit aborted `nmt train` on an H200 after its
+    last update ("terminate called without an active exception"): train_loop joins it."""
+    background_loader(monkeypatch)
+    cfg = tiny_train_config(toy_data_bin, tmp_path / "ckpt", max_update=3)
+    trainer = train(cfg, ARCHITECTURES["transformer_tiny"], SearchConfig()).trainer
+    assert trainer.loader.background and trainer.loader._thread is None
+    assert "nmt-batches" not in [t.name for t in threading.enumerate()]
