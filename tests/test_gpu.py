@@ -218,18 +218,23 @@ def test_generate_in_bf16_on_cuda(tiny_checkpoint, toy_data_bin, tmp_path):
     assert len(hyps) == 30
 
 
-def test_fixed_slots_and_cuda_graphs_return_the_beam_searchs_hypotheses(tiny_checkpoint, toy_data_bin):
+def test_fixed_slots_and_cuda_graphs_return_the_beam_searchs_hypotheses(trained_copy_checkpoint, toy_data_bin):
     """search/slots.py eagerly and replaying captured steps (search/graphs.py) against beam.py's search, in fp32;
-    batches of several buckets, one of them twice (a captured step reused)."""
+    batches of several buckets, one of them twice (a captured step reused).
+
+    The model is the trained copy model, whose beams are decisive, as in tests/search/test_slots.py: on an H200 the
+    untrained tiny checkpoint (outputs of one repeated piece, to the maximum length) flipped near-ties between the
+    two searches, whose attention reads caches of different lengths through different kernels."""
     from nmt_cli.search.slots import slot_search_for
 
     test = ParallelDataset(toy_data_bin, "test")
     sources = [test.src[i] for i in range(len(test))]  # all 30
     choose_attention_backends(torch.device("cuda"), False)
-    cuda, _ = load_translator(tiny_checkpoint, torch.device("cuda"), None)
+    cuda, _ = load_translator(trained_copy_checkpoint, torch.device("cuda"), None)
     torch.backends.cuda.matmul.allow_tf32 = False  # exact fp32 for the comparison
     try:
         want = translate(cuda, sources, SearchConfig(beam=4, nbest=2), 60)
+        assert len({len(hyps[0].tokens) for hyps in want}) > 3  # sentences finish at different steps
         for graphs in (False, True):
             slots = slot_search_for(True, graphs, cuda.device)
             assert (slots.graphs is not None) == graphs
@@ -237,9 +242,12 @@ def test_fixed_slots_and_cuda_graphs_return_the_beam_searchs_hypotheses(tiny_che
             captures = []
             for _ in range(2):
                 got = translate(fixed, sources, SearchConfig(beam=4, nbest=2), 60)
-                assert [[h.tokens for h in hyps] for hyps in got] == [[h.tokens for h in hyps] for hyps in want]
+                differ = [
+                    i for i, (a, b) in enumerate(zip(want, got)) if [h.tokens for h in a] != [h.tokens for h in b]
+                ]
+                assert not differ, f"graphs={graphs}: sentences {differ} differ"
                 for a, b in zip(want, got):
-                    assert max(abs(x.score - y.score) for x, y in zip(a, b)) < 1e-3
+                    assert max(abs(x.score - y.score) for x, y in zip(a, b)) < 1e-4
                 captures.append(0 if slots.graphs is None else slots.graphs.n_captures)
             if graphs:  # the second pass replays the first one's captures (its few buckets all kept)
                 assert captures[0] == captures[1] > 0, captures
@@ -261,12 +269,16 @@ def test_cuda_graphs_make_one_host_synchronisation_per_step(tiny_checkpoint, toy
 
 @pytest.mark.parametrize("dropout", [0.0, 0.1])
 def test_training_with_cuda_graphs_follows_the_eager_step(toy_data_bin, tmp_path, dropout):
-    """fp32 updates with --cuda-graphs: the eager step's losses and weights. The graph scores every padded position
+    """fp32 updates with --cuda-graphs: the eager step's gradients and losses. The graph scores every padded position
     (the loss ignores PAD) where the eager step selects the real ones, so sums differ in order only. With dropout,
-    a replay draws the masks the eager step draws (Philox offsets advance alike; the warm-up puts the streams back)."""
+    a replay draws the masks the eager step draws (Philox offsets advance alike; the warm-up puts the streams back).
 
-    def fit(name, **kw):
-        cfg = tiny_train_config(
+    Gradients are compared at the first update, where both hold the same weights. Weights after several updates are
+    not compared: Adam turns a gradient of rounding size into a step of learning-rate size whose sign is the
+    rounding's (on an H200, 5 of 768 embedding weights differed by 0.003 after 8 updates at lr 0.035)."""
+
+    def config(name, **kw):
+        return tiny_train_config(
             toy_data_bin,
             tmp_path / name,
             device="cuda",
@@ -278,17 +290,32 @@ def test_training_with_cuda_graphs_follows_the_eager_step(toy_data_bin, tmp_path
             log_file=str(tmp_path / f"{name}.jsonl"),
             **kw,
         )
-        return train(cfg, replace(TINY, dropout=dropout), SearchConfig()).trainer, losses(cfg.log_file)
 
-    (eager, eager_losses), (graphed, graph_losses) = fit("eager"), fit("graphs", cuda_graphs=True)
+    model_cfg = replace(TINY, dropout=dropout)
+    gradients = []
+    for name, graphs in (("eager-grads", False), ("graph-grads", True)):
+        (tmp_path / name).mkdir()
+        trainer = prepare(config(name, cuda_graphs=graphs), model_cfg, SearchConfig())
+        plan = plan_epoch(
+            trainer.train_data, trainer.cfg, max_positions=trainer.model_cfg.max_positions, info=trainer.info, epoch=1
+        )
+        totals = trainer.accumulate(plan.update_batches(0, 2))
+        gradients.append((totals.tolist(), {n: p.grad.clone() for n, p in trainer.model.named_parameters()}))
+    (eager_totals, eager_grads), (graph_totals, graph_grads) = gradients
+    assert graph_totals == pytest.approx(eager_totals, rel=1e-5)
+    assert eager_grads.keys() == graph_grads.keys()
+    for name, want in eager_grads.items():
+        scale = want.abs().max().item()
+        torch.testing.assert_close(graph_grads[name], want, rtol=1e-3, atol=1e-4 * scale, msg=lambda m: f"{name}: {m}")
+
+    def fit(name, **kw):
+        cfg = config(name, **kw)
+        return train(cfg, model_cfg, SearchConfig()).trainer, losses(cfg.log_file)
+
+    (_, eager_losses), (graphed, graph_losses) = fit("eager"), fit("graphs", cuda_graphs=True)
     assert graphed.graphs.n_replays == 16 and 0 < graphed.graphs.n_captures == len(graphed.graphs.graphs) < 16
     assert None not in graphed.graphs.graphs.values()  # every shape captured, none fell back to eager
     assert max(abs(a - b) for a, b in zip(eager_losses, graph_losses)) < 2e-3, (eager_losses, graph_losses)
-    d = TINY.d_model
-    for (name, a), b in zip(eager.model.state_dict().items(), graphed.model.state_dict().values()):
-        if name.endswith(("attn.qkv.bias", "attn.kv.bias")):  # the key bias: a zero gradient but for rounding
-            a, b = (torch.cat([t[: -2 * d], t[-d:]]) for t in (a, b))
-        torch.testing.assert_close(b, a, rtol=1e-2, atol=1e-3, msg=lambda m: f"{name}: {m}")
 
 
 def test_training_update_with_cuda_graphs_makes_one_host_synchronisation(toy_data_bin, tmp_path):
