@@ -6,7 +6,10 @@ Shapes: B sentences, K beams, N = B*K rows (row = sentence * K + beam), H heads,
 S source length, Dk key size and Dh value size per head.
 
 No tensor of a step changes shape or address between steps: the step index is a device tensor, beams are
-reordered by copying within the same buffers, and the positions not yet written are masked. That is what lets a
+reordered by copying within the same buffers, and the positions not yet written are masked. A step reads and
+reorders a window of the buffers' first positions, enough for the step's own (`Transformer.decode_slots`'s
+`window`): a step captured for each window (search/graphs.py) does not pay at step 10 for the positions that
+step 100 needs. That is what lets a
 step be captured once as a CUDA graph and replayed. A step run eagerly has no need of fixed shapes, and the
 buffers would cost it strided products and copies over their first positions: it runs `decode_step` over its
 growing cache instead.
@@ -41,16 +44,19 @@ class SlotCache:
         """L, the positions preallocated."""
         return self.self_k[0].shape[2]
 
-    def reorder(self, rows: Tensor) -> None:
-        """Row i continues row rows[i] [N]: each layer's keys and values reordered over all L positions, copied
-        within their own buffers, which keep their addresses (two copies)."""
+    def reorder(self, rows: Tensor, window: int) -> None:
+        """Row i continues row rows[i] [N]: each layer's keys and values reordered over the first `window`
+        positions (those written so far, and some not yet), copied within their own buffers, which keep their
+        addresses (two copies)."""
         for buf in (*self.self_k, *self.self_v):
-            buf.copy_(buf.index_select(0, rows))
+            written = buf[:, :, :window]
+            written.copy_(written.index_select(0, rows))
 
-    def self_bias(self) -> Tensor:
-        """[1, 1, 1, L] scores to add over all L positions: 0 up to the step's own, -inf beyond (not yet written)."""
+    def self_bias(self, window: int) -> Tensor:
+        """[1, 1, 1, window] scores to add over the first `window` positions: 0 up to the step's own, -inf beyond
+        (not yet written)."""
         zero = self.step.new_zeros((), dtype=self.self_k[0].dtype)
-        return torch.where(self.positions > self.step, NEG_INF, zero)[None, None, None, :]
+        return torch.where(self.positions[:window] > self.step, NEG_INF, zero)[None, None, None, :]
 
     def select(self, sentences: Tensor, rows: Tensor) -> SlotCache:
         """A cache of fewer slots: the sentences `sentences` [B'] alone, row i continuing row rows[i] ([B'*K], rows

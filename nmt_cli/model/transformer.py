@@ -239,20 +239,23 @@ class Transformer(nn.Module):
             torch.arange(n_positions, device=device),
         )
 
-    def decode_slots(self, prev_tokens: Tensor, rows: Tensor | None, cache: SlotCache) -> Tensor:
+    def decode_slots(
+        self, prev_tokens: Tensor, rows: Tensor | None, cache: SlotCache, window: int | None = None
+    ) -> Tensor:
         """`decode_step` over fixed slots: row i first continues row rows[i] ([N]; None: its own), then every row
-        advances one token, its keys and values written in place, attending to all L positions with those not yet
-        written masked, every shape fixed (a step to capture as a CUDA graph). prev_tokens: [N] -> log-probs
-        [N, V] in float32."""
+        advances one token, its keys and values written in place, attending to the first `window` positions
+        (None: all L; more than the step's own position) with those not yet written masked, every shape fixed (a
+        step to capture as a CUDA graph). prev_tokens: [N] -> log-probs [N, V] in float32."""
+        window = cache.n_positions if window is None else window
         if rows is not None:
-            cache.reorder(rows)
+            cache.reorder(rows, window)
         x = self.tgt_embed.at(prev_tokens, cache.step)  # [N, D]
-        bias = cache.self_bias()
+        bias = cache.self_bias(window)
         for i, layer in enumerate(self.decoder):
             self_attend = partial(
                 layer.self_attn.step_slots,
-                buf_k=cache.self_k[i],
-                buf_v=cache.self_v[i],
+                buf_k=cache.self_k[i][:, :, :window],
+                buf_v=cache.self_v[i][:, :, :window],
                 step=cache.step,
                 bias=bias,
             )

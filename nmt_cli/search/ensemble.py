@@ -124,10 +124,12 @@ class Ensemble:
             ]
         )
 
-    def decode_slots(self, prev_tokens: Tensor, rows: Tensor | None, cache: EnsembleSlotCache) -> Tensor:
+    def decode_slots(
+        self, prev_tokens: Tensor, rows: Tensor | None, cache: EnsembleSlotCache, window: int | None = None
+    ) -> Tensor:
         """`decode_step` over every member's fixed slots (Transformer.decode_slots): the weighted average of the
         members' log-probs [N, V] in float32."""
-        steps = [m.decode_slots(prev_tokens, rows, c) for m, c in zip(self.members, cache.members)]
+        steps = [m.decode_slots(prev_tokens, rows, c, window) for m, c in zip(self.members, cache.members)]
         total = steps[0].mul_(self.weights[0])
         for log_probs, weight in zip(steps[1:], self.weights[1:]):
             total.add_(log_probs, alpha=weight)

@@ -52,7 +52,7 @@ from nmt_cli.search.beam import (
     survive,
     top_candidates,
 )
-from nmt_cli.search.graphs import Captured, SlotModel, StepGraphs, bucket_of, cuda_capture, sentence_bucket
+from nmt_cli.search.graphs import Captured, CudaCapture, SlotModel, StepGraphs, bucket_of, sentence_bucket
 from nmt_cli.search.hypothesis import Hypothesis
 from nmt_cli.search.searchable import SearchEncoderOut
 from nmt_cli.steps import Steps, to_the_end
@@ -73,7 +73,7 @@ def slot_search_for(fixed_slots: bool, cuda_graphs: bool, device: torch.device) 
     if not fixed_slots:
         return None
     on_cuda = device.type == "cuda" and torch.cuda.is_available()
-    return SlotSearch(StepGraphs(cuda_capture) if cuda_graphs and on_cuda else None)
+    return SlotSearch(StepGraphs(CudaCapture()) if cuda_graphs and on_cuda else None)
 
 
 def applies(cfg: SearchConfig, has_rules: bool) -> bool:
@@ -217,7 +217,7 @@ class Slots:
         """Row i continues row rows[i] (None: its own) and takes token prev[i] [N] at position `step` -> log-probs
         [N, V]."""
         if self.captured is not None:
-            return self.captured.step(prev, rows, self.batch)
+            return self.captured.step(prev, rows, self.batch, step)
         if step == 0:  # once per sentence, then each sentence's row copied to its K rows (as beam.py's step 0)
             to_beams = per_beam(torch.arange(self.n_sentences, device=prev.device), self.k)
             log_probs, cache = self.model.decode_step(prev[:: self.k], self.cache)

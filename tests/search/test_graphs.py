@@ -103,16 +103,16 @@ def test_a_captured_step_is_never_used_outside_its_bucket(tiny_model):
     cache = tiny_model.init_slots(enc, 2, n_positions=64, source_len=64)
     captured, batch = graphs.step_for(tiny_model, cache, bucket)
     with pytest.raises(AssertionError):  # other rows
-        captured.step(torch.full((6,), 4), None, batch)
+        captured.step(torch.full((6,), 4), None, batch, 0)
     captured.held = False  # its batch ended: the next batch of the bucket loads its cache into this one's
     other_length = tiny_model.init_slots(enc, 2, n_positions=64, source_len=128)
     with pytest.raises(AssertionError):  # a batch of another source length is not loaded into the bucket's cache
         graphs.step_for(tiny_model, other_length, bucket)
-    assert captured.step(torch.full((4,), 4), None, batch).shape == (4, 24)
+    assert captured.step(torch.full((4,), 4), None, batch, 0).shape == (4, 24)
     again, next_batch = graphs.step_for(tiny_model, cache, bucket)
     assert again is captured and next_batch != batch
     with pytest.raises(AssertionError):  # the first batch's search may not step on the second one's buffers
-        captured.step(torch.full((4,), 4), None, batch)
+        captured.step(torch.full((4,), 4), None, batch, 0)
 
 
 def test_batches_searched_in_turn_hold_captures_of_their_own(tiny_model):
@@ -154,3 +154,37 @@ def test_an_abandoned_search_lets_its_captured_step_go(tiny_model):
     assert captured.held
     search.close()  # a batch dropped before its end (a failed step's, a stopped worker's)
     assert not captured.held
+
+
+class WarmingCapture(CountingCapture):
+    """As CUDA captures (graphs.CudaCapture): the step runs once when captured (its warm-up), then replays."""
+
+    def __call__(self, run):
+        run()
+        return super().__call__(run)
+
+
+def test_a_step_reads_the_window_of_its_position_each_captured_when_first_needed(tiny_model, monkeypatch):
+    """A batch of 51 steps in a bucket of 64 positions: windows of 32 and 64 positions, each captured once, by the
+    step that first needs it (its warm-up run rewritten by the replay), and the results of the eager search."""
+    windows = []
+    decode_slots = type(tiny_model).decode_slots
+
+    def recording(self, prev, rows, cache, window=None):
+        windows.append(window)
+        return decode_slots(self, prev, rows, cache, window)
+
+    capture = WarmingCapture()
+    graphs = StepGraphs(capture)
+    cfg = SearchConfig(beam=4, max_len_a=0.0, max_len_b=50, min_len=50)  # 51 steps
+    enc, lens = encoded(tiny_model, [3, 5, 2])
+    want = slot_search(tiny_model, enc, lens, cfg)
+    monkeypatch.setattr(type(tiny_model), "decode_slots", recording)
+    for _ in range(2):  # the second batch replays the first one's captures
+        windows.clear()
+        got = slot_search(tiny_model, enc, lens, cfg, graphs=graphs)
+        assert [[h.tokens for h in hyps] for hyps in got] == [[h.tokens for h in hyps] for hyps in want]
+        assert [h.score for hyps in got for h in hyps] == pytest.approx([h.score for hyps in want for h in hyps])
+    assert list(graphs.graphs) == [Bucket(16, 64, 64)]
+    assert capture.captures == graphs.n_captures == 2 and capture.replays == 2 * 51
+    assert windows == [32] * 32 + [64] * 19  # the second batch's steps, one replay each
