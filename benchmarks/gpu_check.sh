@@ -8,12 +8,13 @@
 #     DRY_RUN=1 bash benchmarks/gpu_check.sh DIR      # on the CPU at tiny sizes: checks the script itself
 #
 # OUT_DIR receives 8 files, what the device tool brings back: env.log, tests.log, bench.log (the fairseq
-# step's too), profile.log (profile-generation's and compile's too: all run profile_gpu.py), recipe.log, serve.log,
-# results.jsonl (every figure and step time) and summary.md (the table). STEPS="tests bench ..." runs only
-# those steps (default: all eight; "fairseq-speed" or "fairseq-quality" runs half of the fairseq step);
-# BENCH_ARGS adds arguments to bench_gpu.py (e.g. "--skip-training" where the fairseq step measures training).
-# The recipe's data, checkpoints and the `nmt` shim go to WORK (a temporary directory unless given). Multi30k is read from RAW_DIR (default
-# ../shared/data/multi30k beside the checkout; the recipe step is skipped where it is absent: no downloads).
+# step's too), profile.log (profile-graphs', profile-generation's and compile's too: all run profile_gpu.py),
+# recipe.log, serve.log, results.jsonl (every figure and step time) and summary.md (the table).
+# STEPS="tests bench ..." runs only those steps (default: all eight; "fairseq-speed" or "fairseq-quality" runs
+# half of the fairseq step); BENCH_ARGS adds arguments to bench_gpu.py (e.g. "--skip-training" where the fairseq
+# step measures training). The recipe's data, checkpoints and the `nmt` shim go to WORK (a temporary directory
+# unless given). Multi30k is read from RAW_DIR (default ../shared/data/multi30k beside the checkout; the recipe
+# step is skipped where it is absent: no downloads).
 #
 # Steps (a failing step is reported and the others still run; the exit status is 1 if any failed):
 #   1. tests      python -m pytest -m gpu (what `make test-gpu` runs)
@@ -27,7 +28,8 @@
 #                 the same number of updates on Multi30k, beam 4 on test_2016_flickr, sacreBLEU of each.
 #                 Skipped, with the reason, where the bundle is absent
 #   4. profile    benchmarks/profile_gpu.py: GPU busy %, the 10 costliest kernels, host time of the top ops of a
-#                 training update; then (profile-generation) of a beam-search step, with its kernel and graph
+#                 training update; (profile-graphs) of one with --bucket-shapes --cuda-graphs; then
+#                 (profile-generation) of a beam-search step, with its kernel and graph
 #                 launches, for each of bench_gpu.py's batchings and searches (--generation)
 #   5. recipe     recipes/multi30k_en_de trained for TRAIN_MINUTES (2) on the GPU, its sacreBLEU
 #   6. serve      benchmarks/bench_serve.py on the recipe's checkpoint (or SERVE_CHECKPOINT's, a model trained
@@ -60,10 +62,10 @@ RESULTS=$OUT_DIR/results.jsonl
 start=$SECONDS
 failed=()
 
-log_of() {  # log_of NAME: a step's log file; profile-generation's and compile's go after profile's,
+log_of() {  # log_of NAME: a step's log file; profile-graphs', profile-generation's and compile's go after profile's,
     # serve-slots' and serve-profile's after serve's and fairseq's and decoding's after bench's, keeping OUT_DIR to 8 files
     case $1 in
-        profile-generation | compile) echo "$OUT_DIR/profile.log" ;;
+        profile-* | compile) echo "$OUT_DIR/profile.log" ;;
         serve-*) echo "$OUT_DIR/serve.log" ;;
         fairseq* | decoding) echo "$OUT_DIR/bench.log" ;;
         *) echo "$OUT_DIR/$1.log" ;;
@@ -187,6 +189,7 @@ if [ "$DRY_RUN" = 1 ]; then  # the same steps at tiny sizes on the CPU (gpu test
     step bench 120 "$PYTHON" benchmarks/bench_gpu.py --device cpu --results "$RESULTS" ${BENCH_ARGS:-}
     fairseq_step 120 180 --device cpu
     step profile 120 "$PYTHON" benchmarks/profile_gpu.py --device cpu --results "$RESULTS"
+    step profile-graphs 60 "$PYTHON" benchmarks/profile_gpu.py --device cpu --bucket-shapes --results "$RESULTS"
     step profile-generation 60 "$PYTHON" benchmarks/profile_gpu.py --generation --device cpu --results "$RESULTS"
     step recipe 60 env DRY_RUN=1 PATH="$WORK/bin:$PATH" WORK_DIR="$WORK/multi30k" RAW_DIR="$RAW_DIR" \
         TRAIN_MINUTES="$TRAIN_MINUTES" bash recipes/multi30k_en_de/run.sh
@@ -200,6 +203,7 @@ else
     fairseq_step 190 300  # fairseq's Multi30k run alone took 150 s on the H200
     # a training update's profile, then a search step's
     step profile 45 "$PYTHON" benchmarks/profile_gpu.py --results "$RESULTS"
+    step profile-graphs 45 "$PYTHON" benchmarks/profile_gpu.py --cuda-graphs --results "$RESULTS"
     step profile-generation 45 "$PYTHON" benchmarks/profile_gpu.py --generation --results "$RESULTS"
     if [ -f "$RAW_DIR/train.en" ]; then
         step recipe 200 env PATH="$WORK/bin:$PATH" WORK_DIR="$WORK/multi30k" RAW_DIR="$RAW_DIR" \

@@ -203,7 +203,8 @@ def main() -> None:
     rows += [
         (
             "profile time",
-            f"training {times.get('profile', 'not run')}; generation {times.get('profile-generation', 'not run')}",
+            f"training {times.get('profile', 'not run')}; with CUDA graphs {times.get('profile-graphs', 'not run')}; "
+            f"generation {times.get('profile-generation', 'not run')}",
         )
     ]
     rows += [("recipe", f"{recipe_row(work / 'multi30k')[1]} ({times.get('recipe', 'not run')})")]

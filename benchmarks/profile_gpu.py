@@ -5,12 +5,15 @@ time of the top ops (and, for a search step, its kernel launches).
     python benchmarks/profile_gpu.py --compile-warmup      # instead: how long --compile's first updates take
     python benchmarks/profile_gpu.py --generation          # instead: a beam-search step, per batching and search
     python benchmarks/profile_gpu.py --device cpu          # tiny sizes: checks that the script runs
+    python benchmarks/profile_gpu.py --bucket-shapes --cuda-graphs   # an update of `nmt train` with those options
 
 The real Trainer (as bench_gpu.py runs it, on its synthetic news-like data) makes `--warmup` updates, then
 `torch.profiler` records `--updates` more. GPU busy is the time some kernel ran (the union of the kernels'
 intervals, so overlapping streams count once) over the profiled wall clock: a GPU waiting for the host shows
 as a low figure, and host-heavy ops (issue 33: cuDNN attention planning each new shape, 350 ms of host time an
-update) top the host table. --results appends the figures as one JSON line (gpu_check.sh's table).
+update) top the host table. --results appends the figures as one JSON line (gpu_check.sh's table). With
+--cuda-graphs the profiled updates' batch shapes are captured before the profile, as `nmt train`'s first updates
+of each shape would.
 
 --generation: bench_gpu.py's generation (a transformer_base with random weights, beam 4, outputs forced to 1.1 x
 the source length, bf16 on CUDA, its --sentences news-length sources drawn alike) for each of its batchings
@@ -48,6 +51,7 @@ from bench_gpu import (
     news_sources,
     synthetic_data_dir,
     translate_counting_steps,
+    with_every_shape,
 )
 
 from nmt_cli.config import SearchConfig
@@ -61,8 +65,21 @@ from nmt_cli.train.trainer import Trainer
 
 def build(args: argparse.Namespace, data_dir: Path, save_dir: Path) -> Trainer:
     return benchmark_trainer(
-        args.arch, data_dir, save_dir, args.max_tokens, args.device, args.precision, compile=args.compile_warmup
+        args.arch,
+        data_dir,
+        save_dir,
+        args.max_tokens,
+        args.device,
+        args.precision,
+        compile=args.compile_warmup,
+        bucket_shapes=args.bucket_shapes,
+        cuda_graphs=args.cuda_graphs,
     )
+
+
+def options(args: argparse.Namespace) -> str:
+    """The training options profiled, as `nmt train` spells them ("" for none)."""
+    return "".join(f" --{name}" for name in ("bucket-shapes", "cuda-graphs") if getattr(args, name.replace("-", "_")))
 
 
 def run_updates(trainer: Trainer, plan: EpochPlan, first: int, n: int) -> float:
@@ -318,6 +335,8 @@ def parse_args() -> argparse.Namespace:
     )
     parser.add_argument("--warmup", type=int, default=8, help="updates before the profile")
     parser.add_argument("--updates", type=int, default=3, help="profiled updates")
+    parser.add_argument("--bucket-shapes", action="store_true", help="train with `nmt train --bucket-shapes`")
+    parser.add_argument("--cuda-graphs", action="store_true", help="and --cuda-graphs (CUDA; implies --bucket-shapes)")
     parser.add_argument("--compile-warmup", action="store_true", help="time --compile's warm-up instead")
     parser.add_argument("--generation", action="store_true", help="profile beam-search steps instead")
     parser.add_argument(
@@ -331,6 +350,9 @@ def parse_args() -> argparse.Namespace:
     args = parser.parse_args()
     if args.generation and args.compile_warmup:
         parser.error("--generation and --compile-warmup: one at a time")
+    if args.cuda_graphs and args.device != "cuda":
+        parser.error("--cuda-graphs: CUDA graphs need --device cuda")
+    args.bucket_shapes = args.bucket_shapes or args.cuda_graphs
     if args.steps < 1:
         parser.error(f"--steps {args.steps}: profile at least one decoder step")
     cpu = args.device == "cpu"
@@ -364,15 +386,20 @@ def main() -> None:
             trainer.train_data, trainer.cfg, max_positions=trainer.model_cfg.max_positions, info=trainer.info, epoch=1
         )
         warm = run_updates(trainer, plan, 0, args.warmup)
+        if trainer.graphs is not None:  # every profiled shape captured first, off the plan
+            for ids in with_every_shape([], plan.batches[args.warmup : args.warmup + args.updates], trainer):
+                trainer.train_step([ids])
         if args.compile_warmup:
             steady = run_updates(trainer, plan, args.warmup, args.updates)
             figures = {"warmup_s": round(warm, 1), "steady_ms_per_update": round(1e3 * steady / args.updates, 1)}
             print(f"{args.arch} --compile: {args.warmup} warm-up updates {warm:.1f} s, then {figures} ")
             what = f"compile {args.arch}"
         else:
+            n_captures = trainer.graphs.n_captures if trainer.graphs is not None else 0
             figures = profile(trainer, plan, args.warmup, args.updates)
-            show(args.arch, figures)
-            what = f"profile {args.arch}"
+            assert trainer.graphs is None or trainer.graphs.n_captures == n_captures, "a profiled update captured"
+            show(args.arch + options(args), figures)
+            what = f"profile {args.arch}{options(args)}"
     record(args, what, figures)
 
 

@@ -118,6 +118,24 @@ def test_profile_gpu_generation_runs_on_cpu(tmp_path):
         assert len(f["host_ops_ms"]) == 10 and {"aten::addmm", "aten::bmm"} <= {op for _, op, _ in f["host_ops_ms"]}
 
 
+def test_profile_gpu_profiles_an_update_with_the_options_asked(tmp_path):
+    """--bucket-shapes profiles `nmt train --bucket-shapes`'s update (gpu_check.sh's profile-graphs step adds
+    --cuda-graphs on CUDA, which is refused on the CPU with one line)."""
+    results = tmp_path / "profile.jsonl"
+    args = ("--device", "cpu", "--bucket-shapes", "--warmup", "2", "--updates", "2", "--results", str(results))
+    out = run_benchmark("profile_gpu.py", *args, tmp_path=tmp_path)
+    assert "transformer_tiny --bucket-shapes: " in out and "ms/update" in out, out
+    (figures,) = [json.loads(line) for line in results.read_text().splitlines()]
+    assert figures["what"] == "profile transformer_tiny --bucket-shapes" and figures["wall_ms_per_update"] > 0
+    refused = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "profile_gpu.py"), "--device", "cpu", "--cuda-graphs"],
+        capture_output=True,
+        text=True,
+        env=os.environ | {"PYTHONPATH": str(ROOT)},
+    )
+    assert refused.returncode == 2 and "--cuda-graphs: CUDA graphs need --device cuda" in refused.stderr
+
+
 def test_profile_gpu_counts_kernel_and_graph_launches_apart():
     """The launch count of a CUDA profile, on events named as the profiler names them (no GPU here)."""
     sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -252,7 +270,7 @@ def test_gpu_check_table_reads_what_the_steps_leave(tmp_path):
         "(2.09 ms/step of kernels); per step 2.0 kernel launches, 1.0 graph launches, 402.0 kernels run; costliest "
         "kernel nvjet_sm90_tst_64x8; top host op cudaGraphLaunch 0.35 ms/step |" in table
     )
-    assert "| profile time | training 20 s; generation 24 s |" in table
+    assert "| profile time | training 20 s; with CUDA graphs not run; generation 24 s |" in table
     assert "GPU busy 58%" in table and "sacreBLEU 35.05 on test_2016_flickr after 1594 updates (170 s)" in table
     assert "| compile step | failed: exit 124 after 90 s |" in table and "| gpu_check.sh in all | 417 s |" in table
 
@@ -273,7 +291,7 @@ def test_gpu_check_dry_run(tmp_path):
     summary = (tmp_path / "out" / "summary.md").read_text()
     assert "| GPU tests | " in summary and " skipped" in summary  # collected, and skipped without CUDA
     assert "| train transformer_tiny (fp32) |" in summary and "| generate transformer_tiny beam 4 (fp32) |" in summary
-    assert "| profile transformer_tiny |" in summary
+    assert "| profile transformer_tiny |" in summary and "| profile transformer_tiny --bucket-shapes |" in summary
     assert "| profile generate transformer_tiny beam 4, batch 32, slots | " in summary
     assert "+ nmt train" in (tmp_path / "out" / "recipe.log").read_text()
     assert "| compile step | skipped: dry run" in summary
