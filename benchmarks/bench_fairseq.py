@@ -20,12 +20,12 @@ of update WARM and WARM+MEAS (--log-interval 1, stamped here as the lines arrive
 Trainer loop (one host sync per update, as fairseq's logging makes). fairseq's batches hold a multiple of 8
 sentences (its default --required-batch-size-multiple), so its target tokens per update come out slightly
 fewer at the same --max-tokens: each row prints its own. Peak GPU memory: torch's allocator peak in each
-process (fairseq's over its whole run, nmt's after the warm-up). The runs alternate (fairseq, nmt, then
+process (fairseq's and nmt's over the whole run, warm-up included). The runs alternate (fairseq, nmt, then
 fairseq's other precision if asked, on the first architecture; nmt then fairseq on the next). Then nmt's
 first architecture again with `--bucket-shapes`, with `--bucket-shapes --cuda-graphs` (CUDA; its warm-up
-captures every timed shape) and
-with the Triton loss off (the fused loss's kernel is chosen in nmt_cli/train/loss.py by `fused_kernel`, which
-this script replaces for that row).
+captures every timed shape), with the Triton loss off (the fused loss's kernel is chosen in
+nmt_cli/train/loss.py by `fused_kernel`, which this script replaces for that row) and plain again (CUDA: how
+far two runs of one setting move); then the other architectures with `--bucket-shapes --cuda-graphs` (CUDA).
 
 quality: the same Multi30k pieces, transformer_small's shape for both (3+3 layers, 256 wide), the same
 settings (inverse_sqrt to --lr over --warmup updates, Adam 0.9/0.98 eps 1e-9, label smoothing 0.1, dropout
@@ -236,15 +236,18 @@ def speed(args) -> None:
             else:
                 nmt_row()
                 fairseq_row(precisions[0])
-        # nmt's options on the first architecture, after every side-by-side row (a step cut short keeps those)
-        first = args.archs.split(",")[0]
-        variants = [("--bucket-shapes", {"bucket_shapes": True})]
+        # nmt's options, after every side-by-side row (a step cut short keeps those): on the first architecture,
+        # then --cuda-graphs on the others; the plain run again after the Triton loss's, so that the table shows
+        # how far two runs of one setting move (both H200 runs had the Triton loss off 6-14% faster, one run each)
+        first, *rest = args.archs.split(",")
+        graphs = ("--bucket-shapes --cuda-graphs", {"bucket_shapes": True, "cuda_graphs": True})
+        variants = [(first, "--bucket-shapes", {"bucket_shapes": True})]
         if args.device == "cuda":
-            variants += [("--bucket-shapes --cuda-graphs", {"bucket_shapes": True, "cuda_graphs": True})]
-            variants += [("Triton loss off", {"triton": False})]
-        for variant, how in variants:
-            figures = nmt_speed(first, nmt_dir, args, **how)
-            record(args, what=f"speed {first}", toolkit="nmt", variant=variant, precision=nmt_precision, **figures)
+            variants += [(first, *graphs), (first, "Triton loss off", {"triton": False}), (first, "again", {})]
+            variants += [(arch, *graphs) for arch in rest]
+        for arch, variant, how in variants:
+            figures = nmt_speed(arch, nmt_dir, args, **how)
+            record(args, what=f"speed {arch}", toolkit="nmt", variant=variant, precision=nmt_precision, **figures)
 
 
 def run(command: list[str], stdout=None) -> None:
