@@ -33,6 +33,14 @@ class CountingCapture:
         return replay
 
 
+class WarmingCapture(CountingCapture):
+    """As CUDA captures (graphs.CudaCapture): the step runs once when captured (its warm-up), then replays."""
+
+    def __call__(self, run):
+        run()
+        return super().__call__(run)
+
+
 def test_buckets():
     assert [sentence_bucket(n) for n in (1, 2, 3, 5, 8, 9, 32, 33, 64, 65, 600)] == [
         *(1, 2, 4, 8, 8, 16, 32, 64, 64),
@@ -79,7 +87,7 @@ def test_finished_sentences_move_to_smaller_buckets(tiny_model):
     """As a batch's sentences finish it moves to the bucket of its live sentences once that holds at most half of
     its sentences (the same positions and source length): each smaller bucket is captured once, over the moved
     batch, and a later batch of those buckets loads its moved state into them."""
-    capture = CountingCapture()
+    capture = WarmingCapture()  # each capture runs the step once, as CUDA's warm-up does
     graphs = StepGraphs(capture)
     cfg = SearchConfig(beam=2, max_len_a=1.0, max_len_b=0, nbest=2)  # each sentence stops by its own length
     enc, lens = encoded(tiny_model, [1, 1, 2, 2, 3, 4, 5, 6, 8, 10, 13, 16, 20])  # the bucket of 16 sentences
@@ -154,14 +162,6 @@ def test_an_abandoned_search_lets_its_captured_step_go(tiny_model):
     assert captured.held
     search.close()  # a batch dropped before its end (a failed step's, a stopped worker's)
     assert not captured.held
-
-
-class WarmingCapture(CountingCapture):
-    """As CUDA captures (graphs.CudaCapture): the step runs once when captured (its warm-up), then replays."""
-
-    def __call__(self, run):
-        run()
-        return super().__call__(run)
 
 
 def test_a_step_reads_the_window_of_its_position_each_captured_when_first_needed(tiny_model, monkeypatch):
