@@ -78,6 +78,13 @@ def _work(
             return
 
 
+def halt(stop: threading.Event, thread: threading.Thread) -> None:
+    """Tell a loader's thread to stop, and wait until it has (at most one batch's preparing, or 0.1 s)."""
+    stop.set()
+    if thread is not threading.current_thread():
+        thread.join()
+
+
 class BatchLoader:
     """Prepared batches in the loop's order; background=False collates inline (the CPU default).
 
@@ -102,7 +109,6 @@ class BatchLoader:
             return
         self._stop.set()
         self._stop = stop = threading.Event()
-        weakref.finalize(self, stop.set)
         self._order, self._next, self._queue = order, start, queue.Queue(maxsize=self.depth)
         self._thread = threading.Thread(
             target=_work,
@@ -111,13 +117,15 @@ class BatchLoader:
             name="nmt-batches",
         )
         self._thread.start()
+        # Stopped and joined when the loader goes, or at the interpreter's exit (finalize's atexit) for a loader
+        # still alive then, e.g. a script's Trainer: see close().
+        weakref.finalize(self, halt, stop, self._thread)
 
     def close(self) -> None:
         """Stop the thread and wait for it: a daemon thread still pinning memory when the interpreter exits
         aborts the process ("terminate called without an active exception", seen on an H200 after training)."""
-        self._stop.set()
         if self._thread is not None:
-            self._thread.join()
+            halt(self._stop, self._thread)
             self._thread = None
         self._order = self._queue = None
 

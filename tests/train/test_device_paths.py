@@ -151,3 +151,18 @@ def test_training_stops_the_loaders_thread_before_it_returns(toy_data_bin, tmp_p
     trainer = train(cfg, ARCHITECTURES["transformer_tiny"], SearchConfig()).trainer
     assert trainer.loader.background and trainer.loader._thread is None
     assert "nmt-batches" not in [t.name for t in threading.enumerate()]
+
+
+def test_a_loader_let_go_stops_and_joins_its_thread(toy_data_bin):
+    """A loader dropped while its thread prepares batches (a script's Trainer, deleted or alive at exit: the same
+    finalizer runs at the interpreter's exit) has its thread stopped and joined by the time it is gone: a thread
+    inside a CUDA call as the process ends aborts it."""
+    data = ParallelDataset(toy_data_bin, "train")
+    order = [np.arange(i, i + 2) for i in range(0, 40, 2)]
+    loader = BatchLoader(data, torch.device("cpu"), background=True, depth=2)
+    loader.plan(order, 0)
+    loader.get(order[0])
+    thread = loader._thread
+    assert thread is not None and thread.is_alive()  # blocked on its full queue
+    del loader  # no reference cycle: its finalizer runs here
+    assert not thread.is_alive()
