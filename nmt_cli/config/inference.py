@@ -75,7 +75,7 @@ class SearchingConfig(InferenceConfig):
         "sized to the batch's longest output, so no step between moves changes a shape; the same translations as "
         "the default search. Only a plain beam search (--beam 2 or more) runs so; constraints, prefixes, "
         "--no-repeat-ngram-size and sampling keep the default search. Off by default until its exactness "
-        "test has run on CUDA (on an H200 it searched 1.5-3.7x faster a step with --cuda-graphs).",
+        "test passes on CUDA (on an H200 it searched 1.5-3.7x faster a step with --cuda-graphs).",
     )
     cuda_graphs: bool = flag(
         True,
