@@ -9,9 +9,9 @@ No tensor of a step changes shape or address between steps: the step index is a 
 reordered by copying within the same buffers, and the positions not yet written are masked. A step reads and
 reorders a window of the buffers' first positions, enough for the step's own (`Transformer.decode_slots`'s
 `window`), so that a step captured for each window does not pay at step 10 for the positions that step 100 needs.
-That is what lets a step be captured once as a CUDA graph and replayed. A step run eagerly has no need of fixed shapes, and the
-buffers would cost it strided products and copies over their first positions: it runs `decode_step` over its
-growing cache instead.
+That is what lets a step be captured once as a CUDA graph and replayed. A step run eagerly has no need of fixed
+shapes, and the buffers would cost it strided products and copies over their first positions: it runs
+`decode_step` over its growing cache instead.
 
 As sentences finish, their rows are masked; once few enough are left, the live ones move to a cache of fewer
 slots (`select`: new buffers of the same L positions), which is then loaded (`load`) into the buffers of the
