@@ -232,9 +232,12 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 @pytest.fixture
 def slot_steps_taken(monkeypatch):
-    """Counts the fixed-slot search's decoder steps (Slots.step; a list that grows by one each), in every thread
-    (serve's worker too)."""
+    """Counts the fixed-slot search's steps (Slots.step eagerly, Captured.step with graphs; a list that grows by one
+    each), in every thread (serve's worker too)."""
+    from nmt_cli.search.graphs import Captured
+
     calls = []
-    step = Slots.step
+    step, captured_step = Slots.step, Captured.step
     monkeypatch.setattr(Slots, "step", lambda *a: calls.append(1) or step(*a))
+    monkeypatch.setattr(Captured, "step", lambda *a: calls.append(1) or captured_step(*a))
     return calls

@@ -1,22 +1,23 @@
-"""CUDA graphs of the fixed-slot decoder step (search/slots.py): the step is captured once per bucket and replayed
-for every later step of every batch of that bucket, so that the host launches one graph a step instead of the
+"""CUDA graphs of the fixed-slot search step (search/slots.py): the decoder step and the search's bookkeeping
+(search/slot_state.py's `search_step`) are captured once per bucket and replayed for every later step of every
+batch of that bucket, so that the host launches one graph a step and reads one number, instead of launching the
 step's few hundred kernels.
 
 A bucket is the step's shapes: rows (B*K, sentences rounded up to a power of two up to 64, beyond to a multiple
-of 64), the self-attention positions
-(the longest output + 1, rounded up to a multiple of 64, within the model's positions) and the source length
-(rounded up to a multiple of 64). Batches of one bucket share one captured step: their cross-attention keys and
-values are loaded into the bucket's own buffers, whose addresses the graph holds. A batch whose sentences finish
-moves to the smaller buckets of the same positions and source length (search/slots.py), its state so far loaded
-into theirs, or captured over when the bucket is new. At most `max_graphs` buckets are kept (the least recently used
-one is dropped), so capture is paid once per bucket in use and memory stays bounded.
+of 64), the self-attention positions (the longest output + 1, rounded up to a multiple of 64, within the model's
+positions) and the source length (rounded up to a multiple of 64). Batches of one bucket share one captured step:
+their cross-attention keys and values and their search state are loaded into the bucket's own buffers, whose
+addresses the graph holds. A batch whose sentences finish moves to the smaller buckets of the same positions and
+source length (search/slots.py), its state so far loaded into theirs, or captured over when the bucket is new. At
+most `max_graphs` buckets are kept (the least recently used one is dropped), so capture is paid once per bucket in
+use and memory stays bounded.
 
 Within a bucket, a step reads (and reorders) only a window of the self-attention positions: its own position + 1
 rounded up to a multiple of WINDOW_STEP. Each window is captured the first time a step needs it, over the same
-buffers, so the attention and the beams' reorder of step 10 cost a quarter of those of step 100 of a bucket of 128
-positions (on an H200, bf16, transformer_base, batches of 16,000 source tokens: the attention and the reorder over
-all of them took 2.9 of a step's 5.3 ms of kernels). All captures share one memory pool: a step's tensors live
-within its replay, and replays never overlap.
+buffers (the state is put back after the capture's warm-up run), so the attention and the beams' reorder of step
+10 cost a quarter of those of step 100 of a bucket of 128 positions (on an H200, bf16, transformer_base, batches of
+16,000 source tokens: the attention and the reorder over all of them took 2.9 of a step's 5.3 ms of kernels). All
+captures share one memory pool: a step's tensors live within its replay, and replays never overlap.
 
 A batch holds its bucket's captured step from `step_for` until it moves or ends (`Captured.held`): serve's worker
 steps two batches in turn, and a second batch of a bucket whose step is held gets a capture of its own, kept beside
@@ -36,7 +37,7 @@ from typing import Any, NamedTuple, Protocol
 import torch
 from torch import Tensor
 
-from nmt_cli.data.vocab import BOS
+from nmt_cli.search.slot_state import SlotState, search_step
 
 logger = logging.getLogger(__name__)
 
@@ -111,38 +112,31 @@ def window_of(position: int, n_positions: int) -> int:
 
 @dataclass
 class Captured:
-    """One bucket's captured step: its cache, the static inputs and output the graphs read and write, and what
-    replays it for each window of positions (captured as a step first needs it)."""
+    """One bucket's captured search step: its cache and search state (search/slot_state.py), the buffers its graphs
+    read and write, and what replays the step for each window of positions (captured as a step first needs it)."""
 
     bucket: Bucket
     cache: SlotCacheLike  # the bucket's fixed-slot cache
-    prev: Tensor  # [N] the previous tokens
-    rows: Tensor  # [N] the row each row continues
-    log_probs: Tensor  # [N, V]
+    state: SlotState  # the bucket's search state
     capture: Callable[[int], Callable[[], None]]  # captures the step reading a window of positions -> its replay
     replays: dict[int, Callable[[], None]]  # by window
     batch: int = 0  # which batch's search owns the buffers now (one at a time: `step_for`)
     held: bool = False  # a batch's search holds the buffers: from `step_for` until it moves or ends
 
-    def step(self, prev: Tensor, rows: Tensor | None, batch: int, position: int) -> Tensor:
-        """Replay for `prev` [N] and `rows` [N] (None: each row its own) at `position` (the cache's step) -> log-probs
-        [N, V], the graph's own buffer, overwritten by the next replay. batch: the number `step_for` gave the batch.
-        """
+    def step(self, batch: int, position: int) -> SlotState:
+        """Replay the search step at `position` (the cache's step) -> the state it left (the bucket's own buffers,
+        which the next replay changes). batch: the number `step_for` gave the batch."""
         assert batch == self.batch, "a bucket's buffers hold one batch at a time; another one was loaded since"
-        assert prev.shape == self.prev.shape, "a captured step replays only the rows of its bucket"
         window = window_of(position, self.bucket.n_positions)
         replay = self.replays.get(window)
-        if replay is None:  # a warm-up run that reorders no row and writes at `position`, rewritten by the replay
-            torch.arange(self.rows.shape[0], out=self.rows)
+        if replay is None:  # a warm-up run of the step: the state put back after it, the cache's position rewritten
+            saved = self.state.snapshot()
+            torch.arange(self.bucket.rows, out=self.state.rows)  # and no row of the cache reordered
             replay = self.replays[window] = self.capture(window)
+            self.state.restore(saved)
             self.cache.restart(position)
-        self.prev.copy_(prev)
-        if rows is None:
-            torch.arange(self.rows.shape[0], out=self.rows)
-        else:
-            self.rows.copy_(rows)
         replay()
-        return self.log_probs
+        return self.state
 
 
 class StepGraphs:
@@ -156,20 +150,20 @@ class StepGraphs:
         self.n_batches = 0
 
     def step_for(
-        self, model: SlotModel, cache: SlotCacheLike, bucket: Bucket, written: int = 0
+        self, model: SlotModel, cache: SlotCacheLike, state: SlotState, bucket: Bucket, written: int = 0
     ) -> tuple[Captured, int]:
-        """The captured step of `bucket`, with `cache` (a batch's with the bucket's shapes: made by
-        model.init_slots, or moved to the fewer slots of this bucket by its `select`, `written` positions in)
-        loaded into it (captured over `cache` itself when the bucket has none yet), and the batch's number for
-        `Captured.step`. The batch holds the captured step (`Captured.held`) until it sets `held` back to False:
-        while it does, another batch of the bucket gets a capture of its own, so that two searches stepped in turn
-        (serve's) never share buffers."""
+        """The captured step of `bucket`, with a batch's `cache` and `state` (of the bucket's shapes: new, or moved
+        to the fewer slots of this bucket by their `select`, `written` positions in) loaded into it (captured over
+        them when the bucket has none free), and the batch's number for `Captured.step`. The batch holds the
+        captured step (`Captured.held`) until it sets `held` back to False: while it does, another batch of the
+        bucket gets a capture of its own, so that two searches stepped in turn (serve's) never share buffers."""
         copies = self.graphs.get(bucket, [])
         captured = next((c for c in copies if not c.held), None)
         if captured is not None:
             captured.cache.load(cache, written)
+            captured.state.load(state)
         else:
-            captured = self.record(model, cache, bucket, written)
+            captured = self.record(model, cache, state, bucket)
             copies = [*copies, captured]
         self.graphs[bucket] = copies
         self.graphs.move_to_end(bucket)
@@ -179,32 +173,17 @@ class StepGraphs:
         captured.batch, captured.held = self.n_batches, True
         return captured, captured.batch
 
-    def record(self, model: SlotModel, cache: SlotCacheLike, bucket: Bucket, written: int) -> Captured:
-        """The captured step over `cache`'s buffers, its windows captured as steps need them (`Captured.step`). The
-        probe that gives the output's shape runs a step at position `written`, which the search then rewrites; the
-        cache goes back to that position."""
-        device = cache_device(cache)
-        prev = torch.full((bucket.rows,), BOS, dtype=torch.long, device=device)
-        rows = torch.arange(bucket.rows, device=device)
-        window = window_of(written, bucket.n_positions)
-        log_probs = torch.empty_like(model.decode_slots(prev, rows, cache, window))  # [N, V]
-        cache.restart(written)
+    def record(self, model: SlotModel, cache: SlotCacheLike, state: SlotState, bucket: Bucket) -> Captured:
+        """The captured step over `cache`'s and `state`'s buffers, its windows captured as steps need them
+        (`Captured.step`)."""
+        assert state.rows.shape[0] == bucket.rows, "a bucket's state holds its rows"
 
         def capture(window: int) -> Callable[[], None]:
-            def run() -> None:
-                log_probs.copy_(model.decode_slots(prev, rows, cache, window))
-
             self.n_captures += 1
-            logger.debug("capturing the decoder step of %s over %d positions (%d)", bucket, window, self.n_captures)
-            return self.capture(run)
+            logger.debug("capturing the search step of %s over %d positions (%d)", bucket, window, self.n_captures)
+            return self.capture(lambda: search_step(model, cache, state, window))
 
-        return Captured(bucket, cache, prev, rows, log_probs, capture, {})
-
-
-def cache_device(cache: Any) -> torch.device:
-    """The device of a fixed-slot cache's buffers (an ensemble's: its first member's)."""
-    first = cache.members[0] if hasattr(cache, "members") else cache
-    return first.step.device
+        return Captured(bucket, cache, state, capture, {})
 
 
 class CudaCapture:

@@ -3,16 +3,17 @@ length penalty and results), with every sentence's K rows kept in place while it
 
 Today's search (beam.py) drops finished sentences from the batch at every step, so shapes change every step.
 Here a finished sentence's rows stay, masked (their beams score -inf, so none of their candidates finishes or
-survives), and the decoder steps over fixed slots: with CUDA graphs (search/graphs.py) the step over
-preallocated buffers (model/slots.py), captured once per bucket and replayed; eagerly the model's `decode_step`,
-the same step without fixed buffers (`Slots`).
+survives). With CUDA graphs (search/graphs.py, `captured_steps`) the whole search step, the decoder's over
+preallocated buffers (model/slots.py) and the search's bookkeeping over a state of fixed shapes
+(search/slot_state.py), is captured once per bucket and replayed. Eagerly (`Slots`) the decoder step is the model's
+`decode_step`, without fixed buffers, and the bookkeeping beam.py's.
 
-A batch shrinks a bounded number of times (`Slots.fewer`): with graphs, once the live sentences' bucket holds at
-most half of its sentences, the live sentences' state (their keys and values, cross-attention keys, values and
-bias, beams and scores) moves to that bucket, finished ones filling the slots it has beyond, and the search goes
+A batch shrinks a bounded number of times: with graphs, once the live sentences' bucket holds at most half of its
+sentences, the live sentences' state (their keys and values, cross-attention keys, values and bias, beams, scores
+and finished hypotheses) moves to that bucket, finished ones filling the slots it has beyond, and the search goes
 on there: at most log2(B) moves a batch, shapes fixed between moves, and each bucket's step still captured once
-and replayed (the moved state is loaded into its buffers). Eagerly, the live sentences move once they fit in
-three quarters of the slots. The finished hypotheses stay indexed by sentence and are not moved.
+and replayed (the moved state is loaded into its buffers). Eagerly (`Slots.fewer`), the live sentences move once
+they fit in three quarters of the slots; the finished hypotheses stay indexed by sentence and are not moved.
 
 The host reads the device once a step: the number of sentences still searching, which says both whether the
 batch is done and whether it shrinks. As in beam.py, serve's `still_wanted` is asked once a step (a sentence no
@@ -52,9 +53,10 @@ from nmt_cli.search.beam import (
     survive,
     top_candidates,
 )
-from nmt_cli.search.graphs import Captured, CudaCapture, SlotModel, StepGraphs, bucket_of, sentence_bucket
+from nmt_cli.search.graphs import CudaCapture, SlotModel, StepGraphs, bucket_of, sentence_bucket
 from nmt_cli.search.hypothesis import Hypothesis
 from nmt_cli.search.searchable import SearchEncoderOut
+from nmt_cli.search.slot_state import SlotState
 from nmt_cli.steps import Steps, to_the_end
 
 
@@ -101,52 +103,109 @@ def slot_steps(
     Returns:
         For each of the B0 sentences, `cfg.nbest` hypotheses, best first.
     """
+    if graphs is not None:
+        return (yield from captured_steps(model, enc, src_lens, cfg, n_pieces, graphs, still_wanted, on_done))
     k, device, b0 = cfg.beam, enc.memory.device, enc.memory.shape[0]
     host_max_len = max_lengths(src_lens.cpu(), cfg, model.max_positions)  # [B0]
     n_steps, first_max = int(host_max_len.numpy().max()) + 1, int(host_max_len.numpy().min())
-    slots = Slots.open(model, enc, k, n_steps, graphs)
+    slots = Slots.open(model, enc, k)
+    max_len = host_max_len.to(device)
+    state, fin = start(b0, k, n_steps, device)
+    unwanted = None if still_wanted is None else Unwanted(still_wanted, device)
+    early = None if on_done is None else Early.of(on_done, b0, b0, device)
+    row_max_len = per_beam(max_len, k)  # [N]
+    prev = torch.full((b0 * k,), BOS, dtype=torch.long, device=device)
+    rows: Tensor | None = None  # step 0: every row its own
+    for step in range(n_steps):
+        log_probs = slots.step(prev, rows, step)  # [N, V]
+        log_probs = constrain(log_probs, step, row_max_len, cfg, n_pieces, may_reach_max=step >= first_max)
+        scores, beams, tokens = top_candidates(state, log_probs)
+        finish(state, fin, scores, beams, tokens, log_probs, step, cfg)
+        state, rows = survive(state, scores, beams, tokens, log_probs)
+        done = finished = fin.count[state.sent_ids] >= k  # [B]
+        if unwanted is not None and (gone := unwanted.update()) is not None:
+            done = done | gone[state.sent_ids]  # masked with the finished ones, counted in the same host read
+        n_live = int(done.logical_not().sum())  # the step's one host synchronisation
+        if n_live == 0:
+            break
+        if early is not None:
+            early.tell(fin, cfg.nbest, finished, state.sent_ids, done.shape[0] - n_live)
+        fewer = slots.fewer(n_live)
+        if fewer is not None:  # the live sentences first, then finished ones up to the smaller slot count
+            keep = torch.argsort(done.to(torch.uint8), stable=True)[:fewer]  # [B']
+            rows = rows.view(-1, k)[keep].view(-1)
+            state, done = keep_sentences(state, keep), done[keep]
+            slots.shrink(keep, rows)
+            rows = None  # the move applied the reorder
+            row_max_len = per_beam(max_len[state.sent_ids], k)
+            if early is not None:
+                early.n_done = fewer - n_live
+        state.scores.masked_fill_(done[:, None], NEG_INF)  # a finished sentence's rows stay, masked
+        prev = state.tokens[:, :, -1].reshape(-1)  # [N]
+        yield  # a step done
+    return collect(fin, cfg.nbest)[:b0]
+
+
+def captured_steps(
+    model: SlotModel,
+    enc: SearchEncoderOut,
+    src_lens: Tensor,
+    cfg: SearchConfig,
+    n_pieces: int | None,
+    graphs: StepGraphs,
+    still_wanted: StillWanted | None,
+    on_done: OnDone | None,
+) -> Steps[list[list[Hypothesis]]]:
+    """`slot_steps` with captured steps: each step the bucket's captured search step (search/slot_state.py's
+    `search_step`, replayed), then the host's decisions: stop, tell finished sentences (`on_done`), mask those no
+    longer wanted, move to a smaller bucket. The batch fills its bucket with copies of its first sentence, done from
+    the start; the finished hypotheses, held by slot, are copied into the call's as the batch moves, tells or ends."""
+    k, device, b0 = cfg.beam, enc.memory.device, enc.memory.shape[0]
+    host_max_len = max_lengths(src_lens.cpu(), cfg, model.max_positions)  # [B0]
+    n_steps = int(host_max_len.numpy().max()) + 1
+    bucket = bucket_of(b0, k, n_steps, enc.memory.shape[1], model.max_positions)
+    b = bucket.rows // k
+    if b > b0:  # the bucket's extra sentences: copies of the first one, done from the start
+        enc = enc.select(filled(b0, b).to(device))
+        host_max_len = host_max_len[filled(b0, b)]
+    cache = model.init_slots(enc, k, n_positions=bucket.n_positions, source_len=bucket.source_len)
+    state = SlotState.start(host_max_len.to(device), b0, k, bucket.n_positions, cfg, n_pieces)
+    fin = start(b, k, bucket.n_positions, device)[1]  # the call's, by sentence
+    padding = [True] * (b - b0)  # the bucket's copies, wanted so that only still_wanted's answers mask sentences
+    unwanted = None if still_wanted is None else Unwanted(lambda: [*still_wanted(), *padding], device)
+    early = None if on_done is None else Early.of(on_done, b0, b, device)
+    captured, batch = graphs.step_for(model, cache, state, bucket)
     try:
-        b = slots.n_sentences
-        if b > b0:  # the bucket's extra sentences: copies of the first one, done from the start
-            host_max_len = host_max_len[filled(b0, b)]
-        max_len = host_max_len.to(device)
-        state, fin = start(b, k, n_steps, device)
-        fin.count[b0:] = k
-        padding = [True] * (b - b0)  # the bucket's copies, wanted so that only still_wanted's answers mask sentences
-        unwanted = None if still_wanted is None else Unwanted(lambda: [*still_wanted(), *padding], device)
-        early = None if on_done is None else Early.of(on_done, b0, b, device)
-        row_max_len = per_beam(max_len, k)  # [N]
-        prev = torch.full((b * k,), BOS, dtype=torch.long, device=device)
-        rows: Tensor | None = None  # step 0: every row its own
         for step in range(n_steps):
-            log_probs = slots.step(prev, rows, step)  # [N, V]
-            log_probs = constrain(log_probs, step, row_max_len, cfg, n_pieces, may_reach_max=step >= first_max)
-            scores, beams, tokens = top_candidates(state, log_probs)
-            finish(state, fin, scores, beams, tokens, log_probs, step, cfg)
-            state, rows = survive(state, scores, beams, tokens, log_probs)
-            done = finished = fin.count[state.sent_ids] >= k  # [B]
-            if unwanted is not None and (gone := unwanted.update()) is not None:
-                done = done | gone[state.sent_ids]  # masked with the finished ones, counted in the same host read
-            n_live = int(done.logical_not().sum())  # the step's one host synchronisation
+            state = captured.step(batch, step)
+            done = finished = state.done  # [B]
+            gone = None if unwanted is None else unwanted.update()
+            if gone is None:
+                n_live = int(state.n_live)  # the step's one host synchronisation
+            else:  # masked with the finished ones, counted in the same host read
+                done = done | gone[state.sent_ids]
+                state.scores.masked_fill_(done[:, None], NEG_INF)
+                n_live = int(done.logical_not().sum())
             if n_live == 0:
                 break
-            if early is not None:
+            if early is not None and done.shape[0] - n_live > early.n_done:
+                state.flush(fin)
                 early.tell(fin, cfg.nbest, finished, state.sent_ids, done.shape[0] - n_live)
-            fewer = slots.fewer(n_live)
-            if fewer is not None:  # the live sentences first, then finished ones up to the smaller slot count
+            fewer = sentence_bucket(n_live)
+            if 2 * fewer <= done.shape[0]:  # the live sentences first, then finished ones up to the smaller bucket
                 keep = torch.argsort(done.to(torch.uint8), stable=True)[:fewer]  # [B']
-                rows = rows.view(-1, k)[keep].view(-1)
-                state, done = keep_sentences(state, keep), done[keep]
-                slots.shrink(keep, rows, step + 1)
-                rows = None  # the move applied the reorder
-                row_max_len = per_beam(max_len[state.sent_ids], k)
+                state.flush(fin)
+                moved_cache = captured.cache.select(keep, state.rows.view(-1, k)[keep].view(-1))
+                left = captured
+                moved = bucket._replace(rows=fewer * k)
+                captured, batch = graphs.step_for(model, moved_cache, state.select(keep), moved, step + 1)
+                left.held = False
                 if early is not None:
                     early.n_done = fewer - n_live
-            state.scores.masked_fill_(done[:, None], NEG_INF)  # a finished sentence's rows stay, masked
-            prev = state.tokens[:, :, -1].reshape(-1)  # [N]
             yield  # a step done
+        captured.state.flush(fin)
     finally:  # ended, failed or abandoned: its bucket's captured step is free for the next batch
-        slots.release()
+        captured.held = False
     return collect(fin, cfg.nbest)[:b0]
 
 
@@ -184,40 +243,24 @@ class Early:
 
 @dataclass
 class Slots:
-    """A batch's decoder step over its slots, and the move of its live sentences to fewer slots. Eagerly (`graphs`
-    None) the model's own `decode_step` over its cache of the written positions: a step to capture needs buffers
-    of fixed shapes, an eager one does not, and the fixed buffers' windows cost it strided products and copies
-    (`benchmarks/bench_generate.py --searches default,slots`). With graphs, the captured step of the batch's
-    bucket, replayed."""
+    """A batch's decoder step over its slots, eagerly: the model's own `decode_step` over its cache of the written
+    positions (a step to capture needs buffers of fixed shapes, an eager one does not, and the fixed buffers'
+    windows cost it strided products and copies: `benchmarks/bench_generate.py --searches default,slots`), and the
+    move of its live sentences to fewer slots."""
 
     model: SlotModel
     k: int
     n_sentences: int  # B, the sentences the slots hold
-    cache: Any  # the batch's decoder cache (eager), or its bucket's fixed-slot cache (`captured`)
-    graphs: StepGraphs | None = None
-    captured: Captured | None = None
-    batch: int = 0  # the batch's number in `graphs` (Captured.step)
+    cache: Any  # the batch's decoder cache
 
     @classmethod
-    def open(cls, model: SlotModel, enc: SearchEncoderOut, k: int, n_steps: int, graphs: StepGraphs | None) -> Slots:
-        """The slots of a batch of B0 sentences searched for at most n_steps steps: B0 eagerly, or the sentences of
-        its bucket, filled with copies of the first one."""
-        b0, source_len = enc.memory.shape[0], enc.memory.shape[1]
-        if graphs is None:
-            return cls(model, k, b0, model.init_cache(enc, 1))  # all beams start equal: `step` expands step 0
-        bucket = bucket_of(b0, k, n_steps, source_len, model.max_positions)
-        b = bucket.rows // k
-        if b > b0:
-            enc = enc.select(filled(b0, b).to(enc.memory.device))
-        cache = model.init_slots(enc, k, n_positions=bucket.n_positions, source_len=bucket.source_len)
-        captured, batch = graphs.step_for(model, cache, bucket)
-        return cls(model, k, b, captured.cache, graphs, captured, batch)
+    def open(cls, model: SlotModel, enc: SearchEncoderOut, k: int) -> Slots:
+        """The slots of a batch of B0 sentences."""
+        return cls(model, k, enc.memory.shape[0], model.init_cache(enc, 1))  # all beams equal: `step` expands step 0
 
     def step(self, prev: Tensor, rows: Tensor | None, step: int) -> Tensor:
         """Row i continues row rows[i] (None: its own) and takes token prev[i] [N] at position `step` -> log-probs
         [N, V]."""
-        if self.captured is not None:
-            return self.captured.step(prev, rows, self.batch, step)
         if step == 0:  # once per sentence, then each sentence's row copied to its K rows (as beam.py's step 0)
             to_beams = per_beam(torch.arange(self.n_sentences, device=prev.device), self.k)
             log_probs, cache = self.model.decode_step(prev[:: self.k], self.cache)
@@ -230,34 +273,16 @@ class Slots:
 
     def fewer(self, n_live: int) -> int | None:
         """The smaller number of sentences to move the slots to once n_live sentences are still searching, or None
-        to stay. With graphs, their bucket's sentences once that is at most half the slots' (each new bucket is a
-        capture: at most log2(B) moves a batch). Eagerly, n_live itself once that is at most three quarters of
-        them: a move costs one copy of the live rows' state, and a finished row costs a step as much as a live
-        one, so waiting for half of them to finish loses more than the extra moves cost (at most log_4/3(B) moves;
-        `benchmarks/bench_generate.py --lengths natural --searches default,slots --rounds 4`)."""
-        if self.graphs is not None:
-            bucket = sentence_bucket(n_live)
-            return bucket if 2 * bucket <= self.n_sentences else None
+        to stay: n_live itself once that is at most three quarters of them. A move costs one copy of the live rows'
+        state, and a finished row costs a step as much as a live one, so waiting for half of them to finish loses
+        more than the extra moves cost (at most log_4/3(B) moves; `benchmarks/bench_generate.py --lengths natural
+        --searches default,slots --rounds 4`)."""
         return n_live if 4 * n_live <= 3 * self.n_sentences else None
 
-    def shrink(self, keep: Tensor, rows: Tensor, written: int) -> None:
-        """Move to the sentences `keep` [B'] alone, row i continuing row rows[i] ([B'*K]): eagerly in the decoder
-        cache; with graphs into the smaller bucket's captured step, its `written` positions so far copied."""
+    def shrink(self, keep: Tensor, rows: Tensor) -> None:
+        """Move to the sentences `keep` [B'] alone, row i continuing row rows[i] ([B'*K])."""
         self.n_sentences = keep.shape[0]
-        if self.graphs is None or self.captured is None:
-            self.cache = self.cache.select_sentences(keep, rows)
-            return
-        bucket = self.captured.bucket._replace(rows=self.n_sentences * self.k)
-        moved = self.cache.select(keep, rows)
-        left = self.captured
-        self.captured, self.batch = self.graphs.step_for(self.model, moved, bucket, written)
-        self.cache = self.captured.cache
-        left.held = False
-
-    def release(self) -> None:
-        """The search is over: its bucket's captured step is free for another batch (graphs.py)."""
-        if self.captured is not None:
-            self.captured.held = False
+        self.cache = self.cache.select_sentences(keep, rows)
 
 
 def filled(b0: int, b: int) -> Tensor:

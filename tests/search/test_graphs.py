@@ -12,6 +12,7 @@ from nmt_cli.data.batching import pad_sources
 from nmt_cli.data.vocab import PAD
 from nmt_cli.search.beam import beam_search
 from nmt_cli.search.graphs import Bucket, StepGraphs, bucket_of, sentence_bucket
+from nmt_cli.search.slot_state import SlotState
 from nmt_cli.search.slots import slot_search, slot_steps
 
 pytestmark = pytest.mark.usefixtures("cpu_matmul_route")  # both CPU matmul routes on every machine (conftest.py)
@@ -108,19 +109,24 @@ def test_a_captured_step_is_never_used_outside_its_bucket(tiny_model):
     graphs = StepGraphs(CountingCapture())
     enc, _ = encoded(tiny_model, [3, 5])
     bucket = Bucket(4, 64, 64)
+    cfg = SearchConfig(beam=2)
+
+    def state_of(n_sentences):
+        return SlotState.start(torch.full((n_sentences,), 10), n_sentences, 2, 64, cfg, None)
+
     cache = tiny_model.init_slots(enc, 2, n_positions=64, source_len=64)
-    captured, batch = graphs.step_for(tiny_model, cache, bucket)
-    with pytest.raises(AssertionError):  # other rows
-        captured.step(torch.full((6,), 4), None, batch, 0)
+    with pytest.raises(AssertionError):  # a state of other rows
+        graphs.step_for(tiny_model, cache, state_of(3), bucket)
+    captured, batch = graphs.step_for(tiny_model, cache, state_of(2), bucket)
     captured.held = False  # its batch ended: the next batch of the bucket loads its cache into this one's
     other_length = tiny_model.init_slots(enc, 2, n_positions=64, source_len=128)
     with pytest.raises(AssertionError):  # a batch of another source length is not loaded into the bucket's cache
-        graphs.step_for(tiny_model, other_length, bucket)
-    assert captured.step(torch.full((4,), 4), None, batch, 0).shape == (4, 24)
-    again, next_batch = graphs.step_for(tiny_model, cache, bucket)
+        graphs.step_for(tiny_model, other_length, state_of(2), bucket)
+    assert captured.step(batch, 0).prev.shape == (4,)
+    again, next_batch = graphs.step_for(tiny_model, cache, state_of(2), bucket)
     assert again is captured and next_batch != batch
     with pytest.raises(AssertionError):  # the first batch's search may not step on the second one's buffers
-        captured.step(torch.full((4,), 4), None, batch, 0)
+        captured.step(batch, 1)
 
 
 def test_batches_searched_in_turn_hold_captures_of_their_own(tiny_model):
@@ -188,3 +194,22 @@ def test_a_step_reads_the_window_of_its_position_each_captured_when_first_needed
     assert list(graphs.graphs) == [Bucket(16, 64, 64)]
     assert capture.captures == graphs.n_captures == 2 and capture.replays == 2 * 51
     assert windows == [32] * 32 + [64] * 19  # the second batch's steps, one replay each
+
+
+def test_batches_of_other_search_settings_replay_the_same_captured_step(tiny_model):
+    """The minimum length, the unknown-piece penalty and the length penalties are tensors of the batch's state, not
+    constants of the graph: batches with other settings replay one bucket's captured step, each getting beam.py's
+    results."""
+    capture = WarmingCapture()
+    graphs = StepGraphs(capture)
+    enc, lens = encoded(tiny_model, [3, 5, 2, 4])
+    settings = [
+        SearchConfig(beam=2, max_len_a=1.0, max_len_b=3, nbest=2),
+        SearchConfig(beam=2, max_len_a=1.0, max_len_b=3, min_len=4, unkpen=2.0, lenpen=1.0, lenpen_style="fairseq"),
+    ]
+    for cfg in settings:
+        want = beam_search(tiny_model, enc, lens, cfg)
+        got = slot_search(tiny_model, enc, lens, cfg, graphs=graphs)
+        assert [[h.tokens for h in hyps] for hyps in got] == [[h.tokens for h in hyps] for hyps in want]
+        assert [h.score for hyps in got for h in hyps] == pytest.approx([h.score for hyps in want for h in hyps])
+    assert capture.captures == len(graphs.graphs) and len(graphs.graphs[Bucket(8, 64, 64)]) == 1  # once a bucket
