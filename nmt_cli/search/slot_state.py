@@ -29,6 +29,7 @@ from torch import Tensor
 from nmt_cli.config import SearchConfig
 from nmt_cli.data.vocab import BOS, EOS, PAD, UNK
 from nmt_cli.search.beam import NEG_INF, Finished, length_penalty, per_beam
+from nmt_cli.search.beam import start as empty_search
 
 
 @dataclass
@@ -56,21 +57,13 @@ class SlotState:
         by none (a bucket's filling: done from the start, their K finished slots counted as full)."""
         b, device = max_len.shape[0], max_len.device
         n, length = b * k, n_positions
-        scores = torch.full((b, k), NEG_INF, device=device)
-        scores[:, 0] = 0.0
-        fin = Finished(
-            torch.full((b, k + 1, length), PAD, dtype=torch.long, device=device),
-            torch.zeros(b, k + 1, length, device=device),
-            torch.ones(b, k + 1, dtype=torch.long, device=device),
-            torch.full((b, k + 1), NEG_INF, device=device),
-            torch.zeros(b, dtype=torch.long, device=device),
-        )
+        empty, fin = empty_search(b, k, length, device)  # beam.py's start: its scores and finished slots
         fin.count[b0:] = k
         penalties = [1.0] + [length_penalty(i, cfg.lenpen, cfg.lenpen_style) for i in range(1, length + 1)]
         return cls(
             torch.zeros(n, length, dtype=torch.long, device=device),
             torch.zeros(n, length, device=device),
-            scores,
+            empty.scores,
             torch.arange(b, device=device),
             per_beam(max_len, k).contiguous(),  # its own memory (one sentence: a stride-0 view)
             torch.full((n,), BOS, dtype=torch.long, device=device),

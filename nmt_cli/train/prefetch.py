@@ -100,8 +100,7 @@ class BatchLoader:
         self._next = 0
         self._queue: queue.Queue | None = None
         self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        weakref.finalize(self, self._stop.set)  # the thread ends with its loader
+        self._thread: threading.Thread | None = None  # each one stopped and joined when the loader goes (plan)
 
     def plan(self, order: list[np.ndarray], start: int) -> None:
         """The loop is about to take order[start], order[start + 1], ...: prepare them ahead."""
