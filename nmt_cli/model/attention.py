@@ -145,8 +145,8 @@ class SelfAttention(nn.Module):
 
     def step_slots(self, x: Tensor, buf_k: Tensor, buf_v: Tensor, step: Tensor, bias: Tensor) -> Tensor:
         """One decoding step over fixed slots (model/slots.py). x: [N, D]; buf_k: [N, H, L, Dk], buf_v:
-        [N, H, L, Dh], written in place at position `step` ([1] long); attends to all L with `bias` [1, 1, 1, L]
-        masking those not yet written -> y [N, D]."""
+        [N, H, L, Dh], written in place at each row's position `step` ([N] long); attends to all L with `bias`
+        [N, 1, 1, L] masking those not yet written -> y [N, D]."""
         n, qk = x.shape[0], self.qk_size
         qkv = self.qkv(x)  # [N, 2 * H*Dk + D]
         write_position(buf_k, qkv[:, qk : 2 * qk], step)

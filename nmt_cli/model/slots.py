@@ -5,8 +5,11 @@ live in buffers preallocated to the batch's longest output, written in place at 
 Shapes: B sentences, K beams, N = B*K rows (row = sentence * K + beam), H heads, L preallocated positions,
 S source length, Dk key size and Dh value size per head.
 
-No tensor of a step changes shape or address between steps: the step index is a device tensor, beams are
-reordered by copying within the same buffers, and the positions not yet written are masked. A step reads and
+No tensor of a step changes shape or address between steps: each row's position is a device tensor (`step`, [N]),
+beams are reordered by copying within the same buffers, and each row's positions not yet written are masked.
+Rows step at their own positions, so that a sentence may start in a slot another one has left while the others go
+on (`admit`: in-flight batching); rows not searching are parked at position 0 (`park`), so that no position past
+the buffers is ever written. A step reads and
 reorders a window of the buffers' first positions, enough for the step's own (`Transformer.decode_slots`'s
 `window`), so that a step captured for each window does not pay at step 10 for the positions that step 100 needs.
 That is what lets a step be captured once as a CUDA graph and replayed. A step run eagerly has no need of fixed
@@ -35,7 +38,7 @@ class SlotCache:
     cross_k: list[Tensor]  # per decoder layer [B, H, S, Dk], computed once per batch
     cross_v: list[Tensor]  # per decoder layer [B, H, S, Dh]
     cross_bias: Tensor | None  # [B, 1, 1, S] added to cross-attention scores: 0, -inf at padding; None: no padding
-    step: Tensor  # [1] long: the position the next step writes
+    step: Tensor  # [N] long: the position each row's next step writes
     positions: Tensor  # [L] long, 0..L-1: compared with `step` for the mask of positions not yet written
 
     @property
@@ -52,10 +55,10 @@ class SlotCache:
             written.copy_(written.index_select(0, rows))
 
     def self_bias(self, window: int) -> Tensor:
-        """[1, 1, 1, window] scores to add over the first `window` positions: 0 up to the step's own, -inf beyond
+        """[N, 1, 1, window] scores to add over the first `window` positions: 0 up to each row's own, -inf beyond
         (not yet written)."""
         zero = self.step.new_zeros((), dtype=self.self_k[0].dtype)
-        return torch.where(self.positions[:window] > self.step, NEG_INF, zero)[None, None, None, :]
+        return torch.where(self.positions[:window] > self.step[:, None], NEG_INF, zero)[:, None, None, :]
 
     def select(self, sentences: Tensor, rows: Tensor) -> SlotCache:
         """A cache of fewer slots: the sentences `sentences` [B'] alone, row i continuing row rows[i] ([B'*K], rows
@@ -67,7 +70,7 @@ class SlotCache:
             [k[sentences] for k in self.cross_k],  # indexing keeps their memory layout (init_cache's)
             [v[sentences] for v in self.cross_v],
             None if self.cross_bias is None else self.cross_bias.index_select(0, sentences),
-            self.step.clone(),
+            self.step.index_select(0, rows),
             self.positions,
         )
 
@@ -87,15 +90,40 @@ class SlotCache:
             self.cross_bias.copy_(other.cross_bias)
         self.step.copy_(other.step)
 
-    def restart(self, step: int) -> None:
-        """Go back to position `step` (what is written beyond is masked until written again)."""
-        self.step.fill_(step)
+    def steps(self) -> Tensor:
+        """A copy of the rows' positions, for `restart`."""
+        return self.step.clone()
+
+    def restart(self, steps: Tensor) -> None:
+        """Go back to the rows' positions `steps` [N] (a copy of `step` taken before; what is written beyond is
+        masked until written again)."""
+        self.step.copy_(steps)
+
+    def park(self, rows: Tensor) -> None:
+        """Put the rows `rows` [N] bool (those of sentences no longer searching) back at position 0: their steps go
+        on, masked, and never write past the buffers however long the others search."""
+        self.step.masked_fill_(rows, 0)
+
+    def admit(self, other: SlotCache, slots: Tensor) -> None:
+        """Start `other`'s sentences (a cache of theirs, of this one's source length: `init_slots` with any
+        positions) in the slots `slots` [A] of this one, at position 0: their cross-attention keys, values and bias
+        written into those slots, their rows' steps set to 0 (what the slots' rows had written is masked until
+        written again). The buffers keep their addresses."""
+        k = self.step.shape[0] // self.cross_k[0].shape[0]
+        rows = (slots[:, None] * k + torch.arange(k, device=slots.device)).view(-1)
+        for mine, theirs in zip([*self.cross_k, *self.cross_v], [*other.cross_k, *other.cross_v]):
+            assert mine.shape[1:] == theirs.shape[1:], "admitted sentences have this cache's source length"
+            mine.index_copy_(0, slots, theirs)
+        assert self.cross_bias is not None and other.cross_bias is not None, "init_slots gives every cache a bias"
+        self.cross_bias.index_copy_(0, slots, other.cross_bias)
+        self.step.index_fill_(0, rows, 0)
 
 
 def write_position(buf: Tensor, new: Tensor, step: Tensor) -> None:
-    """Write a step's keys or values at position `step`. buf: [N, H, L, D], new: [N, H*D], step: [1] long."""
+    """Write a step's keys or values at each row's position. buf: [N, H, L, D], new: [N, H*D], step: [N] long."""
     n, h, _, d = buf.shape
-    buf.index_copy_(2, step, new.view(n, h, 1, d).to(buf.dtype))  # under autocast the projection may be narrower
+    at = step.view(n, 1, 1, 1).expand(n, h, 1, d)
+    buf.scatter_(2, at, new.view(n, h, 1, d).to(buf.dtype))  # under autocast the projection may be narrower
 
 
 def pad_source(x: Tensor, n_positions: int, dim: int, fill: float) -> Tensor:

@@ -67,7 +67,8 @@ class Embedding(nn.Module):
         return self.dropout(self.tokens(tokens) * self.scale + pos)
 
     def at(self, tokens: Tensor, position: Tensor) -> Tensor:
-        """tokens: [N] -> [N, D], all at `position` ([1] long, on the device: no host read)."""
+        """tokens: [N] -> [N, D], row i at position[i] (`position` [N] long, or [1] for all; on the device: no host
+        read)."""
         return self.dropout(self.tokens(tokens) * self.scale + self.positions.index_select(0, position))
 
 
@@ -235,7 +236,7 @@ class Transformer(nn.Module):
             [pad_source(k, source_len, 2, 0.0) for k in cache.cross_k],
             [pad_source(v, source_len, 2, 0.0) for v in cache.cross_v],
             pad_source(bias, source_len, 3, float("-inf")),  # [B, 1, 1, S'], a bias even without padding
-            torch.zeros(1, dtype=torch.long, device=device),
+            torch.zeros(n, dtype=torch.long, device=device),
             torch.arange(n_positions, device=device),
         )
 

@@ -71,9 +71,21 @@ class EnsembleSlotCache:
         for mine, theirs in zip(self.members, other.members):
             mine.load(theirs, written)
 
-    def restart(self, step: int) -> None:
+    def steps(self) -> list[Tensor]:
+        return [cache.steps() for cache in self.members]
+
+    def restart(self, steps: list[Tensor]) -> None:
+        for cache, saved in zip(self.members, steps):
+            cache.restart(saved)
+
+    def park(self, rows: Tensor) -> None:
         for cache in self.members:
-            cache.restart(step)
+            cache.park(rows)
+
+    def admit(self, other: EnsembleSlotCache, slots: Tensor) -> None:
+        """Start `other`'s sentences in the slots `slots` of every member (SlotCache.admit)."""
+        for mine, theirs in zip(self.members, other.members):
+            mine.admit(theirs, slots)
 
 
 class Ensemble:

@@ -63,7 +63,13 @@ class SlotCacheLike(Protocol):
 
     def load(self, other: Any, written: int) -> None: ...
 
-    def restart(self, step: int) -> None: ...
+    def steps(self) -> Any: ...
+
+    def restart(self, steps: Any) -> None: ...
+
+    def park(self, rows: Tensor) -> None: ...
+
+    def admit(self, other: Any, slots: Tensor) -> None: ...
 
 
 class SlotModel(Protocol):
@@ -129,12 +135,12 @@ class Captured:
         assert batch == self.batch, "a bucket's buffers hold one batch at a time; another one was loaded since"
         window = window_of(position, self.bucket.n_positions)
         replay = self.replays.get(window)
-        if replay is None:  # a warm-up run of the step: the state put back after it, the cache's position rewritten
-            saved = self.state.snapshot()
+        if replay is None:  # a warm-up run of the step: the state and the rows' positions put back after it
+            saved, steps = self.state.snapshot(), self.cache.steps()
             torch.arange(self.bucket.rows, out=self.state.rows)  # and no row of the cache reordered
             replay = self.replays[window] = self.capture(window)
             self.state.restore(saved)
-            self.cache.restart(position)
+            self.cache.restart(steps)
         replay()
         return self.state
 

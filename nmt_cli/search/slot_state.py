@@ -10,9 +10,10 @@ changes a shape or depends on the step's number on the host:
 - the finished hypotheses are held by slot (`fin`: Finished of B slots), and copied into the call's, which is
   indexed by the call's sentences, when a batch moves to fewer slots, tells finished sentences early, or ends
   (`flush`);
-- the step number is the cache's `step` tensor; the minimum length, the unknown-piece penalty and the length
-  penalties (a table by length, [L + 1]) are tensors loaded with the batch, so batches of other settings replay
-  the same graph.
+- the step number is the cache's `step` tensor, a position for each row (a sentence admitted into a slot
+  mid-search starts at 0: search/in_flight.py), and a finished sentence's rows are parked at 0;
+- the minimum length, the unknown-piece penalty and the length penalties (a table by length, [L + 1]) are tensors
+  loaded with the batch, so batches of other settings replay the same graph.
 
 Shapes: B sentences in the slots, K beams, N = B*K rows (row = slot * K + beam), L the bucket's positions (at least
 the longest output + 1), V vocabulary.
@@ -117,6 +118,32 @@ class SlotState:
             self.n_pieces,
         )
 
+    def admit(self, slots: Tensor, max_len: Tensor) -> None:
+        """Start new sentences (their longest outputs `max_len` [A]) in the slots `slots` [A] (search/in_flight.py):
+        empty hypotheses with beam 0 live, BOS the next input, no pending reorder of their rows, no finished
+        hypotheses. `n_live` is left to the next step to count."""
+        k = self.scores.shape[1]
+        rows = (slots[:, None] * k + torch.arange(k, device=slots.device)).view(-1)
+        fresh = torch.full((k,), NEG_INF, device=slots.device)
+        fresh[0] = 0.0
+        self.tokens.index_fill_(0, rows, 0)
+        self.token_scores.index_fill_(0, rows, 0.0)
+        self.scores.index_copy_(0, slots, fresh.expand(slots.shape[0], k))
+        self.max_len.index_copy_(0, rows, per_beam(max_len, k))
+        self.prev.index_fill_(0, rows, BOS)
+        self.rows.index_copy_(0, rows, rows)
+        self.done.index_fill_(0, slots, False)
+        self.fin.tokens.index_fill_(0, slots, PAD)
+        self.fin.step_scores.index_fill_(0, slots, 0.0)
+        self.fin.lengths.index_fill_(0, slots, 1)
+        self.fin.scores.index_fill_(0, slots, NEG_INF)
+        self.fin.count.index_fill_(0, slots, 0)
+
+    def stop(self, slots: Tensor) -> None:
+        """Stop searching the sentences in the slots `slots` [A] (no longer wanted): done, their beams masked."""
+        self.done.index_fill_(0, slots, True)
+        self.scores.index_fill_(0, slots, NEG_INF)
+
     def flush(self, fin: Finished) -> None:
         """Copy the slots' finished hypotheses into the call's `fin` (indexed by the call's sentences)."""
         for f in fields(fin):
@@ -128,7 +155,7 @@ def search_step(model: Any, cache: Any, state: SlotState, window: int) -> None:
     cache's position t (reading `window` positions), then the candidates, the finished and the surviving
     hypotheses, `done` and `n_live`. model: a SlotModel (search/graphs.py)."""
     first = cache.members[0] if hasattr(cache, "members") else cache  # an ensemble's members step alike
-    step = first.step.clone()  # [1] t: the position this step writes
+    step = first.step.clone()  # [N] each row's position, the one this step writes
     log_probs = model.decode_slots(state.prev, state.rows, cache, window)  # [N, V]
     constrain(log_probs, step, state)
     b, k = state.scores.shape
@@ -140,6 +167,7 @@ def search_step(model: Any, cache: Any, state: SlotState, window: int) -> None:
     torch.ge(state.fin.count, k, out=state.done)
     torch.sum(state.done.logical_not(), 0, keepdim=True, out=state.n_live)
     state.scores.masked_fill_(state.done[:, None], NEG_INF)  # a finished sentence's rows stay, masked
+    cache.park(per_beam(state.done, k))  # at position 0, never past the buffers
 
 
 def constrain(log_probs: Tensor, step: Tensor, state: SlotState) -> None:
@@ -168,7 +196,7 @@ def finish(state: SlotState, scores: Tensor, beams: Tensor, tokens: Tensor, log_
     dest = torch.where(write, slot, k)  # [B, K]
     sent = torch.arange(b, device=beams.device)[:, None].expand(b, k)
     src = sent * k + beams[:, :k]  # [B, K] the candidates' rows
-    at = step.expand(b, k)
+    at = step.view(b, k)
     fin.tokens[sent, dest] = state.tokens[src]  # the whole row: past the step, what collect() never reads
     fin.tokens[sent, dest, at] = dest.new_full((), EOS)
     fin.step_scores[sent, dest] = state.token_scores[src]
@@ -188,9 +216,9 @@ def survive(state: SlotState, scores: Tensor, beams: Tensor, tokens: Tensor, log
     rows = (torch.arange(b, device=beams.device)[:, None] * k + beams.gather(1, pick)).view(-1)  # [N]
     token_scores = log_probs[rows, new_token]  # [N]
     state.tokens.copy_(state.tokens.index_select(0, rows))
-    state.tokens.index_copy_(1, step, new_token[:, None])
+    state.tokens.scatter_(1, step[:, None], new_token[:, None])
     state.token_scores.copy_(state.token_scores.index_select(0, rows))
-    state.token_scores.index_copy_(1, step, token_scores[:, None])
+    state.token_scores.scatter_(1, step[:, None], token_scores[:, None])
     state.scores.copy_(alive)
     state.rows.copy_(rows)
     state.prev.copy_(new_token)

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch import Tensor
 
 from nmt_cli.checkpoint import SavedModel, read_saved_model
 from nmt_cli.config import InferenceConfig, SearchConfig, ensemble_weights
@@ -31,7 +32,9 @@ from nmt_cli.search.constraint import ConstraintSource, all_of
 from nmt_cli.search.ensemble import Ensemble, check_members, ensemble_bounds, member_paths, member_weights
 from nmt_cli.search.greedy import greedy_steps
 from nmt_cli.search.hypothesis import Hypothesis
+from nmt_cli.search.in_flight import InFlight, in_flight_steps
 from nmt_cli.search.ngram import no_repeat_ngrams
+from nmt_cli.search.searchable import SearchEncoderOut
 from nmt_cli.search.settings import SearchBounds, generation_precision, search_bounds, search_settings
 from nmt_cli.search.slots import SlotSearch, applies, slot_steps
 from nmt_cli.steps import R, Steps, to_the_end
@@ -174,10 +177,12 @@ def batch_steps(
     ids: np.ndarray | None = None,
     still_wanted: StillWanted | None = None,
     on_done: OnDone | None = None,
+    in_flight: InFlight | None = None,
 ) -> Steps[list[list[Hypothesis]]]:
     """Search one batch, one decoder step per resumption (the encoder a layer per resumption before them). The
     caller runs each resumption in `search_context`: serve's worker interleaves the steps of two batches on one
-    thread, and a context held open across a pause would leak into the other's."""
+    thread, and a context held open across a pause would leak into the other's. `in_flight`: a search over fixed
+    slots admits more sentences between its steps (search/in_flight.py); their results follow the batch's."""
     n, n_pieces = len(sources), translator.vocab.n_pieces
     src = pad_sources([np.asarray(s, dtype=np.int64) for s in sources]).to(translator.device)
     lengths = [len(s) for s in sources]
@@ -204,14 +209,49 @@ def batch_steps(
             return [[h[0] for h in hyps[i * cfg.nbest : (i + 1) * cfg.nbest]] for i in range(n)]
         return (yield from greedy_steps(translator.model, enc, src_lens, cfg, generator, n_pieces, **rules))
     if translator.slots is not None and applies(cfg, constraints is not None):
-        slots = partial(slot_steps, graphs=translator.slots.graphs, still_wanted=still_wanted, on_done=on_done)
-        return (yield from slots(translator.model, enc, src_lens, cfg, n_pieces))
+        graphs, model = translator.slots.graphs, translator.model
+        if in_flight is not None:
+            encode = partial(encode_now, translator)
+            return (
+                yield from in_flight_steps(
+                    model,
+                    enc,
+                    src_lens,
+                    cfg,
+                    n_pieces,
+                    encode,
+                    in_flight,
+                    graphs=graphs,
+                    still_wanted=still_wanted,
+                    on_done=on_done,
+                )
+            )
+        return (
+            yield from slot_steps(
+                model, enc, src_lens, cfg, n_pieces, graphs=graphs, still_wanted=still_wanted, on_done=on_done
+            )
+        )
     return (yield from beam_steps(translator.model, enc, src_lens, cfg, n_pieces, **rules, on_done=on_done))
 
 
-def tell_source(on_done: OnDone, ids: np.ndarray, i: int, hyps: list[Hypothesis]) -> None:
-    """`on_done` of a batch of the sources `ids`: its sentence i is the source ids[i]."""
-    on_done(int(ids[i]), hyps)
+def encode_now(translator: Translator, sources: Sequence[np.ndarray]) -> tuple[SearchEncoderOut, Tensor]:
+    """The encoder's output of `sources` in one go, padded as batch_steps pads (search/in_flight.py's Encode)."""
+    src = pad_sources([np.asarray(s, dtype=np.int64) for s in sources]).to(translator.device)
+    lengths = [len(s) for s in sources]
+    no_padding = translator.device.type == "cuda" and min(lengths) == max(lengths)
+    return translator.model.encode(src, None if no_padding else src.eq(PAD)), torch.tensor(lengths)
+
+
+def tell_source(on_done: OnDone, ids: np.ndarray, n_sources: int, i: int, hyps: list[Hypothesis]) -> None:
+    """`on_done` of a batch of the sources `ids` of a call of n_sources: its sentence i is the source ids[i], or,
+    past them, a sentence admitted in flight (`in_call`)."""
+    on_done(in_call(ids, n_sources, i), hyps)
+
+
+def in_call(ids: np.ndarray, n_sources: int, i: int) -> int:
+    """The call's index of a batch's sentence i: ids[i]; a sentence admitted in flight (i >= len(ids), into the
+    call's only batch) follows the call's n_sources sources, in the order admitted."""
+    return int(ids[i]) if i < len(ids) else n_sources + i - len(ids)
 
 
 def repeated(still_wanted: StillWanted, n: int) -> StillWanted:
@@ -219,9 +259,16 @@ def repeated(still_wanted: StillWanted, n: int) -> StillWanted:
     return lambda: [w for w in still_wanted() for _ in range(n)]
 
 
-def subset(still_wanted: StillWanted, ids: np.ndarray) -> StillWanted:
-    """`still_wanted` of a batch of the sentences `ids` (indices into the sentences `still_wanted` answers for)."""
-    return lambda: [bool(w) for w in np.asarray(still_wanted(), dtype=bool)[ids]]
+def subset(still_wanted: StillWanted, ids: np.ndarray, n_sources: int | None = None) -> StillWanted:
+    """`still_wanted` of a batch of the sentences `ids` (indices into the sentences `still_wanted` answers for);
+    with n_sources (a call's only batch, in flight), the answers past the call's sources follow (those admitted)."""
+
+    def wanted() -> list[bool]:
+        answers = np.asarray(still_wanted(), dtype=bool)
+        admitted = [] if n_sources is None else answers[n_sources:].tolist()
+        return [*answers[ids].tolist(), *admitted]
+
+    return wanted
 
 
 def sampling_generator(cfg: SearchConfig, device: torch.device) -> torch.Generator | None:
@@ -239,6 +286,7 @@ def translate_steps(
     constraints: ConstraintSource | None = None,
     still_wanted: StillWanted | None = None,
     on_done: OnDone | None = None,
+    in_flight: InFlight | None = None,
 ) -> Steps[list[list[Hypothesis]]]:
     """Translate token-id sequences (no EOS), one decoder step per resumption (serve's worker hands it one batch
     and interleaves it with another); results come back in input order. `constraints`: the rules of a
@@ -248,7 +296,9 @@ def translate_steps(
     step (search/beam.py's StillWanted); a sentence no longer wanted leaves its batch at the next step, a batch of
     none wanted is not searched, and their results (empty or partial) are to be discarded. `on_done`: told a
     source's index and results as soon as its beam search finishes it (search/beam.py's OnDone), before its batch
-    ends; the results returned hold every source's, told or not.
+    ends; the results returned hold every source's, told or not. `in_flight` (serve's --in-flight): where the
+    sources make one batch searched over fixed slots, it admits more sentences between steps (search/in_flight.py),
+    numbered after the sources, and the results returned (and `still_wanted`'s answers) hold theirs after them.
 
     Empty sources get an empty hypothesis without running the model; sources longer than the
     model's positions are cut (with a warning). Sampling draws from `generator`, else from one seeded
@@ -277,16 +327,20 @@ def translate_steps(
         )
     budget = max(max_tokens, int(lengths.max(initial=0)) + 1)  # every sentence fits: none is skipped
     batches, _ = batch_by_tokens(lengths[nonempty], lengths[nonempty], budget, None, batch_size)
+    in_flight = in_flight if len(batches) == 1 else None
+    n_sources = None if in_flight is None else len(sources)
     for batch in batches:
         ids = nonempty[batch]
-        wanted = None if still_wanted is None else subset(still_wanted, ids)
+        wanted = None if still_wanted is None else subset(still_wanted, ids, n_sources)
         if wanted is not None and not any(wanted()):
             continue
-        told = None if on_done is None else partial(tell_source, on_done, ids)
-        steps = batch_steps(translator, [sources[i] for i in ids], cfg, generator, constraints, ids, wanted, told)
+        told = None if on_done is None else partial(tell_source, on_done, ids, len(sources))
+        batch_sources = [sources[i] for i in ids]
+        steps = batch_steps(translator, batch_sources, cfg, generator, constraints, ids, wanted, told, in_flight)
         hyps_of = yield from each_step_in(lambda: search_context(translator), steps)
         for i, hyps in zip(ids, hyps_of):
             results[i] = hyps
+        results += hyps_of[len(ids) :]  # those admitted in flight
     return results
 
 

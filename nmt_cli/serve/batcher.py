@@ -26,6 +26,10 @@ step (the whole batch when none is wanted), so that the others' latency does not
 new requests, finishes the queued ones, and returns. Before its first batch the worker runs `warm_up` (one
 sentence through the model), then sets `ready`; either way it sets `warmed`, with `warm_up_error` holding what
 the warm-up raised (`nmt serve` refuses to start on it).
+
+With `in_flight` (`nmt serve --in-flight`) a running batch's search may also take queued sentences of its key into
+the slots its finished ones left, between two steps (`Admission`, search/in_flight.py): they join the batch, are
+answered as they finish, and count their steps from the step they joined at.
 """
 
 from __future__ import annotations
@@ -39,21 +43,21 @@ from collections import deque
 from collections.abc import Callable, Generator, Hashable, Sequence
 from concurrent.futures import Future
 from contextlib import AbstractContextManager, nullcontext
-from functools import partial
 from typing import Any
 
 import numpy as np
 
 from nmt_cli.data.batching import batch_by_tokens
 from nmt_cli.errors import NmtError
-from nmt_cli.serve.queued import Answer, Job, Queued, Running, jobs_of, settle, still_waiting
+from nmt_cli.serve.queued import Admission, Job, Queued, Running, jobs_of, settle, still_waiting
 
 logger = logging.getLogger(__name__)
 
-# (key, items, still_wanted, answer) -> a search that runs one step per resumption and returns one result per item,
-# in order; still_wanted() says, per item, whether its request is still waiting (the search asks it once a step and
-# drops the others: their results are not used); `answer` may be given some results early
-RunBatch = Callable[[Hashable, list[Any], Callable[[], list[bool]], Answer], Generator[None, None, list[Any]]]
+# (key, items, still_wanted, answer[, admission]) -> a search that runs one step per resumption and returns one result
+# per item, in order; still_wanted() says, per item, whether its request is still waiting (the search asks it once a
+# step and drops the others: their results are not used); `answer` may be given some results early; with in_flight,
+# `admission` (keyword) lets it take more items, which follow the batch's in the order taken
+RunBatch = Callable[..., Generator[None, None, list[Any]]]
 # (key, source pieces) -> the most decoder steps a sentence may take (its longest output and EOS, known before the
 # search: a * |x| + b within the model's positions); None: unknown
 StepsBound = Callable[[Hashable, int], int]
@@ -99,8 +103,10 @@ class Batcher:
         on_batch: OnBatch | None = None,
         warm_up: Callable[[], Any] | None = None,
         steps_bound: StepsBound | None = None,
+        in_flight: bool = False,
     ) -> None:
         self.run, self.max_tokens, self.max_wait, self.max_queue = run, max_tokens, max_wait, max_queue
+        self.in_flight = in_flight
         self.steps_bound = steps_bound
         self.worker_context, self.on_batch, self.warm_up = worker_context, on_batch, warm_up
         self.ready = threading.Event()  # set once the worker has warmed up (GET /ready)
@@ -293,12 +299,41 @@ class Batcher:
 
     def _start(self, batch: list[Queued]) -> Running:
         """The batch's search, not yet started (its first step encodes)."""
-        futures = [q.job.future for q in batch]
         items = [q.job.items[q.index] for q in batch]
-        wanted = partial(still_waiting, futures)
-        # the search calls `answer` from its steps, which start after `running` is assigned
-        running = Running(batch, self.run(batch[0].job.key, items, wanted, lambda i, r: self._early(running, i, r)))
+        # the search calls these from its steps, which start after `running` is assigned; the batch may grow
+        running: Running
+
+        def wanted() -> list[bool]:
+            return still_waiting([q.job.future for q in running.batch])
+
+        def take(n: int, fits: Callable[[Any], bool]) -> list[Any]:
+            return self._admit(running, n, fits)
+
+        def early(i: int, result: Any) -> None:
+            self._early(running, i, result)
+
+        admission = {"admission": Admission(take, self._expected)} if self.in_flight else {}
+        running = Running(batch, self.run(batch[0].job.key, items, wanted, early, **admission))
         return running
+
+    def _admit(self, running: Running, free: int, fits: Callable[[Any], bool]) -> list[Any]:
+        """Admission.take of a running batch: the oldest queued sentences of its key, at most `free`, that are not
+        empty and `fits`; they join the batch, from its current step."""
+        key = running.batch[0].job.key
+        with self._cond:
+            self._drop_cancelled()
+            taken: list[Queued] = []
+            for q in self._queue:
+                if len(taken) == free:
+                    break
+                if q.job.key == key and q.length > 0 and fits(q.job.items[q.index]):
+                    taken.append(q)
+            chosen = set(map(id, taken))
+            self._queue = [q for q in self._queue if id(q) not in chosen]
+        for q in taken:
+            q.start_step = running.steps
+        running.batch.extend(taken)
+        return [q.job.items[q.index] for q in taken]
 
     def _early(self, running: Running, i: int, result: Any) -> None:
         """Sentence i's result before its batch ends (`Answer`); from the first request it answers, the batch

@@ -1,10 +1,14 @@
-"""A request body read as JSON (strict UTF-8, JSON's own numbers, bounded nesting), and RequestError: what the
-server answers a request it refuses with (app.py turns it into a JSON error)."""
+"""A request body read as JSON (strict UTF-8, JSON's own numbers, bounded nesting), RequestError: what the
+server answers a request it refuses with (app.py turns it into a JSON error), and the body's fields that give one
+value per text (`constraints`, `prefix`)."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
+
+from nmt_cli.errors import DataError
 
 MAX_INT_DIGITS = 4300  # Python's default limit on converting a string to an int
 
@@ -54,3 +58,39 @@ def json_kind(value: Any) -> str:
         return "true or false"
     kinds = {str: "a string", int: "a number", float: "a number", list: "an array", dict: "an object"}
     return kinds.get(type(value), type(value).__name__)
+
+
+def request_constraints(payload: dict[str, Any], n_texts: int) -> list[list[str]] | None:
+    """A /translate body's `constraints`, one list of target phrases per text (None without the field)."""
+    return per_text(payload, "constraints", n_texts, ("a list of strings", "lists of strings"), is_phrase_list)
+
+
+def request_prefixes(payload: dict[str, Any], n_texts: int) -> list[str] | None:
+    """A /translate body's `prefix`, one string per text ("" for none; None without the field)."""
+    return per_text(payload, "prefix", n_texts, ("a string", "strings"), lambda value: isinstance(value, str))
+
+
+def per_text(
+    payload: dict[str, Any], name: str, n_texts: int, kind: tuple[str, str], fits: Callable[[Any], bool]
+) -> list[Any] | None:
+    """A body's field that gives one value per text: the value beside "text", a list of `n_texts` values beside
+    "texts" (None without the field); each value must `fit` (`kind`: what it is, one and several). DataError
+    names the field."""
+    if name not in payload:
+        return None
+    value = payload[name]
+    if "text" in payload:
+        if not fits(value):
+            raise DataError(f"'{name}' must be {kind[0]} beside 'text', not {json_kind(value)}")
+        return [value]
+    if not isinstance(value, list) or len(value) != n_texts:
+        raise DataError(f"'{name}' must be a list of {n_texts} {kind[1]} beside 'texts', one per text")
+    for i, one in enumerate(value):
+        if not fits(one):
+            raise DataError(f"'{name}'[{i}] must be {kind[0]}, not {json_kind(one)}")
+    return value
+
+
+def is_phrase_list(value: Any) -> bool:
+    """A text's constraints: a list of strings."""
+    return isinstance(value, list) and all(isinstance(phrase, str) for phrase in value)

@@ -33,6 +33,7 @@ class Queued:
     length: int  # source pieces, for the token budget; 0: an empty sentence (no search)
     bound: float = math.inf  # the most steps its search may take (StepsBound; inf: unknown)
     answered: bool = False
+    start_step: int = 0  # the step of its batch it started at (0, or the step an in-flight batch admitted it)
 
     def answer(self, result: Any) -> None:
         """Record this sentence's result (once: an early answer is not given again at the batch's end); the request
@@ -59,7 +60,33 @@ class Running:
     @property
     def left(self) -> float:
         """The most steps it may still take (inf: unknown)."""
-        return max((q.bound for q in self.batch), default=0) - self.steps
+        return max((q.bound + q.start_step for q in self.batch), default=0) - self.steps
+
+
+@dataclass
+class Admission:
+    """What an in-flight batch's search may ask of the queue between two steps: `take(free, fits)` removes and
+    returns the items of at most `free` queued sentences of the batch's key for which `fits(item)` holds (they join
+    the batch, answered as its own); `capacity`: the sentences the batcher expects to search at once."""
+
+    take: Callable[[int, Callable[[Any], bool]], list[Any]]
+    capacity: int
+
+
+def admitting(admission: Admission, sentences: list[Any]) -> Callable[[int, int], list[Any]]:
+    """search/in_flight.py's InFlight.admit over serve's queue: (free slots, longest source) -> the token ids of the
+    sentences taken, those of no rule of their own (prefix, constraints, alignment) and 1 to `longest` pieces;
+    they are appended to `sentences` (serve's Sentence records of the batch), whose results follow its own."""
+
+    def admit(free: int, longest: int) -> list[Any]:
+        def fits(s: Any) -> bool:
+            return s.prefix is None and not s.phrases and s.alignment is None and 0 < len(s.ids) <= longest
+
+        taken = admission.take(free, fits)
+        sentences.extend(taken)
+        return [s.ids for s in taken]
+
+    return admit
 
 
 def jobs_of(batch: list[Queued]) -> list[Job]:

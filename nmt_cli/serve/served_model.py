@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import typing
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, fields, replace
 from functools import partial
@@ -31,12 +31,12 @@ from nmt_cli.search.beam import StillWanted
 from nmt_cli.search.constraint import all_of
 from nmt_cli.search.forced import add_alignments, alignment_layer
 from nmt_cli.search.hypothesis import Hypothesis, hypothesis_record
+from nmt_cli.search.in_flight import InFlight
 from nmt_cli.search.lexical import LexicalConstraints, check_search, checked_phrases
 from nmt_cli.search.prefix import checked_prefixes, prefix_source
 from nmt_cli.search.settings import search_settings
 from nmt_cli.search.slots import slot_search_for
 from nmt_cli.search.translate import Inference, Translator, open_for_inference, sampling_generator, translate_steps
-from nmt_cli.serve.body import json_kind
 from nmt_cli.serve.caps import (
     Caps,
     check_outputs,
@@ -46,7 +46,7 @@ from nmt_cli.serve.caps import (
     longest_output,
     request_terms,
 )
-from nmt_cli.serve.queued import Answer
+from nmt_cli.serve.queued import Admission, Answer, admitting
 from nmt_cli.steps import Steps, run_to_end
 
 logger = logging.getLogger(__name__)
@@ -97,8 +97,9 @@ class ServedModel:
         # Answer a sentence as its beam search finishes it, on a GPU: the event loop answers and reads the clients
         # on host cores the search leaves free. On the CPU the search's threads take every core, and the clients
         # handled beside its steps slowed it more than their early return gained (benchmarks/record/serve.md).
-        self.answers_early = self.device.type == "cuda"
         self.slots = slot_search_for(cfg.fixed_slots, cfg.cuda_graphs, self.device)  # as generate's --fixed-slots
+        self.in_flight = cfg.in_flight and self.slots is not None  # answered as they finish, on any device
+        self.answers_early = self.device.type == "cuda" or self.in_flight
         self.info = self._info(saved, cfg)
 
     def _info(self, saved: SavedModel, cfg: ServeConfig) -> dict[str, Any]:
@@ -254,11 +255,13 @@ class ServedModel:
         sentences: list[Sentence],
         still_wanted: StillWanted | None = None,
         answer: Answer | None = None,
+        admission: Admission | None = None,
     ) -> Steps[list[dict[str, Any] | None]]:
         """Search one batch (the worker thread resumes it) one decoder step per resumption (a parser's batch in
         one); returns one JSON-ready result per sentence. `still_wanted` (per sentence, asked once a step): those
         no longer wanted stop at the next step, and get None. `answer` is given a sentence's result as soon as the
-        beam search finishes it (`answers_early`), where no sentence asks for an alignment (computed per batch)."""
+        beam search finishes it (`answers_early`), where no sentence asks for an alignment (computed per batch).
+        `admission` (--in-flight): more sentences may join the batch between its steps (`sentences` grows)."""
         translator = self.translator
         generator = sampling_generator(search, self.device)
         if self.parser is not None:
@@ -275,8 +278,9 @@ class ServedModel:
                 if answer is not None and self.answers_early and not any(s.alignment for s in sentences)
                 else None
             )
+            in_flight = None if admission is None else InFlight(admitting(admission, sentences), admission.capacity)
             results = yield from translate_steps(
-                translator, ids, search, self.max_tokens, 0, generator, rules, still_wanted, early
+                translator, ids, search, self.max_tokens, 0, generator, rules, still_wanted, early, in_flight
             )
             self.align(sentences, results)
             answers = [self.translation(hyps, search.nbest) for hyps in results]
@@ -311,42 +315,6 @@ class ServedModel:
         records = [hypothesis_record(h, self.vocab) for h in hyps]
         best: dict[str, Any] = {key: records[0][key] for key in ("text", "score", "alignment") if key in records[0]}
         return {**best, "nbest": records} if nbest > 1 else best
-
-
-def request_constraints(payload: dict[str, Any], n_texts: int) -> list[list[str]] | None:
-    """A /translate body's `constraints`, one list of target phrases per text (None without the field)."""
-    return per_text(payload, "constraints", n_texts, ("a list of strings", "lists of strings"), is_phrase_list)
-
-
-def request_prefixes(payload: dict[str, Any], n_texts: int) -> list[str] | None:
-    """A /translate body's `prefix`, one string per text ("" for none; None without the field)."""
-    return per_text(payload, "prefix", n_texts, ("a string", "strings"), lambda value: isinstance(value, str))
-
-
-def per_text(
-    payload: dict[str, Any], name: str, n_texts: int, kind: tuple[str, str], fits: Callable[[Any], bool]
-) -> list[Any] | None:
-    """A body's field that gives one value per text: the value beside "text", a list of `n_texts` values beside
-    "texts" (None without the field); each value must `fit` (`kind`: what it is, one and several). DataError
-    names the field."""
-    if name not in payload:
-        return None
-    value = payload[name]
-    if "text" in payload:
-        if not fits(value):
-            raise DataError(f"'{name}' must be {kind[0]} beside 'text', not {json_kind(value)}")
-        return [value]
-    if not isinstance(value, list) or len(value) != n_texts:
-        raise DataError(f"'{name}' must be a list of {n_texts} {kind[1]} beside 'texts', one per text")
-    for i, one in enumerate(value):
-        if not fits(one):
-            raise DataError(f"'{name}'[{i}] must be {kind[0]}, not {json_kind(one)}")
-    return value
-
-
-def is_phrase_list(value: Any) -> bool:
-    """A text's constraints: a list of strings."""
-    return isinstance(value, list) and all(isinstance(phrase, str) for phrase in value)
 
 
 def search_field_value(name: str, value: Any) -> Any:
