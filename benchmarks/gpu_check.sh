@@ -35,7 +35,8 @@
 #   6. serve      benchmarks/bench_serve.py on the recipe's checkpoint (or SERVE_CHECKPOINT's, a model trained
 #                 elsewhere, to compare with its CPU figures): `nmt serve` on the GPU under 32
 #                 clients and one, next to `nmt generate`; again (serve-slots) with --fixed-slots, the server
-#                 and generate both; then benchmarks/profile_serve.py, where a served sentence's time goes
+#                 and generate both; again (serve-inflight) with --in-flight, sentences admitted into running
+#                 batches; then benchmarks/profile_serve.py, where a served sentence's time goes
 #   7. decoding   benchmarks/bench_decoding.py on the recipe's checkpoint: each decoding feature's time against
 #                 plain beam 4, and score-pairs' sentences/s against the search's (issue 49: >= 10x); in bench.log
 #   8. compile    --compile's warm-up for transformer_base (8 updates), if time is left before DEADLINE
@@ -117,6 +118,9 @@ serve_step() {
         # shellcheck disable=SC2086
         step serve-slots "$limit" env NMT_BENCH_DIR="$WORK/bench" "$PYTHON" benchmarks/bench_serve.py \
             --path "$checkpoint" --fixed-slots $bench_args "$@"
+        # shellcheck disable=SC2086
+        step serve-inflight "$limit" env NMT_BENCH_DIR="$WORK/bench" "$PYTHON" benchmarks/bench_serve.py \
+            --path "$checkpoint" --in-flight $bench_args "$@"
         # shellcheck disable=SC2086
         step serve-profile 90 "$PYTHON" benchmarks/profile_serve.py --path "$checkpoint" $profile_args "$@"
     fi

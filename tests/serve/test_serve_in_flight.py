@@ -6,6 +6,7 @@ what generate gives them; sentences of their own rules (a prefix, constraints, a
 import threading
 
 import pytest
+import torch
 from click.testing import CliRunner
 
 import nmt_cli.search.in_flight as in_flight_module
@@ -33,15 +34,34 @@ def admitted(monkeypatch):
     return seen
 
 
-def test_queued_sentences_join_a_running_batch(trained_copy_checkpoint, admitted):
+CUDA = pytest.param(
+    "cuda",
+    marks=[pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")],
+)
+
+
+@pytest.fixture
+def exact_fp32():
+    """CUDA's matmuls in exact fp32 (no TF32) for the comparison, the captures included."""
+    allowed = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    yield
+    torch.backends.cuda.matmul.allow_tf32 = allowed
+
+
+@pytest.mark.parametrize("device", ["cpu", CUDA])
+def test_queued_sentences_join_a_running_batch(trained_copy_checkpoint, admitted, device, exact_fp32):
     """Models.run with an Admission that hands over two sentences once the batch has stepped a few times: they are
     searched in the freed slots, told early, and returned after the batch's own, each as it is searched alone; a
-    sentence with a prefix is never offered the slots."""
-    cfg = ServeConfig(path=str(trained_copy_checkpoint), device="cpu", threads=1, fixed_slots=True, in_flight=True)
+    sentence with a prefix is never offered the slots. On CUDA (fp32) the steps are CUDA graphs."""
+    cfg = ServeConfig(
+        path=str(trained_copy_checkpoint), device=device, precision="fp32", threads=1, fixed_slots=True, in_flight=True
+    )
     models = Models.open(cfg, {"beam": 3})
     served = models.default.served
     served.warm_up()
     assert served.in_flight and served.answers_early
+    assert served.info["cuda_graphs"] is (device == "cuda")
     key = key_of(models.default, served.search)
     queue = served.prepare(["7 7", "2 4 6 8"])
     queue.insert(0, served.with_prefixes(served.prepare(["5 0 5"]), ["5"], served.search)[0])
