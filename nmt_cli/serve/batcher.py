@@ -210,7 +210,8 @@ class Batcher:
         past LONG_BATCH times the usual steps (the median of the batches that ended last). A batch of the usual
         length finishes first, and the sentences that arrived meanwhile wait for its end and batch together, as
         they would with one slot (starting them beside it splits every later batch in two); a long one (the
-        largest output the caps allow) is passed."""
+        largest output the caps allow) is passed. In flight, a sentence a running batch would take into a free slot
+        (`_takes`) starts nothing: that batch takes it at its next step."""
         if not running:
             return True
         if len(running) >= MAX_RUNNING:
@@ -218,6 +219,9 @@ class Batcher:
         with self._cond:
             self._drop_cancelled()
             next_bound = self._queue[0].bound if self._queue else math.inf
+            if self._queue and any(self._takes(r, self._queue[0]) for r in running):
+                return False  # an in-flight batch takes it at its next step
+
         if math.isfinite(next_bound) and PASS_FACTOR * next_bound <= min(r.left for r in running):  # far longer
             return True
         if not self._recent_steps:  # no batch has ended yet: nothing is usual
@@ -316,6 +320,14 @@ class Batcher:
         running = Running(batch, self.run(batch[0].job.key, items, wanted, early, **admission))
         return running
 
+    @staticmethod
+    def _takes(running: Running, q: Queued) -> bool:
+        """Whether an in-flight batch would take the queued sentence q at its next step: of its key, a free slot
+        left, and one its search said it takes."""
+        fits = running.fits
+        same = running.batch[0].job.key == q.job.key
+        return same and running.free > 0 and fits is not None and q.length > 0 and fits(q.job.items[q.index])
+
     def _admit(self, running: Running, free: int, fits: Callable[[Any], bool]) -> list[Any]:
         """Admission.take of a running batch: the oldest queued sentences of its key, at most `free`, that are not
         empty and `fits`; they join the batch, from its current step."""
@@ -333,6 +345,7 @@ class Batcher:
         for q in taken:
             q.start_step = running.steps
         running.batch.extend(taken)
+        running.free, running.fits = free - len(taken), fits
         return [q.job.items[q.index] for q in taken]
 
     def _early(self, running: Running, i: int, result: Any) -> None:

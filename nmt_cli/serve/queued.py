@@ -56,6 +56,8 @@ class Running:
     steps: int = 0
     seconds: float = 0.0
     arrived_at_early: int | None = None  # the batcher's sentences arrived when this batch first answered a request
+    free: int = 0  # in flight: the slots its search left free when it last took sentences (Admission.take)
+    fits: Callable[[Any], bool] | None = None  # in flight: which items its search takes, as it last said
 
     @property
     def left(self) -> float:

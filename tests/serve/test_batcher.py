@@ -491,3 +491,47 @@ def test_clients_answered_early_are_expected_back_until_they_are():
     submit(back, "cfg", ["b"]), submit(back, "cfg", ["c"])  # the two come back before the batch ends
     back._ended(running)
     assert back._expected == 3  # the one answered at the end, and the two queued
+
+
+class InFlightRecorder(Recorder):
+    """An in-flight search (search/in_flight.py's contract): `slots` slots; each step every sentence in a slot
+    advances, one of `steps` steps finishes it (answered at once) and frees its slot; between steps it takes queued
+    sentences (Admission.take) of at most `longest` characters into its free slots. Records what it admitted."""
+
+    def __init__(self, slots, steps, longest):
+        super().__init__()
+        self.slots, self.n_steps, self.longest, self.admitted = slots, steps, longest, []
+
+    def __call__(self, key, items, still_wanted=None, answer=None, admission=None):
+        self.batches.append((key, list(items)))
+        items, left = list(items), {i: self.n_steps for i in range(len(items))}
+        while left:
+            yield
+            free = self.slots - len(left)
+            if free:  # at the start of a resumption: what queued since the last one was first seen by the worker
+                for item in admission.take(free, lambda item: len(item) <= self.longest):
+                    self.admitted.append(item)
+                    left[len(items)] = self.n_steps
+                    items.append(item)
+            time.sleep(0.02)
+            for i in list(left):
+                left[i] -= 1
+                if left[i] == 0:
+                    del left[i]
+                    answer(i, f"{key}:{items[i]}")
+        return [f"{key}:{item}" for item in items]
+
+
+def test_in_flight_a_running_batch_takes_what_fits_and_the_rest_starts_beside():
+    run = InFlightRecorder(slots=4, steps=5, longest=3)
+    batcher = Batcher(run, max_tokens=1000, max_wait=0.0, max_queue=100, in_flight=True)
+    first = submit(batcher, "k", ["aa"])
+    batcher.start()
+    time.sleep(0.05)  # the first batch runs
+    later = [submit(batcher, "k", [text]) for text in ("bb", "ccc", "dddddd", "e")]
+    results = [f.result(timeout=10) for f in (first, *later)]
+    batcher.stop(timeout=10)
+    assert results == [["k:aa"], ["k:bb"], ["k:ccc"], ["k:dddddd"], ["k:e"]]
+    assert {"bb", "ccc", "e"} <= set(run.admitted)  # taken into the running batch's free slots
+    assert "dddddd" not in run.admitted  # too long for it: a batch of its own
+    assert [items for _, items in run.batches][-1] == ["dddddd"]
