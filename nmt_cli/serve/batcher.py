@@ -121,6 +121,7 @@ class Batcher:
         self._recent_steps: deque[int] = deque(maxlen=RECENT)  # the steps of the batches that ended last
         self._recent_seconds: deque[float] = deque(maxlen=RECENT)  # and their own search seconds
         self._cond = threading.Condition()
+        self._running: list[Running] = []  # the batches being searched (the worker's)
         self._stopping = False
         self._thread = threading.Thread(target=self._work, name="nmt-serve-worker", daemon=True)
 
@@ -193,7 +194,7 @@ class Batcher:
     def _work(self) -> None:
         with self.worker_context():
             self._warm()
-            running: list[Running] = []
+            running = self._running
             while True:
                 if self._may_start(running) and (batch := self._next_batch(wait=not running)) is not None:
                     running.append(self._start(batch))
@@ -321,20 +322,34 @@ class Batcher:
         return running
 
     @staticmethod
-    def _takes(running: Running, q: Queued) -> bool:
+    def _takes(running: Running, q: Queued, free_slot: bool = True) -> bool:
         """Whether an in-flight batch would take the queued sentence q at its next step: of its key, a free slot
-        left, and one its search said it takes."""
+        left (unless not `free_slot`: once one is), and one its search said it takes."""
         fits = running.fits
         same = running.batch[0].job.key == q.job.key
-        return same and running.free > 0 and fits is not None and q.length > 0 and fits(q.job.items[q.index])
+        room = running.free > 0 or not free_slot
+        return same and room and fits is not None and q.length > 0 and fits(q.job.items[q.index])
+
+    def _stranded(self) -> bool:
+        """Whether the oldest queued sentence can start nowhere while the running batches go on: as many run as
+        may, and none of them would take it even once a slot is free. In-flight batches then take no more, so
+        that one ends and it starts (under steady load they would run forever); the caller holds the lock."""
+        if not self._queue or len(self._running) < MAX_RUNNING:
+            return False
+        return not any(self._takes(r, self._queue[0], free_slot=False) for r in self._running)
 
     def _admit(self, running: Running, free: int, fits: Callable[[Any], bool]) -> list[Any]:
         """Admission.take of a running batch: the oldest queued sentences of its key, at most `free`, that are not
-        empty and `fits`; they join the batch, from its current step."""
+        empty and `fits`; they join the batch, from its current step. None while a queued sentence is stranded
+        (`_stranded`)."""
         key = running.batch[0].job.key
+        running.fits = fits
         with self._cond:
             self._drop_cancelled()
             taken: list[Queued] = []
+            if self._stranded():
+                running.free = free
+                return []
             for q in self._queue:
                 if len(taken) == free:
                     break
@@ -345,7 +360,7 @@ class Batcher:
         for q in taken:
             q.start_step = running.steps
         running.batch.extend(taken)
-        running.free, running.fits = free - len(taken), fits
+        running.free = free - len(taken)
         return [q.job.items[q.index] for q in taken]
 
     def _early(self, running: Running, i: int, result: Any) -> None:

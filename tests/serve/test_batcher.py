@@ -494,7 +494,7 @@ def test_clients_answered_early_are_expected_back_until_they_are():
 
 
 class InFlightRecorder(Recorder):
-    """An in-flight search (search/in_flight.py's contract): `slots` slots; each step every sentence in a slot
+    """An in-flight search (search/in_flight.py's contract): `slots` slots (or its first sentences'); each step every sentence in a slot
     advances, one of `steps` steps finishes it (answered at once) and frees its slot; between steps it takes queued
     sentences (Admission.take) of at most `longest` characters into its free slots. Records what it admitted."""
 
@@ -505,20 +505,27 @@ class InFlightRecorder(Recorder):
     def __call__(self, key, items, still_wanted=None, answer=None, admission=None):
         self.batches.append((key, list(items)))
         items, left = list(items), {i: self.n_steps for i in range(len(items))}
-        while left:
-            yield
-            free = self.slots - len(left)
-            if free:  # at the start of a resumption: what queued since the last one was first seen by the worker
+        slots = max(self.slots, len(items))  # as the real one's bucket, at least its first sentences
+
+        def take():
+            free = slots - len(left)
+            if free:
                 for item in admission.take(free, lambda item: len(item) <= self.longest):
                     self.admitted.append(item)
                     left[len(items)] = self.n_steps
                     items.append(item)
+
+        while left:
+            yield
+            take()  # at the start of a resumption: what queued since the last one was first seen by the worker
             time.sleep(0.02)
             for i in list(left):
                 left[i] -= 1
                 if left[i] == 0:
                     del left[i]
                     answer(i, f"{key}:{items[i]}")
+            if not left:
+                take()  # as the real one, before it ends
         return [f"{key}:{item}" for item in items]
 
 
@@ -535,3 +542,30 @@ def test_in_flight_a_running_batch_takes_what_fits_and_the_rest_starts_beside():
     assert {"bb", "ccc", "e"} <= set(run.admitted)  # taken into the running batch's free slots
     assert "dddddd" not in run.admitted  # too long for it: a batch of its own
     assert [items for _, items in run.batches][-1] == ["dddddd"]
+
+
+def test_in_flight_batches_stop_taking_sentences_while_another_waits_for_them_to_end():
+    """Under steady load in-flight batches would run forever: a sentence none of them takes (another key, or too
+    long) makes them take no more once as many run as may, so that one ends and it starts."""
+    run = InFlightRecorder(slots=2, steps=3, longest=3)
+    batcher = Batcher(run, max_tokens=1000, max_wait=0.0, max_queue=100, in_flight=True)
+    batcher.start()
+    stop = threading.Event()
+
+    def client():
+        while not stop.is_set():
+            submit(batcher, "k", ["bb"]).result(timeout=10)
+
+    clients = [threading.Thread(target=client) for _ in range(12)]  # more than the slots: the queue never empties
+    for c in clients:
+        c.start()
+    time.sleep(0.3)  # two in-flight batches of "k" run, fed by the clients
+    try:
+        assert submit(batcher, "z", ["zz"]).result(timeout=5) == ["z:zz"]
+        assert submit(batcher, "k", ["dddddd"]).result(timeout=5) == ["k:dddddd"]  # too long for them
+    finally:
+        stop.set()
+        for c in clients:
+            c.join()
+        batcher.stop(timeout=10)
+    assert run.most_running <= 2
