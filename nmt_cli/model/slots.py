@@ -109,14 +109,18 @@ class SlotCache:
         positions) in the slots `slots` [A] of this one, at position 0: their cross-attention keys, values and bias
         written into those slots, their rows' steps set to 0 (what the slots' rows had written is masked until
         written again). The buffers keep their addresses."""
-        k = self.step.shape[0] // self.cross_k[0].shape[0]
-        rows = (slots[:, None] * k + torch.arange(k, device=slots.device)).view(-1)
+        rows = rows_of(slots, self.step.shape[0] // self.cross_k[0].shape[0])
         for mine, theirs in zip([*self.cross_k, *self.cross_v], [*other.cross_k, *other.cross_v]):
             assert mine.shape[1:] == theirs.shape[1:], "admitted sentences have this cache's source length"
             mine.index_copy_(0, slots, theirs)
         assert self.cross_bias is not None and other.cross_bias is not None, "init_slots gives every cache a bias"
         self.cross_bias.index_copy_(0, slots, other.cross_bias)
         self.step.index_fill_(0, rows, 0)
+
+
+def rows_of(slots: Tensor, k: int) -> Tensor:
+    """[A] slots -> [A*K] their rows (row = slot * K + beam)."""
+    return (slots[:, None] * k + torch.arange(k, device=slots.device)).view(-1)
 
 
 def write_position(buf: Tensor, new: Tensor, step: Tensor) -> None:

@@ -49,6 +49,7 @@ from nmt_cli.search.graphs import (
 from nmt_cli.search.hypothesis import Hypothesis
 from nmt_cli.search.searchable import SearchEncoderOut
 from nmt_cli.search.slot_state import SlotState, search_step
+from nmt_cli.search.slots import filled
 from nmt_cli.steps import Steps
 
 # (sources) -> their encoder output and lengths [A] (on the host), as the batch's were encoded
@@ -97,7 +98,7 @@ def in_flight_steps(
     longest = longest_source(source_len, cfg, n_positions, model.max_positions)
     b = sentence_bucket(max(b0, in_flight.capacity))
     bucket = Bucket(b * k, n_positions, source_len)
-    fill = torch.cat([torch.arange(b0), torch.zeros(b - b0, dtype=torch.long)])  # free slots: copies, done
+    fill = filled(b0, b)  # the free slots hold copies of the first sentence, done from the start
     max_len = max_lengths(src_lens.cpu(), cfg, model.max_positions)[fill]
     cache = model.init_slots(enc.select(fill.to(device)), k, n_positions=n_positions, source_len=source_len)
     state = SlotState.start(max_len.to(device), b0, k, n_positions, cfg, n_pieces)

@@ -29,6 +29,7 @@ from torch import Tensor
 
 from nmt_cli.config import SearchConfig
 from nmt_cli.data.vocab import BOS, EOS, PAD, UNK
+from nmt_cli.model.slots import rows_of
 from nmt_cli.search.beam import NEG_INF, Finished, length_penalty, per_beam
 from nmt_cli.search.beam import start as empty_search
 
@@ -100,7 +101,7 @@ class SlotState:
         """The state of the slots `keep` [B'] alone, in new buffers, their hypotheses as they stand (the decoder
         cache's pending reorder, `rows`, is the caller's to apply: the new state's rows are its own)."""
         k = self.scores.shape[1]
-        rows = (keep[:, None] * k + torch.arange(k, device=keep.device)).view(-1)
+        rows = rows_of(keep, k)
         return SlotState(
             self.tokens[rows],
             self.token_scores[rows],
@@ -123,7 +124,7 @@ class SlotState:
         empty hypotheses with beam 0 live, BOS the next input, no pending reorder of their rows, no finished
         hypotheses. `n_live` is left to the next step to count."""
         k = self.scores.shape[1]
-        rows = (slots[:, None] * k + torch.arange(k, device=slots.device)).view(-1)
+        rows = rows_of(slots, k)
         fresh = torch.full((k,), NEG_INF, device=slots.device)
         fresh[0] = 0.0
         self.tokens.index_fill_(0, rows, 0)

@@ -49,7 +49,7 @@ import numpy as np
 
 from nmt_cli.data.batching import batch_by_tokens
 from nmt_cli.errors import NmtError
-from nmt_cli.serve.queued import Admission, Job, Queued, Running, jobs_of, settle, still_waiting
+from nmt_cli.serve.queued import Admission, Job, Queued, Running, jobs_of, settle, still_waiting, stranded, takes
 
 logger = logging.getLogger(__name__)
 
@@ -212,7 +212,7 @@ class Batcher:
         length finishes first, and the sentences that arrived meanwhile wait for its end and batch together, as
         they would with one slot (starting them beside it splits every later batch in two); a long one (the
         largest output the caps allow) is passed. In flight, a sentence a running batch would take into a free slot
-        (`_takes`) starts nothing: that batch takes it at its next step."""
+        (queued.py's `takes`) starts nothing: that batch takes it at its next step."""
         if not running:
             return True
         if len(running) >= MAX_RUNNING:
@@ -220,7 +220,7 @@ class Batcher:
         with self._cond:
             self._drop_cancelled()
             next_bound = self._queue[0].bound if self._queue else math.inf
-            if self._queue and any(self._takes(r, self._queue[0]) for r in running):
+            if self._queue and any(takes(r, self._queue[0]) for r in running):
                 return False  # an in-flight batch takes it at its next step
 
         if math.isfinite(next_bound) and PASS_FACTOR * next_bound <= min(r.left for r in running):  # far longer
@@ -305,49 +305,28 @@ class Batcher:
     def _start(self, batch: list[Queued]) -> Running:
         """The batch's search, not yet started (its first step encodes)."""
         items = [q.job.items[q.index] for q in batch]
-        # the search calls these from its steps, which start after `running` is assigned; the batch may grow
-        running: Running
-
-        def wanted() -> list[bool]:
-            return still_waiting([q.job.future for q in running.batch])
-
-        def take(n: int, fits: Callable[[Any], bool]) -> list[Any]:
-            return self._admit(running, n, fits)
-
-        def early(i: int, result: Any) -> None:
-            self._early(running, i, result)
-
-        admission = {"admission": Admission(take, self._expected)} if self.in_flight else {}
-        running = Running(batch, self.run(batch[0].job.key, items, wanted, early, **admission))
+        running: Running  # the search calls these from its steps, which start once it is assigned; the batch may grow
+        take = Admission(lambda n, fits: self._admit(running, n, fits), self._expected)
+        search = self.run(
+            batch[0].job.key,
+            items,
+            lambda: still_waiting([q.job.future for q in running.batch]),
+            lambda i, r: self._early(running, i, r),
+            **({"admission": take} if self.in_flight else {}),
+        )
+        running = Running(batch, search)
         return running
-
-    @staticmethod
-    def _takes(running: Running, q: Queued, free_slot: bool = True) -> bool:
-        """Whether an in-flight batch would take the queued sentence q at its next step: of its key, a free slot
-        left (unless not `free_slot`: once one is), and one its search said it takes."""
-        fits = running.fits
-        same = running.batch[0].job.key == q.job.key
-        room = running.free > 0 or not free_slot
-        return same and room and fits is not None and q.length > 0 and fits(q.job.items[q.index])
-
-    def _stranded(self) -> bool:
-        """Whether the oldest queued sentence can start nowhere while the running batches go on: as many run as
-        may, and none of them would take it even once a slot is free. In-flight batches then take no more, so
-        that one ends and it starts (under steady load they would run forever); the caller holds the lock."""
-        if not self._queue or len(self._running) < MAX_RUNNING:
-            return False
-        return not any(self._takes(r, self._queue[0], free_slot=False) for r in self._running)
 
     def _admit(self, running: Running, free: int, fits: Callable[[Any], bool]) -> list[Any]:
         """Admission.take of a running batch: the oldest queued sentences of its key, at most `free`, that are not
         empty and `fits`; they join the batch, from its current step. None while a queued sentence is stranded
-        (`_stranded`)."""
+        (queued.py's `stranded`)."""
         key = running.batch[0].job.key
         running.fits = fits
         with self._cond:
             self._drop_cancelled()
             taken: list[Queued] = []
-            if self._stranded():
+            if stranded(self._queue, self._running, MAX_RUNNING):
                 running.free = free
                 return []
             for q in self._queue:

@@ -91,6 +91,24 @@ def admitting(admission: Admission, sentences: list[Any]) -> Callable[[int, int]
     return admit
 
 
+def takes(running: Running, q: Queued, free_slot: bool = True) -> bool:
+    """Whether an in-flight batch would take the queued sentence q at its next step: of its key, a free slot left
+    (unless not `free_slot`: once one is), and one its search said it takes."""
+    fits = running.fits
+    same = running.batch[0].job.key == q.job.key
+    room = running.free > 0 or not free_slot
+    return same and room and fits is not None and q.length > 0 and fits(q.job.items[q.index])
+
+
+def stranded(queue: list[Queued], running: list[Running], max_running: int) -> bool:
+    """Whether the oldest queued sentence can start nowhere while the running batches go on: as many run as may,
+    and none of them would take it even once a slot is free. In-flight batches then take no more, so that one ends
+    and it starts (under steady load they would run forever)."""
+    if not queue or len(running) < max_running:
+        return False
+    return not any(takes(r, queue[0], free_slot=False) for r in running)
+
+
 def jobs_of(batch: list[Queued]) -> list[Job]:
     """The requests a batch's sentences belong to, each once."""
     return list({id(q.job): q.job for q in batch}.values())

@@ -18,6 +18,7 @@ from nmt_cli.search.graphs import StepGraphs
 from nmt_cli.search.in_flight import InFlight, in_flight_steps, longest_source
 from nmt_cli.search.translate import load_translator
 from nmt_cli.steps import run_to_end
+from tests.search.test_slots import assert_same
 
 pytestmark = pytest.mark.usefixtures("cpu_matmul_route")  # both CPU matmul routes on every machine (conftest.py)
 
@@ -80,15 +81,6 @@ def search(model, first, arrivals, cfg, n_pieces, graphs=None, capacity=0, **hoo
     return run_to_end(
         in_flight_steps(model, enc, lens, cfg, n_pieces, encode, InFlight(arrivals, capacity), graphs=graphs, **hooks)
     )
-
-
-def assert_same(expected, got):
-    assert len(expected) == len(got)
-    for want, have in zip(expected, got):
-        assert [h.tokens for h in have] == [h.tokens for h in want]
-        assert [h.score for h in have] == pytest.approx([h.score for h in want], abs=1e-4)
-        for w, h in zip(want, have):
-            assert h.positional_scores == pytest.approx(w.positional_scores, abs=1e-4)
 
 
 def sentences(seed, lengths):
