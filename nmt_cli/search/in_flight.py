@@ -7,7 +7,10 @@ steps, while some slots are free (their sentences finished, no longer wanted, or
 values written into a free slot (SlotCache.admit), its search state started there (SlotState.admit), and from the
 next step it searches at its own positions beside the others (each row steps at its own position:
 model/slots.py). Nothing changes shape, so the bucket's captured steps replay for it (search/graphs.py); without
-graphs each step runs eagerly over the same buffers (`search_step`).
+graphs each step runs eagerly over the same buffers (`search_step`). The host asks and encodes right after
+launching a step, before reading its result, so that on CUDA that work overlaps the step; the slots it fills are
+those free before the step (a slot left at one step is filled after the next one's launch), and what it writes
+runs after the step on the same stream.
 
 The bucket is chosen when the search starts: as many sentences as `InFlight.capacity` asks (at least the first
 batch's, rounded up as graphs.py rounds them), the first batch's source length rounded up to a multiple of 64, and
@@ -110,22 +113,9 @@ def in_flight_steps(
     try:
         for step in range(1 << 62):
             live = [s for s in range(b) if owner[s] is not None]
-            if live:
+            if live:  # on CUDA the step runs on while the host takes and encodes what joins after it
                 stepper.step(int(max(step - started[s] for s in live)))
-                n_live = int(stepper.state.n_live)  # the step's one host synchronisation
-                if n_live < n_searching:  # some finished: the one more host read
-                    done = stepper.state.done.cpu().numpy()
-                    finished = [s for s in range(b) if done[s] and owner[s] is not None]
-                    ended(stepper.state, finished, owner, results, cfg.nbest, on_done)
-                n_searching = n_live
-            if still_wanted is not None:
-                wanted = still_wanted()
-                gone = [s for s in range(b) if (i := owner[s]) is not None and not wanted[i]]
-                if gone:
-                    stepper.stop(gone)
-                    ended(stepper.state, gone, owner, results, cfg.nbest, None)
-                    n_searching -= len(gone)
-            free = [s for s in range(b) if owner[s] is None]
+            free = [s for s in range(b) if owner[s] is None]  # free before this step: its ends are read below
             sources = in_flight.admit(len(free), longest) if free else []
             if sources:
                 slots = free[: len(sources)]
@@ -133,7 +123,21 @@ def in_flight_steps(
                 for s in slots:
                     owner[s], started[s] = len(results), step + 1
                     results.append([])
-                n_searching += len(sources)
+            if live:
+                n_live = int(stepper.state.n_live)  # the step's one host synchronisation: those admitted not counted
+                if n_live < n_searching:  # some finished: the one more host read (the admitted ones are not done)
+                    done = stepper.state.done.cpu().numpy()
+                    finished = [s for s in live if done[s]]
+                    ended(stepper.state, finished, owner, results, cfg.nbest, on_done)
+                n_searching = n_live
+            n_searching += len(sources)
+            if still_wanted is not None:
+                wanted = still_wanted()
+                gone = [s for s in range(b) if (i := owner[s]) is not None and not wanted[i]]
+                if gone:
+                    stepper.stop(gone)
+                    ended(stepper.state, gone, owner, results, cfg.nbest, None)
+                    n_searching -= len(gone)
             if n_searching == 0:
                 break
             yield  # a step done
