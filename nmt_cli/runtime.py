@@ -93,6 +93,14 @@ def set_threads(n_threads: int | None) -> None:
         torch.set_num_threads(n_threads)
 
 
+def to_device_async(values: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A host tensor copied to `device` without the host waiting: on CUDA from pinned memory, non-blocking, so that
+    the copy queues behind the device's work instead of waiting for it (a pageable copy would)."""
+    if device.type != "cuda":
+        return values.to(device)
+    return values.pin_memory().to(device, non_blocking=True)
+
+
 def choose_attention_backends(device: torch.device, cudnn_attention: bool) -> None:
     """Which kernels F.scaled_dot_product_attention may run on CUDA, set once where a command starts.
 

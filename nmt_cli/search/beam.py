@@ -34,6 +34,7 @@ from torch import Tensor
 
 from nmt_cli.config import SearchConfig
 from nmt_cli.data.vocab import BOS, EOS, PAD, UNK
+from nmt_cli.runtime import to_device_async
 from nmt_cli.search.constraint import Constraint
 from nmt_cli.search.hypothesis import Hypothesis
 from nmt_cli.search.searchable import SearchEncoderOut, SearchModel
@@ -258,10 +259,7 @@ class Unwanted:
         """Ask again; the [B0] mask of sentences no longer wanted, or None while every one is."""
         gone = [not w for w in self.still_wanted()]
         if any(gone) and gone != self.host:
-            mask = torch.tensor(gone)
-            if self.device.type == "cuda":  # pinned and asynchronous: the copy waits for no kernel
-                mask = mask.pin_memory()
-            self.host, self.on_device = gone, mask.to(self.device, non_blocking=True)
+            self.host, self.on_device = gone, to_device_async(torch.tensor(gone), self.device)  # waits for no kernel
         return self.on_device
 
 

@@ -38,6 +38,7 @@ import torch
 from torch import Tensor
 
 from nmt_cli.config import SearchConfig
+from nmt_cli.runtime import to_device_async
 from nmt_cli.search.beam import OnDone, StillWanted, collect, max_lengths, per_beam
 from nmt_cli.search.graphs import (
     POSITION_STEP,
@@ -55,7 +56,7 @@ from nmt_cli.search.slot_state import SlotState, search_step
 from nmt_cli.search.slots import filled
 from nmt_cli.steps import Steps
 
-# (sources) -> their encoder output and lengths [A] (on the host), as the batch's were encoded
+# sources -> their encoder output and lengths [A] (on the host), as the batch's were encoded, with no host wait
 Encode = Callable[[Sequence[np.ndarray]], tuple[SearchEncoderOut, Tensor]]
 
 
@@ -180,9 +181,9 @@ def admit(
     device = enc.memory.device
     bucket, k = stepper.bucket, stepper.state.scores.shape[1]
     theirs = stepper.model.init_slots(enc, k, n_positions=1, source_len=bucket.source_len)
-    at = torch.tensor(slots, device=device)
+    at = to_device_async(torch.tensor(slots), device)  # no copy here waits for the step queued before
     stepper.cache.admit(theirs, at)
-    stepper.state.admit(at, max_lengths(src_lens.cpu(), cfg, max_positions).to(device))
+    stepper.state.admit(at, to_device_async(max_lengths(src_lens.cpu(), cfg, max_positions), device))
 
 
 @dataclass

@@ -26,7 +26,7 @@ from nmt_cli.errors import ConfigError
 from nmt_cli.model.linear import ONEDNN_AVAILABLE, pack_for_cpu_inference
 from nmt_cli.model.quantize import quantize_for_cpu_inference
 from nmt_cli.model.transformer import Transformer
-from nmt_cli.runtime import AMP_DTYPES, autocast, choose_attention_backends, choose_device
+from nmt_cli.runtime import AMP_DTYPES, autocast, choose_attention_backends, choose_device, to_device_async
 from nmt_cli.search.beam import OnDone, StillWanted, beam_steps, max_lengths
 from nmt_cli.search.constraint import ConstraintSource, all_of
 from nmt_cli.search.ensemble import Ensemble, check_members, ensemble_bounds, member_paths, member_weights
@@ -235,8 +235,9 @@ def batch_steps(
 
 
 def encode_now(translator: Translator, sources: Sequence[np.ndarray]) -> tuple[SearchEncoderOut, Tensor]:
-    """The encoder's output of `sources` in one go, padded as batch_steps pads (search/in_flight.py's Encode)."""
-    src = pad_sources([np.asarray(s, dtype=np.int64) for s in sources]).to(translator.device)
+    """The encoder's output of `sources` in one go, padded as batch_steps pads (search/in_flight.py's Encode; the
+    copy to the device queues behind the step in flight instead of waiting for it)."""
+    src = to_device_async(pad_sources([np.asarray(s, dtype=np.int64) for s in sources]), translator.device)
     lengths = [len(s) for s in sources]
     no_padding = translator.device.type == "cuda" and min(lengths) == max(lengths)
     return translator.model.encode(src, None if no_padding else src.eq(PAD)), torch.tensor(lengths)
