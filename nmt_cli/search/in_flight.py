@@ -12,11 +12,11 @@ launching a step, before reading its result, so that on CUDA that work overlaps 
 those free before the step (a slot left at one step is filled after the next one's launch), and what it writes
 runs after the step on the same stream.
 
-The bucket is chosen when the search starts: as many sentences as `InFlight.capacity` asks (at least the first
-batch's, rounded up as graphs.py rounds them), the first batch's source length rounded up to a multiple of 64, and
-the positions of the longest output a source of that length may have. A sentence fits when its source does
-(`admit` is told the longest that fits). The bucket never moves to fewer slots: a slot left free is one a
-returning client may take.
+The bucket is chosen when the search starts: as many sentences as `InFlight.capacity` asks within its token
+budget (at least the first batch's, rounded up as graphs.py rounds them), the first batch's source length rounded
+up to a multiple of 64, and the positions of the longest output a source of that length may have. A sentence fits
+when its source does (`admit` is told the longest that fits). The bucket never moves to fewer slots: a slot left
+free is one a returning client may take.
 
 The call's sentences are the first batch's (0..B0-1), then the admitted ones, numbered in the order `admit` gave
 them. Each is told to `on_done` at the step it finishes (one more host read on such steps, as in beam.py), and the
@@ -64,10 +64,12 @@ Encode = Callable[[Sequence[np.ndarray]], tuple[SearchEncoderOut, Tensor]]
 class InFlight:
     """What an in-flight search asks of its caller (serve's batcher): `admit(free, longest)` gives at most `free`
     sources (token ids, no EOS, 1 to `longest` pieces each) to start now, taken from its queue; `capacity`: the
-    sentences the bucket should hold (the clients the caller expects)."""
+    sentences the bucket should hold (the clients the caller expects), within `max_tokens` padded source tokens
+    (the caller's batch budget; 0: no bound)."""
 
     admit: Callable[[int, int], list[np.ndarray]]
     capacity: int = 0
+    max_tokens: int = 0
 
 
 def longest_source(source_len: int, cfg: SearchConfig, n_positions: int, max_positions: int) -> int:
@@ -100,7 +102,10 @@ def in_flight_steps(
     longest_out = int(max_lengths(torch.tensor([source_len - 1]), cfg, model.max_positions).numpy()[0])
     n_positions = min(round_up(longest_out + 1, POSITION_STEP), model.max_positions)
     longest = longest_source(source_len, cfg, n_positions, model.max_positions)
-    b = sentence_bucket(max(b0, in_flight.capacity))
+    capacity = in_flight.capacity
+    if in_flight.max_tokens:
+        capacity = min(capacity, in_flight.max_tokens // source_len)
+    b = sentence_bucket(max(b0, capacity))
     bucket = Bucket(b * k, n_positions, source_len)
     fill = filled(b0, b)  # the free slots hold copies of the first sentence, done from the start
     max_len = max_lengths(src_lens.cpu(), cfg, model.max_positions)[fill]

@@ -279,7 +279,9 @@ class ServedModel:
                 if answer is not None and self.answers_early and not any(s.alignment for s in sentences)
                 else None
             )
-            in_flight = None if admission is None else InFlight(admitting(admission, sentences), admission.capacity)
+            in_flight = None
+            if admission is not None:
+                in_flight = InFlight(admitting(admission, sentences), admission.capacity, self.max_tokens)
             results = yield from translate_steps(
                 translator, ids, search, self.max_tokens, 0, generator, rules, still_wanted, early, in_flight
             )

@@ -74,13 +74,12 @@ class Arrivals:
         return ready
 
 
-def search(model, first, arrivals, cfg, n_pieces, graphs=None, capacity=0, **hooks):
+def search(model, first, arrivals, cfg, n_pieces, graphs=None, capacity=0, max_tokens=0, **hooks):
     encode = encode_with(model)
     with torch.inference_mode():
         enc, lens = encode(first)
-    return run_to_end(
-        in_flight_steps(model, enc, lens, cfg, n_pieces, encode, InFlight(arrivals, capacity), graphs=graphs, **hooks)
-    )
+    in_flight = InFlight(arrivals, capacity, max_tokens)
+    return run_to_end(in_flight_steps(model, enc, lens, cfg, n_pieces, encode, in_flight, graphs=graphs, **hooks))
 
 
 def sentences(seed, lengths):
@@ -127,6 +126,9 @@ def test_capacity_and_what_fits(copy_translator):
     assert arrivals.offers[0][0] == 7  # 8 slots, 1 taken
     assert len(got) == 4 and len(arrivals.queue) == 1
     assert arrivals.offers[0][1] == longest_source(64, cfg, 128, model.max_positions) < 70
+    bounded = Arrivals([(1, s) for s in sentences(5, [3, 4, 5])])
+    search(model, sentences(6, [2]), bounded, cfg, n_pieces, capacity=32, max_tokens=128)  # 2 sources of 64
+    assert bounded.offers[0][0] == 1  # 2 slots, not 32: within the token budget
 
 
 def test_unwanted_sentences_free_their_slots(copy_translator):
