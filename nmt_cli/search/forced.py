@@ -27,6 +27,7 @@ from nmt_cli.data.batching import batch_by_tokens, pad_sources
 from nmt_cli.data.vocab import BOS, EOS, PAD, UNK
 from nmt_cli.errors import ConfigError
 from nmt_cli.model.transformer import AttentionWeights, Transformer
+from nmt_cli.runtime import to_device_async
 from nmt_cli.search.beam import length_penalty
 from nmt_cli.search.ensemble import Ensemble
 from nmt_cli.search.hypothesis import Alignment, Hypothesis
@@ -58,7 +59,7 @@ class ForcedBatch:
 
 def forced_batch(sources: Sequence[np.ndarray], targets: Sequence[np.ndarray], device: torch.device) -> ForcedBatch:
     """The padded tensors of these pairs on `device`; the source side as the search pads it (translate.batch_steps)."""
-    src = pad_sources([np.asarray(s, dtype=np.int64) for s in sources]).to(device)
+    src = to_device_async(pad_sources([np.asarray(s, dtype=np.int64) for s in sources]), device)
     lengths = [len(s) for s in sources]
     no_padding = device.type == "cuda" and min(lengths) == max(lengths)
     width = max(len(t) for t in targets) + 1
@@ -70,8 +71,8 @@ def forced_batch(sources: Sequence[np.ndarray], targets: Sequence[np.ndarray], d
     return ForcedBatch(
         src,
         None if no_padding else src.eq(PAD),
-        torch.from_numpy(tgt_in).to(device),
-        torch.from_numpy(tgt_out).to(device),
+        to_device_async(torch.from_numpy(tgt_in), device),  # queued behind the last pass, not waiting for it
+        to_device_async(torch.from_numpy(tgt_out), device),
     )
 
 
@@ -158,12 +159,22 @@ def forced_scores(
     src_lens = np.array([len(s) for s in sources], dtype=np.int64)
     tgt_lens = np.array([len(t) for t in targets], dtype=np.int64)
     scores: list[PairScore | None] = [None] * len(sources)
+
+    def read(ids: np.ndarray, log_probs: torch.Tensor) -> None:
+        on_host = log_probs.cpu().numpy()  # [B, T]
+        for row, i in enumerate(ids):
+            scores[i] = pair_score(targets[i], on_host[row, : len(targets[i]) + 1], search)
+
+    pending = None  # the batch whose pass was launched last: read once the next one's is (on CUDA they overlap)
     for ids in pair_batches(src_lens, tgt_lens, max_tokens, batch_size):
         batch = forced_batch([sources[i] for i in ids], [targets[i] for i in ids], translator.device)
         with search_context(translator):
-            log_probs = per_member(translator.model, partial(target_log_probs, batch=batch)).cpu().numpy()  # [B, T]
-        for row, i in enumerate(ids):
-            scores[i] = pair_score(targets[i], log_probs[row, : len(targets[i]) + 1], search)
+            log_probs = per_member(translator.model, partial(target_log_probs, batch=batch))
+        if pending is not None:
+            read(*pending)
+        pending = (ids, log_probs)
+    if pending is not None:
+        read(*pending)
     assert all(s is not None for s in scores), "every pair is in one batch"
     return scores  # type: ignore[return-value]
 
