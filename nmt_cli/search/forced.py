@@ -160,21 +160,16 @@ def forced_scores(
     tgt_lens = np.array([len(t) for t in targets], dtype=np.int64)
     scores: list[PairScore | None] = [None] * len(sources)
 
-    def read(ids: np.ndarray, log_probs: torch.Tensor) -> None:
-        on_host = log_probs.cpu().numpy()  # [B, T]
-        for row, i in enumerate(ids):
-            scores[i] = pair_score(targets[i], on_host[row, : len(targets[i]) + 1], search)
-
-    pending = None  # the batch whose pass was launched last: read once the next one's is (on CUDA they overlap)
-    for ids in pair_batches(src_lens, tgt_lens, max_tokens, batch_size):
+    def launch(ids: np.ndarray) -> Tensor:
         batch = forced_batch([sources[i] for i in ids], [targets[i] for i in ids], translator.device)
         with search_context(translator):
-            log_probs = per_member(translator.model, partial(target_log_probs, batch=batch))
-        if pending is not None:
-            read(*pending)
-        pending = (ids, log_probs)
-    if pending is not None:
-        read(*pending)
+            return per_member(translator.model, partial(target_log_probs, batch=batch))  # [B, T]
+
+    def read(ids: np.ndarray, log_probs: np.ndarray) -> None:
+        for row, i in enumerate(ids):
+            scores[i] = pair_score(targets[i], log_probs[row, : len(targets[i]) + 1], search)
+
+    overlapped(pair_batches(src_lens, tgt_lens, max_tokens, batch_size), launch, read)
     assert all(s is not None for s in scores), "every pair is in one batch"
     return scores  # type: ignore[return-value]
 
@@ -222,13 +217,33 @@ def add_alignments(
     todo = [(src, np.asarray(h.tokens, dtype=np.int64), h) for src, h in hyps if h.tokens]
     src_lens = np.array([len(s) for s, _, _ in todo], dtype=np.int64)
     tgt_lens = np.array([len(t) for _, t, _ in todo], dtype=np.int64)
-    for ids in pair_batches(src_lens, tgt_lens, max_tokens, batch_size):
+
+    def launch(ids: np.ndarray) -> Tensor:
         batch = forced_batch([todo[i][0] for i in ids], [todo[i][1] for i in ids], translator.device)
         with search_context(translator):
-            attention = per_member(translator.model, partial(cross_attention, batch=batch, layer=layer)).cpu().numpy()
+            return per_member(translator.model, partial(cross_attention, batch=batch, layer=layer))  # [B, T, S]
+
+    def read(ids: np.ndarray, attention: np.ndarray) -> None:
         for row, i in enumerate(ids):
             src, tgt, h = todo[i]
             h.alignment = Alignment(normalised_rows(attention[row, : len(tgt), : len(src)]), hard)
+
+    overlapped(pair_batches(src_lens, tgt_lens, max_tokens, batch_size), launch, read)
+
+
+def overlapped(
+    batches: list[np.ndarray], launch: Callable[[np.ndarray], Tensor], read: Callable[[np.ndarray, np.ndarray], None]
+) -> None:
+    """`launch` each batch's pass, and `read` its result on the host once the next batch's pass is launched: on CUDA
+    the host's part of one batch overlaps the device's of the next (the copies in are non-blocking: forced_batch)."""
+    pending: tuple[np.ndarray, Tensor] | None = None
+    for ids in batches:
+        result = launch(ids)
+        if pending is not None:
+            read(pending[0], pending[1].cpu().numpy())
+        pending = (ids, result)
+    if pending is not None:
+        read(pending[0], pending[1].cpu().numpy())
 
 
 def normalised_rows(weights: np.ndarray) -> np.ndarray:
