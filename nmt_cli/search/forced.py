@@ -23,7 +23,7 @@ import torch
 from torch import Tensor
 
 from nmt_cli.config import SearchConfig
-from nmt_cli.data.batching import batch_by_tokens, pad_sources
+from nmt_cli.data.batching import batch_by_tokens
 from nmt_cli.data.vocab import BOS, EOS, PAD, UNK
 from nmt_cli.errors import ConfigError
 from nmt_cli.model.transformer import AttentionWeights, Transformer
@@ -32,7 +32,7 @@ from nmt_cli.search.beam import length_penalty
 from nmt_cli.search.ensemble import Ensemble
 from nmt_cli.search.hypothesis import Alignment, Hypothesis
 from nmt_cli.search.searchable import SearchModel
-from nmt_cli.search.translate import Translator, search_context
+from nmt_cli.search.translate import Translator, search_context, source_batch
 
 logger = logging.getLogger(__name__)
 
@@ -59,9 +59,7 @@ class ForcedBatch:
 
 def forced_batch(sources: Sequence[np.ndarray], targets: Sequence[np.ndarray], device: torch.device) -> ForcedBatch:
     """The padded tensors of these pairs on `device`; the source side as the search pads it (translate.batch_steps)."""
-    src = to_device_async(pad_sources([np.asarray(s, dtype=np.int64) for s in sources]), device)
-    lengths = [len(s) for s in sources]
-    no_padding = device.type == "cuda" and min(lengths) == max(lengths)
+    src, src_pad_mask, _ = source_batch(sources, device)
     width = max(len(t) for t in targets) + 1
     tgt_in = np.full((len(targets), width), PAD, dtype=np.int64)
     tgt_out = np.full((len(targets), width), PAD, dtype=np.int64)
@@ -70,7 +68,7 @@ def forced_batch(sources: Sequence[np.ndarray], targets: Sequence[np.ndarray], d
         tgt_out[row, : len(t)], tgt_out[row, len(t)] = t, EOS
     return ForcedBatch(
         src,
-        None if no_padding else src.eq(PAD),
+        src_pad_mask,
         to_device_async(torch.from_numpy(tgt_in), device),  # queued behind the last pass, not waiting for it
         to_device_async(torch.from_numpy(tgt_out), device),
     )

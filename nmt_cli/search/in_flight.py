@@ -74,10 +74,8 @@ class InFlight:
 
 def longest_source(source_len: int, cfg: SearchConfig, n_positions: int, max_positions: int) -> int:
     """The longest source, in pieces, whose search fits a bucket of source_len (EOS included) and n_positions."""
-    n = source_len - 1
-    while n > 0 and int(max_lengths(torch.tensor([n]), cfg, max_positions).numpy()[0]) + 1 > n_positions:
-        n -= 1
-    return n
+    outputs = max_lengths(torch.arange(1, source_len), cfg, max_positions).numpy()  # of sources of 1..S-1 pieces
+    return int(np.count_nonzero(outputs + 1 <= n_positions))  # outputs grow with the source: those that fit first
 
 
 @torch.inference_mode()

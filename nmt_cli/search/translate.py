@@ -184,11 +184,7 @@ def batch_steps(
     thread, and a context held open across a pause would leak into the other's. `in_flight`: a search over fixed
     slots admits more sentences between its steps (search/in_flight.py); their results follow the batch's."""
     n, n_pieces = len(sources), translator.vocab.n_pieces
-    src = pad_sources([np.asarray(s, dtype=np.int64) for s in sources]).to(translator.device)
-    lengths = [len(s) for s in sources]
-    src_lens = torch.tensor(lengths)  # on the host, where the searches read them (no copy back from the device)
-    # On CUDA a batch of equal lengths passes no mask, so SDPA may choose its Flash kernel (known on the host).
-    no_padding = translator.device.type == "cuda" and min(lengths) == max(lengths)
+    src, src_pad_mask, src_lens = source_batch(sources, translator.device)
     rules: dict[str, Any] = {} if still_wanted is None else {"still_wanted": still_wanted}
     constraints = all_of(constraints, no_repeat_ngrams(cfg))
     if constraints is not None:
@@ -196,7 +192,7 @@ def batch_steps(
         rules["constraint"], rules["n_leaves"] = constraints.for_batch(src, src_lens, batch_ids)
     # A layer of the encoder per resumption: serve's worker runs another batch's steps between the layers of a
     # batch of long sentences instead of waiting for its whole encoder.
-    enc = yield from translator.model.encode_steps(src, None if no_padding else src.eq(PAD))
+    enc = yield from translator.model.encode_steps(src, src_pad_mask)
     if cfg.sampling or cfg.beam == 1:
         if cfg.nbest > 1:  # independent samples: repeat each sentence nbest times
             rep = torch.arange(n).repeat_interleave(cfg.nbest)
@@ -234,13 +230,22 @@ def batch_steps(
     return (yield from beam_steps(translator.model, enc, src_lens, cfg, n_pieces, **rules, on_done=on_done))
 
 
-def encode_now(translator: Translator, sources: Sequence[np.ndarray]) -> tuple[SearchEncoderOut, Tensor]:
-    """The encoder's output of `sources` in one go, padded as batch_steps pads (search/in_flight.py's Encode; the
-    copy to the device queues behind the step in flight instead of waiting for it)."""
-    src = to_device_async(pad_sources([np.asarray(s, dtype=np.int64) for s in sources]), translator.device)
+def source_batch(sources: Sequence[np.ndarray], device: torch.device) -> tuple[Tensor, Tensor | None, Tensor]:
+    """A batch of sources (token ids, no EOS) as the encoder takes them: [B, S] ids + EOS, PAD after, on `device`
+    (the copy queues behind the device's work instead of waiting for it); the [B, S] padding mask, or None on CUDA
+    when every length is equal (SDPA may then choose its Flash kernel; known on the host); and the [B] lengths on
+    the host, where the searches read them (no copy back from the device)."""
+    src = to_device_async(pad_sources([np.asarray(s, dtype=np.int64) for s in sources]), device)
     lengths = [len(s) for s in sources]
-    no_padding = translator.device.type == "cuda" and min(lengths) == max(lengths)
-    return translator.model.encode(src, None if no_padding else src.eq(PAD)), torch.tensor(lengths)
+    no_padding = device.type == "cuda" and min(lengths) == max(lengths)
+    return src, None if no_padding else src.eq(PAD), torch.tensor(lengths)
+
+
+def encode_now(translator: Translator, sources: Sequence[np.ndarray]) -> tuple[SearchEncoderOut, Tensor]:
+    """The encoder's output of `sources` in one go, batched as batch_steps batches (search/in_flight.py's
+    Encode)."""
+    src, src_pad_mask, src_lens = source_batch(sources, translator.device)
+    return translator.model.encode(src, src_pad_mask), src_lens
 
 
 def tell_source(on_done: OnDone, ids: np.ndarray, n_sources: int, i: int, hyps: list[Hypothesis]) -> None:

@@ -321,7 +321,6 @@ class Batcher:
         """Admission.take of a running batch: the oldest queued sentences of its key, at most `free`, that are not
         empty and `fits`; they join the batch, from its current step. None while a queued sentence is stranded
         (queued.py's `stranded`)."""
-        key = running.batch[0].job.key
         running.fits = fits
         with self._cond:
             self._drop_cancelled()
@@ -332,7 +331,7 @@ class Batcher:
             for q in self._queue:
                 if len(taken) == free:
                     break
-                if q.job.key == key and q.length > 0 and fits(q.job.items[q.index]):
+                if takes(running, q, free_slot=False):  # of its key, not empty, and `fits`
                     taken.append(q)
             chosen = set(map(id, taken))
             self._queue = [q for q in self._queue if id(q) not in chosen]

@@ -119,7 +119,7 @@ class ServedModel:
             "quantize": cfg.quantize,
             "fixed_slots": self.slots is not None,
             "cuda_graphs": self.slots is not None and self.slots.graphs is not None,
-            "in_flight": cfg.in_flight and self.slots is not None,
+            "in_flight": self.in_flight,
             "max_batch_tokens": cfg.max_batch_tokens,
             "max_wait_ms": cfg.max_wait_ms,
             "max_request_sentences": cfg.max_request_sentences,
