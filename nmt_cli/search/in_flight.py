@@ -19,10 +19,11 @@ when its source does (`admit` is told the longest that fits). The bucket never m
 free is one a returning client may take.
 
 The call's sentences are the first batch's (0..B0-1), then the admitted ones, numbered in the order `admit` gave
-them. Each is told to `on_done` at the step it finishes (one more host read on such steps, as in beam.py), and the
-list returned holds every one's results (those no longer wanted: what they had, to be discarded). The host reads
-the device once a step otherwise: the count of sentences still searching. The search ends once none searches and
-`admit` gives none.
+them. Each is told to `on_done` at the step it finishes (one more host read on such steps, as in beam.py). The list
+returned holds the first batch's results, then, without `on_done`, the admitted ones' (those no longer wanted: what
+they had, to be discarded): with `on_done` an admitted sentence's results are told and not kept, so that a search
+that admits for hours holds no more than its slots' sentences. The host reads the device once a step otherwise:
+the count of sentences still searching. The search ends once none searches and `admit` gives none.
 
 Shapes: B slots, K beam, N = B*K rows, A sentences admitted at once.
 """
@@ -62,12 +63,12 @@ Encode = Callable[[Sequence[np.ndarray]], tuple[SearchEncoderOut, Tensor]]
 
 @dataclass
 class InFlight:
-    """What an in-flight search asks of its caller (serve's batcher): `admit(free, longest)` gives at most `free`
-    sources (token ids, no EOS, 1 to `longest` pieces each) to start now, taken from its queue; `capacity`: the
-    sentences the bucket should hold (the clients the caller expects), within `max_tokens` padded source tokens
-    (the caller's batch budget; 0: no bound)."""
+    """What an in-flight search asks of its caller (serve's batcher): `admit(free, slots, longest)` gives at most
+    `free` sources (token ids, no EOS, 1 to `longest` pieces each) to start now, taken from its queue (`slots`: the
+    search's slots in all); `capacity`: the sentences the bucket should hold (the clients the caller expects),
+    within `max_tokens` padded source tokens (the caller's batch budget; 0: no bound)."""
 
-    admit: Callable[[int, int], list[np.ndarray]]
+    admit: Callable[[int, int, int], list[np.ndarray]]
     capacity: int = 0
     max_tokens: int = 0
 
@@ -94,7 +95,7 @@ def in_flight_steps(
 ) -> Steps[list[list[Hypothesis]]]:
     """Translate a batch of encoded sentences over fixed slots, one step per resumption, admitting new sentences
     into free slots between steps (see the module's docstring). `still_wanted` answers for every sentence of the
-    call so far, the admitted ones included (asked once a step)."""
+    call so far, the admitted ones included (asked once a step, for the sentences in the slots alone)."""
     k, device, b0 = cfg.beam, enc.memory.device, enc.memory.shape[0]
     source_len = round_up(enc.memory.shape[1], POSITION_STEP)
     longest_out = int(max_lengths(torch.tensor([source_len - 1]), cfg, model.max_positions).numpy()[0])
@@ -112,21 +113,23 @@ def in_flight_steps(
     stepper = Stepper.of(model, cache, state, bucket, graphs)
     owner: list[int | None] = [*range(b0), *([None] * (b - b0))]  # the call's sentence in each slot
     started = np.zeros(b, dtype=np.int64)  # the step each slot's sentence started at
-    results: list[list[Hypothesis]] = [[] for _ in range(b0)]
-    n_searching = b0
+    results: list[list[Hypothesis]] = [[] for _ in range(b0)]  # and the admitted ones' without on_done
+    n_called, n_searching = b0, b0
     try:
         for step in range(1 << 62):
             live = [s for s in range(b) if owner[s] is not None]
             if live:  # on CUDA the step runs on while the host takes and encodes what joins after it
                 stepper.step(int(max(step - started[s] for s in live)))
             free = [s for s in range(b) if owner[s] is None]  # free before this step: its ends are read below
-            sources = in_flight.admit(len(free), longest) if free else []
+            sources = in_flight.admit(len(free), b, longest) if free or step == 0 else []  # the first: told the slots
             if sources:
                 slots = free[: len(sources)]
                 admit(stepper, encode, sources, slots, cfg, model.max_positions)
                 for s in slots:
-                    owner[s], started[s] = len(results), step + 1
-                    results.append([])
+                    owner[s], started[s] = n_called, step + 1
+                    n_called += 1
+                if on_done is None:
+                    results += [[] for _ in slots]
             if live:
                 n_live = int(stepper.state.n_live)  # the step's one host synchronisation: those admitted not counted
                 if n_live < n_searching:  # some finished: the one more host read (the admitted ones are not done)
@@ -158,14 +161,16 @@ def ended(
     nbest: int,
     on_done: OnDone | None,
 ) -> None:
-    """The sentences in `slots` have ended: their results collected from their slots' finished hypotheses (and told
-    to `on_done`, when given), the slots freed."""
+    """The sentences in `slots` have ended: their results collected from their slots' finished hypotheses, told to
+    `on_done` when given and kept in `results` where it has a place for them, the slots freed."""
     if not slots:
         return
     for s, hyps in zip(slots, collect(state.fin, nbest, torch.tensor(slots, device=state.done.device))):
         i = owner[s]
         assert i is not None, "only an occupied slot ends"
-        results[i], owner[s] = hyps, None
+        owner[s] = None
+        if i < len(results):
+            results[i] = hyps
         if on_done is not None:
             on_done(i, hyps)
 

@@ -12,7 +12,7 @@ from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, overload
 
 import numpy as np
 import torch
@@ -267,14 +267,36 @@ def repeated(still_wanted: StillWanted, n: int) -> StillWanted:
 
 def subset(still_wanted: StillWanted, ids: np.ndarray, n_sources: int | None = None) -> StillWanted:
     """`still_wanted` of a batch of the sentences `ids` (indices into the sentences `still_wanted` answers for);
-    with n_sources (a call's only batch, in flight), the answers past the call's sources follow (those admitted)."""
+    with n_sources (a call's only batch, in flight), the answers past the call's sources follow (those admitted).
+    The answers are read as the search asks for them: an in-flight search asks for those in its slots alone."""
+    return lambda: Subset(still_wanted(), ids, n_sources)
 
-    def wanted() -> list[bool]:
-        answers = np.asarray(still_wanted(), dtype=bool)
-        admitted = [] if n_sources is None else answers[n_sources:].tolist()
-        return [*answers[ids].tolist(), *admitted]
 
-    return wanted
+class Subset(Sequence[bool]):
+    """The answers of a batch's sentences (`subset`), read from the call's `answers` when asked."""
+
+    def __init__(self, answers: Sequence[bool], ids: np.ndarray, n_sources: int | None) -> None:
+        self.answers, self.ids, self.n_sources = answers, ids, n_sources
+
+    def __len__(self) -> int:
+        admitted = 0 if self.n_sources is None else len(self.answers) - self.n_sources
+        return len(self.ids) + admitted
+
+    def __iter__(self) -> Iterator[bool]:
+        return (self[i] for i in range(len(self)))
+
+    @overload
+    def __getitem__(self, i: int) -> bool: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> list[bool]: ...
+
+    def __getitem__(self, i: int | slice) -> bool | list[bool]:
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        if i < 0 or (i >= len(self.ids) and self.n_sources is None):
+            raise IndexError(i)
+        return bool(self.answers[in_call(self.ids, self.n_sources or 0, i)])  # past the admitted: IndexError
 
 
 def sampling_generator(cfg: SearchConfig, device: torch.device) -> torch.Generator | None:

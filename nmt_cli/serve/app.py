@@ -50,13 +50,14 @@ from starlette.routing import Route
 from nmt_cli.errors import NmtError
 from nmt_cli.serve import libretranslate
 from nmt_cli.serve.access import AccessLog, authorized, cors
-from nmt_cli.serve.batcher import Batcher, QueueFull, Stopping
+from nmt_cli.serve.batcher import Batcher
 from nmt_cli.serve.body import RequestError, json_kind, read_json, request_constraints, request_prefixes
 from nmt_cli.serve.clients import ClientBusy, ClientLoad
 from nmt_cli.serve.metrics import Metrics
 from nmt_cli.serve.models import Models, key_of, model_of
 from nmt_cli.serve.openapi import openapi_json
 from nmt_cli.serve.page import PAGE
+from nmt_cli.serve.queued import QueueFull, Stopping
 from nmt_cli.serve.served_model import Sentence, ServedModel
 
 logger = logging.getLogger(__name__)

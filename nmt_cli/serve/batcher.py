@@ -29,7 +29,11 @@ the warm-up raised (`nmt serve` refuses to start on it).
 
 With `in_flight` (`nmt serve --in-flight`) a running batch's search may also take queued sentences of its key into
 the slots its finished ones left, between two steps (`Admission`, search/in_flight.py): they join the batch, are
-answered as they finish, and count their steps from the step they joined at.
+answered as they finish, and count their steps from the step they joined at. One batch of a key takes them: a
+sentence it takes at its next step (with the others queued it takes: as many as its free slots) starts no batch,
+and once a batch of its key starts (its slots too few for the clients, or the sentence too long for it) it takes
+no more and ends, the new one sized for the clients of the key. It holds its slots' sentences alone, however long
+it runs (queued.py's Running, search/in_flight.py).
 """
 
 from __future__ import annotations
@@ -49,7 +53,20 @@ import numpy as np
 
 from nmt_cli.data.batching import batch_by_tokens
 from nmt_cli.errors import NmtError
-from nmt_cli.serve.queued import Admission, Job, Queued, Running, jobs_of, settle, still_waiting, stranded, takes
+from nmt_cli.serve.queued import (
+    Admission,
+    Job,
+    Queued,
+    QueueFull,
+    Running,
+    Stopping,
+    Waiting,
+    has_room,
+    jobs_of,
+    settle,
+    stranded,
+    superseding,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -61,7 +78,8 @@ RunBatch = Callable[..., Generator[None, None, list[Any]]]
 # (key, source pieces) -> the most decoder steps a sentence may take (its longest output and EOS, known before the
 # search: a * |x| + b within the model's positions); None: unknown
 StepsBound = Callable[[Hashable, int], int]
-OnBatch = Callable[[Hashable, int, int, float], None]  # (key, sentences, requests, seconds of its own steps)
+# (key, sentences, requests, seconds of its own steps); in flight, each sentence taken counts as a request of its own
+OnBatch = Callable[[Hashable, int, int, float], None]
 
 # Batches searched at once, a step of one at a time: two let the short batches pass an expensive one, and more
 # would only add memory. Each keeps to --max-batch-tokens, so the worker holds two batches' searches at most; the
@@ -79,14 +97,6 @@ PASS_FACTOR = 2
 # RECENT batches (at least max_wait): the worker idles that long at most per batch (benchmarks/bench_serve.py's
 # mean batch and throughput, benchmarks/profile_serve.py --clients without HTTP).
 RETURN_SHARE = 0.25
-
-
-class QueueFull(Exception):
-    """The queue has no room for the request's sentences (HTTP 503)."""
-
-
-class Stopping(Exception):
-    """The server is shutting down and takes no new requests (HTTP 503)."""
 
 
 class Batcher:
@@ -159,7 +169,7 @@ class Batcher:
     def _drop_cancelled(self) -> None:
         """Forget the queued sentences of requests already answered (timed out, client gone, failed); the
         caller holds the lock."""
-        self._queue = [q for q in self._queue if not q.job.future.done()]
+        self._queue = [q for q in self._queue if not q.job.over]
 
     def submit(self, key: Hashable, items: Sequence[Any], lengths: Sequence[int]) -> Future[list[Any]]:
         """Queue a request's sentences; the Future gets their results in order (or the batch's exception).
@@ -211,8 +221,8 @@ class Batcher:
         past LONG_BATCH times the usual steps (the median of the batches that ended last). A batch of the usual
         length finishes first, and the sentences that arrived meanwhile wait for its end and batch together, as
         they would with one slot (starting them beside it splits every later batch in two); a long one (the
-        largest output the caps allow) is passed. In flight, a sentence a running batch would take into a free slot
-        (queued.py's `takes`) starts nothing: that batch takes it at its next step."""
+        largest output the caps allow) is passed. In flight, a sentence a running batch takes at its next step
+        (queued.py's `has_room`) starts nothing."""
         if not running:
             return True
         if len(running) >= MAX_RUNNING:
@@ -220,7 +230,7 @@ class Batcher:
         with self._cond:
             self._drop_cancelled()
             next_bound = self._queue[0].bound if self._queue else math.inf
-            if self._queue and any(takes(r, self._queue[0]) for r in running):
+            if any(has_room(r, self._queue) for r in running):
                 return False  # an in-flight batch takes it at its next step
 
         if math.isfinite(next_bound) and PASS_FACTOR * next_bound <= min(r.left for r in running):  # far longer
@@ -306,46 +316,36 @@ class Batcher:
         """The batch's search, not yet started (its first step encodes)."""
         items = [q.job.items[q.index] for q in batch]
         running: Running  # the search calls these from its steps, which start once it is assigned; the batch may grow
-        take = Admission(lambda n, fits: self._admit(running, n, fits), self._expected)
+        key = batch[0].job.key
+        with self._cond:
+            capacity = max(self._expected, superseding(key, len(batch), self._queue, self._running))
+        take = Admission(lambda free, slots, fits: self._admit(running, free, slots, fits), capacity)
         search = self.run(
-            batch[0].job.key,
+            key,
             items,
-            lambda: still_waiting([q.job.future for q in running.batch]),
+            lambda: Waiting(running),
             lambda i, r: self._early(running, i, r),
             **({"admission": take} if self.in_flight else {}),
         )
-        running = Running(batch, search)
+        running = Running(batch, search, slots=capacity, free=capacity - len(batch), admitting=self.in_flight)
         return running
 
-    def _admit(self, running: Running, free: int, fits: Callable[[Any], bool]) -> list[Any]:
-        """Admission.take of a running batch: the oldest queued sentences of its key, at most `free`, that are not
-        empty and `fits`; they join the batch, from its current step. None while a queued sentence is stranded
-        (queued.py's `stranded`)."""
-        running.fits = fits
+    def _admit(self, running: Running, free: int, slots: int, fits: Callable[[Any], bool]) -> list[Any]:
+        """Admission.take of a running batch (`slots` in all, `free` of them free): the oldest queued sentences it
+        takes (queued.py's `Running.take`), none while a queued sentence is stranded (`stranded`)."""
+        running.fits, running.slots, running.free = fits, slots, free
         with self._cond:
             self._drop_cancelled()
-            taken: list[Queued] = []
-            if stranded(self._queue, self._running, MAX_RUNNING):
-                running.free = free
-                return []
-            for q in self._queue:
-                if len(taken) == free:
-                    break
-                if takes(running, q, free_slot=False):  # of its key, not empty, and `fits`
-                    taken.append(q)
+            taken = [] if stranded(self._queue, self._running, MAX_RUNNING) else running.take(self._queue, free)
             chosen = set(map(id, taken))
             self._queue = [q for q in self._queue if id(q) not in chosen]
-        for q in taken:
-            q.start_step = running.steps
-        running.batch.extend(taken)
-        running.free = free - len(taken)
         return [q.job.items[q.index] for q in taken]
 
     def _early(self, running: Running, i: int, result: Any) -> None:
         """Sentence i's result before its batch ends (`Answer`); from the first request it answers, the batch
         counts the sentences that arrive (its answered clients coming back, `_ended`)."""
-        running.batch[i].answer(result)
-        if running.arrived_at_early is None and running.batch[i].job.future.done():
+        q = running.answer(i, result)
+        if running.arrived_at_early is None and q is not None and q.job.future.done():
             with self._cond:
                 running.arrived_at_early = self._arrived
 
@@ -361,7 +361,7 @@ class Batcher:
         except Exception as e:  # a bug or a device error: fail these requests, keep serving the others
             logger.exception("a batch of %d sentences failed", len(running.batch))
             self._ended(running)
-            for job in jobs_of(running.batch):
+            for job in jobs_of(running.searching()):
                 settle(job.future, exception=e)
             return True
         running.seconds += time.perf_counter() - start
@@ -374,7 +374,8 @@ class Batcher:
         self._recent_seconds.append(running.seconds)
         self._ended(running)
         if self.on_batch is not None:  # counted before the answers go out: a client answered sees it
-            self.on_batch(running.batch[0].job.key, len(running.batch), len(jobs_of(running.batch)), running.seconds)
+            sentences, requests = len(running.batch) + running.admitted, len(jobs_of(running.batch)) + running.admitted
+            self.on_batch(running.batch[0].job.key, sentences, requests, running.seconds)
         for q, result in zip(running.batch, results):
             q.answer(result)
 

@@ -5,10 +5,19 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Generator, Hashable, Sequence
+from collections.abc import Callable, Generator, Hashable, Iterator, Sequence
 from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, overload
+
+
+class QueueFull(Exception):
+    """The queue has no room for the request's sentences (HTTP 503)."""
+
+
+class Stopping(Exception):
+    """The server is shutting down and takes no new requests (HTTP 503)."""
+
 
 # (item's index, its result): an item's result given as soon as the search has it, before the batch ends
 Answer = Callable[[int, Any], None]
@@ -24,6 +33,13 @@ class Job:
     results: list[Any] = field(default_factory=list)
     remaining: int = 0
     arrived: float = field(default_factory=time.monotonic)
+    over: bool = False  # its Future is done (answered, failed, timed out, cancelled): read once a step, without a lock
+
+    def __post_init__(self) -> None:
+        self.future.add_done_callback(self._over)
+
+    def _over(self, _: Future[list[Any]]) -> None:
+        self.over = True
 
 
 @dataclass(eq=False)
@@ -56,48 +72,95 @@ class Running:
     steps: int = 0
     seconds: float = 0.0
     arrived_at_early: int | None = None  # the batcher's sentences arrived when this batch first answered a request
-    free: int = 0  # in flight: the slots its search left free when it last took sentences (Admission.take)
-    fits: Callable[[Any], bool] | None = None  # in flight: which items its search takes, as it last said
+    # In flight (Admission.take, from its first step): the search's slots and which items it takes, as it last said;
+    # its free slots then, less those it took, plus those its answered sentences have left since; whether it takes
+    # more (not a whole batch's, nor once a new batch of its key has started); the sentences it has taken, and those
+    # not answered yet by their number in the call (after the batch's, in the order taken): a batch that takes
+    # sentences for hours holds its slots' alone
+    slots: int = 0
+    fits: Callable[[Any], bool] | None = None
+    free: int = 0
+    admitting: bool = True
+    admitted: int = 0
+    joined: dict[int, Queued] = field(default_factory=dict)
+    end: float = field(init=False)  # the step by which every one of its sentences has ended at the latest
+
+    def __post_init__(self) -> None:
+        self.end = max((q.bound for q in self.batch), default=0)
 
     @property
     def left(self) -> float:
         """The most steps it may still take (inf: unknown)."""
-        return max((q.bound + q.start_step for q in self.batch), default=0) - self.steps
+        return self.end - self.steps
+
+    def take(self, queue: list[Queued], free: int) -> list[Queued]:
+        """In flight: the oldest queued sentences it takes (`takes`), at most `free`, joined to the batch at its current
+        step in free slots, numbered after those taken before."""
+        taken = [q for q in queue if takes(self, q)][:free]
+        for q in taken:
+            q.start_step = self.steps
+            self.end = max(self.end, self.steps + q.bound)
+            self.joined[len(self.batch) + self.admitted] = q
+            self.admitted += 1
+        self.free -= len(taken)
+        return taken
+
+    def answer(self, i: int, result: Any) -> Queued | None:
+        """Sentence i's result, given as the search finishes it (its slot is free from the next step); None: one
+        taken in flight whose request went away (its result is not used)."""
+        q = self.batch[i] if i < len(self.batch) else self.joined.pop(i, None)
+        if q is not None:
+            q.answer(result)
+            self.free += 1
+        return q
+
+    def searching(self) -> list[Queued]:
+        """Its sentences not answered in flight: the batch's, and those taken since."""
+        return [*self.batch, *self.joined.values()]
 
 
 @dataclass
 class Admission:
-    """What an in-flight batch's search may ask of the queue between two steps: `take(free, fits)` removes and
+    """What an in-flight batch's search may ask of the queue between two steps: `take(free, slots, fits)` removes and
     returns the items of at most `free` queued sentences of the batch's key for which `fits(item)` holds (they join
-    the batch, answered as its own); `capacity`: the sentences the batcher expects to search at once."""
+    the batch, answered as its own), `slots` being the search's slots in all; `capacity`: the sentences the batcher
+    expects to search at once."""
 
-    take: Callable[[int, Callable[[Any], bool]], list[Any]]
+    take: Callable[[int, int, Callable[[Any], bool]], list[Any]]
     capacity: int
 
 
-def admitting(admission: Admission, sentences: list[Any]) -> Callable[[int, int], list[Any]]:
-    """search/in_flight.py's InFlight.admit over serve's queue: (free slots, longest source) -> the token ids of the
-    sentences taken, those of no rule of their own (prefix, constraints, alignment) and 1 to `longest` pieces;
-    they are appended to `sentences` (serve's Sentence records of the batch), whose results follow its own."""
+def admitting(admission: Admission) -> Callable[[int, int, int], list[Any]]:
+    """search/in_flight.py's InFlight.admit over serve's queue: (free slots, slots, longest source) -> the token ids
+    of the sentences taken (serve's Sentence records), those of no rule of their own (prefix, constraints,
+    alignment) and 1 to `longest` pieces."""
 
-    def admit(free: int, longest: int) -> list[Any]:
+    def admit(free: int, slots: int, longest: int) -> list[Any]:
         def fits(s: Any) -> bool:
             return s.prefix is None and not s.phrases and s.alignment is None and 0 < len(s.ids) <= longest
 
-        taken = admission.take(free, fits)
-        sentences.extend(taken)
-        return [s.ids for s in taken]
+        return [s.ids for s in admission.take(free, slots, fits)]
 
     return admit
 
 
-def takes(running: Running, q: Queued, free_slot: bool = True) -> bool:
-    """Whether an in-flight batch would take the queued sentence q at its next step: of its key, a free slot left
-    (unless not `free_slot`: once one is), and one its search said it takes."""
-    fits = running.fits
-    same = running.batch[0].job.key == q.job.key
-    room = running.free > 0 or not free_slot
-    return same and room and fits is not None and q.length > 0 and fits(q.job.items[q.index])
+def takes(running: Running, q: Queued) -> bool:
+    """Whether an in-flight batch would take the queued sentence q into a free slot: it still takes sentences, q is
+    of its key, not empty, and one its search said it takes (before its first step, which tells: any)."""
+    if not running.admitting or running.batch[0].job.key != q.job.key or q.length == 0:
+        return False
+    if running.fits is None:  # not told yet; after its first step, a search that takes none (search/in_flight.py)
+        return running.steps == 0
+    return running.fits(q.job.items[q.index])
+
+
+def has_room(running: Running, queue: list[Queued]) -> bool:
+    """Whether an in-flight batch takes the oldest queued sentence at its next step, with every other queued one it
+    would take: no more of them than its free slots. (More: its slots are too few for the clients, and a batch
+    sized for them all may start beside it; it then takes no more, and ends.)"""
+    if not queue or not takes(running, queue[0]):
+        return False
+    return sum(takes(running, q) for q in queue) <= running.free
 
 
 def stranded(queue: list[Queued], running: list[Running], max_running: int) -> bool:
@@ -106,7 +169,18 @@ def stranded(queue: list[Queued], running: list[Running], max_running: int) -> b
     and it starts (under steady load they would run forever)."""
     if not queue or len(running) < max_running:
         return False
-    return not any(takes(r, queue[0], free_slot=False) for r in running)
+    return not any(takes(r, queue[0]) for r in running)
+
+
+def superseding(key: Hashable, n: int, queue: list[Queued], running: list[Running]) -> int:
+    """A batch of n sentences of `key` starts: the sentences its in-flight search should have slots for (its own,
+    those of its key queued, and those in the slots of running batches of its key, whose clients' next sentences it
+    takes from now: they take no more, and end)."""
+    searching = 0
+    for r in running:
+        if r.batch[0].job.key == key:
+            r.admitting, searching = False, searching + r.slots - r.free
+    return n + sum(q.job.key == key for q in queue) + searching
 
 
 def jobs_of(batch: list[Queued]) -> list[Job]:
@@ -114,9 +188,39 @@ def jobs_of(batch: list[Queued]) -> list[Job]:
     return list({id(q.job): q.job for q in batch}.values())
 
 
-def still_waiting(futures: list[Future[list[Any]]]) -> list[bool]:
-    """Per sentence, whether its request still waits for it: not answered, timed out, cancelled, or gone."""
-    return [not f.done() for f in futures]
+class Waiting(Sequence[bool]):
+    """A running batch's `still_wanted` answers: per sentence of the call (the batch's, then those taken in flight),
+    whether its request still waits for it (not answered, timed out, cancelled, or gone), read as the search asks:
+    an in-flight search asks for its slots' sentences alone, once a step."""
+
+    def __init__(self, running: Running) -> None:
+        self.running = running
+
+    def __len__(self) -> int:
+        return len(self.running.batch) + self.running.admitted
+
+    def __iter__(self) -> Iterator[bool]:
+        return (self[i] for i in range(len(self)))
+
+    @overload
+    def __getitem__(self, i: int) -> bool: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> list[bool]: ...
+
+    def __getitem__(self, i: int | slice) -> bool | list[bool]:
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        batch, joined = self.running.batch, self.running.joined
+        if not 0 <= i < len(batch) + self.running.admitted:
+            raise IndexError(i)
+        q = batch[i] if i < len(batch) else joined.get(i)
+        if q is None:  # taken in flight, and answered or gone since
+            return False
+        if q.answered or q.job.over:
+            joined.pop(i, None)  # gone: the search stops it at this step and asks no more
+            return False
+        return True
 
 
 def settle(future: Future[list[Any]], result: list[Any] | None = None, exception: Exception | None = None) -> None:

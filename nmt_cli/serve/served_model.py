@@ -262,7 +262,8 @@ class ServedModel:
         one); returns one JSON-ready result per sentence. `still_wanted` (per sentence, asked once a step): those
         no longer wanted stop at the next step, and get None. `answer` is given a sentence's result as soon as the
         beam search finishes it (`answers_early`), where no sentence asks for an alignment (computed per batch).
-        `admission` (--in-flight): more sentences may join the batch between its steps (`sentences` grows)."""
+        `admission` (--in-flight): more sentences may join the batch between its steps, each told to `answer` as it
+        finishes (a batch whose sentences are answered at its end, one asking for an alignment, takes none)."""
         translator = self.translator
         generator = sampling_generator(search, self.device)
         if self.parser is not None:
@@ -280,8 +281,8 @@ class ServedModel:
                 else None
             )
             in_flight = None
-            if admission is not None:
-                in_flight = InFlight(admitting(admission, sentences), admission.capacity, self.max_tokens)
+            if admission is not None and early is not None:  # each sentence taken is answered as it finishes
+                in_flight = InFlight(admitting(admission), admission.capacity, self.max_tokens)
             results = yield from translate_steps(
                 translator, ids, search, self.max_tokens, 0, generator, rules, still_wanted, early, in_flight
             )

@@ -63,11 +63,12 @@ class Arrivals:
 
     def __init__(self, arrivals):
         self.queue = list(arrivals)  # (step, source)
-        self.calls, self.offers, self.admitted = 0, [], []
+        self.calls, self.offers, self.slots, self.admitted = 0, [], set(), []
 
-    def __call__(self, free, longest):
+    def __call__(self, free, slots, longest):
         self.calls += 1
         self.offers.append((free, longest))
+        self.slots.add(slots)
         ready = [s for step, s in self.queue if step <= self.calls and len(s) <= longest][:free]
         self.queue = [(step, s) for step, s in self.queue if not any(s is r for r in ready)]
         self.admitted += ready
@@ -123,12 +124,12 @@ def test_capacity_and_what_fits(copy_translator):
     long_one = np.arange(70) % 16 + 4  # longer than the first batch's source bucket of 64
     arrivals = Arrivals([(1, s) for s in sentences(5, [3, 4, 5])] + [(1, long_one)])
     got = search(model, sentences(6, [2]), arrivals, cfg, n_pieces, capacity=5)
-    assert arrivals.offers[0][0] == 7  # 8 slots, 1 taken
+    assert arrivals.offers[0][0] == 7 and arrivals.slots == {8}  # 8 slots, 1 taken
     assert len(got) == 4 and len(arrivals.queue) == 1
     assert arrivals.offers[0][1] == longest_source(64, cfg, 128, model.max_positions) < 70
     bounded = Arrivals([(1, s) for s in sentences(5, [3, 4, 5])])
     search(model, sentences(6, [2]), bounded, cfg, n_pieces, capacity=32, max_tokens=128)  # 2 sources of 64
-    assert bounded.offers[0][0] == 1  # 2 slots, not 32: within the token budget
+    assert bounded.offers[0][0] == 1 and bounded.slots == {2}  # 2 slots, not 32: within the token budget
 
 
 def test_unwanted_sentences_free_their_slots(copy_translator):
@@ -144,10 +145,13 @@ def test_unwanted_sentences_free_their_slots(copy_translator):
         asked.append(1)
         return [True, len(asked) < 3, True][: 2 + len(arrivals.admitted)]  # the second one's client left at step 3
 
-    got = search(model, first, arrivals, cfg, n_pieces, still_wanted=still_wanted, on_done=lambda i, h: told.append(i))
-    assert arrivals.offers[0][0] == 1 and arrivals.admitted == later  # its slot, freed at step 3
-    assert_same(alone(model, [first[0], later[0]], cfg, n_pieces), [got[0], got[2]])
-    assert sorted(told) == [0, 2]
+    tell = lambda i, h: told.append((i, h))  # noqa: E731
+    got = search(model, first, arrivals, cfg, n_pieces, still_wanted=still_wanted, on_done=tell)
+    assert [free for free, _ in arrivals.offers[:2]] == [0, 1]  # told the slots at the first step, full
+    assert arrivals.admitted == later  # into the slot freed at step 3
+    assert len(got) == 2  # the first batch's: the admitted one's results are told, not kept
+    assert sorted(i for i, _ in told) == [0, 2]
+    assert_same(alone(model, [first[0], later[0]], cfg, n_pieces), [got[0], dict(told)[2]])
 
 
 def test_one_host_read_a_step(copy_translator):
@@ -158,7 +162,7 @@ def test_one_host_read_a_step(copy_translator):
     encode = encode_with(model)
     with torch.inference_mode():
         enc, lens = encode(first)
-    steps = in_flight_steps(model, enc, lens, SearchConfig(beam=4), n_pieces, encode, InFlight(lambda f, n: []))
+    steps = in_flight_steps(model, enc, lens, SearchConfig(beam=4), n_pieces, encode, InFlight(lambda f, b, n: []))
     n_steps = 1
     with SyncLog() as log:
         try:

@@ -7,7 +7,8 @@ import pytest
 
 from nmt_cli.commands import serve as serve_command
 from nmt_cli.errors import ConfigError
-from nmt_cli.serve.batcher import Batcher, QueueFull, Stopping
+from nmt_cli.serve.batcher import Batcher
+from nmt_cli.serve.queued import QueueFull, Stopping
 
 
 class Recorder:
@@ -494,23 +495,28 @@ def test_clients_answered_early_are_expected_back_until_they_are():
 
 
 class InFlightRecorder(Recorder):
-    """An in-flight search (search/in_flight.py's contract): `slots` slots (or its first sentences'); each step every sentence in a slot
-    advances, one of `steps` steps finishes it (answered at once) and frees its slot; between steps it takes queued
-    sentences (Admission.take) of at most `longest` characters into its free slots. Records what it admitted."""
+    """An in-flight search (search/in_flight.py's contract): `slots` slots (None: the Admission's capacity), at least
+    its first sentences'; each step every sentence in a slot advances, one of `steps` steps finishes it (answered at
+    once) and frees its slot; between steps it takes queued sentences (Admission.take) of at most `longest`
+    characters into its free slots. Records what it admitted, and each batch's slots and sentences taken."""
 
     def __init__(self, slots, steps, longest):
         super().__init__()
         self.slots, self.n_steps, self.longest, self.admitted = slots, steps, longest, []
+        self.buckets = []  # per batch: [slots, sentences taken]
 
     def __call__(self, key, items, still_wanted=None, answer=None, admission=None):
         self.batches.append((key, list(items)))
         items, left = list(items), {i: self.n_steps for i in range(len(items))}
-        slots = max(self.slots, len(items))  # as the real one's bucket, at least its first sentences
+        slots = max(admission.capacity if self.slots is None else self.slots, len(items))  # as the real one's bucket
+        bucket = [slots, 0]
+        self.buckets.append(bucket)
 
         def take():
             free = slots - len(left)
             if free:
-                for item in admission.take(free, lambda item: len(item) <= self.longest):
+                for item in admission.take(free, slots, lambda item: len(item) <= self.longest):
+                    bucket[1] += 1
                     self.admitted.append(item)
                     left[len(items)] = self.n_steps
                     items.append(item)
@@ -569,3 +575,86 @@ def test_in_flight_batches_stop_taking_sentences_while_another_waits_for_them_to
             c.join()
         batcher.stop(timeout=10)
     assert run.most_running <= 2
+
+
+def test_in_flight_one_batch_takes_a_keys_clients_and_holds_its_slots_sentences_alone():
+    """Steady load: after the first batches, one in-flight batch, sized for the clients, takes every sentence (a
+    second one beside it would take some and be starved by it); however many it takes, it holds no more of them
+    than its slots."""
+    run = InFlightRecorder(slots=None, steps=3, longest=3)
+    batcher = Batcher(run, max_tokens=1000, max_wait=0.0, max_queue=100, in_flight=True)
+    batcher.start()
+    held, latencies, errors = [], [], []
+
+    def client(n):
+        for i in range(n):
+            start = time.perf_counter()
+            try:
+                assert submit(batcher, "k", [str(i % 100)]).result(timeout=10) == [f"k:{i % 100}"]
+            except Exception as e:  # noqa: BLE001  reported below
+                errors.append(e)
+                return
+            latencies.append(time.perf_counter() - start)
+
+    clients = [threading.Thread(target=client, args=(40,)) for _ in range(6)]
+    for c in clients:
+        c.start()
+    while any(c.is_alive() for c in clients):
+        held.extend((len(r.joined), r.slots) for r in list(batcher._running))
+        time.sleep(0.005)
+    batcher.stop(timeout=10)
+    assert not errors
+    assert max(latencies) < 2.0  # a few steps of 20 ms each, not the seconds of a starved batch
+    slots, taken = max(run.buckets, key=lambda bucket: bucket[1])
+    assert slots >= 6 and taken >= 200  # of the 240 sentences
+    assert run.most_running <= 2 and all(joined <= max(s, 6) for joined, s in held)
+
+
+def test_in_flight_a_batch_too_small_for_its_clients_hands_them_to_one_sized_for_all():
+    """A batch of one sentence has one slot; six clients more queue: a batch with slots for them all starts, and
+    the small one takes no more."""
+    run = InFlightRecorder(slots=None, steps=4, longest=3)
+    batcher = Batcher(run, max_tokens=1000, max_wait=0.0, max_queue=100, in_flight=True)
+    first = submit(batcher, "k", ["a"])
+    batcher.start()
+    time.sleep(0.03)  # the first batch runs, its one slot taken
+    later = [submit(batcher, "k", [text]) for text in "bcdefg"]
+    assert [f.result(timeout=5) for f in (first, *later)] == [[f"k:{t}"] for t in "abcdefg"]
+    batcher.stop(timeout=5)
+    assert run.buckets[0] == [1, 0]  # one slot, none taken: no slot was free while the others waited
+    assert run.buckets[1][0] >= 6  # the clients of the key: those queued, and the one still searching
+
+
+def test_a_sentence_taken_in_flight_is_held_until_answered_or_its_request_has_gone():
+    from nmt_cli.serve.queued import Job, Queued, Running, Waiting
+
+    jobs = [Job("k", ["x"], results=[None], remaining=1) for _ in range(4)]
+    running = Running([Queued(jobs[0], 0, 1)], iter(()))
+    running.fits, running.free = (lambda item: True), 3
+    assert len(running.take([Queued(job, 0, 1) for job in jobs[1:]], 3)) == 3
+    wanted = Waiting(running)
+    assert list(wanted) == [True, True, True, True] and sorted(running.joined) == [1, 2, 3]
+    running.answer(1, "done")
+    jobs[2].future.cancel()
+    assert list(wanted) == [True, False, False, True]
+    assert sorted(running.joined) == [3]  # the answered and the gone ones are no longer held
+    assert running.free == 1  # the answered one's slot (the gone one's counts once the search stops it)
+
+
+def test_an_in_flight_batch_has_room_for_what_its_free_slots_take_and_counts_as_taking_before_it_steps():
+    from nmt_cli.serve.queued import Job, Queued, Running, has_room
+
+    def queued(n):
+        return [Queued(Job("k", ["x"], results=[None], remaining=1), 0, 1) for _ in range(n)]
+
+    running = Running(queued(3), iter(()), slots=4, free=1)
+    batcher = Batcher(Recorder(), max_tokens=1000, max_wait=0.0, max_queue=100, in_flight=True)
+    batcher._queue = queued(1)
+    assert not batcher._may_start([running])  # not told what fits yet: before its first step it takes its key's
+    running.steps = 1
+    assert batcher._may_start([running])  # stepped and told nothing: its search takes none
+    running.fits = lambda item: True
+    assert has_room(running, queued(1)) and not batcher._may_start([running])
+    assert not has_room(running, queued(2))  # more than its free slots: a batch for them all may start
+    batcher._queue = queued(2)
+    assert batcher._may_start([running])

@@ -163,7 +163,7 @@ def test_a_cancelled_request_leaves_the_running_batch_at_the_next_step():
 
     def run(key, items, still_wanted, answer):
         for _ in range(500 if "a" in items else 1):  # a search of 500 steps (1 for "c"), 10 ms each, asking each
-            wanted = still_wanted()
+            wanted = list(still_wanted())  # the answers now (the batcher's are read when asked)
             asked.append(wanted)
             if not any(wanted):
                 break

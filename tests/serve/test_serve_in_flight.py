@@ -67,7 +67,7 @@ def test_queued_sentences_join_a_running_batch(trained_copy_checkpoint, admitted
     queue.insert(0, served.with_prefixes(served.prepare(["5 0 5"]), ["5"], served.search)[0])
     steps, told, offered = [0], [], []
 
-    def take(free, fits):
+    def take(free, slots, fits):
         offered.append(free)
         if steps[0] < 3:
             return []
@@ -76,16 +76,18 @@ def test_queued_sentences_join_a_running_batch(trained_copy_checkpoint, admitted
         return taken
 
     batch = served.prepare(["0", LONG])
-    search = models.run(key, batch, lambda: [True] * len(batch), lambda i, r: told.append(i), Admission(take, 0))
+    wanted = lambda: [True] * (len(batch) + len(admitted))  # noqa: E731  the batch's and those admitted so far
+    search = models.run(key, batch, wanted, lambda i, r: told.append((i, r)), Admission(take, 0))
     results = counting(search, steps)
     assert len(queue) == 1 and queue[0].prefix is not None  # the prefixed one stays queued
-    assert len(admitted) == 2 and len(results) == 4
+    assert len(admitted) == 2 and sorted(i for i, _ in told) == [0, 1, 2, 3]
+    got = dict(told)
+    assert results == [got[0], got[1]]  # the batch's own returned too; the admitted ones told, not kept
     alone = [models.run(key, served.prepare([t]), lambda: [True], None) for t in ["0", LONG, "7 7", "2 4 6 8"]]
     want = [counting(a, [0])[0] for a in alone]
-    assert [r["text"] for r in results] == [w["text"] for w in want]
-    assert [r["score"] for r in results] == pytest.approx([w["score"] for w in want], abs=2e-4)  # rounded to 1e-4
-    assert sorted(told) == [0, 1, 2, 3]
-    assert offered[0] == 1  # a bucket of 2 slots: "0" finished first and left its slot
+    assert [got[i]["text"] for i in range(4)] == [w["text"] for w in want]
+    assert [got[i]["score"] for i in range(4)] == pytest.approx([w["score"] for w in want], abs=2e-4)  # to 1e-4
+    assert offered[:2] == [0, 1]  # a bucket of 2 slots, full at first; "0" finished first and left its slot
 
 
 def test_clients_served_in_flight_get_generates_answers(trained_copy_checkpoint, tmp_path, admitted):
