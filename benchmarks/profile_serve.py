@@ -105,7 +105,8 @@ def one_at_a_time(args: argparse.Namespace, lines: list[str]) -> None:
 def many_clients(args: argparse.Namespace, lines: list[str]) -> None:
     """--clients: sentences/s of translate() in sorted and in arrival-order batches of N, and of N client threads
     on serve's Batcher, alternated --rounds times (one process, no HTTP)."""
-    config = ServeConfig(path=str(args.path), device=args.device, fixed_slots=args.fixed_slots)
+    slots = args.fixed_slots or args.in_flight
+    config = ServeConfig(path=str(args.path), device=args.device, fixed_slots=slots, in_flight=args.in_flight)
     served = ServedModel(config, {"beam": args.beam})
     translator, _ = load_translator(args.path, torch.device(args.device), AMP_DTYPES[served.precision])
     translator.slots = served.slots
@@ -114,13 +115,17 @@ def many_clients(args: argparse.Namespace, lines: list[str]) -> None:
     models = Models.one(served)
     batcher = models.batcher(config.max_wait_ms / 1000, config.max_queue)
     key = key_of(models.default, served.search)
-    batches: list[tuple[int, float]] = []  # (sentences, seconds searching) of each batch
-    batcher.on_batch = lambda key, sentences, requests, seconds: batches.append((sentences, seconds))
+    batches: list[int] = []  # the sentences of each batch
+    searching = [0.0]  # seconds
+    batcher.on_batch = lambda key, sentences, requests: batches.append(sentences)
+    batcher.on_step = lambda key, seconds: searching.__setitem__(0, searching[0] + seconds)
     steps = [0]
     run = batcher.run
 
-    def counted(key: Any, items: list[Any], still_wanted: Callable[[], list[bool]], answer: Answer) -> Steps[list[Any]]:
-        search = run(key, items, still_wanted, answer)
+    def counted(
+        key: Any, items: list[Any], still_wanted: Callable[[], list[bool]], answer: Answer, **admission: Any
+    ) -> Steps[list[Any]]:
+        search = run(key, items, still_wanted, answer, **admission)
         while True:
             try:
                 next(search)
@@ -173,11 +178,12 @@ def many_clients(args: argparse.Namespace, lines: list[str]) -> None:
             work()
             rates[name].append(len(lines) / (time.perf_counter() - t))
         batches.clear()
+        searching[0] = 0.0
         steps[0] = 0
         took = through_batcher()
         rates["batcher"].append(len(lines) / took)
-        means.append(sum(b for b, _ in batches) / len(batches))
-        shares.append(100 * sum(s for _, s in batches) / took)
+        means.append(sum(batches) / len(batches))
+        shares.append(100 * searching[0] / took)
         per_batch.append(steps[0] / len(batches))
     batcher.stop()
     print(f"{n} clients ({len(lines)} sentences, {args.rounds} rounds alternated), sentences/s:")
@@ -266,6 +272,7 @@ def main() -> None:
     ap.add_argument("--sentences", type=int, default=500, help="Sentences sent by the --clients.")
     ap.add_argument("--event-loop", action="store_true", help="Only the event loop's CPU time per request.")
     ap.add_argument("--fixed-slots", action="store_true", help="Search as `nmt serve --fixed-slots` does.")
+    ap.add_argument("--in-flight", action="store_true", help="--clients: as `nmt serve --fixed-slots --in-flight`.")
     args = ap.parse_args()
     set_threads(args.threads)
     lines = args.input.read_text(encoding="utf-8").splitlines()

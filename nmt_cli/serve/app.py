@@ -378,4 +378,5 @@ def make_app(served: ServedModel | Models, max_wait: float, max_queue: int, limi
     batcher = models.batcher(max_wait, max_queue)
     metrics = Metrics(lambda: batcher.queue_length, [model.name for model in models])
     batcher.on_batch = lambda key, *counts: metrics.batch(model_of(key), *counts)
+    batcher.on_step = lambda key, seconds: metrics.searched(model_of(key), seconds)
     return build_app(models, batcher, metrics, limits)

@@ -78,8 +78,9 @@ RunBatch = Callable[..., Generator[None, None, list[Any]]]
 # (key, source pieces) -> the most decoder steps a sentence may take (its longest output and EOS, known before the
 # search: a * |x| + b within the model's positions); None: unknown
 StepsBound = Callable[[Hashable, int], int]
-# (key, sentences, requests, seconds of its own steps); in flight, each sentence taken counts as a request of its own
-OnBatch = Callable[[Hashable, int, int, float], None]
+# (key, sentences, requests) of a batch that ended; in flight, each sentence taken counts as a request of its own
+OnBatch = Callable[[Hashable, int, int], None]
+OnStep = Callable[[Hashable, float], None]  # (key, seconds) of a search step, as it ends
 
 # Batches searched at once, a step of one at a time: two let the short batches pass an expensive one, and more
 # would only add memory. Each keeps to --max-batch-tokens, so the worker holds two batches' searches at most; the
@@ -111,6 +112,7 @@ class Batcher:
         max_queue: int,
         worker_context: Callable[[], AbstractContextManager[Any]] = nullcontext,
         on_batch: OnBatch | None = None,
+        on_step: OnStep | None = None,
         warm_up: Callable[[], Any] | None = None,
         steps_bound: StepsBound | None = None,
         in_flight: bool = False,
@@ -118,7 +120,7 @@ class Batcher:
         self.run, self.max_tokens, self.max_wait, self.max_queue = run, max_tokens, max_wait, max_queue
         self.in_flight = in_flight
         self.steps_bound = steps_bound
-        self.worker_context, self.on_batch, self.warm_up = worker_context, on_batch, warm_up
+        self.worker_context, self.on_batch, self.on_step, self.warm_up = worker_context, on_batch, on_step, warm_up
         self.ready = threading.Event()  # set once the worker has warmed up (GET /ready)
         self.warmed = threading.Event()  # set once the warm-up has ended, well or not
         self.warm_up_error: Exception | None = None  # what it raised
@@ -167,17 +169,12 @@ class Batcher:
             return len(self._queue)
 
     def _drop_cancelled(self) -> None:
-        """Forget the queued sentences of requests already answered (timed out, client gone, failed); the
-        caller holds the lock."""
+        """Forget queued sentences of requests answered (timed out, client gone, failed); the caller holds the lock."""
         self._queue = [q for q in self._queue if not q.job.over]
 
     def submit(self, key: Hashable, items: Sequence[Any], lengths: Sequence[int]) -> Future[list[Any]]:
-        """Queue a request's sentences; the Future gets their results in order (or the batch's exception).
-
-        Raises:
-            QueueFull: they would take the queue past `max_queue` sentences.
-            Stopping: `stop` was called.
-        """
+        """Queue a request's sentences; the Future gets their results in order (or the batch's exception). Raises
+        QueueFull where they would take the queue past `max_queue` sentences, Stopping once `stop` was called."""
         job = Job(key, items, results=[None] * len(items), remaining=len(items))
         if not items:
             job.future.set_result([])
@@ -355,7 +352,7 @@ class Batcher:
         try:
             next(running.search)
         except StopIteration as stop:
-            running.seconds += time.perf_counter() - start
+            self._stepped(running, time.perf_counter() - start)
             self._answer(running, stop.value)
             return True
         except Exception as e:  # a bug or a device error: fail these requests, keep serving the others
@@ -364,9 +361,14 @@ class Batcher:
             for job in jobs_of(running.searching()):
                 settle(job.future, exception=e)
             return True
-        running.seconds += time.perf_counter() - start
+        self._stepped(running, time.perf_counter() - start)
         running.steps += 1
         return False
+
+    def _stepped(self, running: Running, seconds: float) -> None:
+        running.seconds += seconds
+        if self.on_step is not None:  # counted as it ends (an in-flight batch may search for hours)
+            self.on_step(running.batch[0].job.key, seconds)
 
     def _answer(self, running: Running, results: list[Any]) -> None:
         """Answer a finished batch's requests; the next batch waits for the company this one expects."""
@@ -375,7 +377,7 @@ class Batcher:
         self._ended(running)
         if self.on_batch is not None:  # counted before the answers go out: a client answered sees it
             sentences, requests = len(running.batch) + running.admitted, len(jobs_of(running.batch)) + running.admitted
-            self.on_batch(running.batch[0].job.key, sentences, requests, running.seconds)
+            self.on_batch(running.batch[0].job.key, sentences, requests)
         for q, result in zip(running.batch, results):
             q.answer(result)
 

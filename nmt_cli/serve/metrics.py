@@ -102,12 +102,16 @@ class Metrics:
                 counts.latencies.append(seconds)
                 counts.latency_sum += seconds
 
-    def batch(self, model: str, sentences: int, requests: int, seconds: float) -> None:
+    def batch(self, model: str, sentences: int, requests: int) -> None:
         with self.lock:
             counts = self.models[model]
             counts.batch_sentences.observe(sentences)
             counts.batch_requests.observe(requests)
-            counts.batch_seconds += seconds
+
+    def searched(self, model: str, seconds: float) -> None:
+        """A search step's seconds."""
+        with self.lock:
+            self.models[model].batch_seconds += seconds
 
     def text(self) -> str:
         """Every metric in Prometheus' text format."""

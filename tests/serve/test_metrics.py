@@ -7,8 +7,10 @@ from nmt_cli.serve.metrics import Metrics, number
 
 def test_counters_and_sums_are_written_exactly_past_a_million():
     metrics = Metrics(lambda: 0, ["en-de"])
-    metrics.batch("en-de", 1_200_000, 3, 1_000_000.125)
-    metrics.batch("en-de", 7, 1, 0.000123456789)
+    metrics.batch("en-de", 1_200_000, 3)
+    metrics.searched("en-de", 1_000_000.125)
+    metrics.batch("en-de", 7, 1)
+    metrics.searched("en-de", 0.000123456789)
     metrics.request(200, 1_200_007, 1234567.891, "en-de")
     metrics.request(499, 0, 0.5, "en-de")
     lines = samples(metrics.text())
@@ -25,8 +27,10 @@ def test_each_model_has_its_own_series():
     requests, a model not yet asked for shows zeros, and a request whose body named no model (a 400) counts only
     under its status."""
     metrics = Metrics(lambda: 3, ["en-de", "de-en", 'odd"name'])
-    metrics.batch("en-de", 5, 2, 0.5)
-    metrics.batch("de-en", 1, 1, 0.25)
+    metrics.batch("en-de", 5, 2)
+    metrics.searched("en-de", 0.5)
+    metrics.batch("de-en", 1, 1)
+    metrics.searched("de-en", 0.25)
     metrics.request(200, 3, 0.2, "en-de")
     metrics.request(200, 2, 0.4, "en-de")
     metrics.request(200, 1, 0.1, "de-en")
