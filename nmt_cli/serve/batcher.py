@@ -22,18 +22,16 @@ arrives meanwhile waits for its end and batches together), and one that ran long
 A sentence is answered as soon as the search has its result (a beam search's short sentences before the batch
 ends, so their clients are back while it runs), a request with its last sentence. A cancelled request (timed
 out, client gone) loses its sentences not yet started, and those of a running batch stop at the search's next
-step (the whole batch when none is wanted), so that the others' latency does not depend on it. `stop` refuses
-new requests, finishes the queued ones, and returns. Before its first batch the worker runs `warm_up` (one
-sentence through the model), then sets `ready`; either way it sets `warmed`, with `warm_up_error` holding what
-the warm-up raised (`nmt serve` refuses to start on it).
+step (the whole batch when none is wanted, stepped or not), so that the others' latency does not depend on it.
+`stop` refuses new requests, finishes the queued ones, and returns. Before its first batch the worker runs
+`warm_up` (one sentence through the model), then sets `ready`; either way it sets `warmed`, with `warm_up_error`
+holding what the warm-up raised (`nmt serve` refuses to start on it).
 
 With `in_flight` (`nmt serve --in-flight`) a running batch's search may also take queued sentences of its key into
-the slots its finished ones left, between two steps (`Admission`, search/in_flight.py): they join the batch, are
-answered as they finish, and count their steps from the step they joined at. One batch of a key takes them: a
-sentence it takes at its next step (with the others queued it takes: as many as its free slots) starts no batch,
-and once a batch of its key starts (its slots too few for the clients, or the sentence too long for it) it takes
-no more and ends, the new one sized for the clients of the key. It holds its slots' sentences alone, however long
-it runs (queued.py's Running, search/in_flight.py).
+its free slots between two steps (`Admission`, search/in_flight.py), answered as they finish, their steps counted
+from the one they joined at. A sentence it takes at its next step (with the others queued it takes: as many as its
+free slots) starts no batch; once a batch of its key starts (its slots too few, or the sentence too long) it takes
+no more and ends, the new one sized for the key's clients. It holds its slots' sentences alone (queued.py).
 """
 
 from __future__ import annotations
@@ -203,6 +201,10 @@ class Batcher:
             self._warm()
             running = self._running
             while True:
+                for gone in [r for r in running if r.abandoned]:
+                    gone.search.close()
+                    self._ended(gone)
+                    running.remove(gone)
                 if self._may_start(running) and (batch := self._next_batch(wait=not running)) is not None:
                     running.append(self._start(batch))
                 if not running:
@@ -303,8 +305,7 @@ class Batcher:
             lengths = np.array([q.length for q in nonempty], dtype=np.int64)
             budget = max(self.max_tokens, int(lengths.max()) + 1)  # as translate(): every sentence fits
             batches, _ = batch_by_tokens(lengths, lengths, budget, None)
-            oldest = next(b for b in batches if 0 in b)
-            chosen += [nonempty[i] for i in oldest.tolist()]
+            chosen += [nonempty[i] for i in next(b for b in batches if 0 in b).tolist()]  # the oldest's
         taken = set(map(id, chosen))
         self._queue = [q for q in self._queue if id(q) not in taken]
         return chosen

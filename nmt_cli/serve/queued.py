@@ -8,6 +8,7 @@ import time
 from collections.abc import Callable, Generator, Hashable, Iterator, Sequence
 from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass, field
+from itertools import chain
 from typing import Any, overload
 
 
@@ -118,6 +119,12 @@ class Running:
         """Its sentences not answered in flight: the batch's, and those taken since."""
         return [*self.batch, *self.joined.values()]
 
+    @property
+    def abandoned(self) -> bool:
+        """No request waits for any of its sentences (all answered, timed out or gone): a batch that the others'
+        shorter searches kept from its next step is dropped without one."""
+        return all(q.job.over for q in chain(self.batch, self.joined.values()))
+
 
 @dataclass
 class Admission:
@@ -165,11 +172,12 @@ def has_room(running: Running, queue: list[Queued]) -> bool:
 
 def stranded(queue: list[Queued], running: list[Running], max_running: int) -> bool:
     """Whether the oldest queued sentence can start nowhere while the running batches go on: as many run as may,
-    and none of them would take it even once a slot is free. In-flight batches then take no more, so that one ends
-    and it starts (under steady load they would run forever)."""
+    and none of them has room for it (it would not take it, or it is too small for the clients queued: `has_room`).
+    In-flight batches then take no more, so that one ends and it starts (under steady load they would run
+    forever; a batch of a few slots would take a crowd's sentences one at a time)."""
     if not queue or len(running) < max_running:
         return False
-    return not any(takes(r, queue[0]) for r in running)
+    return not any(has_room(r, queue) for r in running)
 
 
 def superseding(key: Hashable, n: int, queue: list[Queued], running: list[Running]) -> int:

@@ -500,14 +500,16 @@ class InFlightRecorder(Recorder):
     once) and frees its slot; between steps it takes queued sentences (Admission.take) of at most `longest`
     characters into its free slots. Records what it admitted, and each batch's slots and sentences taken."""
 
-    def __init__(self, slots, steps, longest):
+    def __init__(self, slots, steps, longest, key_steps=None):
         super().__init__()
         self.slots, self.n_steps, self.longest, self.admitted = slots, steps, longest, []
+        self.key_steps = key_steps or {}  # a key's own steps per sentence
         self.buckets = []  # per batch: [slots, sentences taken]
 
     def __call__(self, key, items, still_wanted=None, answer=None, admission=None):
         self.batches.append((key, list(items)))
-        items, left = list(items), {i: self.n_steps for i in range(len(items))}
+        n_steps = self.key_steps.get(key, self.n_steps)
+        items, left = list(items), {i: n_steps for i in range(len(items))}
         slots = max(admission.capacity if self.slots is None else self.slots, len(items))  # as the real one's bucket
         bucket = [slots, 0]
         self.buckets.append(bucket)
@@ -518,7 +520,7 @@ class InFlightRecorder(Recorder):
                 for item in admission.take(free, slots, lambda item: len(item) <= self.longest):
                     bucket[1] += 1
                     self.admitted.append(item)
-                    left[len(items)] = self.n_steps
+                    left[len(items)] = n_steps
                     items.append(item)
 
         while left:
@@ -658,3 +660,45 @@ def test_an_in_flight_batch_has_room_for_what_its_free_slots_take_and_counts_as_
     assert not has_room(running, queued(2))  # more than its free slots: a batch for them all may start
     batcher._queue = queued(2)
     assert batcher._may_start([running])
+
+
+def test_a_batch_none_waits_for_is_dropped_even_by_a_search_that_never_asks():
+    """A running batch whose requests are all gone leaves the worker at once, whether or not its search asks
+    still_wanted (a batch the others' shorter searches starve would never get the step that asks)."""
+    run = Recorder(delay=0.01, steps=lambda key: 1000 if key == "big" else 1)
+    batcher = Batcher(run, max_tokens=1000, max_wait=0.0, max_queue=100)
+    big = submit(batcher, "big", ["a"])
+    batcher.start()
+    time.sleep(0.05)
+    big.cancel()
+    start = time.perf_counter()
+    assert submit(batcher, "k", ["b"]).result(timeout=5) == ["k:b"]
+    assert time.perf_counter() - start < 1.0 and not batcher._running  # not the 10 s of its 1,000 steps
+    batcher.stop(timeout=5)
+    assert "big" not in run.finished
+
+
+def test_in_flight_a_batch_too_small_for_its_clients_ends_when_no_batch_may_start_beside_it():
+    """Two batches run (as many as may): a long one of another key, and one of a single slot that six clients'
+    sentences queue for. It takes no more, ends, and a batch with slots for them all starts."""
+    run = InFlightRecorder(slots=None, steps=3, longest=3, key_steps={"x": 150})
+    batcher = Batcher(run, max_tokens=1000, max_wait=0.0, max_queue=100, in_flight=True)
+    long_one = submit(batcher, "x", ["x"])
+    batcher.start()
+    time.sleep(0.03)
+    first = submit(batcher, "k", ["a"])  # a batch of one slot, beside the long one
+    time.sleep(0.03)
+
+    def client(n):
+        for i in range(n):
+            assert submit(batcher, "k", [str(i)]).result(timeout=10) == [f"k:{i}"]
+
+    clients = [threading.Thread(target=client, args=(6,)) for _ in range(6)]
+    for c in clients:
+        c.start()
+    for c in clients:
+        c.join()
+    assert first.result(timeout=5) == ["k:a"] and long_one.result(timeout=10) == ["x:x"]
+    batcher.stop(timeout=10)
+    assert run.most_running <= 2
+    assert run.buckets[1][0] == 1 and max((slots for slots, _ in run.buckets[2:]), default=0) >= 6

@@ -155,32 +155,36 @@ def test_a_request_that_times_out_stops_at_the_next_step_and_the_others_are_answ
 
 
 def test_a_cancelled_request_leaves_the_running_batch_at_the_next_step():
-    """The batcher's run gets still_wanted: a request cancelled while its batch runs reads False from then on,
-    and a batch of none wanted ends at once (the search stops at the step it asks)."""
+    """The batcher's run gets still_wanted: a request cancelled while its batch runs reads False from then on, and
+    a batch of none wanted is dropped at once (closed before its next step)."""
     from nmt_cli.serve.batcher import Batcher
 
-    asked = []
+    asked, closed = [], []
 
     def run(key, items, still_wanted, answer):
-        for _ in range(500 if "a" in items else 1):  # a search of 500 steps (1 for "c"), 10 ms each, asking each
-            wanted = list(still_wanted())  # the answers now (the batcher's are read when asked)
-            asked.append(wanted)
-            if not any(wanted):
-                break
-            time.sleep(0.01)
-            yield
+        try:
+            for _ in range(500 if "a" in items else 1):  # a search of 500 steps (1 for "c"), 10 ms each, asking each
+                asked.append(list(still_wanted()))  # the answers now (the batcher's are read when asked)
+                time.sleep(0.01)
+                yield
+        except GeneratorExit:
+            closed.append(key)
+            raise
         return [None] * len(items)
 
     batcher = Batcher(run, max_tokens=1000, max_wait=0.0, max_queue=10)
+    first, second = batcher.submit("k", ["a"], [1]), batcher.submit("k", ["b"], [1])
     batcher.start()
-    future = batcher.submit("k", ["a", "b"], [1, 1])
     time.sleep(0.1)
+    first.cancel()
+    time.sleep(0.05)
     start = time.perf_counter()
-    future.cancel()
+    second.cancel()
     other = batcher.submit("k", ["c"], [1])
     assert other.result(timeout=5) == [None] and time.perf_counter() - start < 1.0
     batcher.stop(5)
-    assert asked[0] == [True, True] and [False, False] in asked
+    assert asked[0] == [True, True] and [False, True] in asked
+    assert closed == ["k"]
 
 
 @pytest.mark.serial  # it compares latencies
