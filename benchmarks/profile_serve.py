@@ -15,7 +15,8 @@ bench_serve.py's one client is slower than generate, in the HTTP server's proces
 - `arrival N`: translate() on consecutive chunks of N sentences, each one batch (a batcher that always filled
   its batches: what the composition of the batches a server gets costs);
 - `batcher`: N client threads each submitting one sentence at a time to serve's Batcher, with its mean batch,
-  the worker's share of the time searching, and the decoder steps per batch.
+  the worker's share of the time searching, the decoder steps per batch and the requests' p50 and p99 latency
+  (--in-flight: the server's in-flight batching, its batches long-running).
 bench_serve.py's figure against `batcher`'s is what HTTP (event loop, JSON, the clients' own work) costs.
 
 --event-loop: the CPU time per /translate request of serve's Starlette app, called in-process by a minimal ASGI
@@ -147,7 +148,9 @@ def many_clients(args: argparse.Namespace, lines: list[str]) -> None:
             for i in range(0, len(sources), n):
                 translate(translator, sources[i : i + n], cfg, served.max_tokens)
 
-    def through_batcher() -> None:
+    latencies: list[float] = []  # of each request (seconds)
+
+    def through_batcher() -> float:
         prepared = [served.prepare([line]) for line in lines]  # the event loop's work, not timed
         todo = iter(range(len(lines)))
         lock = threading.Lock()
@@ -159,7 +162,9 @@ def many_clients(args: argparse.Namespace, lines: list[str]) -> None:
                 if i is None:
                     return
                 s = prepared[i]
+                start = time.perf_counter()
                 batcher.submit(key, s, [served.length(x) for x in s]).result()
+                latencies.append(time.perf_counter() - start)
 
         threads = [threading.Thread(target=client) for _ in range(n)]
         t = time.perf_counter()
@@ -171,7 +176,7 @@ def many_clients(args: argparse.Namespace, lines: list[str]) -> None:
 
     sorted_batches()  # warm-up of the main thread's translator
     rates: dict[str, list[float]] = collections.defaultdict(list)
-    shares, means, per_batch = [], [], []
+    shares, means, per_batch, p50, p99 = [], [], [], [], []
     for _ in range(args.rounds):
         for name, work in ((f"sorted {n}", sorted_batches), (f"arrival {n}", arrival_batches)):
             t = time.perf_counter()
@@ -180,14 +185,18 @@ def many_clients(args: argparse.Namespace, lines: list[str]) -> None:
         batches.clear()
         searching[0] = 0.0
         steps[0] = 0
+        latencies.clear()
         took = through_batcher()
+        p50.append(1000 * float(np.percentile(latencies, 50)))
+        p99.append(1000 * float(np.percentile(latencies, 99)))
         rates["batcher"].append(len(lines) / took)
         means.append(sum(batches) / len(batches))
         shares.append(100 * searching[0] / took)
         per_batch.append(steps[0] / len(batches))
     batcher.stop()
     print(f"{n} clients ({len(lines)} sentences, {args.rounds} rounds alternated), sentences/s:")
-    for name, ms in [*rates.items(), ("mean batch", means), ("searching %", shares), ("steps/batch", per_batch)]:
+    figures = [("mean batch", means), ("searching %", shares), ("steps/batch", per_batch), ("p50 ms", p50)]
+    for name, ms in [*rates.items(), *figures, ("p99 ms", p99)]:
         print(f"  {name:>18}  " + "  ".join(f"{x:7.1f}" for x in ms) + f"   median {statistics.median(ms):7.1f}")
 
 
