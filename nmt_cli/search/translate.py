@@ -12,7 +12,7 @@ from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Any, overload
+from typing import Any
 
 import numpy as np
 import torch
@@ -27,7 +27,7 @@ from nmt_cli.model.linear import ONEDNN_AVAILABLE, pack_for_cpu_inference
 from nmt_cli.model.quantize import quantize_for_cpu_inference
 from nmt_cli.model.transformer import Transformer
 from nmt_cli.runtime import AMP_DTYPES, autocast, choose_attention_backends, choose_device, to_device_async
-from nmt_cli.search.beam import OnDone, StillWanted, beam_steps, max_lengths
+from nmt_cli.search.beam import Answers, OnDone, StillWanted, beam_steps, max_lengths
 from nmt_cli.search.constraint import ConstraintSource, all_of
 from nmt_cli.search.ensemble import Ensemble, check_members, ensemble_bounds, member_paths, member_weights
 from nmt_cli.search.greedy import greedy_steps
@@ -272,7 +272,7 @@ def subset(still_wanted: StillWanted, ids: np.ndarray, n_sources: int | None = N
     return lambda: Subset(still_wanted(), ids, n_sources)
 
 
-class Subset(Sequence[bool]):
+class Subset(Answers):
     """The answers of a batch's sentences (`subset`), read from the call's `answers` when asked."""
 
     def __init__(self, answers: Sequence[bool], ids: np.ndarray, n_sources: int | None) -> None:
@@ -282,21 +282,10 @@ class Subset(Sequence[bool]):
         admitted = 0 if self.n_sources is None else len(self.answers) - self.n_sources
         return len(self.ids) + admitted
 
-    def __iter__(self) -> Iterator[bool]:
-        return (self[i] for i in range(len(self)))
-
-    @overload
-    def __getitem__(self, i: int) -> bool: ...
-
-    @overload
-    def __getitem__(self, i: slice) -> list[bool]: ...
-
-    def __getitem__(self, i: int | slice) -> bool | list[bool]:
-        if isinstance(i, slice):
-            return [self[j] for j in range(*i.indices(len(self)))]
-        if i < 0 or (i >= len(self.ids) and self.n_sources is None):
-            raise IndexError(i)
-        return bool(self.answers[in_call(self.ids, self.n_sources or 0, i)])  # past the admitted: IndexError
+    def answer(self, i: int) -> bool:
+        if self.n_sources is None:
+            return bool(self.answers[self.ids[i]])  # past the batch: IndexError
+        return bool(self.answers[in_call(self.ids, self.n_sources, i)])  # past those admitted: the answers' own
 
 
 def sampling_generator(cfg: SearchConfig, device: torch.device) -> torch.Generator | None:

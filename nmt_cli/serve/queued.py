@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Generator, Hashable, Iterator, Sequence
+from collections.abc import Callable, Generator, Hashable, Sequence
 from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass, field
 from itertools import chain
-from typing import Any, overload
+from typing import Any
+
+from nmt_cli.search.beam import Answers
 
 
 class QueueFull(Exception):
@@ -196,7 +198,7 @@ def jobs_of(batch: list[Queued]) -> list[Job]:
     return list({id(q.job): q.job for q in batch}.values())
 
 
-class Waiting(Sequence[bool]):
+class Waiting(Answers):
     """A running batch's `still_wanted` answers: per sentence of the call (the batch's, then those taken in flight),
     whether its request still waits for it (not answered, timed out, cancelled, or gone), read as the search asks:
     an in-flight search asks for its slots' sentences alone, once a step."""
@@ -207,20 +209,9 @@ class Waiting(Sequence[bool]):
     def __len__(self) -> int:
         return len(self.running.batch) + self.running.admitted
 
-    def __iter__(self) -> Iterator[bool]:
-        return (self[i] for i in range(len(self)))
-
-    @overload
-    def __getitem__(self, i: int) -> bool: ...
-
-    @overload
-    def __getitem__(self, i: slice) -> list[bool]: ...
-
-    def __getitem__(self, i: int | slice) -> bool | list[bool]:
-        if isinstance(i, slice):
-            return [self[j] for j in range(*i.indices(len(self)))]
+    def answer(self, i: int) -> bool:
         batch, joined = self.running.batch, self.running.joined
-        if not 0 <= i < len(batch) + self.running.admitted:
+        if i >= len(batch) + self.running.admitted:
             raise IndexError(i)
         q = batch[i] if i < len(batch) else joined.get(i)
         if q is None:  # taken in flight, and answered or gone since
