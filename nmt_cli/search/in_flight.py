@@ -72,6 +72,11 @@ class InFlight:
     capacity: int = 0
     max_tokens: int = 0
 
+    def decline(self) -> None:
+        """Tell the caller that this search takes none (not one over fixed slots, or its sources made several
+        batches): an `admit` of none, into no slots, of no length."""
+        self.admit(0, 0, 0)
+
 
 def longest_source(source_len: int, cfg: SearchConfig, n_positions: int, max_positions: int) -> int:
     """The longest source, in pieces, whose search fits a bucket of source_len (EOS included) and n_positions."""

@@ -190,6 +190,10 @@ def batch_steps(
     if constraints is not None:
         batch_ids = np.arange(n) if ids is None else ids
         rules["constraint"], rules["n_leaves"] = constraints.for_batch(src, src_lens, batch_ids)
+    over_slots = translator.slots is not None and applies(cfg, constraints is not None)
+    if in_flight is not None and (cfg.sampling or cfg.beam == 1 or not over_slots):
+        in_flight.decline()
+        in_flight = None
     # A layer of the encoder per resumption: serve's worker runs another batch's steps between the layers of a
     # batch of long sentences instead of waiting for its whole encoder.
     enc = yield from translator.model.encode_steps(src, src_pad_mask)
@@ -204,7 +208,8 @@ def batch_steps(
             hyps = yield from greedy_steps(translator.model, enc, src_lens[rep], cfg, generator, n_pieces, **rules)
             return [[h[0] for h in hyps[i * cfg.nbest : (i + 1) * cfg.nbest]] for i in range(n)]
         return (yield from greedy_steps(translator.model, enc, src_lens, cfg, generator, n_pieces, **rules))
-    if translator.slots is not None and applies(cfg, constraints is not None):
+    if over_slots:
+        assert translator.slots is not None
         graphs, model = translator.slots.graphs, translator.model
         if in_flight is not None:
             encode = partial(encode_now, translator)
@@ -344,7 +349,9 @@ def translate_steps(
         )
     budget = max(max_tokens, int(lengths.max(initial=0)) + 1)  # every sentence fits: none is skipped
     batches, _ = batch_by_tokens(lengths[nonempty], lengths[nonempty], budget, None, batch_size)
-    in_flight = in_flight if len(batches) == 1 else None
+    if in_flight is not None and len(batches) != 1:
+        in_flight.decline()
+        in_flight = None
     n_sources = None if in_flight is None else len(sources)
     for batch in batches:
         ids = nonempty[batch]

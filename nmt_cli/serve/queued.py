@@ -155,11 +155,11 @@ def admitting(admission: Admission) -> Callable[[int, int, int], list[Any]]:
 
 def takes(running: Running, q: Queued) -> bool:
     """Whether an in-flight batch would take the queued sentence q into a free slot: it still takes sentences, q is
-    of its key, not empty, and one its search said it takes (before its first step, which tells: any)."""
+    of its key, not empty, and one its search said it takes (any, before it tells)."""
     if not running.admitting or running.batch[0].job.key != q.job.key or q.length == 0:
         return False
-    if running.fits is None:  # not told yet; after its first step, a search that takes none (search/in_flight.py)
-        return running.steps == 0
+    if running.fits is None:  # not told yet: its search tells at its first decoder step, or that it takes none
+        return True
     return running.fits(q.job.items[q.index])
 
 

@@ -266,7 +266,10 @@ class ServedModel:
         finishes (a batch whose sentences are answered at its end, one asking for an alignment, takes none)."""
         translator = self.translator
         generator = sampling_generator(search, self.device)
+        flying = None if admission is None else InFlight(admitting(admission), admission.capacity, self.max_tokens)
         if self.parser is not None:
+            if flying is not None:
+                flying.decline()
             words = [s.words or [] for s in sentences]
             trees, _ = self.parser.parse(words, search, self.max_tokens, 0, generator, still_wanted)
             answers: list[dict[str, Any] | None] = [{"text": "" if tree is None else str(tree)} for tree in trees]
@@ -280,11 +283,11 @@ class ServedModel:
                 if answer is not None and self.answers_early and not any(s.alignment for s in sentences)
                 else None
             )
-            in_flight = None
-            if admission is not None and early is not None:  # each sentence taken is answered as it finishes
-                in_flight = InFlight(admitting(admission), admission.capacity, self.max_tokens)
+            if flying is not None and early is None:  # each sentence taken is to be answered as it finishes
+                flying.decline()
+                flying = None
             results = yield from translate_steps(
-                translator, ids, search, self.max_tokens, 0, generator, rules, still_wanted, early, in_flight
+                translator, ids, search, self.max_tokens, 0, generator, rules, still_wanted, early, flying
             )
             self.align(sentences, results)
             answers = [self.translation(hyps, search.nbest) for hyps in results]

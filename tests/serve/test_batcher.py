@@ -652,9 +652,10 @@ def test_an_in_flight_batch_has_room_for_what_its_free_slots_take_and_counts_as_
     running = Running(queued(3), iter(()), slots=4, free=1)
     batcher = Batcher(Recorder(), max_tokens=1000, max_wait=0.0, max_queue=100, in_flight=True)
     batcher._queue = queued(1)
-    assert not batcher._may_start([running])  # not told what fits yet: before its first step it takes its key's
-    running.steps = 1
-    assert batcher._may_start([running])  # stepped and told nothing: its search takes none
+    running.steps = 6  # its encoder's layers, a resumption each
+    assert not batcher._may_start([running])  # not told what fits yet (its first decoder step tells): it takes any
+    running.fits = lambda item: False  # told it takes none (InFlight.decline)
+    assert batcher._may_start([running])
     running.fits = lambda item: True
     assert has_room(running, queued(1)) and not batcher._may_start([running])
     assert not has_room(running, queued(2))  # more than its free slots: a batch for them all may start

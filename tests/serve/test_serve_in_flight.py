@@ -4,6 +4,7 @@ what generate gives them; sentences of their own rules (a prefix, constraints, a
 --in-flight without --fixed-slots is refused in one line."""
 
 import threading
+from dataclasses import replace
 
 import pytest
 import torch
@@ -88,6 +89,28 @@ def test_queued_sentences_join_a_running_batch(trained_copy_checkpoint, admitted
     assert [got[i]["text"] for i in range(4)] == [w["text"] for w in want]
     assert [got[i]["score"] for i in range(4)] == pytest.approx([w["score"] for w in want], abs=2e-4)  # to 1e-4
     assert offered[:2] == [0, 1]  # a bucket of 2 slots, full at first; "0" finished first and left its slot
+
+
+def test_a_batch_that_cannot_take_sentences_says_so_at_once(trained_copy_checkpoint):
+    """A batch answered at its end (a sentence asks for an alignment) or searched without fixed slots (sampling)
+    declines at its start: one take of none, whose `fits` refuses every sentence, so the batcher starts others."""
+    cfg = ServeConfig(path=str(trained_copy_checkpoint), device="cpu", threads=1, fixed_slots=True, in_flight=True)
+    models = Models.open(cfg, {"beam": 3})
+    served = models.default.served
+    aligned = [replace(s, alignment="hard") for s in served.prepare(["1 2"])]
+    sampled = replace(served.search, sampling=True)
+    for search, batch in ((served.search, aligned), (sampled, served.prepare(["3 4"]))):
+        calls = []
+
+        def take(free, slots, fits):
+            calls.append((free, slots, [fits(s) for s in served.prepare(["5", "6 7"])]))
+            return []
+
+        key = key_of(models.default, search)
+        search_steps = models.run(key, batch, lambda: [True], lambda i, r: None, Admission(take, 4))
+        next(search_steps)  # its first resumption
+        assert calls == [(0, 0, [False, False])]
+        counting(search_steps, [0])
 
 
 def test_clients_served_in_flight_get_generates_answers(trained_copy_checkpoint, tmp_path, admitted):
