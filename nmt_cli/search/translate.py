@@ -182,7 +182,8 @@ def batch_steps(
     """Search one batch, one decoder step per resumption (the encoder a layer per resumption before them). The
     caller runs each resumption in `search_context`: serve's worker interleaves the steps of two batches on one
     thread, and a context held open across a pause would leak into the other's. `in_flight`: a search over fixed
-    slots admits more sentences between its steps (search/in_flight.py); their results follow the batch's."""
+    slots admits more sentences between its steps (search/in_flight.py), told to `on_done` (else returned after
+    the batch's); a search that admits none says so at its start (InFlight.decline)."""
     n, n_pieces = len(sources), translator.vocab.n_pieces
     src, src_pad_mask, src_lens = source_batch(sources, translator.device)
     rules: dict[str, Any] = {} if still_wanted is None else {"still_wanted": still_wanted}
@@ -320,7 +321,8 @@ def translate_steps(
     source's index and results as soon as its beam search finishes it (search/beam.py's OnDone), before its batch
     ends; the results returned hold every source's, told or not. `in_flight` (serve's --in-flight): where the
     sources make one batch searched over fixed slots, it admits more sentences between steps (search/in_flight.py),
-    numbered after the sources, and the results returned (and `still_wanted`'s answers) hold theirs after them.
+    numbered after the sources (`still_wanted` answers for them after the sources'), their results told to `on_done`
+    (without it, returned after the sources').
 
     Empty sources get an empty hypothesis without running the model; sources longer than the
     model's positions are cut (with a warning). Sampling draws from `generator`, else from one seeded
