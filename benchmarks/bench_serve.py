@@ -26,7 +26,8 @@ ratio, whose target is <= 1.5. --threads-compare 1,2: the --clients phase on a s
 (0: serve's default), all with the same settings, in turn round after round. --fixed-slots: the server and every
 generate run it is compared with search over fixed slots (`--fixed-slots`, with CUDA graphs on a GPU), so that each
 ratio compares one search; --in-flight: the server also admits sentences into running batches (`--in-flight`),
-compared with generate over the same fixed slots; the table's `search` says which ran (the server's /info).
+compared with generate over the same fixed slots (its `mean batch` counts the batches that ended: little of one
+that runs the whole phase); the table's `search` says which ran (the server's /info).
     .venv/bin/python benchmarks/bench_serve.py --path work/multi30k_en_de/average.pt --conditions idle
     .venv/bin/python benchmarks/bench_serve.py --path CKPT --adversary --rounds 2 --threads-compare 0,1,2
     .venv/bin/python benchmarks/bench_serve.py --path CKPT --device cuda --fixed-slots
