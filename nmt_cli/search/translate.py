@@ -192,7 +192,7 @@ def batch_steps(
         batch_ids = np.arange(n) if ids is None else ids
         rules["constraint"], rules["n_leaves"] = constraints.for_batch(src, src_lens, batch_ids)
     over_slots = translator.slots is not None and applies(cfg, constraints is not None)
-    if in_flight is not None and (cfg.sampling or cfg.beam == 1 or not over_slots):
+    if in_flight is not None and not over_slots:  # sampled, greedy or ruled searches keep the default search
         in_flight.decline()
         in_flight = None
     # A layer of the encoder per resumption: serve's worker runs another batch's steps between the layers of a

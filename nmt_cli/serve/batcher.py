@@ -64,6 +64,7 @@ from nmt_cli.serve.queued import (
     settle,
     stranded,
     superseding,
+    without,
 )
 
 logger = logging.getLogger(__name__)
@@ -231,7 +232,6 @@ class Batcher:
             next_bound = self._queue[0].bound if self._queue else math.inf
             if any(has_room(r, self._queue) for r in running):
                 return False  # an in-flight batch takes it at its next step
-
         if math.isfinite(next_bound) and PASS_FACTOR * next_bound <= min(r.left for r in running):  # far longer
             return True
         if not self._recent_steps:  # no batch has ended yet: nothing is usual
@@ -306,8 +306,7 @@ class Batcher:
             budget = max(self.max_tokens, int(lengths.max()) + 1)  # as translate(): every sentence fits
             batches, _ = batch_by_tokens(lengths, lengths, budget, None)
             chosen += [nonempty[i] for i in next(b for b in batches if 0 in b).tolist()]  # the oldest's
-        taken = set(map(id, chosen))
-        self._queue = [q for q in self._queue if id(q) not in taken]
+        self._queue = without(self._queue, chosen)
         return chosen
 
     def _start(self, batch: list[Queued]) -> Running:
@@ -335,8 +334,7 @@ class Batcher:
         with self._cond:
             self._drop_cancelled()
             taken = [] if stranded(self._queue, self._running, MAX_RUNNING) else running.take(self._queue, free)
-            chosen = set(map(id, taken))
-            self._queue = [q for q in self._queue if id(q) not in chosen]
+            self._queue = without(self._queue, taken)
         return [q.job.items[q.index] for q in taken]
 
     def _early(self, running: Running, i: int, result: Any) -> None:

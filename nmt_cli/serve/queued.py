@@ -193,6 +193,12 @@ def superseding(key: Hashable, n: int, queue: list[Queued], running: list[Runnin
     return n + sum(q.job.key == key for q in queue) + searching
 
 
+def without(queue: list[Queued], taken: list[Queued]) -> list[Queued]:
+    """The queue less the sentences taken from it."""
+    chosen = set(map(id, taken))
+    return [q for q in queue if id(q) not in chosen]
+
+
 def jobs_of(batch: list[Queued]) -> list[Job]:
     """The requests a batch's sentences belong to, each once."""
     return list({id(q.job): q.job for q in batch}.values())
