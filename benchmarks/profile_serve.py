@@ -2,12 +2,12 @@
 splits its figures.
 
 One sentence at a time (bench_serve.py's one client), alternated --rounds times, ms per sentence:
-- `main`: translate() on the main thread, one sentence a call (what `nmt generate --batch-size 1` does);
-- `thread`: the same loop on a second thread, the main one waiting (the server searches on a worker thread);
+- `thread`: translate() on a thread of its own, one sentence a call (what `nmt generate --batch-size 1` does);
 - `batcher`: serve's ServedModel and Batcher (serve/served_model.py, batcher.py), each sentence submitted and waited for
   as a client would, without the HTTP server around them.
-If `batcher` is slower than `main`, the time goes in the batcher or the worker thread; if it is not, and
-bench_serve.py's one client is slower than generate, in the HTTP server's process around them.
+If `batcher` is slower than `thread`, the time goes in the batcher; if it is not, and bench_serve.py's one client
+is slower than generate, in the HTTP server's process around them. Every search here runs on a thread that ends
+before the next one starts, and the main thread runs none (`alone`: two OpenMP teams alive at once slow both).
 
 --clients N (bench_serve.py's 32 one-sentence clients, without HTTP), sentences per second over the first
 --sentences sentences, alternated --rounds times:
@@ -24,8 +24,7 @@ caller (no sockets, no uvicorn), its worker answering each batch at once without
 encoding, batcher bookkeeping and JSON take from the event loop (and, on the CPU, from the worker's GIL), with
 32 requests at once, and the functions that take most of it (cProfile).
 
-On the CPU the searches share one process, so they also share its OpenMP thread pools; the server's own
-figures come from bench_serve.py.
+The server's own figures come from bench_serve.py.
 
     python benchmarks/profile_serve.py --path CKPT --device cuda
 """
@@ -43,7 +42,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
@@ -51,20 +50,59 @@ from common import MULTI30K
 
 from nmt_cli.config import ServeConfig
 from nmt_cli.runtime import AMP_DTYPES, set_threads
-from nmt_cli.search.translate import load_translator, translate
+from nmt_cli.search.translate import Translator, load_translator, translate
 from nmt_cli.serve.app import Limits, make_app
+from nmt_cli.serve.batcher import Batcher
 from nmt_cli.serve.models import Models, key_of
 from nmt_cli.serve.queued import Answer
 from nmt_cli.serve.served_model import ServedModel
 from nmt_cli.steps import Steps
 
+T = TypeVar("T")
+
+
+def alone(work: Callable[[], T]) -> T:
+    """`work()` on a thread of its own, waited for. PyTorch's CPU ops run on the calling thread's OpenMP team,
+    which lives as long as that thread; while two teams live (GNU OpenMP, 2 of them on 2 cores: more threads than
+    cores), every parallel op of either waits for its team by sleeping instead of spinning, about 3x slower on
+    2 Zen 3 cores (94 against 320 us a small product). `nmt serve` runs torch on its worker thread only; so that
+    the figures here are that server's, the main thread runs none (loading included), and every search here runs
+    on a thread that ends before the next one starts: each variant's own, or a batcher's worker, stopped after its
+    round."""
+    out: list[T] = []
+    thread = threading.Thread(target=lambda: out.append(work()))
+    thread.start()
+    thread.join()
+    if not out:
+        raise SystemExit("the thread failed (its traceback is above)")
+    return out[0]
+
+
+def load(args: argparse.Namespace, config: ServeConfig) -> tuple[ServedModel, Translator]:
+    """The server's model and a translator of the same checkpoint, search and precision (loaded alone)."""
+
+    def both() -> tuple[ServedModel, Translator]:
+        served = ServedModel(config, {"beam": args.beam})
+        # the precision generate and serve choose (the checkpoint's on CUDA)
+        translator, _ = load_translator(args.path, torch.device(args.device), AMP_DTYPES[served.precision])
+        translator.slots = served.slots  # the server's search (--fixed-slots), so that the ways compare alike
+        return served, translator
+
+    return alone(both)
+
+
+def started(served: ServedModel, config: ServeConfig) -> tuple[Batcher, Any]:
+    """A batcher as `nmt serve` makes it, started and warm, and its key for the model's search."""
+    models = Models.one(served)
+    batcher = models.batcher(config.max_wait_ms / 1000, config.max_queue)
+    batcher.start()
+    batcher.ready.wait()
+    return batcher, key_of(models.default, served.search)
+
 
 def one_at_a_time(args: argparse.Namespace, lines: list[str]) -> None:
     config = ServeConfig(path=str(args.path), device=args.device, fixed_slots=args.fixed_slots)
-    served = ServedModel(config, {"beam": args.beam})
-    # the precision generate and serve choose (the checkpoint's on CUDA)
-    translator, _ = load_translator(args.path, torch.device(args.device), AMP_DTYPES[served.precision])
-    translator.slots = served.slots  # the server's search (--fixed-slots), so that the three ways compare alike
+    served, translator = load(args, config)
     cfg = served.search
     sources = [np.asarray(ids, dtype=np.int64) for ids in translator.vocab.encode(lines)]
 
@@ -73,31 +111,24 @@ def one_at_a_time(args: argparse.Namespace, lines: list[str]) -> None:
             for src in sources:
                 translate(translator, [src], cfg, served.max_tokens)
 
-    def on_thread() -> None:
-        t = threading.Thread(target=loop)
-        t.start()
-        t.join()
-
-    models = Models.one(served)
-    batcher = models.batcher(config.max_wait_ms / 1000, config.max_queue)  # as `nmt serve` makes it
-    key = key_of(models.default, served.search)
-    batcher.start()
-    batcher.ready.wait()
-
     def through_batcher() -> None:
+        batcher, key = started(served, config)
+        t = time.perf_counter()
         for line in lines:
             s = served.prepare([line])
             batcher.submit(key, s, [served.length(x) for x in s]).result()
+        took.append(time.perf_counter() - t)
+        batcher.stop()
 
-    variants = {"main": loop, "thread": on_thread, "batcher": through_batcher}
-    loop()  # warm-up of the main thread's translator
-    times = collections.defaultdict(list)
+    alone(loop)  # warm-up
+    times: dict[str, list[float]] = collections.defaultdict(list)
+    took: list[float] = []
     for _ in range(args.rounds):
-        for name, run in variants.items():
-            t = time.perf_counter()
-            run()
-            times[name].append((time.perf_counter() - t) / len(lines) * 1000)
-    batcher.stop()
+        t = time.perf_counter()
+        alone(loop)
+        times["thread"].append((time.perf_counter() - t) / len(lines) * 1000)
+        through_batcher()  # timed without its start and warm-up
+        times["batcher"].append(took.pop() / len(lines) * 1000)
     print(f"one sentence at a time ({len(lines)} sentences, {args.rounds} rounds alternated), ms per sentence:")
     for name, ms in times.items():
         print(f"  {name:>18}  " + "  ".join(f"{x:7.1f}" for x in ms) + f"   median {statistics.median(ms):7.1f}")
@@ -108,36 +139,32 @@ def many_clients(args: argparse.Namespace, lines: list[str]) -> None:
     on serve's Batcher, alternated --rounds times (one process, no HTTP)."""
     slots = args.fixed_slots or args.in_flight
     config = ServeConfig(path=str(args.path), device=args.device, fixed_slots=slots, in_flight=args.in_flight)
-    served = ServedModel(config, {"beam": args.beam})
-    translator, _ = load_translator(args.path, torch.device(args.device), AMP_DTYPES[served.precision])
-    translator.slots = served.slots
+    served, translator = load(args, config)
     cfg, n = served.search, args.clients
     sources = [np.asarray(ids, dtype=np.int64) for ids in translator.vocab.encode(lines)]
-    models = Models.one(served)
-    batcher = models.batcher(config.max_wait_ms / 1000, config.max_queue)
-    key = key_of(models.default, served.search)
     batches: list[int] = []  # the sentences of each batch
     searching = [0.0]  # seconds
-    batcher.on_batch = lambda key, sentences, requests: batches.append(sentences)
-    batcher.on_step = lambda key, seconds: searching.__setitem__(0, searching[0] + seconds)
     steps = [0]
-    run = batcher.run
 
-    def counted(
-        key: Any, items: list[Any], still_wanted: Callable[[], list[bool]], answer: Answer, **admission: Any
-    ) -> Steps[list[Any]]:
-        search = run(key, items, still_wanted, answer, **admission)
-        while True:
-            try:
-                next(search)
-            except StopIteration as stop:
-                return stop.value
-            steps[0] += 1
-            yield
+    def counting(batcher: Batcher) -> Batcher:
+        batcher.on_batch = lambda key, sentences, requests: batches.append(sentences)
+        batcher.on_step = lambda key, seconds: searching.__setitem__(0, searching[0] + seconds)
+        run = batcher.run
 
-    batcher.run = counted
-    batcher.start()
-    batcher.ready.wait()
+        def counted(
+            key: Any, items: list[Any], still_wanted: Callable[[], list[bool]], answer: Answer, **admission: Any
+        ) -> Steps[list[Any]]:
+            search = run(key, items, still_wanted, answer, **admission)
+            while True:
+                try:
+                    next(search)
+                except StopIteration as stop:
+                    return stop.value
+                steps[0] += 1
+                yield
+
+        batcher.run = counted
+        return batcher
 
     def sorted_batches() -> None:
         with torch.inference_mode():
@@ -154,6 +181,8 @@ def many_clients(args: argparse.Namespace, lines: list[str]) -> None:
         prepared = [served.prepare([line]) for line in lines]  # the event loop's work, not timed
         todo = iter(range(len(lines)))
         lock = threading.Lock()
+        batcher, key = started(served, config)
+        counting(batcher)
 
         def client() -> None:
             while True:
@@ -172,15 +201,17 @@ def many_clients(args: argparse.Namespace, lines: list[str]) -> None:
             thread.start()
         for thread in threads:
             thread.join()
-        return time.perf_counter() - t
+        took = time.perf_counter() - t
+        batcher.stop()
+        return took
 
-    sorted_batches()  # warm-up of the main thread's translator
+    alone(sorted_batches)  # warm-up
     rates: dict[str, list[float]] = collections.defaultdict(list)
     shares, means, per_batch, p50, p99 = [], [], [], [], []
     for _ in range(args.rounds):
         for name, work in ((f"sorted {n}", sorted_batches), (f"arrival {n}", arrival_batches)):
             t = time.perf_counter()
-            work()
+            alone(work)
             rates[name].append(len(lines) / (time.perf_counter() - t))
         batches.clear()
         searching[0] = 0.0
@@ -193,7 +224,6 @@ def many_clients(args: argparse.Namespace, lines: list[str]) -> None:
         means.append(sum(batches) / len(batches))
         shares.append(100 * searching[0] / took)
         per_batch.append(steps[0] / len(batches))
-    batcher.stop()
     print(f"{n} clients ({len(lines)} sentences, {args.rounds} rounds alternated), sentences/s:")
     figures = [("mean batch", means), ("searching %", shares), ("steps/batch", per_batch), ("p50 ms", p50)]
     for name, ms in [*rates.items(), *figures, ("p99 ms", p99)]:

@@ -232,7 +232,9 @@ class ServedModel:
 
     @contextmanager
     def worker_context(self) -> Iterator[None]:
-        """The worker thread's settings: its own intra-op threads (they are per thread) and inference mode."""
+        """The worker thread's settings: its own intra-op threads (they are per thread) and inference mode. The
+        worker is the one thread that runs PyTorch: an OpenMP team of the main thread's, alive beside the worker's,
+        would slow every parallel op of the worker about 3x on the CPU (tests/serve/test_one_openmp_team.py)."""
         torch.set_num_threads(self.threads)
         with torch.inference_mode():
             yield

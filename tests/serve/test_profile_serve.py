@@ -26,7 +26,7 @@ def test_profile_serve_prints_every_variant(trained_copy_checkpoint, tmp_path):
     )
     assert result.returncode == 0, result.stderr[-3000:]
     out = result.stdout
-    for variant in ("main", "thread", "batcher"):
+    for variant in ("thread", "batcher"):
         assert re.search(rf"^\s+{variant}\s+[\d.]+\s+median\s+[\d.]+$", out, re.M), out
     assert "3 sentences, 1 rounds alternated" in out, out
     for row in ("sorted 4", "arrival 4", "batcher", "mean batch", "searching %", "steps/batch"):
