@@ -142,9 +142,9 @@ def constrain(
     return log_probs
 
 
-def top_candidates(state: BeamState, log_probs: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+def top_candidates(beam_scores: Tensor, log_probs: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """The best 2K extensions of each sentence: the top 2K of its K*V totals, beam score + log-prob.
-    log_probs: [B*K, V] -> scores, beams, tokens: [B, 2K], best first.
+    beam_scores: [B, K] (a search state's `scores`), log_probs: [B*K, V] -> scores, beams, tokens: [B, 2K], best first.
 
     On CPU by blocks of `candidate_block(V)` columns, without adding the beam scores to all K*V entries:
     each of a sentence's 2K best totals lies in one of the 2K blocks (over its K beams) whose best total,
@@ -154,26 +154,26 @@ def top_candidates(state: BeamState, log_probs: Tensor) -> tuple[Tensor, Tensor,
     512 pieces, the top 2K of all K*V totals. Equal totals may come in another order than one top-k over
     all K*V would give.
     """
-    b, k = state.scores.shape
+    b, k = beam_scores.shape
     rows, v = log_probs.shape
     n, block = min(2 * k, k * v), candidate_block(v)
-    beam_scores = state.scores.view(rows, 1)
+    row_scores = beam_scores.view(rows, 1)
     if log_probs.device.type != "cpu" or block < 4:
-        scores, flat = (log_probs + beam_scores).view(b, k * v).topk(n, dim=1)
+        scores, flat = (log_probs + row_scores).view(b, k * v).topk(n, dim=1)
         return scores, flat // v, flat % v
     n_blocks = v // block
     main = n_blocks * block
-    maxima = log_probs[:, :main].view(rows, n_blocks, block).amax(-1).add_(beam_scores)
+    maxima = log_probs[:, :main].view(rows, n_blocks, block).amax(-1).add_(row_scores)
     best = maxima.view(b, k * n_blocks).topk(n, dim=1).indices  # [B, n]: beam * blocks + block
     beam = best // n_blocks
     first = beam * v + (best % n_blocks) * block  # [B, n] each block's first entry in its sentence's K*V
     index = (first[:, :, None] + torch.arange(block, device=best.device)).view(b, n * block)
     totals = log_probs.view(b, k * v).gather(1, index).view(b, n, block)
-    totals = totals.add_(state.scores.gather(1, beam)[:, :, None]).view(b, n * block)
+    totals = totals.add_(beam_scores.gather(1, beam)[:, :, None]).view(b, n * block)
     if main < v:  # the ragged last columns of every beam
         tail = torch.arange(0, k * v, v, device=best.device)[:, None] + torch.arange(main, v, device=best.device)
         index = torch.cat([index, tail.view(1, -1).expand(b, -1)], dim=1)
-        totals = torch.cat([totals, (log_probs[:, main:] + beam_scores).view(b, -1)], dim=1)
+        totals = torch.cat([totals, (log_probs[:, main:] + row_scores).view(b, -1)], dim=1)
     scores, pick = totals.topk(n, dim=1)
     flat = index.gather(1, pick)  # [B, n] into the sentence's K*V: beam * V + token
     return scores, flat // v, flat % v
@@ -364,7 +364,7 @@ def beam_steps(
         log_probs = constrain(log_probs, step, row_max_len, cfg, n_pieces, may_reach_max=step >= first_max)
         if constraint is not None:
             log_probs = constraint.mask(log_probs, constraint_state, step, row_max_len)
-        scores, beams, tokens = top_candidates(state, log_probs)
+        scores, beams, tokens = top_candidates(state.scores, log_probs)
         if rank is not None:  # the constraint's own choice and order of candidates (search/lexical.py)
             scores, beams, tokens = rank(constraint_state, state.scores, log_probs, (scores, beams, tokens))
         finish(state, fin, scores, beams, tokens, log_probs, step, cfg)

@@ -30,7 +30,7 @@ from torch import Tensor
 from nmt_cli.config import SearchConfig
 from nmt_cli.data.vocab import BOS, EOS, PAD, UNK
 from nmt_cli.model.slots import rows_of
-from nmt_cli.search.beam import NEG_INF, Finished, length_penalty, per_beam
+from nmt_cli.search.beam import NEG_INF, Finished, length_penalty, per_beam, top_candidates
 from nmt_cli.search.beam import start as empty_search
 
 
@@ -160,9 +160,7 @@ def search_step(model: Any, cache: Any, state: SlotState, window: int) -> None:
     log_probs = model.decode_slots(state.prev, state.rows, cache, window)  # [N, V]
     constrain(log_probs, step, state)
     b, k = state.scores.shape
-    v = log_probs.shape[1]
-    scores, flat = (log_probs + state.scores.view(-1, 1)).view(b, k * v).topk(min(2 * k, k * v), dim=1)
-    beams, tokens = flat // v, flat % v  # [B, 2K] candidates, best first
+    scores, beams, tokens = top_candidates(state.scores, log_probs)  # [B, 2K] candidates, best first (by blocks on CPU)
     finish(state, scores, beams, tokens, log_probs, step)
     survive(state, scores, beams, tokens, log_probs, step)
     torch.ge(state.fin.count, k, out=state.done)

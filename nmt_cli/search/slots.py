@@ -119,7 +119,7 @@ def slot_steps(
     for step in range(n_steps):
         log_probs = slots.step(prev, rows, step)  # [N, V]
         log_probs = constrain(log_probs, step, row_max_len, cfg, n_pieces, may_reach_max=step >= first_max)
-        scores, beams, tokens = top_candidates(state, log_probs)
+        scores, beams, tokens = top_candidates(state.scores, log_probs)
         finish(state, fin, scores, beams, tokens, log_probs, step, cfg)
         state, rows = survive(state, scores, beams, tokens, log_probs)
         done = finished = fin.count[state.sent_ids] >= k  # [B]

@@ -121,7 +121,7 @@ def test_top_candidates_against_numpy():
     scores = torch.randn(3, 4, generator=g)
     lp = torch.randn(12, 10, generator=g).log_softmax(-1)
     state = BeamState(torch.zeros(3, 4, 0, dtype=torch.long), scores, torch.zeros(3, 4, 0), torch.arange(3))
-    top, beams, tokens = top_candidates(state, lp)
+    top, beams, tokens = top_candidates(state.scores, lp)
     totals = (scores.numpy()[:, :, None] + lp.view(3, 4, 10).numpy()).reshape(3, 40)
     expected = np.argsort(-totals, axis=1)[:, :8]
     assert np.array_equal(beams.numpy() * 10 + tokens.numpy(), expected)
@@ -211,7 +211,7 @@ def test_top_candidates_by_blocks_find_the_sentences_top_2k(v):
     lp[:, : v // 3] = float("-inf")  # masked columns, as constrain() leaves them
     lp[6, -1] = 50.0  # a sentence's best entry in the last column, ragged where V % block (sentence 1, beam 2)
     state = BeamState(torch.zeros(b, k, 0, dtype=torch.long), scores, torch.zeros(b, k, 0), torch.arange(b))
-    top, beams, tokens = top_candidates(state, lp)
+    top, beams, tokens = top_candidates(state.scores, lp)
     totals = (scores[:, :, None] + lp.view(b, k, v)).view(b, k * v)
     expected = totals.topk(2 * k, dim=1)
     assert torch.equal(top, expected.values)
