@@ -197,7 +197,7 @@ if [ "$DRY_RUN" = 1 ]; then  # the same steps at tiny sizes on the CPU (gpu test
     step profile-generation 60 "$PYTHON" benchmarks/profile_gpu.py --generation --device cpu --results "$RESULTS"
     step recipe 60 env DRY_RUN=1 PATH="$WORK/bin:$PATH" WORK_DIR="$WORK/multi30k" RAW_DIR="$RAW_DIR" \
         TRAIN_MINUTES="$TRAIN_MINUTES" bash recipes/multi30k_en_de/run.sh
-    serve_step 120 --tiny "--single 4 --rounds 1" --threads 1
+    serve_step 120 --tiny "--single 4 --rounds 1 --clients 4 --sentences 12 --fixed-slots --in-flight" --threads 1
     decoding_step 90 --tiny --threads 1
     skipped compile "dry run (tests/test_compile.py's slow test compiles on the CPU)"
 else
@@ -216,7 +216,10 @@ else
         skipped recipe "no Multi30k at RAW_DIR=$RAW_DIR (give RAW_DIR=DIR with train, valid, test_2016_flickr .en/.de)"
         failed+=(recipe)
     fi
-    serve_step 150 "" "--single 30 --rounds 2" --device cuda --input "$RAW_DIR/test_2016_flickr.en"
+    # the profile: one sentence at a time, then 32 client threads on the in-flight batcher without HTTP beside
+    # generate's sorted and arrival-order batches of 32 (the search's ms a step, admissions included)
+    serve_step 150 "" "--single 30 --rounds 2 --clients 32 --sentences 1000 --fixed-slots --in-flight" --device cuda \
+        --input "$RAW_DIR/test_2016_flickr.en"
     decoding_step 150 --device cuda --rounds 1 --sentences 500 --repeat 10 --input "$RAW_DIR/test_2016_flickr.en"
     if [ $((DEADLINE - (SECONDS - start))) -ge 90 ]; then  # whole or not at all: a cut-short warm-up says nothing
         step compile 90 "$PYTHON" benchmarks/profile_gpu.py --compile-warmup --results "$RESULTS"

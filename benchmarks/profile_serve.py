@@ -15,8 +15,9 @@ before the next one starts, and the main thread runs none (`alone`: two OpenMP t
 - `arrival N`: translate() on consecutive chunks of N sentences, each one batch (a batcher that always filled
   its batches: what the composition of the batches a server gets costs);
 - `batcher`: N client threads each submitting one sentence at a time to serve's Batcher, with its mean batch,
-  the worker's share of the time searching, the decoder steps per batch and the requests' p50 and p99 latency
-  (--in-flight: the server's in-flight batching, its batches long-running).
+  the worker's share of the time searching, the decoder steps per batch, the search's ms per step (admissions
+  included) and the requests' p50 and p99 latency (--in-flight: the server's in-flight batching, its batches
+  long-running).
 bench_serve.py's figure against `batcher`'s is what HTTP (event loop, JSON, the clients' own work) costs.
 
 --event-loop: the CPU time per /translate request of serve's Starlette app, called in-process by a minimal ASGI
@@ -207,7 +208,7 @@ def many_clients(args: argparse.Namespace, lines: list[str]) -> None:
 
     alone(sorted_batches)  # warm-up
     rates: dict[str, list[float]] = collections.defaultdict(list)
-    shares, means, per_batch, p50, p99 = [], [], [], [], []
+    shares, means, per_batch, per_step, p50, p99 = [], [], [], [], [], []
     for _ in range(args.rounds):
         for name, work in ((f"sorted {n}", sorted_batches), (f"arrival {n}", arrival_batches)):
             t = time.perf_counter()
@@ -224,8 +225,10 @@ def many_clients(args: argparse.Namespace, lines: list[str]) -> None:
         means.append(sum(batches) / len(batches))
         shares.append(100 * searching[0] / took)
         per_batch.append(steps[0] / len(batches))
+        per_step.append(1000 * searching[0] / max(steps[0], 1))
     print(f"{n} clients ({len(lines)} sentences, {args.rounds} rounds alternated), sentences/s:")
-    figures = [("mean batch", means), ("searching %", shares), ("steps/batch", per_batch), ("p50 ms", p50)]
+    figures = [("mean batch", means), ("searching %", shares), ("steps/batch", per_batch), ("ms/step", per_step)]
+    figures.append(("p50 ms", p50))
     for name, ms in [*rates.items(), *figures, ("p99 ms", p99)]:
         print(f"  {name:>18}  " + "  ".join(f"{x:7.1f}" for x in ms) + f"   median {statistics.median(ms):7.1f}")
 

@@ -29,7 +29,7 @@ def test_profile_serve_prints_every_variant(trained_copy_checkpoint, tmp_path):
     for variant in ("thread", "batcher"):
         assert re.search(rf"^\s+{variant}\s+[\d.]+\s+median\s+[\d.]+$", out, re.M), out
     assert "3 sentences, 1 rounds alternated" in out, out
-    for row in ("sorted 4", "arrival 4", "batcher", "mean batch", "searching %", "steps/batch"):
+    for row in ("sorted 4", "arrival 4", "batcher", "mean batch", "searching %", "steps/batch", "ms/step"):
         assert re.search(rf"^\s+{row}\s+[\d.]+\s+median\s+[\d.]+$", out, re.M), out
     assert "4 clients (12 sentences, 1 rounds alternated)" in out, out
 
