@@ -211,8 +211,13 @@ def test_the_others_are_answered_in_their_usual_time_while_an_expensive_request_
     assert sorted(str(a.json()["translations"]) for a, _ in beside) == sorted(
         str(a.json()["translations"]) for a, _ in alone
     )
-    assert max(seconds for _, seconds in beside) < 2 * usual + 0.1, (usual, beside)
+    # Their time beside it against alone moved between runs of this test (alone 0.12-0.28 s, beside 0.12-0.38 s on
+    # the Zen 3: whether the three clients' sentences made one batch or two, with the wait for company between),
+    # so the bound against alone is loose; against the expensive request's own time it is not.
+    slowest = max(seconds for _, seconds in beside)
+    assert slowest < 4 * usual + 0.2, (usual, beside)
     assert steps_meanwhile < forced  # they were answered while it was still searched
-    [(answer, _)] = expensive
+    [(answer, took)] = expensive
+    assert slowest < took / 2, (took, beside)  # they did not wait behind its 255 steps
     assert answer.status_code == 200 and slow.steps_of(16) == forced  # all of its steps, to its forced length
     assert len(answer.json()["translations"][0]["text"].split()) > 0
