@@ -50,10 +50,10 @@ print(before, loaded, serving, threads())
 
 
 @pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="counts threads in /proc (Linux)")
-def test_the_main_thread_runs_no_openmp_team(trained_copy_checkpoint):
+def test_the_main_thread_runs_no_openmp_team(tiny_checkpoint):
     env = os.environ | {"PYTHONPATH": f"{ROOT}:{os.environ.get('PYTHONPATH', '')}", "OMP_NUM_THREADS": "2"}
     result = subprocess.run(
-        [sys.executable, "-c", SCRIPT, str(trained_copy_checkpoint)], capture_output=True, text=True, env=env
+        [sys.executable, "-c", SCRIPT, str(tiny_checkpoint)], capture_output=True, text=True, env=env
     )
     assert result.returncode == 0, result.stderr[-3000:]
     before, loaded, serving, after = map(int, result.stdout.split())
