@@ -3,10 +3,13 @@ command line run in this process."""
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import os
 import random
+import shutil
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -167,26 +170,48 @@ def tiny_checkpoint(toy_data_bin, tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def trained_copy_checkpoint(toy_data_bin, tmp_path_factory) -> Path:
+def trained_copy_checkpoint(toy_data_bin, tmp_path_factory, worker_id) -> Path:
     """A transformer_tiny that has learned the copy task well enough for non-trivial, decisive beams
-    (300 updates; about 10 s on a free core). Used by the export parity and int8 tests."""
+    (300 updates; about 10 s on a free core), trained once for all the xdist workers (`built_once`): its tests
+    only read it. Used by the slot, export parity and int8 tests, among others."""
     from nmt_cli.commands.train import train
 
-    save_dir = tmp_path_factory.mktemp("trained")
-    train(
-        tiny_train_config(
-            toy_data_bin,
-            save_dir,
-            max_update=300,
-            warmup_updates=100,
-            max_tokens=1024,
-            label_smoothing=0.0,
-            log_interval=100,
-        ),
-        model_config("transformer_tiny", dropout=0.0),
-        SearchConfig(),
-    )
-    return save_dir / "checkpoint_last.pt"
+    def build(save_dir: Path) -> None:
+        train(
+            tiny_train_config(
+                toy_data_bin,
+                save_dir,
+                max_update=300,
+                warmup_updates=100,
+                max_tokens=1024,
+                label_smoothing=0.0,
+                log_interval=100,
+            ),
+            model_config("transformer_tiny", dropout=0.0),
+            SearchConfig(),
+        )
+
+    return built_once(tmp_path_factory, worker_id, "trained", build) / "checkpoint_last.pt"
+
+
+def built_once(tmp_path_factory, worker_id: str, name: str, build: Callable[[Path], None]) -> Path:
+    """A directory that `build` fills once per test session. Under pytest-xdist the workers share it: the first
+    to ask builds it under a lock in the session's directory, the others wait for it and read it. Only for what
+    the tests read and never write, built from inputs every worker makes alike (the toy data's sentencepiece model
+    is the same bytes in each)."""
+    if worker_id == "master":  # one process: its own temporary directory
+        path = tmp_path_factory.mktemp(name)
+        build(path)
+        return path
+    root = tmp_path_factory.getbasetemp().parent / f"shared-{name}"  # the workers' common parent
+    with open(f"{root}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        if not (root / ".built").exists():  # no one has, or the one who tried failed
+            shutil.rmtree(root, ignore_errors=True)
+            root.mkdir()
+            build(root)
+            (root / ".built").touch()
+    return root
 
 
 def _route_params() -> list[str]:
