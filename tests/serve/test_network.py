@@ -82,11 +82,26 @@ def test_a_body_over_the_limit_is_refused_without_being_read_whole(tiny_checkpoi
 
 
 def test_health_answers_while_a_large_text_is_encoded(tiny_checkpoint):
+    """A large body is parsed and encoded on a thread: /health answers throughout. Counted by the answers that came
+    within the parse (on the event loop none would, or one), not by the slowest one alone: a pause of the whole
+    process (0.46 s against a parse of 0.59 s, seen once in CI) is not the event loop held by the parse."""
     text = " ".join(str(i % 10) for i in range(1_000_000))  # 2 MB of digits: encoding it takes a while
     with serving(tiny_checkpoint, limits={"max_body_bytes": 4 << 20}, max_input_chars=4 << 20) as client:
+        server = client.app.state.server
         start = time.perf_counter()
-        client.app.state.server.parse(json.dumps({"text": text}).encode())  # what the event loop would be held for
+        server.parse(json.dumps({"text": text}).encode())  # what the event loop would be held for
         held = time.perf_counter() - start
+        parsing = []  # (start, end) of the request's parse, as the server runs it
+        parse = server.parse
+
+        def timed(*args, **kwargs):
+            began = time.perf_counter()
+            try:
+                return parse(*args, **kwargs)
+            finally:
+                parsing.append((began, time.perf_counter()))
+
+        server.parse = timed
         done = threading.Event()
         answer = {}
 
@@ -96,16 +111,19 @@ def test_health_answers_while_a_large_text_is_encoded(tiny_checkpoint):
 
         asker = threading.Thread(target=ask)
         asker.start()
-        latencies = []
+        latencies, answered = [], []  # each /health's seconds, and when it was answered
         while not done.is_set():
             start = time.perf_counter()
             assert client.get("/health").status_code == 200
-            latencies.append(time.perf_counter() - start)
+            answered.append(time.perf_counter())
+            latencies.append(answered[-1] - start)
             time.sleep(0.005)
         asker.join()
     assert answer["response"].status_code == 200, answer["response"].text
     assert "truncated" in answer["response"].json()["translations"][0]["warning"]
-    assert len(latencies) >= 3 and max(latencies) < held / 2, (held, latencies)
+    [(began, ended)] = parsing
+    within = sum(began < t < ended for t in answered)
+    assert within >= 3 and max(latencies) < held, (held, ended - began, within, latencies)
 
 
 def test_requests_that_timed_out_give_their_room_back_and_503_says_when_to_retry(tiny_checkpoint):
