@@ -150,3 +150,28 @@ def test_preprocess_sigterm_leaves_nothing(tmp_path):
     stderr = proc.communicate(timeout=60)[1].decode()
     assert_clean_failure(proc.returncode, stderr, "stopped by SIGTERM", tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["big"]
+
+
+def test_a_signal_just_after_the_temporary_directory_is_made_leaves_nothing(tmp_path, monkeypatch):
+    """The race CI once hit (test_preprocess_sigterm_leaves_nothing: killed by the default SIGTERM, its temporary
+    directory left, no error line): the stop handler is set before mkdtemp makes the directory, and a signal at
+    once after it, before its name is returned, still stops the run cleanly with the directory gone."""
+    import tempfile
+
+    from nmt_cli.files import directory_in_place
+    from nmt_cli.signals import Interrupted
+
+    made = tempfile.mkdtemp
+
+    def mkdtemp_then_signal(*args, **kwargs):
+        made_dir = made(*args, **kwargs)
+        handler = signal.getsignal(signal.SIGTERM)
+        assert callable(handler), "SIGTERM is not handled yet when the temporary directory exists"
+        handler(signal.SIGTERM, None)  # as the signal arriving here would
+        return made_dir
+
+    monkeypatch.setattr(tempfile, "mkdtemp", mkdtemp_then_signal)
+    stopped = pytest.raises(Interrupted, match="stopped by SIGTERM")
+    with stopped, directory_in_place(tmp_path / "dest", "--destdir", "preprocess"):
+        raise AssertionError("the block is never entered")
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
