@@ -53,6 +53,7 @@ from nmt_cli.data.batching import batch_by_tokens
 from nmt_cli.errors import NmtError
 from nmt_cli.serve.queued import (
     Admission,
+    Capacities,
     Job,
     Queued,
     QueueFull,
@@ -129,6 +130,7 @@ class Batcher:
         self._arrived = 0  # sentences queued so far
         self._last_key: Hashable = None  # the search settings of the batch that ended last
         self._expected = 1  # sentences worth waiting for: the last batch's and those queued at its end
+        self._capacities = Capacities()  # each key's batch slots (in flight), which never shrink
         self._recent_steps: deque[int] = deque(maxlen=RECENT)  # the steps of the batches that ended last
         self._recent_seconds: deque[float] = deque(maxlen=RECENT)  # and their own search seconds
         self._cond = threading.Condition()
@@ -311,11 +313,11 @@ class Batcher:
 
     def _start(self, batch: list[Queued]) -> Running:
         """The batch's search, not yet started (its first step encodes)."""
-        items = [q.job.items[q.index] for q in batch]
+        items, key = [q.job.items[q.index] for q in batch], batch[0].job.key
         running: Running  # the search calls these from its steps, which start once it is assigned; the batch may grow
-        key = batch[0].job.key
         with self._cond:
-            capacity = max(self._expected, superseding(key, len(batch), self._queue, self._running))
+            wanted = max(self._expected, superseding(key, len(batch), self._queue, self._running))
+            capacity = self._capacities.of(key, wanted)  # what an in-flight batch has slots for
         take = Admission(lambda free, slots, fits: self._admit(running, free, slots, fits), capacity)
         search = self.run(
             key,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Generator, Hashable, Sequence
 from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass, field
@@ -191,6 +192,27 @@ def superseding(key: Hashable, n: int, queue: list[Queued], running: list[Runnin
         if r.batch[0].job.key == key:
             r.admitting, searching = False, searching + r.slots - r.free
     return n + sum(q.job.key == key for q in queue) + searching
+
+
+class Capacities:
+    """The slots an in-flight batch of a key starts with: at least as many as the key's last one had. Counted from
+    the queue and the running batches alone, a new batch misses the clients whose answers are on their way back: a
+    batch of 4 slots then started for 6 clients, a batch of 6 beside it for the 2 left over, the 4 coming back
+    started one of 4 again, and the two ran side by side for two steps in three. A slot left free is one a
+    returning client may take (search/in_flight.py keeps a bucket's slots too). Of the `KEEP` keys seen last."""
+
+    KEEP = 64  # the search settings of a server's clients are few; a client varying them gets no more than this
+
+    def __init__(self) -> None:
+        self._last: OrderedDict[Hashable, int] = OrderedDict()
+
+    def of(self, key: Hashable, wanted: int) -> int:
+        """The slots of a new in-flight batch of `key` whose sentences and clients count `wanted`."""
+        slots = max(wanted, self._last.pop(key, 0))
+        self._last[key] = slots
+        if len(self._last) > self.KEEP:
+            self._last.popitem(last=False)
+        return slots
 
 
 def without(queue: list[Queued], taken: list[Queued]) -> list[Queued]:
