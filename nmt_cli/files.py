@@ -204,9 +204,9 @@ def directory_in_place(path: Path, what: str, command: str) -> Iterator[Path]:
         reason = "a parent of it is a file" if isinstance(e, (FileExistsError, NotADirectoryError)) else e.strerror
         raise NmtError(f"cannot write {what} {path}: {reason}") from None
     where = path.resolve()  # `.` names the current directory: its lock goes beside it, not in it
-    ours = (f".{glob.escape(where.name)}.tmp-*",)  # under the lock, once the stale ones are gone, only this run's
+    ours = f".{glob.escape(where.name)}.tmp-*"  # under the lock, once the stale ones are gone, only this run's
     with run_lock(where.parent / f".{where.name}.lock", command, path):
-        remove_stale_temporaries(where.parent, ours)
+        remove_stale_temporaries(where.parent, (ours,))
         existed = path.exists()
         kept = "nothing was replaced" if existed else "nothing was written"
         try:
@@ -221,7 +221,7 @@ def directory_in_place(path: Path, what: str, command: str) -> Iterator[Path]:
                     raise
             rename_dir_into_place(tmp, path)
         except BaseException as e:
-            for left in (p for pattern in ours for p in where.parent.glob(pattern)):  # made, if not yet returned
+            for left in where.parent.glob(ours):  # this run's, even one mkdtemp made but had not yet returned
                 shutil.rmtree(left, ignore_errors=True)
             error = user_error(e, f"{what} {path}", kept)
             if error is e:
