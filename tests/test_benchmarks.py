@@ -72,13 +72,18 @@ def test_bench_decoding_reports_each_feature_or_that_it_is_not_available(trained
 
 def test_bench_gpu_runs_on_cpu(tmp_path):
     results = tmp_path / "bench.jsonl"
+    temporary = tmp_path / "tmp"
+    temporary.mkdir()
     r = subprocess.run(
         [sys.executable, "benchmarks/bench_gpu.py", "--device", "cpu", "--results", str(results)],
         cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=300,
+        env={**os.environ, "TMPDIR": str(temporary)},
     )
+    # its temporary directories are removed (torch keeps its compiler's cache there, shared between runs)
+    assert [p.name for p in temporary.iterdir() if not p.name.startswith("torchinductor_")] == []
     assert r.returncode == 0, r.stderr[-3000:]
     assert "train transformer_tiny" in r.stdout and "generate transformer_tiny beam 4" in r.stdout, r.stdout
     figures = [json.loads(line) for line in results.read_text().splitlines()]
