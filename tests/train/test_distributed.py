@@ -1,5 +1,6 @@
 """Data-parallel training on CPU with gloo and 2 processes under torchrun."""
 
+import os
 import subprocess
 import sys
 
@@ -26,9 +27,19 @@ def train_cmd(data_bin, save_dir, *extra, ranks=1):
     return [*launcher, "-m", "nmt_cli", "train", str(data_bin), "--save-dir", str(save_dir), *COMMON, *extra]
 
 
+def launcher_env(directory, **extra):
+    """The environment of a run under torchrun, whose log directories (torchelastic_*, left behind by a killed
+    run) go to the test's `directory` instead of /tmp."""
+    return {**os.environ, "TMPDIR": str(directory), **extra}
+
+
 def nmt(data_bin, save_dir, *extra, ranks=1):
     result = subprocess.run(
-        train_cmd(data_bin, save_dir, *extra, ranks=ranks), capture_output=True, text=True, timeout=120
+        train_cmd(data_bin, save_dir, *extra, ranks=ranks),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=launcher_env(save_dir.parent),
     )
     assert result.returncode == 0, result.stderr[-3000:]
     return result
@@ -79,7 +90,9 @@ def test_two_ranks_killed_after_a_checkpoint_resume_and_finish(toy_data_bin, tmp
     import time
 
     cmd = train_cmd(toy_data_bin, tmp_path, "--max-update", "300", "--save-interval-updates", "3", ranks=2)
-    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+    proc = subprocess.Popen(
+        cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=launcher_env(tmp_path)
+    )
     for line in proc.stderr:
         if "saved checkpoint_last.pt at update 3" in line:
             # The launcher, and the ranks (torchrun starts them in sessions of their own).
@@ -91,7 +104,7 @@ def test_two_ranks_killed_after_a_checkpoint_resume_and_finish(toy_data_bin, tmp
     assert subprocess.run(["pgrep", "-f", str(tmp_path)], capture_output=True).returncode == 1, "a rank survived"
     assert not (tmp_path / "checkpoint_300.pt").exists()
     killed_at = load_checkpoint(tmp_path / "checkpoint_last.pt")["update"]
-    resumed = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
+    resumed = subprocess.run(cmd, capture_output=True, text=True, timeout=180, env=launcher_env(tmp_path))
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert f"at update {killed_at}" in resumed.stderr
     assert load_checkpoint(tmp_path / "checkpoint_last.pt")["update"] == 300
@@ -107,9 +120,7 @@ def our_frames(stderr):
 
 def faulty_run(data_bin, save_dir, fault, *extra, timeout_minutes="30"):
     """2 ranks under torchrun with NMT_TEST_FAULT set (see faults.py)."""
-    import os
-
-    env = {**os.environ, "NMT_TEST_FAULT": fault, "NMT_DIST_TIMEOUT_MINUTES": timeout_minutes}
+    env = launcher_env(save_dir.parent, NMT_TEST_FAULT=fault, NMT_DIST_TIMEOUT_MINUTES=timeout_minutes)
     cmd = [
         sys.executable,
         "-m",
@@ -181,8 +192,6 @@ def test_collective_failure_recognises_gloo_and_nccl_errors_only():
 
 def descendants(pid):
     """Every process started, directly or not, by `pid` (torchrun starts its ranks in sessions of their own)."""
-    import os
-
     children = {}
     for entry in os.listdir("/proc"):
         if entry.isdigit():
@@ -203,13 +212,14 @@ def descendants(pid):
 def test_every_rank_resumes_its_own_random_streams(toy_data_bin, tmp_path):
     """With dropout on, 2 ranks killed (SIGKILL) after a checkpoint and resumed end bit-identical to an
     uninterrupted run: each rank saved and restores its own random streams, not rank 0's."""
-    import os
     import signal
 
     extra = ["--dropout", "0.3", "--max-update", "12"]
     nmt(toy_data_bin, tmp_path / "whole", *extra, ranks=2)
     cmd = train_cmd(toy_data_bin, tmp_path / "parts", *extra, "--save-interval-updates", "3", ranks=2)
-    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+    proc = subprocess.Popen(
+        cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=launcher_env(tmp_path)
+    )
     for line in proc.stderr:
         if "saved checkpoint_last.pt at update 3" in line:
             for pid in [proc.pid, *descendants(proc.pid)]:
