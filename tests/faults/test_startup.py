@@ -109,7 +109,14 @@ def interrupt(fifo: Path, delay: float | None) -> subprocess.CompletedProcess:
     with delay None, once the command is reading its input (its work)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     cmd = [sys.executable, "-X", "importtime", "-m", "nmt_cli", "score", "--sys", str(fifo), "--ref", str(fifo)]
-    process = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    # As from a terminal, where Ctrl-C is not ignored: a shell starts a background job (`make test &`) ignoring
+    # SIGINT, and a process started ignoring it keeps ignoring it (Python then sets no handler of its own), so the
+    # child is started while this process handles SIGINT, which exec resets to the default.
+    handler = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        process = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    finally:
+        signal.signal(signal.SIGINT, handler)
     err: list[str] = []
     imported = threading.Event()
 
