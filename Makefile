@@ -37,9 +37,8 @@ test-all: lint
 test-gpu: install
 	$(BIN)/python -m pytest -q -m gpu
 
-# The page of `nmt serve` in headless Chromium (Debian: apt-get install chromium chromium-driver); the fast
-# suite runs it too where both are installed.
-# The serve page driven in headless Chromium (Debian's chromium and chromium-driver, installed here if missing).
+# The page of `nmt serve` driven in headless Chromium (Debian's chromium and chromium-driver, installed here if
+# missing); the fast suite runs it too where both are installed.
 test-browser: install
 	command -v chromedriver >/dev/null || (apt-get update -q && apt-get install -y -q chromium chromium-driver)
 	$(BIN)/python -m pytest -q -m browser tests/serve
