@@ -43,6 +43,7 @@ def test_generate_split_fairseq_format(tiny_checkpoint, toy_data_bin, toy_corpus
     assert "sentences/s" in r.stderr
 
 
+@ONE_ROUTE  # the subject is reading, ordering and truncating lines, whatever route the products take
 def test_generate_raw_text_in_order_with_empty_and_long_lines(tiny_checkpoint, tmp_path):
     src = ["1 2 3", "", "4 5 6 7 8 9", " ".join(["7"] * 300), "0"]
     r = nmt(
@@ -70,6 +71,7 @@ def test_generate_raw_text_in_order_with_empty_and_long_lines(tiny_checkpoint, t
     assert [rec["hypotheses"][0]["text"] for rec in records] == out
 
 
+@ONE_ROUTE  # the subject is splitting the input and merging the outputs
 def test_shards_merge_back_in_order(tiny_checkpoint, tmp_path):
     f = tmp_path / "in.txt"
     f.write_text("\n".join(f"{i} {i + 1}" for i in range(7)) + "\n")
@@ -102,6 +104,7 @@ def test_an_empty_line_gets_nbest_empty_hypotheses(tiny_checkpoint):
             ]
 
 
+@ONE_ROUTE  # the subject is the output file's name
 def test_results_path_names_the_file_after_what_is_translated(tiny_checkpoint, toy_data_bin, tmp_path):
     """Every --input had written generate-input.txt: a second file translated into the directory replaced the first."""
     (tmp_path / "a.src").write_text("1 2\n")
@@ -155,6 +158,7 @@ def test_generate_bad_inputs(tiny_checkpoint, toy_data_bin, tmp_path):
     assert r.exit_code == 1 and "--min-len 6 exceeds every output's maximum length, --max-len-b 5" in r.output
 
 
+@ONE_ROUTE  # refused before any product
 def test_search_sizes_that_cannot_fit_are_one_error_line_naming_the_option(tiny_checkpoint):
     """--beam 1000000000 had died in the allocator with a traceback; --sampling's --nbest is its number of rows."""
     for options, words in [

@@ -50,6 +50,7 @@ def assert_same_parameters(a, b, atol):
         torch.testing.assert_close(tensor, b["model"][name], atol=atol, rtol=0, msg=name)
 
 
+@ONE_ROUTE  # each batch meets the same products in the ranks and in the one process: the subject is their sum
 def test_two_ranks_equal_one_process_with_update_freq_2_and_stop_on_rank_0s_clock(toy_data_bin, tmp_path):
     """Two ranks train what one process does with --update-freq 2. And --max-time-minutes and timed saves follow
     rank 0's clock on every rank: rank 1's clock runs an hour ahead a second here (faults.py), and ranks whose

@@ -57,6 +57,7 @@ def test_rerunning_a_finished_run_is_a_noop(toy_data_bin, tmp_path):
     assert (tmp_path / "checkpoint_last.pt").stat().st_mtime_ns == before
 
 
+@ONE_ROUTE  # the subject is the stopping rules and the saves they lead to
 def test_max_epoch_and_patience(toy_data_bin, tmp_path):
     log = tmp_path / "log.jsonl"
     result = nmt(
