@@ -43,14 +43,16 @@ def score_pairs(
         raise ConfigError(f"{cfg.path} is a parsing model; score-pairs scores translations of a translation model")
     translator, search = inference.translator(), inference.search
     out = out or sys.stdout
-    start, n_tokens = time.perf_counter(), 0
-    for first, (sources, targets) in enumerate_chunks(cfg.source, cfg.target, translator.vocab):
+    seconds, n_tokens = 0.0, 0
+    for first, (src_lines, tgt_lines) in enumerate_chunks(cfg.source, cfg.target):
+        start = time.perf_counter()  # timed as generate times a chunk: encoding and the passes, not reading or writing
+        sources, targets = encoded(src_lines, translator.vocab), encoded(tgt_lines, translator.vocab)
         scored = forced_scores(translator, sources, targets, search, cfg.max_tokens, cfg.batch_size)
+        seconds += time.perf_counter() - start
         n_tokens += sum(len(p.token_scores) for p in scored)
         for i, p in enumerate(scored, start=first):
             print(format_score(i, p, translator.vocab, cfg.output_format), file=out)
         out.flush()
-    seconds = time.perf_counter() - start
     logger.info(
         "scored %d pairs (%d target tokens) in %.1f s: %.1f pairs/s (lenpen %g %s, unkpen %g)",
         n_pairs,
@@ -79,20 +81,21 @@ def count_pairs(source: str, target: str) -> int:
     return counts[0]
 
 
-def enumerate_chunks(
-    source: str, target: str, vocab: Vocab
-) -> Iterator[tuple[int, tuple[list[np.ndarray], list[np.ndarray]]]]:
-    """(index of the first pair, (source ids, target ids)) of SPLIT_CHUNK line pairs at a time, each line checked
-    (read_lines) and encoded with the checkpoint's sentencepiece model; the files hold equally many lines."""
+def enumerate_chunks(source: str, target: str) -> Iterator[tuple[int, tuple[list[str], list[str]]]]:
+    """(index of the first pair, (source lines, target lines)) of SPLIT_CHUNK line pairs at a time, each line checked
+    (read_lines); the files hold equally many lines."""
     first = 0
     with Path(source).open("rb") as src_file, Path(target).open("rb") as tgt_file:
         src_chunks = read_lines(src_file, SPLIT_CHUNK, source)
         tgt_chunks = read_lines(tgt_file, SPLIT_CHUNK, target)
         for src_lines, tgt_lines in zip(src_chunks, tgt_chunks):
-            sources = [np.asarray(ids, dtype=np.int64) for ids in vocab.encode(src_lines)]
-            targets = [np.asarray(ids, dtype=np.int64) for ids in vocab.encode(tgt_lines)]
-            yield first, (sources, targets)
+            yield first, (src_lines, tgt_lines)
             first += len(src_lines)
+
+
+def encoded(lines: list[str], vocab: Vocab) -> list[np.ndarray]:
+    """The lines' ids in the checkpoint's sentencepiece model."""
+    return [np.asarray(ids, dtype=np.int64) for ids in vocab.encode(lines)]
 
 
 def format_score(i: int, p: PairScore, vocab: Vocab, fmt: str) -> str:
