@@ -43,7 +43,8 @@ def test_bench_matmul_prints_both_routes_for_every_product(tmp_path):
 @pytest.mark.slow  # a generate run per feature this checkout has, and score-pairs: up to 8 child processes
 def test_bench_decoding_reports_each_feature_or_that_it_is_not_available(trained_copy_checkpoint, tmp_path):
     ckpt = str(trained_copy_checkpoint)
-    out = run_benchmark("bench_decoding.py", "--tiny", "--threads", "1", "--path", ckpt, tmp_path=tmp_path, timeout=600)
+    args = ("--tiny", "--threads", "1", "--score-repeat", "3", "--path", ckpt)
+    out = run_benchmark("bench_decoding.py", *args, tmp_path=tmp_path, timeout=600)
     # a row's cells: seconds, sent/s, x baseline, target, conditions (the empty ones run together)
     rows = {cells[0]: cells[1:] for line in out.splitlines() if len(cells := re.split(r"\s{2,}", line.strip())) > 2}
     baseline = rows["beam 4 (baseline)"]
@@ -68,6 +69,12 @@ def test_bench_decoding_reports_each_feature_or_that_it_is_not_available(trained
         else:
             assert cells[0] == "not available", cells
     assert "machine: {" in out and (tmp_path / "results" / "decoding.json").exists()
+    # score-pairs read the 8 pairs 3 times over: its rate is of 24 sentences, its multiple of the two rates
+    seconds, rate, multiple = rows["score-pairs"][:3]
+    assert abs(24 / float(rate) - float(seconds)) <= 0.006, rows["score-pairs"]  # seconds printed to 0.01
+    base_rate = float(baseline[1])
+    assert float(multiple.split("x")[0]) == pytest.approx(float(rate) / base_rate, rel=0.02)
+    assert "score-pairs read them 3 times over again" in out
 
 
 def test_bench_gpu_runs_on_cpu(tmp_path):
