@@ -105,7 +105,7 @@ def one_at_a_time(args: argparse.Namespace, lines: list[str]) -> None:
     config = ServeConfig(path=str(args.path), device=args.device, fixed_slots=args.fixed_slots)
     served, translator = load(args, config)
     cfg = served.search
-    sources = [np.asarray(ids, dtype=np.int64) for ids in translator.vocab.encode(lines)]
+    sources = translator.vocab.encode_arrays(lines)
 
     def loop() -> None:
         with torch.inference_mode():
@@ -142,7 +142,7 @@ def many_clients(args: argparse.Namespace, lines: list[str]) -> None:
     config = ServeConfig(path=str(args.path), device=args.device, fixed_slots=slots, in_flight=args.in_flight)
     served, translator = load(args, config)
     cfg, n = served.search, args.clients
-    sources = [np.asarray(ids, dtype=np.int64) for ids in translator.vocab.encode(lines)]
+    sources = translator.vocab.encode_arrays(lines)
     batches: list[int] = []  # the sentences of each batch
     searching = [0.0]  # seconds
     steps = [0]

@@ -337,7 +337,7 @@ def generate_text(
     generator = sampling_generator(search, translator.device)  # one for every chunk
     for chunk in chunks:
         start = time.perf_counter()
-        sources = [np.asarray(ids, dtype=np.int64) for ids in translator.vocab.encode(chunk)]
+        sources = translator.vocab.encode_arrays(chunk)
         lexical = None if constraints is None else constraints_for(constraints, translator, sources, search)
         forced = None if prefixes is None else prefixes_for(prefixes, translator, sources, search)
         results = translate(translator, sources, search, max_tokens, batch_size, generator, all_of(lexical, forced))

@@ -13,8 +13,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, TextIO
 
-import numpy as np
-
 from nmt_cli.commands.generate import SPLIT_CHUNK, read_lines
 from nmt_cli.config import ScorePairsConfig
 from nmt_cli.data.vocab import Vocab
@@ -46,7 +44,7 @@ def score_pairs(
     seconds, n_tokens = 0.0, 0
     for first, (src_lines, tgt_lines) in enumerate_chunks(cfg.source, cfg.target):
         start = time.perf_counter()  # timed as generate times a chunk: encoding and the passes, not reading or writing
-        sources, targets = encoded(src_lines, translator.vocab), encoded(tgt_lines, translator.vocab)
+        sources, targets = translator.vocab.encode_arrays(src_lines), translator.vocab.encode_arrays(tgt_lines)
         scored = forced_scores(translator, sources, targets, search, cfg.max_tokens, cfg.batch_size)
         seconds += time.perf_counter() - start
         n_tokens += sum(len(p.token_scores) for p in scored)
@@ -91,11 +89,6 @@ def enumerate_chunks(source: str, target: str) -> Iterator[tuple[int, tuple[list
         for src_lines, tgt_lines in zip(src_chunks, tgt_chunks):
             yield first, (src_lines, tgt_lines)
             first += len(src_lines)
-
-
-def encoded(lines: list[str], vocab: Vocab) -> list[np.ndarray]:
-    """The lines' ids in the checkpoint's sentencepiece model."""
-    return [np.asarray(ids, dtype=np.int64) for ids in vocab.encode(lines)]
 
 
 def format_score(i: int, p: PairScore, vocab: Vocab, fmt: str) -> str:

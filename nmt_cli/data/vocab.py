@@ -63,6 +63,11 @@ class Vocab:
             return [self.sp.encode(line, out_type=int) for line in lines]
         return self.sp.encode(list(lines), out_type=int, num_threads=n_threads)
 
+    def encode_arrays(self, lines: Sequence[str]) -> list[np.ndarray]:
+        """`encode`'s piece ids of each line as an int64 array, as the search and the data take a sentence ("" gives
+        an empty one)."""
+        return [np.asarray(ids, dtype=np.int64) for ids in self.encode(lines)]
+
     def decode(self, ids: Sequence[int] | np.ndarray) -> str:
         return self.sp.decode([int(i) for i in ids if i < self.n_pieces])
 

@@ -81,11 +81,6 @@ class PrefixSource:
         return constraint, torch.zeros(len(ids), dtype=torch.long, device=src.device)
 
 
-def encode_prefixes(vocab: Vocab, texts: Sequence[str]) -> list[np.ndarray]:
-    """Each text's pieces (the checkpoint's sentencepiece model; "" gives none)."""
-    return [np.asarray(ids, dtype=np.int64) for ids in vocab.encode(list(texts))]
-
-
 def prefix_source(prefixes: Sequence[np.ndarray]) -> PrefixSource | None:
     """The ConstraintSource of these prefixes, or None when every one is empty (the search is then today's)."""
     return PrefixSource(prefixes) if any(len(p) for p in prefixes) else None
@@ -136,12 +131,13 @@ def checked_prefixes(
     max_positions: int,
     where: Sequence[str],
 ) -> list[np.ndarray]:
-    """Each text's pieces (`encode_prefixes`), checked to begin the output of a source of src_lens[i] pieces.
+    """Each text's pieces (the checkpoint's sentencepiece model; "" gives none), checked to begin the output of a
+    source of src_lens[i] pieces.
 
     Raises:
         DataError: `WHERE: the prefix ...` (where[i]) for a prefix that cannot (`prefix_problem`).
     """
-    prefixes = encode_prefixes(vocab, texts)
+    prefixes = vocab.encode_arrays(texts)
     for prefix, n, name in zip(prefixes, src_lens, where):
         if problem := prefix_problem(prefix, n, cfg, max_positions):
             raise DataError(f"{name}: the prefix {problem}")
