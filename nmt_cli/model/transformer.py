@@ -208,11 +208,7 @@ class Transformer(nn.Module):
                 x, cache.self_k[i], cache.self_v[i], cache.rows, cache.cross_k[i], cache.cross_v[i], cache.cross_bias
             )
         cache.rows = None
-        logits = self.logits(self.decoder_norm(x)).float()  # the step's own tensor, float32 under autocast too
-        # On CPU normalised in place, which spares allocating the [N, V] result each step (the values are the
-        # same bit for bit); not with grad mode on, where autograd refuses out= arguments.
-        in_place = logits.device.type == "cpu" and not torch.is_grad_enabled()
-        return torch.log_softmax(logits, -1, out=logits if in_place else None), cache
+        return normalise_logits(self.logits(self.decoder_norm(x))), cache
 
     def init_slots(self, enc: EncoderOut, beam: int, *, n_positions: int, source_len: int) -> SlotCache:
         """A fixed-slot cache (model/slots.py) of `beam` rows per sentence: self-attention buffers of n_positions
@@ -262,9 +258,16 @@ class Transformer(nn.Module):
             )
             x = layer.step_slots(x, self_attend, cache.cross_k[i], cache.cross_v[i], cache.cross_bias)
         cache.step.add_(1)
-        logits = self.logits(self.decoder_norm(x)).float()
-        in_place = logits.device.type == "cpu" and not torch.is_grad_enabled()
-        return torch.log_softmax(logits, -1, out=logits if in_place else None)
+        return normalise_logits(self.logits(self.decoder_norm(x)))
+
+
+def normalise_logits(logits: Tensor) -> Tensor:
+    """log_softmax over the vocabulary of fresh logits [N, V] (the caller's own tensor), in float32 under autocast
+    too. On CPU normalised in place, which spares allocating the [N, V] result (the values are the same bit for
+    bit; PyTorch's logsumexp took 4 times as long); not with grad mode on, where autograd refuses out= arguments."""
+    logits = logits.float()
+    in_place = logits.device.type == "cpu" and not torch.is_grad_enabled()
+    return torch.log_softmax(logits, -1, out=logits if in_place else None)
 
 
 def build_model(cfg: ModelConfig) -> Transformer:

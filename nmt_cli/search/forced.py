@@ -26,7 +26,7 @@ from nmt_cli.config import SearchConfig
 from nmt_cli.data.batching import batch_by_tokens
 from nmt_cli.data.vocab import BOS, EOS, PAD, UNK
 from nmt_cli.errors import ConfigError
-from nmt_cli.model.transformer import AttentionWeights, Transformer
+from nmt_cli.model.transformer import AttentionWeights, Transformer, normalise_logits
 from nmt_cli.runtime import to_device_async
 from nmt_cli.search.beam import length_penalty
 from nmt_cli.search.ensemble import Ensemble
@@ -79,13 +79,9 @@ def target_log_probs(model: Transformer, batch: ForcedBatch) -> Tensor:
     0 at padding. The output projection runs at the real positions only. (An ensemble combines these per member.)"""
     hidden = model.decode(batch.tgt_in, model.encode(batch.src, batch.src_pad_mask))  # [B, T, D]
     real = batch.tgt_out.ne(PAD)  # [B, T]
-    logits = model.logits(hidden[real]).float()  # [N, V], float32 as the search's steps
-    # normalised as the search's steps are (decode_step): log_softmax, on the CPU in place (logsumexp took 4 times as
-    # long there, and log_softmax into a new [N, V] tensor 3 times, the most of scoring's time with a small model)
-    in_place = logits.device.type == "cpu" and not torch.is_grad_enabled()
-    log_probs = torch.log_softmax(logits, -1, out=logits if in_place else None)
-    picked = log_probs.gather(1, batch.tgt_out[real][:, None])[:, 0]  # [N]
-    return torch.zeros(real.shape, device=logits.device).masked_scatter(real, picked)
+    normalised = normalise_logits(model.logits(hidden[real]))  # [N, V] float32, as the search's steps normalise
+    picked = normalised.gather(1, batch.tgt_out[real][:, None])[:, 0]  # [N]
+    return torch.zeros(real.shape, device=normalised.device).masked_scatter(real, picked)
 
 
 def cross_attention(model: Transformer, batch: ForcedBatch, layer: int) -> Tensor:
