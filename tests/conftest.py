@@ -226,10 +226,13 @@ def cpu_matmul_route(request, monkeypatch) -> str:
     PyTorch's default on AVX2-only CPUs), so each is tested on every machine. Set in this process and, through
     NMT_CPU_MATMUL, in the commands a test runs as subprocesses (torchrun ranks, recipes)."""
     from nmt_cli.model import linear
+    from nmt_cli.runtime import cpu_has_bf16
 
     if request.param == "onednn" and not linear.ONEDNN_AVAILABLE:
         pytest.skip("this torch has no oneDNN linear op")
     monkeypatch.setattr(linear, "_ONEDNN", request.param == "onednn")
+    # forced, as NMT_CPU_MATMUL forces it: float32 too, also on Intel's CPUs (where `auto` keeps MKL for it)
+    monkeypatch.setattr(linear, "_DTYPES", linear.route_dtypes(True, linear.cpu_vendor(), cpu_has_bf16()))
     monkeypatch.setenv("NMT_CPU_MATMUL", request.param)
     return request.param
 

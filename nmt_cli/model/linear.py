@@ -4,7 +4,8 @@ PyTorch's CPU float32 matmul goes to MKL, and MKL picks its kernels by CPU vendo
 CPUs it runs AVX2 code. oneDNN picks kernels by instruction set and runs AVX-512 code there, faster on
 the training shapes, forward, input gradient and weight gradient alike, with float32 arithmetic throughout
 (`benchmarks/bench_matmul.py`; figures in benchmarks/record/cpu.md). On a CPU without AVX-512 both libraries
-run AVX2 code, MKL's is the faster, and this route is off (`_ONEDNN`).
+run AVX2 code, MKL's is the faster, and this route is off (`_ONEDNN`). On Intel's AVX-512 CPUs MKL runs its
+AVX-512 code and is the faster in float32 too, so there only bfloat16 products take this route (`_DTYPES`).
 
 oneDNN builds (JIT-compiles) a kernel for each new shape, and building one for every batch's row
 count fragments the heap until the process holds far more memory than it uses, and keeps growing
@@ -61,16 +62,48 @@ def _choose_onednn() -> bool:
     return ONEDNN_AVAILABLE and torch.backends.cpu.get_cpu_capability().startswith("AVX512")
 
 
+def cpu_vendor() -> str:
+    """The CPU's vendor as /proc/cpuinfo names it (`GenuineIntel`, `AuthenticAMD`); "" where it cannot be read."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("vendor_id"):
+                    return line.partition(":")[2].strip()
+    except OSError:
+        pass
+    return ""
+
+
+def route_dtypes(forced: bool, vendor: str, bf16: bool) -> tuple[torch.dtype, ...]:
+    """The dtypes whose products take the oneDNN route where it is on.
+
+    float32 unless the CPU is Intel's and the route was not forced: MKL runs its AVX-512 code on Intel's CPUs
+    and was the faster there in every product (an Intel Xeon with AMX, `bench_matmul.py`: forward 1.0-1.2x,
+    input gradient 1.1-1.2x, weight gradient 1.2-1.8x oneDNN's rate; transformer_small trained 14-16% faster).
+    bfloat16 only where the CPU has bf16 instructions (AVX512-BF16, AMX): on an AVX2-only CPU oneDNN has no
+    bf16 inner product and PyTorch's own bf16 matmul is the one that runs; on the Xeon this route's bf16
+    training was 12% faster than PyTorch's.
+    """
+    float32 = () if vendor == "GenuineIntel" and not forced else (torch.float32,)
+    return float32 + ((torch.bfloat16,) if bf16 else ())
+
+
+def _forced() -> bool:
+    """Whether NMT_CPU_MATMUL forces a route (a bad value counts as `auto`, as in `_choose_onednn`)."""
+    try:
+        return route_from_environment() != "auto"
+    except ConfigError:
+        return False
+
+
 _ONEDNN = _choose_onednn()
-# bfloat16 through oneDNN only where the CPU has bf16 instructions (AVX512-BF16, AMX): on an AVX2-only CPU
-# oneDNN has no bf16 inner product and PyTorch's own bf16 matmul is the one that runs.
-_DTYPES = (torch.float32, torch.bfloat16) if cpu_has_bf16() else (torch.float32,)
+_DTYPES = route_dtypes(_forced(), cpu_vendor(), cpu_has_bf16())
 ROWS = 512
 
 
 def on_cpu_path(a: Tensor, b: Tensor) -> bool:
-    """Whether `a @ b.T` takes this module's CPU route: oneDNN, with padded row counts (float32 and
-    bfloat16 where the CPU supports it, outside autocast; PyTorch's bfloat16 matmul is oneDNN already)."""
+    """Whether `a @ b.T` takes this module's CPU route: oneDNN, with padded row counts (the dtypes of
+    `_DTYPES`, outside autocast; PyTorch's bfloat16 matmul is oneDNN already)."""
     return (
         _ONEDNN
         and a.device.type == "cpu"
@@ -190,7 +223,9 @@ def pads_rows(linear: nn.Module, x: Tensor) -> bool:
     rows once themselves: an input that already has padded_rows(M) rows is used as it is, so its padded
     copy is neither made nor saved for backward a second time.
     """
-    return isinstance(linear, Linear) and _ONEDNN and x.device.type == "cpu" and not torch.compiler.is_compiling()
+    if not (isinstance(linear, Linear) and _ONEDNN and x.device.type == "cpu" and not torch.compiler.is_compiling()):
+        return False
+    return (torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else x.dtype) in _DTYPES
 
 
 def mkl_beats_onednn(weight: Tensor) -> bool:

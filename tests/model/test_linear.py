@@ -108,3 +108,45 @@ def test_translation_products_take_mkl_only_where_narrow_on_avx2_cpus(monkeypatc
     monkeypatch.setattr(linear, "_ONEDNN", avx512)
     fc2, square, fc1 = torch.empty(16, 64), torch.empty(16, 16), torch.empty(64, 16)
     assert [linear.mkl_beats_onednn(w) for w in (fc2, square, fc1)] == ([False] * 3 if avx512 else [True, True, False])
+
+
+def test_float32_keeps_mkl_on_intel_unless_forced():
+    """`auto` on an Intel CPU: bfloat16 products through oneDNN, float32 ones through MKL, which runs its AVX-512
+    code there; on AMD's CPUs (MKL's AVX2 code) and when forced, float32 through oneDNN too."""
+    f32, bf16 = torch.float32, torch.bfloat16
+    assert linear.route_dtypes(False, "GenuineIntel", True) == (bf16,)
+    assert linear.route_dtypes(False, "GenuineIntel", False) == ()
+    assert linear.route_dtypes(True, "GenuineIntel", True) == (f32, bf16)
+    assert linear.route_dtypes(False, "AuthenticAMD", True) == (f32, bf16)
+    assert linear.route_dtypes(False, "AuthenticAMD", False) == linear.route_dtypes(False, "", False) == (f32,)
+
+
+class LinearOps(torch.utils._python_dispatch.TorchDispatchMode):
+    """Counts oneDNN's linear op among the ops run."""
+
+    def __init__(self):
+        super().__init__()
+        self.n = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.n += func is torch.ops.mkldnn._linear_pointwise.default
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.skipif(not ONEDNN_AVAILABLE, reason="this torch build has no oneDNN linear op")
+def test_the_route_takes_only_its_dtypes(monkeypatch):
+    """With bfloat16 alone on the route (Intel's `auto`), a float32 layer runs F.linear, unpadded; under bf16
+    autocast the route's padded rows and oneDNN's op; both give F.linear's values and gradients."""
+    monkeypatch.setattr(linear, "_ONEDNN", True)
+    monkeypatch.setattr(linear, "_DTYPES", (torch.bfloat16,))
+    torch.manual_seed(0)
+    layer, x = Linear(16, 40), torch.randn(5, 16, requires_grad=True)
+    for autocast in (False, True):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast), LinearOps() as ops:
+            padded = linear.pads_rows(layer, x)
+            y = layer(x)
+            y.float().sum().backward()
+            ref = F.linear(x, layer.weight, layer.bias)
+        assert padded == autocast and (ops.n > 0) == autocast
+        tol = 2e-2 if autocast else 1e-6
+        torch.testing.assert_close(y.float(), ref.float(), atol=tol, rtol=tol)
