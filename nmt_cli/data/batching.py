@@ -214,16 +214,19 @@ def padded_lengths(src_len: int, tgt_len: int, bucket_limit: int) -> tuple[int, 
 def epoch_batches(
     src_lens: np.ndarray,
     tgt_lens: np.ndarray,
-    *,
     max_tokens: int,
     seed: int,
     epoch: int,
+    *,
     rank: int = 0,
     world_size: int = 1,
     max_positions: int = 0,
     bucket_shapes: bool = False,
 ) -> list[np.ndarray]:
     """This rank's batches for `epoch`: a deterministic function of (seed, epoch).
+
+    The peer harness (`make bench-peers`) calls it as `epoch_batches(src_lens, tgt_lens, max_tokens, seed, epoch)`
+    to count each update's target tokens; keep those five positional (tests/test_peers.py).
 
     Ranks take disjoint, interleaved batches; the last `len % world_size` batches of the shuffled
     order are left out this epoch so that every rank gets the same number. bucket_shapes: `batch_by_shapes`.
