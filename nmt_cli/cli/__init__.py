@@ -82,16 +82,19 @@ def cli(quiet: bool, no_progress: bool, debug: bool) -> None:
 
 def start_command(callback: Callable[..., Any]) -> Callable[..., Any]:
     """`callback`, run once its subcommand's arguments are parsed (so that `--help` and usage errors import no
-    torch): the command's modules are imported while Ctrl-C still quits at once, a bad NMT_CPU_MATMUL is one error
-    line before any work, and then Ctrl-C raises KeyboardInterrupt for the work's clean stops."""
+    torch): the command's modules are imported while Ctrl-C still quits at once, a bad NMT_CPU_MATMUL or
+    NMT_CPU_INT8 is one error line before any work, and then Ctrl-C raises KeyboardInterrupt for the work's clean
+    stops."""
     commands_module = callback.__module__.replace("nmt_cli.cli.", "nmt_cli.commands.")  # cli/X.py runs commands/X.py
 
     @functools.wraps(callback)
     def started(*args: Any, **kwargs: Any) -> Any:
         importlib.import_module(commands_module)
         from nmt_cli.model.linear import route_from_environment
+        from nmt_cli.model.quantize import engine_from_environment
 
         route_from_environment()
+        engine_from_environment()
         raise_on_ctrl_c()
         return callback(*args, **kwargs)
 

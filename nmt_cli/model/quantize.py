@@ -1,7 +1,8 @@
 """Dynamic int8 linear layers for CPU translation (`nmt generate --quantize int8`).
 
-Weights are quantized once, per output channel, to int8 and packed for fbgemm (x86, AVX2/AVX-512
-VNNI); activations are quantized per call, per tensor, from their own min/max, and the product comes
+Weights are quantized once, per output channel, to int8 and packed for PyTorch's int8 kernels: oneDNN's on
+CPUs with AMX, whose int8 tiles it uses, fbgemm's elsewhere (x86, AVX2/AVX-512 VNNI; `int8_engine`).
+Activations are quantized per call, per tensor, from their own min/max, and the product comes
 back in float32 with the bias added. Everything else (embeddings, LayerNorm, attention's own
 products, softmax) stays float32. Every projection of the model gains from int8, the output projection
 (D x V) most, so all of them are swapped (`benchmarks/bench_generate.py --precisions int8`; figures in
@@ -12,6 +13,7 @@ a memory-mapped checkpoint's float32 pages are given back layer by layer as they
 
 from __future__ import annotations
 
+import os
 import warnings
 
 import torch
@@ -20,7 +22,33 @@ from torch import Tensor, nn
 from nmt_cli.errors import ConfigError
 from nmt_cli.model.linear import replace_linears
 
-ENGINE = "fbgemm"
+# The variable that forces the int8 kernels whatever the CPU: `fbgemm`, `onednn`, or `auto`.
+ENGINE_VARIABLE = "NMT_CPU_INT8"
+ENGINES = ("auto", "fbgemm", "onednn")
+
+
+def engine_from_environment() -> str:
+    """NMT_CPU_INT8's value (`auto` when unset); another value is a ConfigError naming the variable."""
+    engine = os.environ.get(ENGINE_VARIABLE, "auto") or "auto"
+    if engine not in ENGINES:
+        raise ConfigError(f"{ENGINE_VARIABLE}={engine!r}: expected one of {', '.join(ENGINES)}")
+    return engine
+
+
+def int8_engine() -> str:
+    """The library of the int8 products: oneDNN's where the CPU has AMX, fbgemm's elsewhere (NMT_CPU_INT8 forces
+    either; the test suite runs both on every machine).
+
+    On an Intel Xeon with AMX oneDNN's dynamic int8 linear ran at 1.5-3.3x fbgemm's rate at beam-search and
+    encoder sizes (64-1,024 rows, transformer_base's products), with the same quantization and outputs equal to
+    1e-6; `generate --quantize int8` translated 1.12-1.19x (transformer_base) and 1.05-1.13x (small) the sentences/s
+    (benchmarks/record/cpu.md). Without AMX fbgemm's kernels are the ones measured (VNNI, AVX2).
+    """
+    forced = engine_from_environment()
+    if forced != "auto":
+        return forced
+    amx = getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)()
+    return "onednn" if amx and "onednn" in torch.backends.quantized.supported_engines else "fbgemm"
 
 
 def _needs_reduced_range() -> bool:
@@ -37,7 +65,8 @@ def _needs_reduced_range() -> bool:
 
 
 class Int8Linear(nn.Module):
-    """A frozen Linear as int8 weights (per-channel scales) packed for fbgemm; float32 in and out."""
+    """A frozen Linear as int8 weights (per-channel scales) packed for the engine `quantize_for_cpu_inference`
+    set (`int8_engine`); float32 in and out."""
 
     def __init__(self, linear: nn.Linear) -> None:
         super().__init__()
@@ -63,15 +92,17 @@ class Int8Linear(nn.Module):
 
 
 def quantize_for_cpu_inference(model: nn.Module) -> nn.Module:
-    """Swap every Linear of the model, the output projection included, for an Int8Linear.
+    """Swap every Linear of the model, the output projection included, for an Int8Linear, packed for
+    `int8_engine`'s kernels.
 
     Raises:
-        ConfigError: this PyTorch build has no fbgemm (it is x86-only).
+        ConfigError: this PyTorch build lacks those kernels (fbgemm is x86-only).
     """
-    if ENGINE not in torch.backends.quantized.supported_engines:
+    engine = int8_engine()
+    if engine not in torch.backends.quantized.supported_engines:
         raise ConfigError(
-            f"--quantize int8 needs PyTorch's {ENGINE} int8 kernels (x86 CPUs); this build has "
+            f"--quantize int8 needs PyTorch's {engine} int8 kernels (x86 CPUs); this build has "
             f"{', '.join(torch.backends.quantized.supported_engines)}"
         )
-    torch.backends.quantized.engine = ENGINE
+    torch.backends.quantized.engine = engine  # Int8Linear packs its weight for the engine set here
     return replace_linears(model, Int8Linear)

@@ -1,4 +1,4 @@
-"""Start-up: `--help` and argument errors load no torch, a bad NMT_CPU_MATMUL is one error line, and Ctrl-C at any
+"""Start-up: `--help` and argument errors load no torch, a bad NMT_CPU_MATMUL or NMT_CPU_INT8 is one error line, and Ctrl-C at any
 moment of a command (its imports included) is one `error: interrupted` line and exit 130, never a traceback."""
 
 import errno
@@ -101,6 +101,15 @@ def test_a_bad_cpu_matmul_route_is_one_error_line_and_help_still_answers(tmp_pat
         ANSI.sub("", result.output).strip() == "error: NMT_CPU_MATMUL='fastest': expected one of auto, onednn, default"
     )
     assert CliRunner().invoke(cli, ["score", "--help"]).exit_code == 0
+
+
+def test_a_bad_int8_engine_is_one_error_line(tmp_path, monkeypatch):
+    text = tmp_path / "hyp.txt"
+    text.write_text("a b c\n")
+    monkeypatch.setenv("NMT_CPU_INT8", "fastest")
+    result = CliRunner().invoke(cli, ["score", "--sys", str(text), "--ref", str(text)])
+    assert result.exit_code == 1
+    assert ANSI.sub("", result.output).strip() == "error: NMT_CPU_INT8='fastest': expected one of auto, fbgemm, onednn"
 
 
 def interrupt(fifo: Path, delay: float | None) -> subprocess.CompletedProcess:

@@ -9,7 +9,7 @@ from torch import nn
 
 from nmt_cli.config import SearchConfig
 from nmt_cli.errors import ConfigError
-from nmt_cli.model.quantize import Int8Linear, quantize_for_cpu_inference
+from nmt_cli.model.quantize import Int8Linear, int8_engine, quantize_for_cpu_inference
 from nmt_cli.search.translate import load_translator, translate
 
 pytestmark = [
@@ -17,7 +17,41 @@ pytestmark = [
         "fbgemm" not in torch.backends.quantized.supported_engines, reason="int8 kernels need fbgemm (x86)"
     ),
     pytest.mark.usefixtures("cpu_matmul_route"),  # both CPU matmul routes on every machine (conftest.py)
+    pytest.mark.usefixtures("engine"),  # and both int8 engines
 ]
+
+
+@pytest.fixture(params=["fbgemm", "onednn"])
+def engine(request, monkeypatch) -> str:
+    """Both int8 engines on every machine, whichever this CPU would choose (oneDNN's with AMX, else fbgemm's)."""
+    if request.param not in torch.backends.quantized.supported_engines:
+        pytest.skip(f"this torch has no {request.param} int8 kernels")
+    monkeypatch.setenv("NMT_CPU_INT8", request.param)
+    return request.param
+
+
+def test_the_engine_is_onednn_with_amx_unless_forced(monkeypatch, engine):
+    assert int8_engine() == engine  # forced by the fixture
+    monkeypatch.delenv("NMT_CPU_INT8")
+    for amx, chosen in ((True, "onednn"), (False, "fbgemm")):
+        monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda amx=amx: amx)
+        assert int8_engine() == chosen
+    monkeypatch.setenv("NMT_CPU_INT8", "fastest")
+    with pytest.raises(ConfigError, match="NMT_CPU_INT8='fastest': expected one of auto, fbgemm, onednn"):
+        int8_engine()
+
+
+def test_the_engines_give_the_same_products(monkeypatch):
+    """Same quantization, so the same outputs but for float rounding (each engine packs its own weight)."""
+    torch.manual_seed(0)
+    linear, x = nn.Linear(512, 2048), torch.randn(37, 512)
+    got = []
+    for name in ("fbgemm", "onednn"):
+        monkeypatch.setenv("NMT_CPU_INT8", name)
+        quantize_for_cpu_inference(nn.Sequential())
+        assert torch.backends.quantized.engine == name
+        got.append(Int8Linear(linear)(x))
+    torch.testing.assert_close(got[0], got[1], atol=1e-5, rtol=1e-5)
 
 
 def test_int8_linear_is_close_to_float32():
