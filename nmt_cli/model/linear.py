@@ -238,24 +238,29 @@ def mkl_beats_onednn(weight: Tensor) -> bool:
 
 
 class PackedLinear(nn.Module):
-    """A frozen Linear for CPU float32 inference, its weight laid out once for the faster library: reordered
+    """A frozen Linear for CPU inference, its weight laid out once for the faster library: reordered
     into oneDNN's blocked layout (the op inductor's CPU freezing uses), or kept plain for MKL's sgemm where
     `mkl_beats_onednn`. Inputs and outputs stay ordinary dense tensors; either way one copy of the weight.
+
+    In bfloat16 (translation under bf16 autocast, on CPUs with bf16 instructions) the weight is cast and
+    reordered once, always for oneDNN, and each input cast to bfloat16 as autocast would: autocast itself casts
+    every weight again at every step, since its cache lasts one autocast region (one step of the search).
 
     Against weights packed as mkldnn tensors, which need every input converted to and every output
     back from oneDNN's layout, the oneDNN route is faster, most on the output projection, since it skips
     those conversions (`benchmarks/profile_generate.py`).
     """
 
-    def __init__(self, linear: nn.Linear, mkl: bool | None = None) -> None:
-        """mkl: the route (None: `mkl_beats_onednn`)."""
+    def __init__(self, linear: nn.Linear, mkl: bool | None = None, dtype: torch.dtype = torch.float32) -> None:
+        """mkl: the route of a float32 product (None: `mkl_beats_onednn`); dtype: the product's."""
         super().__init__()
-        weight = linear.weight.detach()
-        self.mkl = mkl_beats_onednn(weight) if mkl is None else mkl
+        self.dtype = dtype
+        weight = linear.weight.detach().to(dtype)
+        self.mkl = dtype == torch.float32 and (mkl_beats_onednn(weight) if mkl is None else mkl)
         # The weight as its product takes it, a copy either way (plain for MKL, blocked for oneDNN): the
         # checkpoint's own pages are given back.
         self.product_weight = weight.clone() if self.mkl else torch.ops.mkldnn._reorder_linear_weight(weight, None)
-        self.bias = None if linear.bias is None else linear.bias.detach().clone()
+        self.bias = None if linear.bias is None else linear.bias.detach().to(dtype).clone()
         self.out_features = weight.shape[0]
 
     def forward(self, x: Tensor) -> Tensor:
@@ -269,6 +274,7 @@ class PackedLinear(nn.Module):
         if self.mkl:
             y = F.linear(x, self.product_weight, self.bias)
             return y.relu_() if post_op == "relu" else y
+        x = x.to(self.dtype)
         rows = x.dim() == 2 and x.is_contiguous()  # the decoding step's rows: no reshaping around the product
         flat = x if rows else x.reshape(-1, x.shape[-1]).contiguous()
         y = torch.ops.mkldnn._linear_pointwise(flat, self.product_weight, self.bias, post_op, [], "")
@@ -287,8 +293,9 @@ def replace_linears(model: nn.Module, frozen: Callable[[nn.Linear], nn.Module]) 
     return model
 
 
-def pack_for_cpu_inference(model: nn.Module) -> nn.Module:
-    """Swap every Linear of the model, the output projection included, for a PackedLinear.
+def pack_for_cpu_inference(model: nn.Module, dtype: torch.dtype = torch.float32) -> nn.Module:
+    """Swap every Linear of the model, the output projection included, for a PackedLinear of `dtype`'s products
+    (float32, or bfloat16 where the CPU has bf16 instructions: `cpu_has_bf16`).
 
     For CPU inference only (no autograd, no autocast). At beam-search sizes (a few hundred rows) oneDNN
     with packed weights runs AVX-512 code where the default path (MKL) runs AVX2 on AMD's CPUs, so it is
@@ -296,4 +303,4 @@ def pack_for_cpu_inference(model: nn.Module) -> nn.Module:
     benchmarks/record/cpu.md); on an AVX2-only one the narrow
     products stay with MKL (`mkl_beats_onednn`). The projection gets its own copy of the tied weight.
     """
-    return replace_linears(model, PackedLinear)
+    return replace_linears(model, lambda linear: PackedLinear(linear, dtype=dtype))

@@ -26,7 +26,14 @@ from nmt_cli.errors import ConfigError
 from nmt_cli.model.linear import ONEDNN_AVAILABLE, pack_for_cpu_inference
 from nmt_cli.model.quantize import quantize_for_cpu_inference
 from nmt_cli.model.transformer import Transformer
-from nmt_cli.runtime import AMP_DTYPES, autocast, choose_attention_backends, choose_device, to_device_async
+from nmt_cli.runtime import (
+    AMP_DTYPES,
+    autocast,
+    choose_attention_backends,
+    choose_device,
+    cpu_has_bf16,
+    to_device_async,
+)
 from nmt_cli.search.beam import Answers, OnDone, StillWanted, beam_steps, max_lengths
 from nmt_cli.search.constraint import ConstraintSource, all_of
 from nmt_cli.search.ensemble import Ensemble, check_members, ensemble_bounds, member_paths, member_weights
@@ -129,8 +136,8 @@ def translator_from(
 ) -> Translator:
     """The Translator of a read checkpoint.
 
-    On CPU in float32 the linear layers are packed for oneDNN; quantize="int8" (CPU, float32 only) makes
-    them dynamic int8 ones instead.
+    On CPU in float32, and in bf16 where the CPU has bf16 instructions, the linear layers are packed for oneDNN;
+    quantize="int8" (CPU, float32 only) makes them dynamic int8 ones instead.
     """
     return Translator(inference_model(saved, device, amp_dtype, quantize), saved.vocab, device, amp_dtype)
 
@@ -145,9 +152,15 @@ def inference_model(
     model = saved.model().to(device)
     if quantize == "int8":
         quantize_for_cpu_inference(model)
-    elif device.type == "cpu" and amp_dtype is None and ONEDNN_AVAILABLE:
-        pack_for_cpu_inference(model)
+    elif device.type == "cpu" and ONEDNN_AVAILABLE and (amp_dtype is None or packs_bf16(amp_dtype)):
+        pack_for_cpu_inference(model, amp_dtype or torch.float32)
     return model
+
+
+def packs_bf16(amp_dtype: torch.dtype) -> bool:
+    """Whether CPU translation under `amp_dtype` autocast packs bfloat16 weights once (PackedLinear): where the CPU
+    has bf16 instructions; elsewhere oneDNN has no bf16 product and autocast's emulated one runs."""
+    return amp_dtype == torch.bfloat16 and cpu_has_bf16()
 
 
 @contextmanager

@@ -6,6 +6,7 @@ import torch.nn.functional as F
 
 from nmt_cli.model import linear
 from nmt_cli.model.linear import ONEDNN_AVAILABLE, ROWS, Linear, PackedLinear, matmul_nt, padded_rows, weight_grad
+from nmt_cli.runtime import cpu_has_bf16
 
 pytestmark = pytest.mark.usefixtures("cpu_matmul_route")  # every test on both routes
 
@@ -150,3 +151,19 @@ def test_the_route_takes_only_its_dtypes(monkeypatch):
         assert padded == autocast and (ops.n > 0) == autocast
         tol = 2e-2 if autocast else 1e-6
         torch.testing.assert_close(y.float(), ref.float(), atol=tol, rtol=tol)
+
+
+@pytest.mark.skipif(not ONEDNN_AVAILABLE or not cpu_has_bf16(), reason="needs oneDNN and a CPU with bf16 instructions")
+@pytest.mark.parametrize("rows", [1, 37, 256])
+def test_bf16_packed_linear_gives_autocasts_products(rows):
+    """bfloat16 weights packed once: what F.linear gives under bf16 autocast, to a bf16 rounding."""
+    torch.manual_seed(0)
+    layer, x = torch.nn.Linear(64, 200), torch.randn(rows, 64)
+    packed = PackedLinear(layer, mkl=True, dtype=torch.bfloat16)  # a bf16 product always takes oneDNN
+    assert not packed.mkl and packed.product_weight.dtype == torch.bfloat16
+    with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16):
+        want = F.linear(x, layer.weight, layer.bias)
+        got, got_relu = packed(x), packed.forward_relu(x)
+    assert got.dtype == got_relu.dtype == torch.bfloat16
+    torch.testing.assert_close(got, want, atol=1e-2, rtol=1e-2)
+    torch.testing.assert_close(got_relu, torch.relu(want), atol=1e-2, rtol=1e-2)

@@ -200,6 +200,31 @@ def test_packed_cpu_model_translates_the_same(tiny_model, toy_data_bin):
         assert [h.score for h in x] == pytest.approx([h.score for h in y], abs=1e-4)
 
 
+def test_bf16_packed_cpu_model_translates_as_autocast_does(trained_copy_checkpoint, toy_corpus):
+    """Translation under bf16 on a CPU with bf16 instructions packs bfloat16 weights once (PackedLinear) instead
+    of autocast casting every weight at every step: the same products, so the same translations."""
+    from nmt_cli.model.linear import PackedLinear
+    from nmt_cli.runtime import cpu_has_bf16
+    from nmt_cli.search.translate import load_translator
+
+    if not cpu_has_bf16():
+        pytest.skip("this CPU has no bf16 instructions (its bf16 products are autocast's, emulated)")
+    cpu, bf16 = torch.device("cpu"), torch.bfloat16
+    packed, saved = load_translator(trained_copy_checkpoint, cpu, bf16)
+    assert {m.dtype for m in packed.model.modules() if isinstance(m, PackedLinear)} == {bf16}
+    assert not any(isinstance(m, torch.nn.Linear) for m in packed.model.modules())
+    autocast = Translator(saved.model(), saved.vocab, cpu, bf16)  # nn.Linear under autocast, as before
+    lines = (toy_corpus / "test.src").read_text().splitlines()
+    sources = [np.asarray(ids, dtype=np.int64) for ids in saved.vocab.encode(lines)]
+    cfg = SearchConfig(beam=4, nbest=2)
+    a, b = translate(autocast, sources, cfg, 4000), translate(packed, sources, cfg, 4000)
+    # all 30 sentences' 2 best agreed on an Intel Xeon with AMX; a rounding apart may still tip a near tie elsewhere
+    assert sum([h.tokens for h in x] == [h.tokens for h in y] for x, y in zip(a, b)) >= 0.9 * len(a)
+    for x, y in zip(a, b):
+        if x[0].tokens == y[0].tokens:
+            assert x[0].score == pytest.approx(y[0].score, abs=0.05)
+
+
 @pytest.mark.parametrize("v", [8, 640, 1000, 8003, 32000])
 def test_top_candidates_by_blocks_find_the_sentences_top_2k(v):
     """The block route (V of 512 pieces or more) and the direct one agree with all K*V totals."""
