@@ -127,6 +127,15 @@ def choose_attention_backends(device: torch.device, cudnn_attention: bool) -> No
         logger.info("attention runs on flash, memory-efficient or math kernels (cuDNN's: --cudnn-attention)")
 
 
+def environment_choice(variable: str, choices: tuple[str, ...]) -> str:
+    """The environment variable's value, one of `choices` (the first when unset or empty); another value is a
+    ConfigError naming the variable (the CPU routes' NMT_CPU_MATMUL and NMT_CPU_INT8)."""
+    value = os.environ.get(variable, choices[0]) or choices[0]
+    if value not in choices:
+        raise ConfigError(f"{variable}={value!r}: expected one of {', '.join(choices)}")
+    return value
+
+
 AMP_DTYPES: dict[str, torch.dtype | None] = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 

@@ -40,6 +40,11 @@ def test_bench_matmul_prints_both_routes_for_every_product(tmp_path):
     assert (tmp_path / "results" / "matmul.json").exists()
 
 
+def number(cell: str) -> float:
+    """A table's figure: 1,314 (thousands separated, as a fast machine's rates are printed) or 0.02."""
+    return float(cell.replace(",", ""))
+
+
 @pytest.mark.slow  # a generate run per feature this checkout has, and score-pairs: up to 8 child processes
 def test_bench_decoding_reports_each_feature_or_that_it_is_not_available(trained_copy_checkpoint, tmp_path):
     ckpt = str(trained_copy_checkpoint)
@@ -48,7 +53,7 @@ def test_bench_decoding_reports_each_feature_or_that_it_is_not_available(trained
     # a row's cells: seconds, sent/s, x baseline, target, conditions (the empty ones run together)
     rows = {cells[0]: cells[1:] for line in out.splitlines() if len(cells := re.split(r"\s{2,}", line.strip())) > 2}
     baseline = rows["beam 4 (baseline)"]
-    assert float(baseline[0]) > 0 and float(baseline[1]) > 0 and baseline[2] == "1.00x time"
+    assert number(baseline[0]) > 0 and number(baseline[1]) > 0 and baseline[2] == "1.00x time"
     helps = {
         name: subprocess.run(
             [sys.executable, "-m", "nmt_cli", *command, "--help"], capture_output=True, text=True, cwd=ROOT, check=True
@@ -65,15 +70,15 @@ def test_bench_decoding_reports_each_feature_or_that_it_is_not_available(trained
     ]:
         cells = rows[feature]
         if option in helps[command]:
-            assert float(cells[0]) > 0 and re.fullmatch(r"\d+\.\d\dx (time|sent/s)", cells[2]), cells
+            assert number(cells[0]) > 0 and re.fullmatch(r"\d+\.\d\dx (time|sent/s)", cells[2]), cells
         else:
             assert cells[0] == "not available", cells
     assert "machine: {" in out and (tmp_path / "results" / "decoding.json").exists()
     # score-pairs read the 8 pairs 3 times over: its rate is of 24 sentences, its multiple of the two rates
     seconds, rate, multiple = rows["score-pairs"][:3]
-    assert abs(24 / float(rate) - float(seconds)) <= 0.006, rows["score-pairs"]  # seconds printed to 0.01
-    base_rate = float(baseline[1])
-    assert float(multiple.split("x")[0]) == pytest.approx(float(rate) / base_rate, rel=0.02)
+    assert abs(24 / number(rate) - number(seconds)) <= 0.006, rows["score-pairs"]  # seconds printed to 0.01
+    base_rate = number(baseline[1])
+    assert float(multiple.split("x")[0]) == pytest.approx(number(rate) / base_rate, rel=0.02)
     assert "score-pairs read them 3 times over again" in out
 
 

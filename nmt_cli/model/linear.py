@@ -21,7 +21,6 @@ whose weights oneDNN reorders once (on AVX2-only CPUs the products no wider out 
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from typing import Any
 
@@ -31,7 +30,7 @@ from torch import Tensor, nn
 
 from nmt_cli.allocator import release_pages
 from nmt_cli.errors import ConfigError
-from nmt_cli.runtime import cpu_has_bf16
+from nmt_cli.runtime import cpu_has_bf16, environment_choice
 
 # Whether this torch has oneDNN's linear op (translation's packed linears need no more).
 ONEDNN_AVAILABLE = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
@@ -42,10 +41,7 @@ ROUTES = ("auto", "onednn", "default")
 
 def route_from_environment() -> str:
     """NMT_CPU_MATMUL's value (`auto` when unset); another value is a ConfigError naming the variable."""
-    route = os.environ.get(ROUTE_VARIABLE, "auto") or "auto"
-    if route not in ROUTES:
-        raise ConfigError(f"{ROUTE_VARIABLE}={route!r}: expected one of {', '.join(ROUTES)}")
-    return route
+    return environment_choice(ROUTE_VARIABLE, ROUTES)
 
 
 def _choose_onednn() -> bool:

@@ -13,7 +13,6 @@ a memory-mapped checkpoint's float32 pages are given back layer by layer as they
 
 from __future__ import annotations
 
-import os
 import warnings
 
 import torch
@@ -21,6 +20,7 @@ from torch import Tensor, nn
 
 from nmt_cli.errors import ConfigError
 from nmt_cli.model.linear import replace_linears
+from nmt_cli.runtime import environment_choice
 
 # The variable that forces the int8 kernels whatever the CPU: `fbgemm`, `onednn`, or `auto`.
 ENGINE_VARIABLE = "NMT_CPU_INT8"
@@ -29,10 +29,7 @@ ENGINES = ("auto", "fbgemm", "onednn")
 
 def engine_from_environment() -> str:
     """NMT_CPU_INT8's value (`auto` when unset); another value is a ConfigError naming the variable."""
-    engine = os.environ.get(ENGINE_VARIABLE, "auto") or "auto"
-    if engine not in ENGINES:
-        raise ConfigError(f"{ENGINE_VARIABLE}={engine!r}: expected one of {', '.join(ENGINES)}")
-    return engine
+    return environment_choice(ENGINE_VARIABLE, ENGINES)
 
 
 def int8_engine() -> str:

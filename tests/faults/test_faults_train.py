@@ -226,22 +226,26 @@ def test_torture_random_sigkills_resume_bit_identical(toy_data_bin, tmp_path):
     extra = ["--max-update", 24, "--save-interval-updates", 1, "--dropout", 0.1, "--max-tokens", 512]
     ref = train_process(toy_data_bin, tmp_path / "ref", *extra)
     assert ref.wait(timeout=300) == 0, ref.stderr.read()
-    save, n_kills = tmp_path / "run", 0
+    save, n_kills, interval = tmp_path / "run", 0, 0.2
     while n_kills < 6:
         proc = train_process(toy_data_bin, save, *extra)
         saves, wanted = threading.Event(), rng.randint(1, 4)
-        count = [0]
+        saved_at = []  # when each save was logged
 
         def drain():
             for line in proc.stderr:
                 if "saved checkpoint_last.pt" in line:
-                    count[0] += 1
-                    if count[0] >= wanted:
+                    saved_at.append(time.monotonic())
+                    if len(saved_at) >= wanted:
                         saves.set()
 
         threading.Thread(target=drain, daemon=True).start()
         saves.wait(timeout=120)
-        time.sleep(rng.uniform(0.0, 0.4))  # anywhere: mid-update, mid-save, between the files of one save
+        times = list(saved_at)
+        if len(times) >= 2:  # an update and its save take this machine this long (a fast CPU: a few ms)
+            interval = times[-1] - times[-2]
+        # anywhere within the next update or so: mid-update, mid-save, between the files of one save
+        time.sleep(rng.uniform(0.0, 1.5 * interval))
         if proc.poll() is not None:
             break
         proc.send_signal(signal.SIGKILL)
