@@ -202,7 +202,8 @@ def main() -> None:
 
     table = features()
     score_src, score_hyp = WORK / "bench-decoding-score-input.txt", WORK / "bench-decoding-score-baseline.txt"
-    table[-1].sentences = len(lines) * args.score_repeat
+    scorer = next(f for f in table if f.name == "score-pairs")
+    scorer.sentences = len(lines) * args.score_repeat
     generate_help, commands = help_text("generate"), help_text()
     for f in table[1:]:
         f.available = f.option in (commands if f.name == "score-pairs" else generate_help)
