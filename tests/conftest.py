@@ -231,8 +231,8 @@ def cpu_matmul_route(request, monkeypatch) -> str:
     if request.param == "onednn" and not linear.ONEDNN_AVAILABLE:
         pytest.skip("this torch has no oneDNN linear op")
     monkeypatch.setattr(linear, "_ONEDNN", request.param == "onednn")
-    # forced, as NMT_CPU_MATMUL forces it: float32 too, also on Intel's CPUs (where `auto` keeps MKL for it)
-    monkeypatch.setattr(linear, "_DTYPES", linear.route_dtypes(True, linear.cpu_vendor(), cpu_has_bf16()))
+    # forced, as NMT_CPU_MATMUL forces it: float32 too whatever the vendor (on Intel's CPUs `auto` keeps MKL for it)
+    monkeypatch.setattr(linear, "_DTYPES", linear.route_dtypes(forced=True, vendor="", bf16=cpu_has_bf16()))
     monkeypatch.setenv("NMT_CPU_MATMUL", request.param)
     return request.param
 

@@ -44,15 +44,20 @@ def route_from_environment() -> str:
     return environment_choice(ROUTE_VARIABLE, ROUTES)
 
 
-def _choose_onednn() -> bool:
+def _route() -> str:
+    """NMT_CPU_MATMUL's route; a bad value falls back to `auto` here and is reported by the command line at
+    start-up."""
+    try:
+        return route_from_environment()
+    except ConfigError:
+        return "auto"
+
+
+def _choose_onednn(route: str) -> bool:
     """oneDNN's float32 products beat MKL's only on CPUs with AVX-512, where MKL (choosing kernels by vendor)
     runs AVX2 code on AMD's; on an AVX2-only CPU MKL is the faster (bench_matmul.py), and training's products
     keep PyTorch's default route there. NMT_CPU_MATMUL forces either route (the test suite runs both on every
-    machine); a bad value falls back to `auto` here and is reported by the command line at start-up."""
-    try:
-        route = route_from_environment()
-    except ConfigError:
-        route = "auto"
+    machine)."""
     if route != "auto":
         return route == "onednn" and ONEDNN_AVAILABLE
     return ONEDNN_AVAILABLE and torch.backends.cpu.get_cpu_capability().startswith("AVX512")
@@ -84,16 +89,9 @@ def route_dtypes(forced: bool, vendor: str, bf16: bool) -> tuple[torch.dtype, ..
     return float32 + ((torch.bfloat16,) if bf16 else ())
 
 
-def _forced() -> bool:
-    """Whether NMT_CPU_MATMUL forces a route (a bad value counts as `auto`, as in `_choose_onednn`)."""
-    try:
-        return route_from_environment() != "auto"
-    except ConfigError:
-        return False
-
-
-_ONEDNN = _choose_onednn()
-_DTYPES = route_dtypes(_forced(), cpu_vendor(), cpu_has_bf16())
+_ROUTE = _route()
+_ONEDNN = _choose_onednn(_ROUTE)
+_DTYPES = route_dtypes(_ROUTE != "auto", cpu_vendor(), cpu_has_bf16())
 ROWS = 512
 
 
@@ -202,7 +200,7 @@ class Linear(nn.Linear):
         # Under torch.compile (`nmt train --compile`) inductor chooses the matmul kernels itself;
         # it has no lowering of the oneDNN op for dynamic shapes.
         if x.device.type == "cpu" and _ONEDNN and not torch.compiler.is_compiling():
-            dtype = torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else x.dtype
+            dtype = product_dtype(x)
             with torch.autocast("cpu", enabled=False):  # cast here, as autocast would, then leave it
                 x, weight = x.to(dtype), weight.to(dtype)
                 bias = None if bias is None else bias.to(dtype)
@@ -221,7 +219,12 @@ def pads_rows(linear: nn.Module, x: Tensor) -> bool:
     """
     if not (isinstance(linear, Linear) and _ONEDNN and x.device.type == "cpu" and not torch.compiler.is_compiling()):
         return False
-    return (torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else x.dtype) in _DTYPES
+    return product_dtype(x) in _DTYPES
+
+
+def product_dtype(x: Tensor) -> torch.dtype:
+    """The dtype a CPU product of `x` runs in: autocast's where it is on, else x's own."""
+    return torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else x.dtype
 
 
 def mkl_beats_onednn(weight: Tensor) -> bool:

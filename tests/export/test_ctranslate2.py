@@ -52,7 +52,7 @@ def sentences(toy_corpus) -> list[str]:
 
 def nmt_results(checkpoint: Path, vocab_lines: list[str], cfg: SearchConfig):
     translator, _ = load_translator(checkpoint, torch.device("cpu"), None)
-    sources = [np.asarray(ids, dtype=np.int64) for ids in translator.vocab.encode(vocab_lines)]
+    sources = translator.vocab.encode_arrays(vocab_lines)
     hyps = translate(translator, sources, cfg, max_tokens=4000)
     return [translator.vocab.pieces(h[0].tokens) for h in hyps], [h[0].score for h in hyps], translator.vocab
 

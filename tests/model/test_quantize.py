@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -79,7 +78,7 @@ def test_generate_int8_translates_like_float32(trained_copy_checkpoint, toy_corp
     results = []
     for quantize in (None, "int8"):
         translator, _ = load_translator(trained_copy_checkpoint, torch.device("cpu"), None, quantize)
-        sources = [np.asarray(ids, dtype=np.int64) for ids in translator.vocab.encode(lines)]
+        sources = translator.vocab.encode_arrays(lines)
         results.append(translate(translator, sources, cfg, max_tokens=4000))
     # int8 keeps no float32 copy of the weights: the model holds int8 linears only, and the checkpoint is
     # memory-mapped (checkpoint.load_checkpoint), its tensors read once into the model and not kept.

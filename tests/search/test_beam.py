@@ -215,7 +215,7 @@ def test_bf16_packed_cpu_model_translates_as_autocast_does(trained_copy_checkpoi
     assert not any(isinstance(m, torch.nn.Linear) for m in packed.model.modules())
     autocast = Translator(saved.model(), saved.vocab, cpu, bf16)  # nn.Linear under autocast, as before
     lines = (toy_corpus / "test.src").read_text().splitlines()
-    sources = [np.asarray(ids, dtype=np.int64) for ids in saved.vocab.encode(lines)]
+    sources = saved.vocab.encode_arrays(lines)
     cfg = SearchConfig(beam=4, nbest=2)
     a, b = translate(autocast, sources, cfg, 4000), translate(packed, sources, cfg, 4000)
     # all 30 sentences' 2 best agreed on an Intel Xeon with AMX; a rounding apart may still tip a near tie elsewhere

@@ -26,7 +26,7 @@ def opened(tiny_checkpoint):
 def random_sources(translator, n, seed):
     rng = np.random.default_rng(seed)
     lines = [" ".join(str(d) for d in rng.integers(0, 10, rng.integers(1, 12))) for _ in range(n)]
-    return [np.asarray(ids, dtype=np.int64) for ids in translator.vocab.encode(lines)]
+    return translator.vocab.encode_arrays(lines)
 
 
 @pytest.mark.parametrize("style", ["gnmt", "fairseq"])
