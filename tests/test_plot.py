@@ -240,7 +240,7 @@ def test_plot_curves_errors(tmp_path):
     )
     assert result.exit_code == 1 and "one --label per --log-file" in result.output
     result = runner.invoke(cli, ["plot", "curves", "--log-file", str(tmp_path / "missing.jsonl"), "--output", "x.png"])
-    assert result.exit_code == 2
+    assert result.exit_code == 1 and f"error: --log-file {tmp_path / 'missing.jsonl'} does not exist" in result.output
 
 
 def test_plot_curves_refuses_records_without_numbers(tmp_path):

@@ -17,14 +17,33 @@ import click
 
 from nmt_cli.config import InferenceConfig, SearchConfig
 from nmt_cli.errors import ConfigError
+from nmt_cli.files import require_file
 from nmt_cli.flags import flag_name
 
 F = TypeVar("F", bound=Callable[..., Any])
 C = TypeVar("C", bound=InferenceConfig)
 CONTEXT = {"show_default": True, "help_option_names": ["-h", "--help"], "max_content_width": 110}
-EXISTING_FILE = click.Path(exists=True, dir_okay=False, path_type=Path)
+
+
+class ExistingFile(click.ParamType):
+    """An existing file (a path string, or a Path where `as_path`). A missing one is one `error:` line naming the
+    option, exit 1 (files.require_file, raised while the command's arguments are read, which NmtGroup reports), as
+    every other missing input is, rather than click's usage text."""
+
+    name = "file"
+
+    def __init__(self, as_path: bool = False) -> None:
+        self.as_path = as_path
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        what = param.opts[0] if isinstance(param, click.Option) else param.human_readable_name if param else "file"
+        require_file(Path(value), what)
+        return Path(value) if self.as_path else str(value)
+
+
+EXISTING_FILE = ExistingFile(as_path=True)
 PATH_TYPES = {
-    "file": click.Path(exists=True, dir_okay=False),
+    "file": ExistingFile(),
     "dir": click.Path(exists=True, file_okay=False),
     "new": click.Path(),
 }

@@ -18,7 +18,7 @@ from typing import Any, TextIO
 import numpy as np
 
 from nmt_cli.commands.parse_trees import check_parse_request, generate_trees
-from nmt_cli.commands.side_lines import CONSTRAINT_LINE, PREFIX_LINE, SideLines, constraints_for, prefixes_for
+from nmt_cli.commands.side_lines import CONSTRAINT_LINE, PREFIX_LINE, SideLines, rules_for
 from nmt_cli.config import GenerateConfig, SearchConfig
 from nmt_cli.data import BOM, raw_text_problem
 from nmt_cli.data.dataset import load_meta, load_vocab
@@ -27,9 +27,8 @@ from nmt_cli.errors import ConfigError, DataError
 from nmt_cli.files import TMP_SUFFIX, atomic_text_output, remove_abandoned_temporaries, require_file
 from nmt_cli.flags import changed_flags
 from nmt_cli.runtime import set_threads
-from nmt_cli.search.constraint import all_of
 from nmt_cli.search.forced import add_alignments, alignment_layer
-from nmt_cli.search.hypothesis import Hypothesis, hypothesis_record
+from nmt_cli.search.hypothesis import NOTHING_FOUND, Hypothesis, hypothesis_record
 from nmt_cli.search.lexical import check_search
 from nmt_cli.search.slots import slot_search_for
 from nmt_cli.search.translate import Summary, Translator, open_for_inference, sampling_generator, translate
@@ -223,8 +222,11 @@ def open_input(path: str | None, stack: ExitStack, num_shards: int, shard_id: in
     return [lines[i] for i in shard], shard.start + 1
 
 
-def read_lines(stream: Iterable[bytes], buffer_size: int, name: str, first_line: int = 1) -> Iterator[list[str]]:
-    """Chunks of up to `buffer_size` lines (newlines stripped), so that stdin streams.
+def read_lines(
+    stream: Iterable[bytes], buffer_size: int, name: str, first_line: int = 1, pieces: bool = False
+) -> Iterator[list[str]]:
+    """Chunks of up to `buffer_size` lines (newlines stripped), so that stdin streams; `pieces`: lines of
+    sentencepiece pieces are wanted (data.raw_text_problem).
 
     Every line is decoded as strict UTF-8 before its chunk is yielded, so a bad byte stops the run before
     anything of that chunk is translated or written.
@@ -241,7 +243,7 @@ def read_lines(stream: Iterable[bytes], buffer_size: int, name: str, first_line:
             raise DataError(
                 f"{name}:{number}: invalid UTF-8 (byte {e.start} of the line); fix or re-encode the input"
             ) from None
-        if problem := raw_text_problem(chunk[-1]):
+        if problem := raw_text_problem(chunk[-1], pieces):
             raise DataError(f"{name}:{number}: the line {problem}")
         if len(chunk) == buffer_size:
             yield chunk
@@ -338,12 +340,13 @@ def generate_text(
     for chunk in chunks:
         start = time.perf_counter()
         sources = translator.vocab.encode_arrays(chunk)
-        lexical = None if constraints is None else constraints_for(constraints, translator, sources, search)
-        forced = None if prefixes is None else prefixes_for(prefixes, translator, sources, search)
-        results = translate(translator, sources, search, max_tokens, batch_size, generator, all_of(lexical, forced))
+        rules = rules_for(constraints, prefixes, translator, sources, search)
+        results = translate(translator, sources, search, max_tokens, batch_size, generator, rules)
         if align is not None:
             align(sources, results)
         summary.add(results, time.perf_counter() - start)
+        if missed := [str(first_id + j) for j, hyps in enumerate(results) if not hyps[0].found]:
+            logger.warning("sentence %s: %s", ", ".join(missed), NOTHING_FOUND)
         for j, hyps in enumerate(results):
             print(
                 format_record(first_id + j, hyps, translator.vocab, fmt, chunk[j] if fmt != "plain" else None), file=out

@@ -13,6 +13,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, TextIO
 
+import numpy as np
+
 from nmt_cli.commands.generate import SPLIT_CHUNK, read_lines
 from nmt_cli.config import ScorePairsConfig
 from nmt_cli.data.vocab import Vocab
@@ -42,9 +44,10 @@ def score_pairs(
     translator, search = inference.translator(), inference.search
     out = out or sys.stdout
     seconds, n_tokens = 0.0, 0
-    for first, (src_lines, tgt_lines) in enumerate_chunks(cfg.source, cfg.target):
+    for first, (src_lines, tgt_lines) in enumerate_chunks(cfg.source, cfg.target, cfg.target_format == "pieces"):
         start = time.perf_counter()  # timed as generate times a chunk: encoding and the passes, not reading or writing
-        sources, targets = translator.vocab.encode_arrays(src_lines), translator.vocab.encode_arrays(tgt_lines)
+        sources = translator.vocab.encode_arrays(src_lines)
+        targets = encode_targets(translator.vocab, tgt_lines, cfg, first)
         scored = forced_scores(translator, sources, targets, search, cfg.max_tokens, cfg.batch_size)
         seconds += time.perf_counter() - start
         n_tokens += sum(len(p.token_scores) for p in scored)
@@ -79,16 +82,35 @@ def count_pairs(source: str, target: str) -> int:
     return counts[0]
 
 
-def enumerate_chunks(source: str, target: str) -> Iterator[tuple[int, tuple[list[str], list[str]]]]:
+def enumerate_chunks(
+    source: str, target: str, target_pieces: bool = False
+) -> Iterator[tuple[int, tuple[list[str], list[str]]]]:
     """(index of the first pair, (source lines, target lines)) of SPLIT_CHUNK line pairs at a time, each line checked
-    (read_lines); the files hold equally many lines."""
+    (read_lines; the target's as pieces where `target_pieces`); the files hold equally many lines."""
     first = 0
     with Path(source).open("rb") as src_file, Path(target).open("rb") as tgt_file:
         src_chunks = read_lines(src_file, SPLIT_CHUNK, source)
-        tgt_chunks = read_lines(tgt_file, SPLIT_CHUNK, target)
+        tgt_chunks = read_lines(tgt_file, SPLIT_CHUNK, target, pieces=target_pieces)
         for src_lines, tgt_lines in zip(src_chunks, tgt_chunks):
             yield first, (src_lines, tgt_lines)
             first += len(src_lines)
+
+
+def encode_targets(vocab: Vocab, lines: list[str], cfg: ScorePairsConfig, first: int) -> list[np.ndarray]:
+    """The target lines' ids: the text encoded, or (--target-format pieces) the pieces written.
+
+    Raises:
+        DataError: `TARGET:LINE: ...` for a piece the vocabulary lacks.
+    """
+    if cfg.target_format == "text":
+        return vocab.encode_arrays(lines)
+    targets = []
+    for line_number, line in enumerate(lines, start=first + 1):
+        try:
+            targets.append(np.asarray(vocab.piece_ids(line.split()), dtype=np.int64))
+        except DataError as e:
+            raise DataError(f"{cfg.target}:{line_number}: {e} (--target-format pieces)") from None
+    return targets
 
 
 def format_score(i: int, p: PairScore, vocab: Vocab, fmt: str) -> str:

@@ -12,8 +12,8 @@ import numpy as np
 
 from nmt_cli.config import SearchConfig
 from nmt_cli.errors import DataError
-from nmt_cli.search.constraint import ConstraintSource
-from nmt_cli.search.lexical import LexicalConstraints, checked_phrases
+from nmt_cli.search.constraint import ConstraintSource, all_of
+from nmt_cli.search.lexical import LexicalConstraints, check_with_prefixes, checked_phrases
 from nmt_cli.search.prefix import checked_prefixes, prefix_source
 from nmt_cli.search.translate import Translator
 
@@ -57,11 +57,13 @@ class SideLines:
         """The lines of the next n input lines, and where each one is (`FILE:LINE`).
 
         Raises:
-            DataError: the file ends first.
+            DataError: the file ends first, or goes on where the input has ended.
         """
         chunk = next(self.chunks, None)
-        if chunk is None or len(chunk) != n:
+        if chunk is None or len(chunk) < n:
             raise self.mismatch("ends before")
+        if len(chunk) > n:  # the input's last chunk, shorter than the file's
+            raise self.mismatch("has more lines than")
         where = [f"{self.name}:{self.first_line + self.read + j}" for j in range(n)]
         self.read += n
         return chunk, where
@@ -72,34 +74,32 @@ class SideLines:
             raise self.mismatch("has more lines than")
 
 
-def prefixes_for(
-    lines: SideLines, translator: Translator, sources: Sequence[np.ndarray], search: SearchConfig
+def rules_for(
+    constraints: SideLines | None,
+    prefixes: SideLines | None,
+    translator: Translator,
+    sources: Sequence[np.ndarray],
+    search: SearchConfig,
 ) -> ConstraintSource | None:
-    """The prefixes of the next input lines (`sources`), or None where all are empty.
+    """What the next input lines' (`sources`) searches follow: their lexical constraints (tab-separated target
+    phrases) and prefixes, each checked against its source, and both together (check_with_prefixes); None where
+    neither file is given.
 
     Raises:
-        DataError: the file ends first, or a prefix cannot begin its line's output (`FILE:LINE: ...`).
+        DataError: a file ends first, a phrase is empty, or a line's rules cannot fit its output (`FILE:LINE: ...`).
     """
-    texts, where = lines.next_lines(len(sources))
-    src_lens = [len(s) for s in sources]
-    return prefix_source(
-        checked_prefixes(translator.vocab, texts, src_lens, search, translator.model.max_positions, where)
-    )
-
-
-def constraints_for(
-    lines: SideLines, translator: Translator, sources: Sequence[np.ndarray], search: SearchConfig
-) -> LexicalConstraints:
-    """The lexical constraints (tab-separated target phrases) of the next input lines (`sources`), encoded and
-    checked against their sources (checked_phrases).
-
-    Raises:
-        DataError: the file ends first, a phrase is empty, or the phrases cannot fit their output (`FILE:LINE: ...`).
-    """
-    texts, where = lines.next_lines(len(sources))
-    phrase_lists = [text.split("\t") if text else [] for text in texts]
     src_lens, max_positions = [len(s) for s in sources], translator.model.max_positions
-    return LexicalConstraints(checked_phrases(translator.vocab, phrase_lists, src_lens, search, max_positions, where))
+    phrases, encoded = None, None
+    if constraints is not None:
+        texts, where = constraints.next_lines(len(sources))
+        phrase_lists = [text.split("\t") if text else [] for text in texts]
+        phrases = checked_phrases(translator.vocab, phrase_lists, src_lens, search, max_positions, where)
+    if prefixes is not None:
+        texts, where = prefixes.next_lines(len(sources))
+        encoded = checked_prefixes(translator.vocab, texts, src_lens, search, max_positions, where)
+    if phrases is not None and encoded is not None:
+        check_with_prefixes(phrases, encoded, src_lens, search, max_positions, where)  # named by the prefix's line
+    return all_of(None if phrases is None else LexicalConstraints(phrases), prefix_source(encoded or []))
 
 
 def count_lines(path: Path) -> int:

@@ -234,6 +234,13 @@ class ScorePairsConfig(InferenceConfig):
 
     source: str = flag(help="Source text, one sentence per line.", path="file")
     target: str = flag(help="Its translations to score, one per line of --source.", path="file")
+    target_format: str = flag(
+        "text",
+        "text: encoded with the checkpoint's sentencepiece model; pieces: space-separated pieces as generate writes "
+        "them (H- lines, jsonl tokens), scored as they are, so that a hypothesis scores its search score exactly "
+        "even where its text would encode to other pieces.",
+        choices=("text", "pieces"),
+    )
     output_format: str = flag(
         "plain",
         "plain: one score per line; jsonl: score, log_prob (nats, EOS included), tokens and token_scores per pair.",

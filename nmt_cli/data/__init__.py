@@ -19,16 +19,17 @@ def split_lines(text: str) -> list[str]:
     return [line[:-1] if line.endswith("\r") else line for line in lines]
 
 
-def raw_text_problem(text: str) -> str | None:
+def raw_text_problem(text: str, pieces: bool = False) -> str | None:
     """Why `nmt generate` (a line of --input) and `nmt serve` (a text of a request) cannot translate a text, or
     None: it is no Unicode (an unpaired surrogate has no UTF-8), or it is already split into sentencepiece pieces
     (fairseq-interactive takes BPE'd input; nmt encodes raw text itself, with the checkpoint's own sentencepiece
-    model). The caller names the text: `FILE:LINE: the line ...`, `texts[INDEX]: the text ...`."""
+    model; `pieces`: such a text is what is wanted, `nmt score-pairs --target-format pieces`). The caller names the
+    text: `FILE:LINE: the line ...`, `texts[INDEX]: the text ...`."""
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as e:
         return f"is not valid Unicode (an unpaired surrogate at character {e.start})"
-    if looks_like_pieces(text):
+    if not pieces and looks_like_pieces(text):
         return (
             f"holds sentencepiece pieces ({WORD_MARK}); give raw text, which nmt encodes with the checkpoint's own "
             "sentencepiece model"

@@ -74,6 +74,18 @@ class Vocab:
     def pieces(self, ids: Sequence[int] | np.ndarray) -> list[str]:
         return [self.sp.id_to_piece(int(i)) if i < self.n_pieces else "<madeup>" for i in ids]
 
+    def piece_ids(self, pieces: Sequence[str]) -> list[int]:
+        """The ids of pieces as `pieces` writes them (generate's H- lines, jsonl's tokens).
+
+        Raises:
+            DataError: a piece the vocabulary lacks, or a control piece (padding, BOS, EOS) no output holds.
+        """
+        ids = [self.sp.piece_to_id(piece) for piece in pieces]
+        for piece, i in zip(pieces, ids):
+            if i in (PAD, BOS, EOS) or self.sp.id_to_piece(i) != piece:
+                raise DataError(f"{piece!r} is not a piece an output may hold")
+        return ids
+
     def write_vocab(self, path: Path) -> None:
         """A human-readable vocabulary: one `piece<TAB>id` per line."""
         with path.open("w", encoding="utf-8") as f:

@@ -36,7 +36,7 @@ from nmt_cli.config import SearchConfig
 from nmt_cli.data.vocab import BOS, EOS, PAD, UNK
 from nmt_cli.runtime import to_device_async
 from nmt_cli.search.constraint import Constraint
-from nmt_cli.search.hypothesis import Hypothesis
+from nmt_cli.search.hypothesis import Hypothesis, nothing_found
 from nmt_cli.search.searchable import SearchEncoderOut, SearchModel
 from nmt_cli.steps import Steps, to_the_end  # a search is stepped work (serve's worker interleaves)
 
@@ -258,18 +258,20 @@ def keep_sentences(state: BeamState, keep: Tensor) -> BeamState:
 
 def collect(fin: Finished, nbest: int, sentences: Tensor | None = None) -> list[list[Hypothesis]]:
     """Each sentence's (or those `sentences`' [n]) `nbest` finished hypotheses, best first (copied to the host
-    once: four copies, then read there with NumPy)."""
+    once: four copies, then read there with NumPy). Rules (constraints) may have finished fewer: those, or
+    `nothing_found()` where none."""
     pick = slice(None) if sentences is None else sentences
     scores, tokens = fin.scores[pick].cpu().numpy(), fin.tokens[pick].cpu().numpy()
     step_scores, lengths = fin.step_scores[pick].cpu().numpy(), fin.lengths[pick].cpu().numpy()
     order = np.argsort(-scores[:, :-1], axis=1, kind="stable")[:, :nbest]  # without the spare slot
     results = []
     for s in range(scores.shape[0]):
-        hyps = []
-        for j in order[s]:
-            n = int(lengths[s, j])
-            hyps.append(Hypothesis(tokens[s, j, : n - 1].tolist(), float(scores[s, j]), step_scores[s, j, :n].tolist()))
-        results.append(hyps)
+        found = [j for j in order[s] if np.isfinite(scores[s, j])]  # rules may finish fewer than nbest, or none
+        hyps = [
+            Hypothesis(tokens[s, j, : n - 1].tolist(), float(scores[s, j]), step_scores[s, j, :n].tolist())
+            for j, n in ((j, int(lengths[s, j])) for j in found)
+        ]
+        results.append(hyps or [nothing_found()])
     return results
 
 

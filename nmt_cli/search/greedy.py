@@ -8,6 +8,7 @@ a step as beam search asks it) ends with EOS at that step, its hypothesis to be 
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -17,7 +18,7 @@ from nmt_cli.config import SearchConfig
 from nmt_cli.data.vocab import BOS, EOS, PAD, UNK
 from nmt_cli.search.beam import StillWanted, Unwanted
 from nmt_cli.search.constraint import Constraint
-from nmt_cli.search.hypothesis import Hypothesis
+from nmt_cli.search.hypothesis import Hypothesis, nothing_found
 from nmt_cli.search.searchable import SearchEncoderOut, SearchModel
 from nmt_cli.steps import Steps, to_the_end
 
@@ -109,11 +110,15 @@ def allowed_tokens(
 
 
 def to_hypotheses(tokens: Tensor, scores: Tensor, cfg: SearchConfig) -> list[list[Hypothesis]]:
-    """tokens, scores: [B, t] with EOS ending each row -> one Hypothesis per sentence."""
+    """tokens, scores: [B, t] with EOS ending each row -> one Hypothesis per sentence (`nothing_found()` where a
+    row's rules banned every token before its EOS)."""
     results = []
     for row_tokens, row_scores in zip(tokens.tolist(), scores.tolist()):
-        n = row_tokens.index(EOS) + 1
+        n = row_tokens.index(EOS) + 1 if EOS in row_tokens else 0
         total = sum(row_scores[:n])
+        if not n or not math.isfinite(total):  # its rules left it no token that ends within its maximum length
+            results.append([nothing_found()])
+            continue
         penalty = ((5 + n) / 6) ** cfg.lenpen if cfg.lenpen_style == "gnmt" else n**cfg.lenpen  # |Y| counts EOS
         results.append([Hypothesis(row_tokens[: n - 1], total / penalty, row_scores[:n])])
     return results

@@ -3,6 +3,7 @@ its alignment to the source); and a hypothesis as a record (jsonl output, `nmt s
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,13 +46,31 @@ class Hypothesis:
     positional_scores: list[float]  # log-prob of every token, EOS included
     alignment: Alignment | None = None  # set after the search when asked (search/forced.py's add_alignments)
 
+    @property
+    def found(self) -> bool:
+        """False for `nothing_found()`: no output keeps every rule its search followed."""
+        return math.isfinite(self.score)
+
+
+NOTHING_FOUND = (
+    "no output keeps its constraints, prefix and --no-repeat-ngram-size together within its maximum length; the "
+    "output is empty (raise --max-len-b, or drop a rule)"
+)
+
+
+def nothing_found() -> Hypothesis:
+    """A sentence's one result when its search finished no hypothesis: its rules (lexical constraints, a prefix,
+    --no-repeat-ngram-size) together left no way to end within its maximum length. Empty, scored -inf; the search
+    checks what it can up front (search/lexical.py, search/prefix.py), so this is the rare case they miss."""
+    return Hypothesis([], -math.inf, [])
+
 
 def hypothesis_record(h: Hypothesis, vocab: Vocab) -> dict[str, Any]:
     """One hypothesis as jsonl output (and `nmt serve`) give it: text, score (nats), pieces, their scores, and
     the alignment when one was asked for."""
-    record = {
+    record: dict[str, Any] = {
         "text": vocab.decode(h.tokens),
-        "score": round(h.score, 4),
+        "score": round(h.score, 4) if h.found else None,  # JSON has no -inf
         "tokens": vocab.pieces(h.tokens),
         "positional_scores": [round(s, 4) for s in h.positional_scores],
     }

@@ -39,6 +39,7 @@ from nmt_cli.config import SearchConfig
 from nmt_cli.data.vocab import EOS, PAD, UNK, Vocab
 from nmt_cli.errors import ConfigError, DataError
 from nmt_cli.search.beam import max_lengths
+from nmt_cli.search.ngram import repeated_ngram
 
 NEG_INF = float("-inf")
 
@@ -238,6 +239,8 @@ class LexicalConstraints:
         DataError names `constraints[i]`, or a number of lines other than the sources')."""
         if len(lines) != len(sources):
             raise DataError(f"{len(lines)} lists of constraints for {len(sources)} sources; give one per source")
+        if (bad := next((i for i, line in enumerate(lines) if isinstance(line, str)), None)) is not None:
+            raise TypeError(f"constraints[{bad}] is a string; give each source a list of phrases ([] for none)")
         where = [f"constraints[{i}]" for i in range(len(lines))]
         return cls(checked_phrases(vocab, lines, [len(s) for s in sources], search, max_positions, where))
 
@@ -246,7 +249,8 @@ class LexicalConstraints:
 
 
 def encode_phrases(vocab: Vocab, lines: Sequence[Sequence[str]], where: Sequence[str]) -> list[list[list[int]]]:
-    """Each line's phrases (raw text) as piece ids, each encoded on its own, duplicates dropped.
+    """Each line's phrases (raw text) as piece ids, each encoded on its own; duplicates and phrases inside another
+    of the line dropped (met wherever that one is, they would only make the line seem longer than it is).
 
     Raises:
         DataError: naming `where[i]` (the file and line, or the request's field) for an empty phrase or one with
@@ -265,8 +269,14 @@ def encode_phrases(vocab: Vocab, lines: Sequence[Sequence[str]], where: Sequence
                 raise DataError(f"{name}: constraint {n} ({phrase!r}) has characters the model's vocabulary lacks")
             if pieces not in ids:
                 ids.append(pieces)
-        out.append(ids)
+        out.append([p for p in ids if not any(len(q) > len(p) and contains(q, p) for q in ids)])
     return out
+
+
+def contains(tokens: Sequence[int], phrase: Sequence[int]) -> bool:
+    """Whether `phrase` occurs contiguously in `tokens`."""
+    n = len(phrase)
+    return any(list(tokens[i : i + n]) == list(phrase) for i in range(len(tokens) - n + 1))
 
 
 def checked_phrases(
@@ -282,6 +292,13 @@ def checked_phrases(
     generate's --constraints-file, serve's "constraints" and `LexicalConstraints.of_text` share."""
     phrases = encode_phrases(vocab, lines, where)
     check_fits(phrases, [min(n, max_positions - 1) for n in src_lens], search, max_positions, where)
+    if n := search.no_repeat_ngram_size:
+        for sentence, name in zip(phrases, where):
+            if any(repeated_ngram(list(phrase), n) is not None for phrase in sentence):
+                raise DataError(
+                    f"{name}: a constraint repeats an n-gram of {n} pieces, which --no-repeat-ngram-size {n} "
+                    "forbids; shorten it or raise N"
+                )
     return phrases
 
 
@@ -305,6 +322,40 @@ def check_fits(
                 f"{name}: the constraints take {need} pieces, but this output may have {limit}; shorten them or "
                 "raise --max-len-a/--max-len-b (max_len_a/max_len_b)"
             )
+
+
+def check_with_prefixes(
+    phrases: Sequence[Phrases],
+    prefixes: Sequence[Sequence[int] | np.ndarray],
+    src_lens: Sequence[int],
+    search: SearchConfig,
+    max_positions: int,
+    where: Sequence[str],
+) -> None:
+    """Refuse a sentence whose prefix leaves its phrases too few positions: after each piece of the prefix, the
+    pieces still needed (`pieces_needed`, as `LexicalConstraint.mask` counts them) must fit in the positions left,
+    else the mask bans the prefix's own piece and no output keeps both (`check_fits` checks the phrases alone).
+
+    Raises:
+        DataError: naming `where[i]` and what to change.
+    """
+    limits = max_lengths(torch.tensor([min(n, max_positions - 1) for n in src_lens]), search, max_positions)
+    for sentence, prefix, limit, name in zip(phrases, prefixes, limits.tolist(), where):
+        for t in range(1, len(prefix) + 1 if sentence else 0):
+            if t + (need := pieces_needed(sentence, list(prefix[:t]))) > limit:
+                raise DataError(
+                    f"{name}: the prefix's first {t} pieces and the {need} the constraints then need make "
+                    f"{t + need}, but this output may have {limit}; shorten them or raise --max-len-a/--max-len-b "
+                    "(max_len_a/max_len_b)"
+                )
+
+
+def pieces_needed(phrases: Phrases, written: list[int]) -> int:
+    """`LexicalConstraint.need` on the host, for one output so far: the unmet phrases' total length less the
+    longest of their prefixes that ends `written`."""
+    unmet = [list(p) for p in phrases if not contains(written, p)]
+    matched = [max((j for j in range(len(p)) if j == 0 or written[-j:] == p[:j]), default=0) for p in unmet]
+    return sum(map(len, unmet)) - max(matched, default=0)
 
 
 def check_search(search: SearchConfig, option: str) -> None:

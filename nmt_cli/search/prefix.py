@@ -20,7 +20,7 @@ import torch
 from torch import Tensor
 
 from nmt_cli.config import SearchConfig
-from nmt_cli.data.vocab import Vocab
+from nmt_cli.data.vocab import UNK, Vocab
 from nmt_cli.errors import DataError
 from nmt_cli.search.beam import max_lengths
 from nmt_cli.search.ngram import repeated_ngram
@@ -89,11 +89,13 @@ def prefix_source(prefixes: Sequence[np.ndarray]) -> PrefixSource | None:
 def prefix_problem(prefix: np.ndarray, src_len: int, cfg: SearchConfig, max_positions: int) -> str | None:
     """What keeps `prefix` from beginning the output of a source of `src_len` pieces, or None.
 
-    The prefix must fit the output's maximum length (a * |x| + b within the model's positions, |x| cut to the
-    positions as `translate` cuts it), an empty source gets an empty output without a search, and under
-    --no-repeat-ngram-size N the prefix itself may not repeat an n-gram."""
+    The prefix must be in the model's vocabulary and fit the output's maximum length (a * |x| + b within the
+    model's positions, |x| cut to the positions as `translate` cuts it), an empty source gets an empty output
+    without a search, and under --no-repeat-ngram-size N the prefix itself may not repeat an n-gram."""
     if not len(prefix):
         return None
+    if UNK in prefix:
+        return "has characters the model's vocabulary lacks (they would be forced as the unknown piece); drop them"
     if src_len == 0:
         return "is given for an empty input, which gets an empty output; drop the prefix or give an input"
     longest = int(max_lengths(torch.tensor([min(src_len, max_positions - 1)]), cfg, max_positions)[0])

@@ -72,7 +72,10 @@ SCHEMAS: dict[str, Any] = {
             },
         ]
     },
-    "Hypothesis": {"type": "object", "properties": {"text": {"type": "string"}, "score": {"type": "number"}}},
+    "Hypothesis": {
+        "type": "object",
+        "properties": {"text": {"type": "string"}, "score": {"type": ["number", "null"]}},  # null: none found
+    },
     "TranslateResponse": {
         "type": "object",
         "required": ["translations", "seconds"],
@@ -84,7 +87,7 @@ SCHEMAS: dict[str, Any] = {
                     "required": ["text"],
                     "properties": {
                         "text": {"type": "string"},
-                        "score": {"type": "number"},
+                        "score": {"type": ["number", "null"]},
                         "nbest": {"type": "array", "items": ref("Hypothesis")},
                         "warning": {"type": "string"},
                     },

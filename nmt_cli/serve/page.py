@@ -49,7 +49,7 @@ function show(translation) {
     const list = element("ol", "nbest");
     for (const h of translation.nbest) {
       const item = element("li", null, h.text + " ");
-      item.appendChild(element("span", "score", "(" + h.score.toFixed(4) + ")"));
+      item.appendChild(element("span", "score", h.score === null ? "(none found)" : "(" + h.score.toFixed(4) + ")"));
       list.appendChild(item);
     }
     box.appendChild(list);

@@ -30,9 +30,9 @@ from nmt_cli.parsing.parser import TreeParser, ptb_words
 from nmt_cli.search.beam import StillWanted
 from nmt_cli.search.constraint import all_of
 from nmt_cli.search.forced import add_alignments, alignment_layer
-from nmt_cli.search.hypothesis import Hypothesis, hypothesis_record
+from nmt_cli.search.hypothesis import NOTHING_FOUND, Hypothesis, hypothesis_record
 from nmt_cli.search.in_flight import InFlight
-from nmt_cli.search.lexical import LexicalConstraints, check_search, checked_phrases
+from nmt_cli.search.lexical import LexicalConstraints, check_search, check_with_prefixes, checked_phrases
 from nmt_cli.search.prefix import checked_prefixes, prefix_source
 from nmt_cli.search.settings import search_settings
 from nmt_cli.search.slots import slot_search_for
@@ -188,6 +188,15 @@ class ServedModel:
             sentences = self.with_phrases(sentences, constraints, search or self.search)
         if prefixes is not None:
             sentences = self.with_prefixes(sentences, prefixes, search or self.search)
+        if constraints is not None and prefixes is not None:  # each fits its output; both together too
+            check_with_prefixes(
+                [s.phrases for s in sentences],
+                [() if s.prefix is None else s.prefix for s in sentences],
+                [self.length(s) for s in sentences],
+                search or self.search,
+                self.max_positions,
+                [f"prefix[{i}]" for i in range(len(sentences))],
+            )
         return sentences
 
     def with_phrases(
@@ -323,6 +332,8 @@ class ServedModel:
     def translation(self, hyps: list[Any], nbest: int) -> dict[str, Any]:
         records = [hypothesis_record(h, self.vocab) for h in hyps]
         best: dict[str, Any] = {key: records[0][key] for key in ("text", "score", "alignment") if key in records[0]}
+        if not hyps[0].found:
+            best["warning"] = NOTHING_FOUND
         return {**best, "nbest": records} if nbest > 1 else best
 
 

@@ -43,6 +43,45 @@ def test_score_pairs_gives_generate_its_own_scores(tiny_checkpoint, source_file,
     assert same_pieces >= 2
 
 
+def test_score_pairs_of_pieces_gives_every_hypothesis_its_own_score(tiny_checkpoint, source_file, tmp_path):
+    """--target-format pieces scores the pieces generate wrote (jsonl tokens), so that every hypothesis, those whose
+    text would re-encode to other pieces included, scores its own score."""
+    sampled = ["--sampling", "--beam", 1, "--nbest", 8, "--seed", 3]  # samples hold pieces a text does not encode to
+    r = nmt("generate", "--path", tiny_checkpoint, "--input", source_file, "--output-format", "jsonl", *sampled)
+    assert r.exit_code == 0, r.output
+    records = [json.loads(line) for line in r.stdout.splitlines()]
+    pairs = [(s, h) for s, rec in zip(SOURCES, records) for h in rec["hypotheses"] if s]  # an empty input: no search
+    source, target = tmp_path / "src4.txt", tmp_path / "pieces.txt"
+    source.write_text("".join(f"{s}\n" for s, _ in pairs))
+    target.write_text("".join(" ".join(h["tokens"]) + "\n" for _, h in pairs))
+    args = [
+        "score-pairs",
+        "--path",
+        tiny_checkpoint,
+        "--source",
+        source,
+        "--target",
+        target,
+        "--output-format",
+        "jsonl",
+    ]
+    scored = nmt(*args, "--target-format", "pieces")
+    assert scored.exit_code == 0, scored.output
+    for (_, h), line in zip(pairs, scored.stdout.splitlines()):
+        record = json.loads(line)
+        assert record["tokens"] == h["tokens"]
+        assert record["score"] == pytest.approx(h["score"], abs=2e-4)
+    target.write_text("".join("\u2581 3 \u2581 6\n" for _ in pairs))  # "3 6" in other pieces than its own (▁3 ▁6)
+    split = [json.loads(line) for line in nmt(*args, "--target-format", "pieces").stdout.splitlines()]
+    target.write_text("".join("3 6\n" for _ in pairs))
+    as_text = [json.loads(line) for line in nmt(*args).stdout.splitlines()]
+    assert split[0]["tokens"] == ["\u2581", "3", "\u2581", "6"] and as_text[0]["tokens"] == ["\u25813", "\u25816"]
+    assert split[0]["score"] != as_text[0]["score"]
+    target.write_text("".join(" ".join(h["tokens"]) + "\n" for _, h in pairs[:-1]) + "▁zzææ </s>\n")
+    bad = nmt(*args, "--target-format", "pieces")
+    assert bad.exit_code == 1 and f"error: {target}:{len(pairs)}: " in bad.output and "is not a piece" in bad.output
+
+
 def test_score_pairs_refuses_files_of_different_lengths(tiny_checkpoint, source_file, tmp_path):
     target = tmp_path / "tgt.txt"
     target.write_text("1\n2\n")

@@ -1,6 +1,8 @@
 """Lexically constrained decoding (search/lexical.py): every output contains its phrases, on a random model and
 through `nmt generate --constraints-file`; no phrases is plain beam search, bit for bit."""
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -12,13 +14,17 @@ from nmt_cli.data.batching import pad_sources
 from nmt_cli.data.dataset import load_vocab
 from nmt_cli.errors import ConfigError, DataError
 from nmt_cli.search.constraint import all_of
+from nmt_cli.search.hypothesis import hypothesis_record
 from nmt_cli.search.lexical import (
     LexicalConstraint,
     LexicalConstraints,
     borders,
     check_fits,
     check_search,
+    check_with_prefixes,
+    checked_phrases,
     encode_phrases,
+    pieces_needed,
     without_duplicates,
 )
 from nmt_cli.search.prefix import prefix_source
@@ -137,6 +143,63 @@ def test_refusals(toy_data_bin):
         check_search(SearchConfig(sampling=True, beam=1), "--constraints-file")
 
 
+def test_phrases_inside_another_are_dropped_and_a_repeated_ngram_refused(toy_data_bin):
+    """A phrase inside another is met wherever that one is: dropped, it no longer counts toward the output's length
+    ("3" inside "2 3" fits 2 pieces). A phrase that repeats an n-gram cannot be written under that n-gram ban."""
+    vocab = load_vocab(toy_data_bin)
+    [[inner], [outer]] = vocab.encode(["3"]), vocab.encode(["2 3"])
+    assert contains(outer, inner) and len(outer) == 2
+    fits = SearchConfig(max_len_a=0, max_len_b=2)
+    assert checked_phrases(vocab, [["2 3", "3"]], [2], fits, 64, ["c.txt:1"]) == [[outer]]
+    assert checked_phrases(vocab, [["4 4 4"]], [2], SearchConfig(max_len_b=9, no_repeat_ngram_size=3), 64, ["a"])
+    with pytest.raises(DataError, match=r"c.txt:1: a constraint repeats an n-gram of 2 pieces"):
+        checked_phrases(vocab, [["4 4 4"]], [2], SearchConfig(max_len_b=9, no_repeat_ngram_size=2), 64, ["c.txt:1"])
+    with pytest.raises(TypeError, match=r"constraints\[0\] is a string"):
+        LexicalConstraints.of_text(vocab, ["3"], [np.array([4])], fits, 64)
+
+
+def test_pieces_needed_is_the_search_s_own_count():
+    """pieces_needed (the host's, for refusals up front) equals LexicalConstraint.need after the same pieces."""
+    g = np.random.default_rng(5)
+    for _ in range(300):
+        phrases = [g.integers(4, 7, g.integers(1, 4)).tolist() for _ in range(g.integers(1, 4))]
+        written = g.integers(4, 8, g.integers(0, 8)).tolist()
+        lexical = LexicalConstraint([phrases], torch.device("cpu"))
+        state = lexical.start(torch.zeros(1, dtype=torch.long))
+        for token in written:
+            state = lexical.advance(state, torch.tensor([token]))
+        assert pieces_needed(phrases, written) == int(lexical.need(state.sent, state.pos, state.met)), (
+            phrases,
+            written,
+        )
+
+
+def test_a_prefix_that_leaves_its_phrases_no_room_is_refused():
+    """Each fits alone; together the prefix's pieces and those its phrases still need after it must fit too."""
+    cfg = SearchConfig(max_len_a=0, max_len_b=3)
+    check_with_prefixes([[[6, 7]]], [[6]], [2], cfg, 64, ["p.txt:1"])  # 6 7: the prefix begins the phrase
+    check_with_prefixes([[[6, 7]]], [[5]], [2], cfg, 64, ["p.txt:1"])  # 5 6 7
+    check_with_prefixes([[], [[4]]], [[4, 5, 6], []], [2, 2], cfg, 64, ["p.txt:1", "p.txt:2"])
+    with pytest.raises(DataError, match=r"p.txt:2: the prefix's first 2 pieces and the 2 the constraints then need"):
+        check_with_prefixes([[], [[6, 7]]], [[], [4, 5]], [2, 2], cfg, 64, ["p.txt:1", "p.txt:2"])
+
+
+@pytest.mark.parametrize("beam", [4, 1])
+def test_a_search_that_finds_fewer_hypotheses_than_asked_returns_those(translator, beam):
+    """A phrase as long as the whole output has one hypothesis: n-best 3 gives it alone, not two empty ones; rules no
+    output can keep (a phrase that repeats its n-gram, which the CLI refuses) give `nothing_found()`, and the
+    greedy search no longer fails on them."""
+    sources, _ = random_case(20, 3, translator.vocab.n_pieces)
+    cfg = SearchConfig(beam=beam, nbest=min(3, beam), max_len_a=0, max_len_b=3)
+    results = translate(translator, sources, cfg, 1000, constraints=LexicalConstraints([[[5, 6, 7]]] * 20))
+    assert all(len(hyps) == 1 and hyps[0].tokens == [5, 6, 7] and hyps[0].found for hyps in results)
+    banned = SearchConfig(beam=beam, nbest=min(3, beam), max_len_b=9, no_repeat_ngram_size=2)
+    rules = all_of(LexicalConstraints([[[5, 5, 5]]] * 20))
+    results = translate(translator, sources, banned, 1000, constraints=rules)
+    assert all(len(hyps) == 1 and not hyps[0].found and hyps[0].tokens == [] for hyps in results)
+    assert json.loads(json.dumps(hypothesis_record(results[0][0], translator.vocab)))["score"] is None
+
+
 def generate(ckpt, *args, input=None):
     return CliRunner().invoke(cli, ["generate", "--path", str(ckpt), *map(str, args)], input=input)
 
@@ -187,6 +250,32 @@ def test_generate_refuses_a_stdin_longer_than_its_constraints(tiny_checkpoint, t
     r = generate(tiny_checkpoint, "--input", "-", "--constraints-file", path, input="1 2\n3\n")
     assert r.exit_code == 1
     assert "--constraints-file " + str(path) + " ends before --input stdin" in r.stderr
+
+
+def test_generate_refuses_a_side_file_longer_than_stdin_or_missing(tiny_checkpoint, tmp_path):
+    path = tmp_path / "constraints.txt"
+    path.write_text("1\n2\n3\n")
+    r = generate(tiny_checkpoint, "--input", "-", "--constraints-file", path, input="1 2\n3\n")
+    assert r.exit_code == 1 and f"--constraints-file {path} has more lines than --input stdin" in r.stderr
+    missing = generate(tiny_checkpoint, "--input", "-", "--prefix-file", tmp_path / "none.txt", input="1 2\n")
+    assert (
+        missing.exit_code == 1
+        and missing.output.strip() == f"error: --prefix-file {tmp_path / 'none.txt'} does not exist"
+    )
+
+
+def test_generate_refuses_a_prefix_and_constraints_that_do_not_fit_together(tiny_checkpoint, tmp_path):
+    src, prefixes, constraints = tmp_path / "in.txt", tmp_path / "p.txt", tmp_path / "c.txt"
+    src.write_text("1 2\n3\n")
+    prefixes.write_text("\n4 5\n")
+    constraints.write_text("\n6 7\n")
+    args = ["--input", src, "--prefix-file", prefixes, "--constraints-file", constraints, "--max-len-a", 0]
+    r = generate(tiny_checkpoint, *args, "--max-len-b", 3)
+    assert r.exit_code == 1 and r.stderr.count("error:") == 1, r.output
+    assert f"{prefixes}:2: the prefix's first 2 pieces and the 2 the constraints then need make 4" in r.stderr
+    fits = generate(tiny_checkpoint, *args, "--max-len-b", 4)
+    assert fits.exit_code == 0, fits.output
+    assert fits.stdout.split("\n")[1].startswith("4 5") and "6 7" in fits.stdout.split("\n")[1]
 
 
 def test_generate_refuses_constraints_for_a_split(tiny_checkpoint, toy_data_bin, tmp_path):

@@ -9,7 +9,7 @@ from conftest import nmt
 
 from nmt_cli.config import SearchConfig
 from nmt_cli.data.dataset import load_vocab
-from nmt_cli.data.vocab import BOS
+from nmt_cli.data.vocab import BOS, UNK
 from nmt_cli.errors import DataError
 from nmt_cli.search.beam import length_penalty
 from nmt_cli.search.ngram import repeated_ngram
@@ -116,6 +116,7 @@ def test_prefix_problems():
     assert "more than the 3" in prefix_problem(np.arange(4, 40), 1, SearchConfig(max_len_b=100), 4)  # positions
     assert "empty input" in prefix_problem(np.array([5]), 0, cfg, 64)
     assert prefix_problem(np.array([], dtype=np.int64), 0, cfg, 64) is None
+    assert "vocabulary lacks" in prefix_problem(np.array([5, UNK]), 1, cfg, 64)  # forced, it would be <unk>, not text
     repeats = SearchConfig(no_repeat_ngram_size=2)
     assert "--no-repeat-ngram-size 2" in prefix_problem(np.array([5, 6, 5, 6]), 5, repeats, 64)
     assert prefix_problem(np.array([5, 6, 6, 5]), 5, repeats, 64) is None

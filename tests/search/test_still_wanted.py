@@ -54,7 +54,7 @@ def test_a_sentence_no_longer_wanted_leaves_without_changing_the_others(counted,
             continue
         assert [h.tokens for h in a] == [h.tokens for h in b], i
         assert [h.score for h in a] == pytest.approx([h.score for h in b], abs=1e-4)
-    assert len(stopped[k]) == cfg.nbest  # a result per sentence still comes back (to be discarded)
+    assert stopped[k]  # a result per sentence still comes back (to be discarded; beam's: nothing finished)
     if name == "beam":  # beam search drops its rows from the batch at once: 4 fewer a step from step 3 on
         assert rows[:3] == full_rows[:3] and all(r == f - cfg.beam for r, f in zip(rows[3:], full_rows[3:]))
     assert len(rows) == len(full_rows)  # the others still run to their forced length

@@ -43,6 +43,11 @@ def test_prefixes_answer_what_generate_writes(tiny_checkpoint, tmp_path):
         ({"text": "", "prefix": "1"}, "prefix[0]: the prefix is given for an empty input"),
         ({"text": "1", "prefix": "\u25811 \u25812"}, "prefix[0]: the prefix holds sentencepiece pieces"),
         ({"texts": ["1", "2"], "prefix": ["", "1\n2"]}, "prefix[1]: the prefix holds a line break"),
+        ({"text": "1", "prefix": "1 \u4e2d"}, "prefix[0]: the prefix has characters the model's vocabulary lacks"),
+        (
+            {"text": "1 2", "prefix": "4 5", "constraints": ["6 7"], "max_len_a": 0, "max_len_b": 3},
+            "prefix[0]: the prefix's first 2 pieces and the 2 the constraints then need make 4",
+        ),
     ],
 )
 def test_a_bad_prefix_is_a_400_naming_it(tiny_checkpoint, body, said):
