@@ -166,20 +166,20 @@ class SearchConfig:
     """How `generate` (and BLEU during training) searches. Saved in checkpoints."""
 
     beam: int = flag(4, "Beam size; 1 is greedy.", min=1)
-    lenpen: float = flag(0.6, "Length penalty alpha.")
+    lenpen: float = flag(0.6, "Length penalty alpha.", min=-10, max=10)  # beyond, the penalty leaves float32
     lenpen_style: str = flag(
         "gnmt", "gnmt: ((5+|Y|)/6)^alpha (the paper's); fairseq: |Y|^alpha.", choices=("gnmt", "fairseq")
     )
     max_len_a: float = flag(1.0, "Max output length a*|x|+b.", min=0)
     max_len_b: int = flag(50, "Max output length a*|x|+b.", min=0)
     min_len: int = flag(1, "Min output length (where a*|x|+b is shorter, that ends the output).", min=0)
-    unkpen: float = flag(0.0, "Subtracted from the unk log-prob.")
+    unkpen: float = flag(0.0, "Subtracted from the unk log-prob.", min=-1000, max=1000)  # 1000 nats: a ban
     nbest: int = flag(1, "Hypotheses per input.", min=1)
     sampling: bool = flag(False, "Sample instead of searching.")
     sampling_topk: int = flag(0, "Sample among the k best tokens (0: all).", min=0)
     sampling_topp: float = flag(1.0, "Nucleus sampling mass.", min=0, max=1, min_open=True)
-    temperature: float = flag(1.0, "Sampling temperature.", min=0, min_open=True)
-    seed: int = flag(1, "Sampling seed.")
+    temperature: float = flag(1.0, "Sampling temperature.", min=0.001, max=1000)  # beyond: greedy, uniform
+    seed: int = flag(1, "Sampling seed.", min=-(2**63), max=2**64 - 1)  # torch.Generator's range
     no_repeat_ngram_size: int = flag(0, "No n-gram of this many pieces occurs twice in an output (0: off).", min=0)
 
     def __post_init__(self) -> None:

@@ -27,7 +27,7 @@ NEG_INF = float("-inf")
 
 def sample_from(log_probs: Tensor, cfg: SearchConfig, generator: torch.Generator | None) -> Tensor:
     """Draw one token per row from temperature-scaled, top-k / top-p truncated distributions. -> [B]"""
-    logits = log_probs / cfg.temperature
+    logits = (log_probs - log_probs.amax(-1, keepdim=True)) / cfg.temperature  # a low temperature: no -inf / NaN
     if cfg.sampling_topk > 0:
         kth = logits.topk(min(cfg.sampling_topk, logits.shape[-1]), dim=-1).values[:, -1:]
         logits = logits.masked_fill(logits < kth, NEG_INF)
@@ -35,6 +35,7 @@ def sample_from(log_probs: Tensor, cfg: SearchConfig, generator: torch.Generator
         sorted_logits, order = logits.sort(dim=-1, descending=True)
         cum = sorted_logits.softmax(-1).cumsum(-1)
         drop_sorted = cum - sorted_logits.softmax(-1) >= cfg.sampling_topp  # keep the smallest prefix reaching p
+        drop_sorted[:, 0] = False  # and the best token, whose own mass may round above a tiny p
         logits = logits.masked_fill(torch.zeros_like(drop_sorted).scatter(1, order, drop_sorted), NEG_INF)
     return torch.multinomial(logits.softmax(-1), 1, generator=generator).squeeze(1)
 

@@ -141,9 +141,12 @@ class SlotState:
         self.fin.count.index_fill_(0, slots, 0)
 
     def stop(self, slots: Tensor) -> None:
-        """Stop searching the sentences in the slots `slots` [A] (no longer wanted): done, their beams masked."""
+        """Stop searching the sentences in the slots `slots` [A] (no longer wanted): done, their beams masked, their
+        finished slots counted full (each step counts `done` anew from them: a stopped sentence must stay done, or
+        its rows would step on, past the buffers)."""
         self.done.index_fill_(0, slots, True)
         self.scores.index_fill_(0, slots, NEG_INF)
+        self.fin.count.index_fill_(0, slots, self.scores.shape[1])
 
     def flush(self, fin: Finished) -> None:
         """Copy the slots' finished hypotheses into the call's `fin` (indexed by the call's sentences)."""
@@ -164,6 +167,7 @@ def search_step(model: Any, cache: Any, state: SlotState, window: int) -> None:
     finish(state, scores, beams, tokens, log_probs, step)
     survive(state, scores, beams, tokens, log_probs, step)
     torch.ge(state.fin.count, k, out=state.done)
+    state.done |= (step >= state.max_len).view(b, k).all(1)  # past its longest output, done with what it found
     torch.sum(state.done.logical_not(), 0, keepdim=True, out=state.n_live)
     state.scores.masked_fill_(state.done[:, None], NEG_INF)  # a finished sentence's rows stay, masked
     cache.park(per_beam(state.done, k))  # at position 0, never past the buffers

@@ -180,6 +180,20 @@ def test_sampling_is_seeded(tiny_model, toy_data_bin):
     assert a == b and len({tuple(x) for x in a}) > 1
 
 
+@pytest.mark.parametrize("extreme", [{"temperature": 0.001}, {"sampling_topp": 1e-300}, {"temperature": 1000.0}])
+def test_sampling_at_its_settings_extremes_draws_tokens(extreme):
+    """The lowest temperature and top-p sample the best token (they had drawn from NaN: a 500 in serve); the highest
+    temperature draws among the allowed tokens alone."""
+    from nmt_cli.search.greedy import sample_from
+
+    log_probs = torch.log_softmax(torch.randn(64, 20, generator=torch.Generator().manual_seed(0)), -1)
+    log_probs[:, :3] = float("-inf")
+    drawn = sample_from(log_probs, SearchConfig(sampling=True, beam=1, **extreme), torch.Generator().manual_seed(1))
+    assert (drawn >= 3).all()
+    if "temperature" not in extreme or extreme["temperature"] < 1:
+        assert drawn.tolist() == log_probs.argmax(-1).tolist()
+
+
 def test_packed_cpu_model_translates_the_same(tiny_model, toy_data_bin):
     import copy
 

@@ -12,10 +12,11 @@ from host_syncs import SyncLog
 from nmt_cli.config import SearchConfig
 from nmt_cli.data.batching import pad_sources
 from nmt_cli.data.vocab import PAD
-from nmt_cli.search.beam import beam_search
+from nmt_cli.search.beam import beam_search, max_lengths
 from nmt_cli.search.ensemble import Ensemble
-from nmt_cli.search.graphs import StepGraphs
-from nmt_cli.search.in_flight import InFlight, in_flight_steps, longest_source
+from nmt_cli.search.graphs import Bucket, StepGraphs
+from nmt_cli.search.in_flight import InFlight, Stepper, in_flight_steps, longest_source
+from nmt_cli.search.slot_state import SlotState
 from nmt_cli.search.translate import load_translator
 from nmt_cli.steps import run_to_end
 from tests.search.test_slots import assert_same
@@ -154,6 +155,25 @@ def test_unwanted_sentences_free_their_slots(copy_translator):
     assert len(got) == 2  # the first batch's: the admitted one's results are told, not kept
     assert sorted(i for i, _ in told) == [0, 2]
     assert_same(alone(model, [first[0], later[0]], cfg, n_pieces), [got[0], dict(told)[2]])
+
+
+def test_a_stopped_sentence_stays_done_with_its_rows_parked(copy_translator):
+    """Each step counts `done` anew from the finished hypotheses; a sentence stopped (its client left) stays done and
+    its rows at position 0, where they had stepped on, past the buffers, while the batch took new sentences."""
+    model, n_pieces = copy_translator.model, copy_translator.vocab.n_pieces
+    cfg = SearchConfig(beam=2, max_len_a=0.0, max_len_b=30, min_len=30)  # none ends before the buffers' 32
+    with torch.inference_mode():
+        enc, lens = encode_with(model)(sentences(9, [5, 6]))
+        cache = model.init_slots(enc, 2, n_positions=32, source_len=enc.memory.shape[1])
+        state = SlotState.start(max_lengths(lens, cfg, model.max_positions), 2, 2, 32, cfg, n_pieces)
+        stepper = Stepper(model, Bucket(4, 32, enc.memory.shape[1]), cache, state, None, 0)
+        for position in range(3):
+            stepper.step(position)
+        stepper.stop([1])
+        for position in range(3, 31):
+            stepper.step(position)
+    assert state.done.tolist() == [True, True]  # the first at its maximum length, the second stopped
+    assert cache.step.tolist()[2:] == [0, 0] and int(state.n_live) == 0
 
 
 def test_one_host_read_a_step(copy_translator):

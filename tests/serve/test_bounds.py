@@ -24,6 +24,11 @@ CAPPED = [
     ({"max_len_b": 40}, "max_len_a 1 and max_len_b 40 allow 41 output pieces for a text of one piece"),
     ({"max_len_a": 0, "max_len_b": 0}, "max_len_a 0 and max_len_b 0 leave no room for any output"),
     ({"nbest": 5}, "nbest 5 cannot exceed beam 4"),
+    # search fields beyond what float32 and torch's generator hold: a 400 naming them, not a 500
+    ({"lenpen": 1e5}, "lenpen 100000.0 must be at most 10"),
+    ({"unkpen": -1e300}, "unkpen -1e+300 must be at least -1000"),
+    ({"sampling": True, "beam": 1, "seed": 2**70}, f"seed {2**70} must be at most"),
+    ({"sampling": True, "beam": 1, "temperature": 1e-300}, "temperature 1e-300 must be at least 0.001"),
 ]
 
 
