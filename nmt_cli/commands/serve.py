@@ -17,6 +17,7 @@ environment variable NMT_API_KEY, in that order of precedence; giving both flags
 from __future__ import annotations
 
 import importlib.util
+import ipaddress
 import logging
 import os
 import re
@@ -118,6 +119,12 @@ def serve(cfg: ServeConfig, search_overrides: dict[str, Any]) -> None:
     logger.info("%s", threads_note)
     if key_source:
         logger.info("clients must send `Authorization: Bearer KEY` (the key from %s)", key_source)
+    elif not ipaddress.ip_address(host).is_loopback:
+        logger.warning(
+            "no API key on %s: anyone who reaches this port may translate with it; give --api-key-file or "
+            "NMT_API_KEY, or put a proxy that authenticates in front (docs/guide.md)",
+            host,
+        )
     with quiet_exit_signals():
         server.run(sockets=[sock])
         drain = server.drain

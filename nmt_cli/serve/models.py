@@ -133,8 +133,9 @@ class Models:
         return self.default
 
     def by_languages(self, source: Any, target: Any) -> Model:
-        """The model of a LibreTranslate body's pair (source "auto": the one model into `target`). With one model,
-        that model: libretranslate.translate_body says what does not fit it, as it does for one checkpoint."""
+        """The model of a LibreTranslate body's pair (source "auto": the one source into `target`), the first in
+        --path order where several models share the pair. With one model, that model: libretranslate.translate_body
+        says what does not fit it, as it does for one checkpoint."""
         if len(self.models) == 1:
             return self.default
         translating = [m for m in self if m.served.info["task"] == "translation"]
@@ -147,11 +148,12 @@ class Models:
             for m in translating
             if m.served.info["target_lang"] == target and source in ("auto", m.served.info["source_lang"])
         ]
-        if len(chosen) == 1:
+        sources = list(dict.fromkeys(m.served.info["source_lang"] for m in chosen))
+        if len(sources) == 1:  # one pair: its first model in --path order (ours: `model` names any of them)
             return chosen[0]
         if chosen:
-            sources = " or ".join(repr(m.served.info["source_lang"]) for m in chosen)
-            raise DataError(f'several models translate into {target!r}: give "source" {sources}, not "auto"')
+            named = " or ".join(map(repr, sources))
+            raise DataError(f'several models translate into {target!r}: give "source" {named}, not "auto"')
         raise DataError(f"no model here translates {source} to {target}; this server translates {pairs}")
 
     def info(self) -> dict[str, Any]:

@@ -41,6 +41,56 @@ def test_a_libretranslate_body_is_answered_in_its_shape_with_our_translations(tr
     }
 
 
+def multipart(fields):
+    """A multipart/form-data body as `curl -F name=value ...` sends it, and its Content-Type."""
+    parts = [f'--B\r\nContent-Disposition: form-data; name="{k}"\r\n\r\n{v}\r\n' for k, v in fields.items()]
+    return ("".join(parts) + "--B--\r\n").encode(), "multipart/form-data; boundary=B"
+
+
+def test_libretranslate_bodies_as_its_clients_and_curl_send_them(trained_copy_checkpoint):
+    """Multipart forms (`curl -F`), a Content-Type of any case, JSON that curl -d labels a form, alternatives past
+    the server's beam, and a text of several lines (translated line by line, as LibreTranslate keeps lines)."""
+    fields = {"q": SENTENCES[0], "source": "src", "target": "tgt"}
+    with serving(trained_copy_checkpoint) as client:
+        ours = client.post("/translate", json={"texts": SENTENCES[:2]}).json()["translations"]
+        content, kind = multipart(fields)
+        forms = [
+            client.post("/translate", content=content, headers={"Content-Type": kind}),
+            client.post(
+                "/translate", content=urlencode(fields), headers={"Content-Type": "Application/X-WWW-Form-Urlencoded"}
+            ),
+        ]
+        labelled = client.post(
+            "/translate", content=json.dumps(fields), headers={"Content-Type": "application/x-www-form-urlencoded"}
+        )
+        wide = client.post("/translate", json=libre(SENTENCES[0], alternatives=5))
+        lines = client.post("/translate", json=libre(f"{SENTENCES[0]}\r\n{SENTENCES[1]}", alternatives=1))
+        no_q = client.post(
+            "/translate", content="source=src", headers={"Content-Type": "application/x-www-form-urlencoded"}
+        )
+    for response in [*forms, labelled]:
+        assert response.status_code == 200 and response.json() == {"translatedText": ours[0]["text"]}, response.text
+    assert wide.status_code == 200 and len(wide.json()["alternatives"]) == 5, wide.text
+    assert lines.json()["translatedText"] == f"{ours[0]['text']}\n{ours[1]['text']}"
+    assert len(lines.json()["alternatives"]) == 1 and lines.json()["alternatives"][0].count("\n") == 1
+    assert no_q.status_code == 400 and 'the form has no "q"' in no_q.json()["error"]
+
+
+@pytest.mark.parametrize(
+    "body, said",
+    [
+        ({"text": "1\n2"}, "text: the text holds a line break"),
+        ({"texts": ["1", "2\n3"]}, "texts[1]: the text holds a line break"),
+        (libre("\u25811 \u25812"), "q: the text holds sentencepiece pieces"),
+        (libre(["1", "2\n\u25811 \u25812"]), "q[1] (line 2): the text holds sentencepiece pieces"),
+    ],
+)
+def test_a_bad_text_is_named_by_the_request_s_own_field(tiny_checkpoint, body, said):
+    with serving(tiny_checkpoint) as client:
+        response = client.post("/translate", json=body)
+    assert response.status_code == 400 and response.json()["error"].startswith(said), response.text
+
+
 def test_our_body_is_answered_as_before(tiny_checkpoint):
     with serving(tiny_checkpoint) as client:
         response = client.post("/translate", json={"text": "1 2 3"}).json()

@@ -109,6 +109,20 @@ def test_a_libretranslate_body_picks_its_model_by_language_pair(trained_copy_che
     assert none.json()["error"] == "no model here translates fr to en; this server translates src-tgt, de-en, src-en"
 
 
+def test_two_models_of_one_pair_answer_libretranslate_with_the_first(
+    trained_copy_checkpoint, tiny_checkpoint, tmp_path
+):
+    """LibreTranslate's body names no model: where two share its pair, the first in --path order answers it (it had
+    been refused, naming the one source twice), and ours still reaches either by name."""
+    second = relabeled(tiny_checkpoint, tmp_path / "second.pt", "src", "tgt")
+    with serving(trained_copy_checkpoint, more_paths=(f"second={second}",)) as client:
+        first = texts_of(client.post("/translate", json={"text": "1 2 3"}))[0]
+        other = texts_of(client.post("/translate", json={"text": "1 2 3", "model": "second"}))[0]
+        libre = [client.post("/translate", json={"q": "1 2 3", "source": s, "target": "tgt"}) for s in ("src", "auto")]
+    assert first != other
+    assert [r.json() for r in libre] == [{"translatedText": first}] * 2
+
+
 def test_two_models_of_one_name_are_refused_naming_both_paths(tiny_checkpoint, second_models):
     de_en, _ = second_models
     with pytest.raises(ConfigError) as refused:

@@ -36,7 +36,7 @@ def start_server(ckpt, *extra):
     while time.monotonic() < deadline:
         line = proc.stderr.readline()
         lines.append(line)
-        if found := re.search(r"on http://127\.0\.0\.1:(\d+)", line):
+        if found := re.search(r"on http://(?:127\.0\.0\.1|0\.0\.0\.0):(\d+)", line):
             return proc, int(found.group(1)), lines
         if not line and proc.poll() is not None:
             break
@@ -165,6 +165,30 @@ def test_a_client_gone_mid_body_and_the_drain_deadline(tiny_checkpoint):
             "--drain-timeout 1 s passed"
         ) in err
         assert "error: 2 request(s) open at SIGTERM were not answered with their translations" in err
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_a_stalled_body_gets_408_and_an_open_port_without_a_key_is_warned(tiny_checkpoint):
+    """A client that sends part of its body and stops is answered 408 at --timeout, its connection no longer held
+    (it had been, for as long as the client waited); a server on every address with no API key says so."""
+    proc, port, lines = start_server(tiny_checkpoint, "--host", "0.0.0.0", "--timeout", "1")
+    try:
+        wait_ready(port)
+        stalled = half_body(port)
+        stalled.settimeout(30)
+        answer = b""
+        while not answer.endswith(b"}") and (chunk := stalled.recv(4096)):  # the head, then the JSON body
+            answer += chunk
+        head, _, body = answer.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 408"), head
+        assert json.loads(body)["error"] == "the body did not arrive within --timeout 1 s"
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
+        err = "".join(lines) + proc.stderr.read()
+        assert "WARNING no API key on 0.0.0.0: anyone who reaches this port may translate with it" in err
     finally:
         if proc.poll() is None:
             proc.kill()
