@@ -17,8 +17,9 @@ but without waiting, if a slot is free and either the running one may still take
 take at most (`steps_bound`: a * |x| + b is known before the search), or it has run past twice the usual steps.
 It advances the running batch with the fewest steps left at most, then the one that has run the fewest (least
 attained service). A short batch that arrives while an expensive one runs (the largest beam and output the caps
-allow) starts at once and finishes about as it would alone; a batch of the usual length is not joined (what
-arrives meanwhile waits for its end and batches together), and one that ran long is not starved by a newer one.
+allow) starts at once and finishes about as it would alone, since a request's own sentences never start a batch
+beside its own (queued.py's `startable`); a batch of the usual length is not joined (what arrives meanwhile waits
+for its end), and one that ran long is not starved by a newer one.
 A sentence is answered as soon as the search has its result (a beam search's short sentences before the batch
 ends, so their clients are back while it runs), a request with its last sentence. A cancelled request (timed
 out, client gone) loses its sentences not yet started, and those of a running batch stop at the search's next
@@ -63,6 +64,7 @@ from nmt_cli.serve.queued import (
     has_room,
     jobs_of,
     settle,
+    startable,
     stranded,
     superseding,
     without,
@@ -82,10 +84,8 @@ StepsBound = Callable[[Hashable, int], int]
 OnBatch = Callable[[Hashable, int, int], None]
 OnStep = Callable[[Hashable, float], None]  # (key, seconds) of a search step, as it ends
 
-# Batches searched at once, a step of one at a time: two let the short batches pass an expensive one, and more
-# would only add memory. Each keeps to --max-batch-tokens, so the worker holds two batches' searches at most; the
-# per-request memory refusal (search/settings.py) weighs one sentence's search against the memory available when
-# the request comes, which a running batch has already taken from.
+# Batches searched at once, a step of one at a time: two let the short batches pass an expensive one; more would
+# only add memory (each keeps to --max-batch-tokens; search/settings.py's refusal weighs one sentence's search).
 MAX_RUNNING = 2
 # A running batch is long, and a second one may start beside it, once it has run more than LONG_BATCH times the
 # median steps of the last RECENT batches (none ended yet: at once).
@@ -94,9 +94,8 @@ RECENT = 32
 # A queued batch passes the running one at once when the running one may still take PASS_FACTOR times its most
 # steps or more: two batches of ordinary sentences (their bounds alike) do not split each other.
 PASS_FACTOR = 2
-# The answered clients coming back are waited for at most this share of the median search seconds of the last
-# RECENT batches (at least max_wait): the worker idles that long at most per batch (benchmarks/bench_serve.py's
-# mean batch and throughput, benchmarks/profile_serve.py --clients without HTTP).
+# The answered clients coming back are waited for at most this share of the last RECENT batches' median search
+# seconds (at least max_wait): benchmarks/bench_serve.py's mean batch and throughput, profile_serve.py --clients.
 RETURN_SHARE = 0.25
 
 
@@ -208,7 +207,7 @@ class Batcher:
                     gone.search.close()
                     self._ended(gone)
                     running.remove(gone)
-                if self._may_start(running) and (batch := self._next_batch(wait=not running)) is not None:
+                if self._may_start(running) and (batch := self._next_batch(running)) is not None:
                     running.append(self._start(batch))
                 if not running:
                     return  # stopped, and nothing is queued
@@ -219,21 +218,22 @@ class Batcher:
 
     def _may_start(self, running: list[Running]) -> bool:
         """Whether a batch may start now: with none running; beside running ones, while a slot is free, when each
-        may still take PASS_FACTOR times the steps the oldest queued sentence may take at most, or once each has run
-        past LONG_BATCH times the usual steps (the median of the batches that ended last). A batch of the usual
-        length finishes first, and the sentences that arrived meanwhile wait for its end and batch together, as
-        they would with one slot (starting them beside it splits every later batch in two); a long one (the
-        largest output the caps allow) is passed. In flight, a sentence a running batch takes at its next step
-        (queued.py's `has_room`) starts nothing."""
+        may still take PASS_FACTOR times the steps the oldest startable sentence may take at most, or once each has
+        run past LONG_BATCH times the usual steps (the median of the last batches): a batch of the usual length ends
+        first (starting what arrived meanwhile beside it splits every later batch in two); a long one is passed. In
+        flight, a sentence a running batch takes at its next step (queued.py's `has_room`) starts nothing."""
         if not running:
             return True
         if len(running) >= MAX_RUNNING:
             return False
         with self._cond:
             self._drop_cancelled()
-            next_bound = self._queue[0].bound if self._queue else math.inf
             if any(has_room(r, self._queue) for r in running):
                 return False  # an in-flight batch takes it at its next step
+            queued = startable(self._queue, running)
+            if not queued:
+                return False
+            next_bound = queued[0].bound
         if math.isfinite(next_bound) and PASS_FACTOR * next_bound <= min(r.left for r in running):  # far longer
             return True
         if not self._recent_steps:  # no batch has ended yet: nothing is usual
@@ -256,31 +256,31 @@ class Batcher:
         finally:
             self.warmed.set()
 
-    def _next_batch(self, wait: bool) -> list[Queued] | None:
-        """Wait for the oldest sentence's company (or its deadline), then take its batch; None once stopped. Without
-        `wait` (a batch is running), None at once unless a batch is ready to take."""
+    def _next_batch(self, running: list[Running]) -> list[Queued] | None:
+        """Wait for the oldest startable sentence's company (or its deadline), then take its batch; None once
+        stopped. Beside `running` batches, None at once unless a batch is ready to take."""
+        wait = not running
         with self._cond:
             while True:
                 self._drop_cancelled()
-                if not self._queue:
+                queued = startable(self._queue, running)
+                if not queued:
                     if self._stopping or not wait:
                         return None
                     self._cond.wait()
                     continue
-                first = self._queue[0]
-                # Counted from the oldest arrival or the end of the last batch, whichever is later: the clients
-                # answered by that batch send their next sentences within moments, and wait for them, instead of
-                # running the few sentences that queued during it (steady small batches, one per client cohort).
-                # Once they are back (as many sentences as expected) waiting longer gains nothing.
-                # Past max_wait only an idle worker waits, and for the last batch's settings: beside a running batch
-                # the wait is that batch's next step, and another request (an expensive one) would start just as
-                # the answered clients are back.
+                first = queued[0]
+                # From the oldest arrival or the last batch's end, whichever is later: the clients that batch answered
+                # send their next sentences within moments; waiting for them beats running the few that queued
+                # during it, and once they are back (as many as expected) waiting gains nothing. Past max_wait only
+                # an idle worker waits, for the last batch's settings: beside a running batch the wait is its next
+                # step, and another request (an expensive one) would start just as the answered clients are back.
                 since = max(first.job.arrived, self._free_since)
                 returning = wait and first.job.key == self._last_key
                 left = (self._wait_end(since) if returning else since + self.max_wait) - time.monotonic()
-                count, padded = self._size(first.job.key)
+                count, padded = self._size(first.job.key, queued)
                 if self._stopping or left <= 0 or padded >= self.max_tokens or count >= self._expected:
-                    return self._take(first.job.key)
+                    return self._take(first.job.key, queued)
                 if not wait:
                     return None
                 self._cond.wait(left)
@@ -293,14 +293,14 @@ class Batcher:
         arriving = max(since, self._last_arrival) + self.max_wait
         return min(arriving, since + max(self.max_wait, RETURN_SHARE * usual))
 
-    def _size(self, key: Hashable) -> tuple[int, int]:
-        """Queued sentences searched with `key`, and their padded tokens (EOS included) batched together."""
-        lengths = [q.length for q in self._queue if q.job.key == key]
+    def _size(self, key: Hashable, queued: list[Queued]) -> tuple[int, int]:
+        """Sentences of `queued` searched with `key`, and their padded tokens (EOS included) batched together."""
+        lengths = [q.length for q in queued if q.job.key == key]
         return len(lengths), len(lengths) * (max(lengths) + 1)
 
-    def _take(self, key: Hashable) -> list[Queued]:
-        """Remove and return the batch of the oldest `key` sentence, packed as generate packs its input."""
-        same = [q for q in self._queue if q.job.key == key]
+    def _take(self, key: Hashable, queued: list[Queued]) -> list[Queued]:
+        """Remove and return the batch of the oldest `key` sentence of `queued`, packed as generate packs it."""
+        same = [q for q in queued if q.job.key == key]
         nonempty = [q for q in same if q.length > 0]
         chosen = [q for q in same if q.length == 0]
         if nonempty:

@@ -221,6 +221,14 @@ def without(queue: list[Queued], taken: list[Queued]) -> list[Queued]:
     return [q for q in queue if id(q) not in chosen]
 
 
+def startable(queue: list[Queued], running: list[Running]) -> list[Queued]:
+    """The queued sentences a new batch may take: beside running batches, those of other requests. A request larger
+    than a batch searches its batches one after another, so that it never holds both slots and a short request
+    arriving meanwhile still starts beside it (batcher.py)."""
+    busy = {id(job) for r in running for job in jobs_of(r.batch)}
+    return [q for q in queue if id(q.job) not in busy] if busy else queue
+
+
 def jobs_of(batch: list[Queued]) -> list[Job]:
     """The requests a batch's sentences belong to, each once."""
     return list({id(q.job): q.job for q in batch}.values())

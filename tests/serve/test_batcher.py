@@ -378,6 +378,23 @@ def test_a_batch_that_may_end_sooner_starts_at_once_and_runs_first():
     assert run.trace.index("short") <= 5
 
 
+def test_a_request_larger_than_a_batch_leaves_the_second_slot_to_others():
+    """A request of two batches searches them one after the other: its second never starts beside its first, so a
+    short request arriving meanwhile takes the free slot at once (it had waited for one of the two to end)."""
+    run = Recorder(delay=0.005, steps=lambda key: 40 if key == "long" else 3)
+    bounds = {"long": 50, "short": 4}
+    batcher = Batcher(run, max_tokens=10, max_wait=0.0, max_queue=100, steps_bound=lambda key, n: bounds[key])
+    batcher.start()
+    long = submit(batcher, "long", ["aaaa"] * 4)  # 2 sentences of 4 pieces and EOS a batch: two batches
+    while run.trace.count("long") < 3:
+        time.sleep(0.001)
+    assert submit(batcher, "short", ["y"]).result(timeout=5) == ["short:y"]
+    assert not long.done() and [key for key, _ in run.batches] == ["long", "short"]
+    assert long.result(timeout=10) == ["long:aaaa"] * 4
+    batcher.stop(timeout=10)
+    assert [key for key, _ in run.batches] == ["long", "short", "long"] and run.finished == ["short", "long", "long"]
+
+
 def test_clients_coming_back_one_after_another_past_max_wait_still_batch_together():
     """The clients a batch answered come back one after another (on a few cores the event loop answers and reads
     them in turn); while they keep coming within max_wait of each other they are waited for, up to a share of a
