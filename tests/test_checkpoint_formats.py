@@ -9,6 +9,7 @@ import torch
 from conftest import nmt
 
 from nmt_cli.checkpoint import FORMAT_VERSION, load_checkpoint, model_config_of
+from nmt_cli.errors import CheckpointError
 
 FIXTURES = Path(__file__).parent / "data" / "checkpoints"
 VERSIONS = (1, 2, 3)
@@ -148,3 +149,29 @@ def test_training_resumes_from_an_old_checkpoint(version, data_dir, tmp_path):
     steps = {float(s["step"]) for s in new["optimizer"]["state"].values()}
     assert steps == {302.0}  # Adam's moments went on from the saved 300 steps, not afresh
     assert any(not torch.equal(w, old["model"][k]) for k, w in new["model"].items())
+
+
+def test_a_checkpoint_damaged_on_disk_is_refused_naming_it(tiny_checkpoint, tmp_path):
+    """torch.load does not check the zip's CRC-32s: a checkpoint with damaged tensor bytes had been loaded (and
+    resumed from) silently. Now it is one error naming the file; an intact copy still loads."""
+    import zipfile
+
+    damaged = tmp_path / "damaged.pt"
+    shutil.copy(tiny_checkpoint, damaged)
+    with zipfile.ZipFile(damaged) as archive:
+        member = max(archive.infolist(), key=lambda info: info.file_size)  # a weight's bytes
+    data = bytearray(damaged.read_bytes())
+    head = member.header_offset  # the local header's name and extra field lengths, then the member's bytes
+    start = (
+        head
+        + 30
+        + int.from_bytes(data[head + 26 : head + 28], "little")
+        + int.from_bytes(data[head + 28 : head + 30], "little")
+    )
+    data[start : start + 16] = bytes(16 if data[start] else [1] * 16)
+    damaged.write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match=rf"{damaged} is damaged: its part .* does not match its checksum"):
+        load_checkpoint(damaged)
+    assert load_checkpoint(Path(tiny_checkpoint))["model"]
+    r = nmt("generate", "--path", damaged, "--input", "-", input="1 2\n")
+    assert r.exit_code == 1 and "is damaged" in r.output and "Traceback" not in r.output

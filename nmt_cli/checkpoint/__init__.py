@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import re
+import zipfile
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
@@ -167,6 +168,24 @@ def check_same_data(
         )
 
 
+def check_checksums(path: Path) -> None:
+    """CheckpointError where a part of the checkpoint's zip does not match its stored CRC-32: torch.load does not
+    check them, and a file damaged on disk or in a copy had been loaded (and resumed from) silently. Reading the
+    whole file costs about a second a GB; a file that is no zip is left to torch.load to refuse."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            damaged = archive.testzip()
+    except (zipfile.BadZipFile, EOFError):
+        return
+    except OSError as e:
+        raise CheckpointError(f"cannot read checkpoint {path}: {e.strerror or e}") from None
+    if damaged is not None:
+        raise CheckpointError(
+            f"{path} is damaged: its part {damaged} does not match its checksum; use another checkpoint "
+            "(an earlier checkpoint_N.pt of its run)"
+        )
+
+
 def load_checkpoint(path: Path) -> dict[str, Any]:
     """Load and check a checkpoint on the CPU; CheckpointError if it is missing or not one of ours."""
     if path.is_dir():
@@ -180,6 +199,7 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
                 f"{' '.join(map(str, parts))} --output average.pt`"
             )
         raise CheckpointError(f"checkpoint {path} does not exist")
+    check_checksums(path)
     try:
         # Memory-mapped: tensors are read when touched, so the optimizer state of a checkpoint that is only
         # translated with is never read, and weights copied into a model are not kept twice in memory.

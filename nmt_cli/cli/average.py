@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from nmt_cli.cli.options import CONTEXT
+from nmt_cli.cli.options import CONTEXT, EXISTING_FILE, EXISTING_PATH
 
 
 @click.command("average-checkpoints", context_settings=CONTEXT)
@@ -14,7 +14,7 @@ from nmt_cli.cli.options import CONTEXT
     "--inputs",
     required=True,
     multiple=True,
-    type=click.Path(exists=True, path_type=Path),
+    type=EXISTING_PATH,
     help="Checkpoint files, or one directory (with --num-update-checkpoints). Repeat or list after it.",
 )
 @click.option(
@@ -29,7 +29,7 @@ from nmt_cli.cli.options import CONTEXT
     help="Replace an --output that holds a training state (a run resumes from it); an earlier average is "
     "replaced without it.",
 )
-@click.argument("more_inputs", nargs=-1, type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.argument("more_inputs", nargs=-1, type=EXISTING_FILE)
 def average_checkpoints(
     inputs: tuple[Path, ...],
     num_update_checkpoints: int | None,

@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 import click
 
 from nmt_cli.config import InferenceConfig, SearchConfig
-from nmt_cli.errors import ConfigError
+from nmt_cli.errors import ConfigError, NmtError
 from nmt_cli.files import require_file
 from nmt_cli.flags import flag_name
 
@@ -25,26 +25,31 @@ C = TypeVar("C", bound=InferenceConfig)
 CONTEXT = {"show_default": True, "help_option_names": ["-h", "--help"], "max_content_width": 110}
 
 
-class ExistingFile(click.ParamType):
-    """An existing file (a path string, or a Path where `as_path`). A missing one is one `error:` line naming the
-    option, exit 1 (files.require_file, raised while the command's arguments are read, which NmtGroup reports), as
-    every other missing input is, rather than click's usage text."""
+class ExistingPath(click.ParamType):
+    """An existing file, directory or either (`kind`), as a path string or a Path where `as_path`. A missing one is
+    one `error:` line naming the option or argument, exit 1 (raised while the command's arguments are read, which
+    NmtGroup reports), as every other missing input is, rather than click's usage text."""
 
-    name = "file"
-
-    def __init__(self, as_path: bool = False) -> None:
-        self.as_path = as_path
+    def __init__(self, kind: str, as_path: bool = False) -> None:
+        self.kind, self.as_path, self.name = kind, as_path, {"any": "path"}.get(kind, kind)
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
-        what = param.opts[0] if isinstance(param, click.Option) else param.human_readable_name if param else "file"
-        require_file(Path(value), what)
-        return Path(value) if self.as_path else str(value)
+        path = Path(value)
+        what = param.opts[0] if isinstance(param, click.Option) else param.human_readable_name if param else "path"
+        if self.kind == "file":
+            require_file(path, what)
+        elif not path.exists():
+            raise NmtError(f"{what} {path} does not exist")
+        elif self.kind == "dir" and not path.is_dir():
+            raise NmtError(f"{what} {path} is not a directory; give a directory")
+        return path if self.as_path else str(value)
 
 
-EXISTING_FILE = ExistingFile(as_path=True)
+EXISTING_FILE = ExistingPath("file", as_path=True)
+EXISTING_PATH = ExistingPath("any", as_path=True)
 PATH_TYPES = {
-    "file": ExistingFile(),
-    "dir": click.Path(exists=True, file_okay=False),
+    "file": ExistingPath("file"),
+    "dir": ExistingPath("dir"),
     "new": click.Path(),
 }
 

@@ -179,7 +179,7 @@ class SearchConfig:
     sampling_topk: int = flag(0, "Sample among the k best tokens (0: all).", min=0)
     sampling_topp: float = flag(1.0, "Nucleus sampling mass.", min=0, max=1, min_open=True)
     temperature: float = flag(1.0, "Sampling temperature.", min=0.001, max=1000)  # beyond: greedy, uniform
-    seed: int = flag(1, "Sampling seed.", min=-(2**63), max=2**64 - 1)  # torch.Generator's range
+    seed: int = flag(1, "Sampling seed.", min=0, max=2**63 - 1)  # seeds torch.Generator tells apart
     no_repeat_ngram_size: int = flag(0, "No n-gram of this many pieces occurs twice in an output (0: off).", min=0)
 
     def __post_init__(self) -> None:

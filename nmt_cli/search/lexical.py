@@ -318,10 +318,12 @@ def check_fits(
         if need and n == 0:
             raise DataError(f"{name}: the input line is empty, so its output is; drop its constraints")
         if need > limit:
-            raise DataError(
-                f"{name}: the constraints take {need} pieces, but this output may have {limit}; shorten them or "
-                "raise --max-len-a/--max-len-b (max_len_a/max_len_b)"
+            fix = (
+                f"the model's {max_positions} positions allow no more; shorten them"
+                if limit == max_positions - 1
+                else "shorten them or raise --max-len-a/--max-len-b (max_len_a/max_len_b)"
             )
+            raise DataError(f"{name}: the constraints take {need} pieces, but this output may have {limit}; {fix}")
 
 
 def check_with_prefixes(

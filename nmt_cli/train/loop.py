@@ -20,7 +20,6 @@ from nmt_cli.log import progress
 from nmt_cli.signals import Deferred, deferred_signals, signal_name
 from nmt_cli.train.distributed import broadcast_from_main
 from nmt_cli.train.epoch_plan import EpochPlan, plan_epoch
-from nmt_cli.train.state import reset_flags
 from nmt_cli.train.trainer import StepStats, Trainer
 from nmt_cli.train.validation import record_validation, validate
 
@@ -251,7 +250,5 @@ def run_updates(session: Session) -> tuple[str, int]:
                 bar.update(task, **progress_fields(session))
             reason = trainer.stop_reason()
             if signalled:
-                resets = reset_flags(cfg)
-                again = f"the same command without {', '.join(resets)}" if resets else "the same command"
-                reason = f"stopped by {signal_name(signalled)}; {again} resumes"
+                reason = f"stopped by {signal_name(signalled)}; the same command resumes"
     return reason, signalled

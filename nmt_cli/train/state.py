@@ -7,7 +7,7 @@ rank's random streams; `restore_training` puts them back, honouring the --reset-
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +19,7 @@ from nmt_cli.flags import flag_name
 from nmt_cli.runtime import DistInfo, set_rng_state
 
 logger = logging.getLogger(__name__)
-RESET_FIELDS = ("reset_optimizer", "reset_lr_scheduler", "reset_dataloader")  # applied at every resume
+RESET_FIELDS = ("reset_optimizer", "reset_lr_scheduler", "reset_dataloader")  # applied once: `resets_to_apply`
 
 
 @dataclass
@@ -98,6 +98,13 @@ def restore_training(
     load_model_weights(model, ckpt["model"], path)
     saved = ckpt["train_state"]
     state = TrainState.from_saved(saved)
+    applied = resets_to_apply(cfg, ckpt)
+    cfg = replace(
+        cfg,
+        reset_optimizer="reset_optimizer" in applied,
+        reset_lr_scheduler="reset_lr_scheduler" in applied,
+        reset_dataloader="reset_dataloader" in applied,
+    )
     restore_optimizer(ckpt, optimizer, scaler, cfg)
     if cfg.reset_lr_scheduler:
         logger.info("--reset-lr-scheduler: the lr schedule restarts; the update count goes on from %d", state.update)
@@ -193,5 +200,20 @@ def start_best_again(state: TrainState, why: str) -> None:
 
 
 def reset_flags(cfg: TrainConfig) -> list[str]:
-    """The --reset-* options given: they apply at every resume, not once."""
+    """The --reset-* options given."""
     return [flag_name(field) for field in RESET_FIELDS if getattr(cfg, field)]
+
+
+def resets_to_apply(cfg: TrainConfig, ckpt: dict[str, Any]) -> list[str]:
+    """The --reset-* options given that the run which saved `ckpt` was not given: a reset applies once, when it
+    first appears, so that the same command, rerun after a stop (a signal, --max-update), resumes exactly (it had
+    restarted the schedule, the moments or the data again at every resume). To reset again, resume once without
+    it."""
+    saved = ckpt.get("train_config", {})
+    again = [name for name in RESET_FIELDS if getattr(cfg, name) and saved.get(name)]
+    if again:
+        logger.info(
+            "%s: applied when this run began; not again at this resume",
+            " and ".join(flag_name(name) for name in again),
+        )
+    return [name for name in RESET_FIELDS if getattr(cfg, name) and name not in again]

@@ -86,6 +86,18 @@ CASES = [
         "is a name training writes",
     ),
     (
+        "average-input-missing",  # had been click's usage text, exit 2
+        None,
+        "average-checkpoints --inputs {w}/run/none.pt {w}/run/checkpoint_4.pt --output {w}/avg.pt",
+        "error: --inputs ",  # and the path: "... does not exist"
+    ),
+    (
+        "average-more-inputs-missing",
+        None,
+        "average-checkpoints --inputs {w}/run/checkpoint_4.pt {w}/run/none.pt --output {w}/avg.pt",
+        "error: MORE_INPUTS ",
+    ),
+    (
         "average-input-not-a-checkpoint",
         lambda w: (w / "junk.pt").write_bytes(b"junk"),
         "average-checkpoints --inputs {w}/junk.pt {w}/run/checkpoint_6.pt --output {w}/avg.pt",

@@ -137,6 +137,8 @@ def test_refusals(toy_data_bin):
     check_fits([[[4, 5], [6]]], [2], cfg, 64, ["c.txt:1"])
     with pytest.raises(DataError, match=r"c.txt:1: the constraints take 4 pieces, but this output may have 3"):
         check_fits([[[4, 5], [6, 7]]], [2], cfg, 64, ["c.txt:1"])
+    with pytest.raises(DataError, match=r"c.txt:1: .* may have 7; the model's 8 positions allow no more; shorten"):
+        check_fits([[[4] * 9]], [2], SearchConfig(max_len_b=100), 8, ["c.txt:1"])  # not "raise --max-len-b"
     with pytest.raises(DataError, match=r"c.txt:1: the input line is empty"):
         check_fits([[[4]]], [0], cfg, 64, ["c.txt:1"])
     with pytest.raises(ConfigError, match="sampling"):

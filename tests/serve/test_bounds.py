@@ -28,6 +28,7 @@ CAPPED = [
     ({"lenpen": 1e5}, "lenpen 100000.0 must be at most 10"),
     ({"unkpen": -1e300}, "unkpen -1e+300 must be at least -1000"),
     ({"sampling": True, "beam": 1, "seed": 2**70}, f"seed {2**70} must be at most"),
+    ({"sampling": True, "beam": 1, "seed": -1}, "seed -1 must be at least 0"),  # torch's -1 is its 2**64 - 1
     ({"sampling": True, "beam": 1, "temperature": 1e-300}, "temperature 1e-300 must be at least 0.001"),
 ]
 

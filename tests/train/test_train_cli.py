@@ -308,6 +308,22 @@ def test_resume_applies_new_optimizer_options_and_reset_flags_say_what_they_do(t
     )
 
 
+def test_a_reset_applies_once_so_that_the_same_command_resumes_exactly(toy_data_bin, tmp_path):
+    """The --reset-* options had applied at every resume: the same command rerun after a stop restarted the lr
+    schedule, Adam's moments and the data again. Stopped at update 3 and rerun, a run now ends as one that ran on."""
+    base = ["train", toy_data_bin, *TINY, "--validate-interval-updates", 0]
+    resets = ["--reset-lr-scheduler", "--reset-optimizer", "--reset-dataloader"]
+    for run in ("on", "stopped"):
+        assert nmt(*base, "--save-dir", tmp_path / run, "--max-update", 2).exit_code == 0
+    assert nmt(*base, "--save-dir", tmp_path / "on", "--max-update", 4, *resets).exit_code == 0
+    assert nmt(*base, "--save-dir", tmp_path / "stopped", "--max-update", 3, *resets).exit_code == 0
+    again = nmt(*base, "--save-dir", tmp_path / "stopped", "--max-update", 4, *resets)
+    assert again.exit_code == 0 and "applied when this run began; not again at this resume" in again.output
+    on, stopped = (load_checkpoint(tmp_path / run / "checkpoint_last.pt") for run in ("on", "stopped"))
+    assert on["train_state"]["lr_start"] == stopped["train_state"]["lr_start"] == 2
+    assert all(torch.equal(on["model"][k], stopped["model"][k]) for k in on["model"])
+
+
 def test_resuming_with_other_eval_bleu_search_settings_starts_the_best_bleu_again(toy_data_bin, tmp_path):
     """A best BLEU of beam 1 had been compared with BLEU of beam 3 (and --patience counted across), unlogged."""
     base = ["train", toy_data_bin, "--save-dir", tmp_path, *TINY, "--validate-interval-updates", 1, "--eval-bleu"]
@@ -336,7 +352,12 @@ def test_bad_inputs(toy_data_bin, tiny_checkpoint, tmp_path):
     r = nmt("train", empty, "--save-dir", tmp_path / "ck", *TINY, "--max-update", 1)
     assert r.exit_code == 1 and "is not an nmt data directory" in r.output
     r = nmt("train", tmp_path / "missing", "--save-dir", tmp_path / "ck", "--max-update", 1)
-    assert r.exit_code == 2 and "DATA_DIR" in r.output
+    assert r.exit_code == 1 and r.output.strip() == f"error: DATA_DIR {tmp_path / 'missing'} does not exist"
+    r = nmt("train", tiny_checkpoint, "--save-dir", tmp_path / "ck", "--max-update", 1)
+    assert (
+        r.exit_code == 1
+        and r.output.strip() == f"error: DATA_DIR {tiny_checkpoint} is not a directory; give a directory"
+    )
     r = nmt("train", toy_data_bin, "--save-dir", tmp_path / "ck", "--arch", "transformer_huge", "--max-update", 1)
     assert r.exit_code == 2 and "--arch" in r.output
     r = nmt("train", toy_data_bin, "--save-dir", tmp_path / "ck", *TINY)
