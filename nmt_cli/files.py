@@ -9,6 +9,7 @@ by the next run that writes into its directory (`remove_abandoned_temporaries`: 
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import glob
@@ -88,16 +89,23 @@ def _atomic_file(path: Path, mode: str, what: str, kept: str | None) -> Iterator
                     f.flush()
                     os.fsync(f.fileno())
             except BaseException:
-                tmp.unlink(missing_ok=True)  # here, where a second signal is ignored
+                remove_quietly(tmp)  # here, where a second signal is ignored
                 raise
         os.replace(tmp, path)
     except BaseException as e:
-        tmp.unlink(missing_ok=True)
+        remove_quietly(tmp)
         error = user_error(e, str(path), kept, what)
         if error is e:
             raise
         raise error from None
     fsync_dir(path.parent)
+
+
+def remove_quietly(tmp: Path) -> None:
+    """Remove a temporary file a failed write leaves, if it can be: where the directory refuses it (read-only, the
+    reason the write failed) the write's own error is the one to report, not this one's."""
+    with contextlib.suppress(OSError):
+        tmp.unlink(missing_ok=True)
 
 
 def open_held(tmp: Path, mode: str) -> IO[Any]:

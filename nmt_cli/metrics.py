@@ -115,7 +115,7 @@ def read_hypotheses(path: Path) -> list[str]:
             except (ValueError, KeyError, IndexError, TypeError):
                 raise DataError(f"{path}:{number}: not a record of `nmt generate --output-format jsonl`") from None
         return [best[i] for i in sorted(best)]
-    if lines and all(_FAIRSEQ_LINE.match(line) for line in lines if line):
+    if any(lines) and all(_FAIRSEQ_LINE.match(line) for line in lines if line):  # empty lines alone: plain text
         detok = {}
         for line in lines:
             match = _FAIRSEQ_LINE.match(line)

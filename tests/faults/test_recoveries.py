@@ -180,6 +180,24 @@ def test_lock_is_exclusive_and_released(tmp_path):
         pass
 
 
+def test_a_read_only_directory_is_one_error_not_the_clean_up_s_traceback(tmp_path, monkeypatch):
+    """Writing into a read-only directory failed, then so did removing the temporary file, and that second error
+    escaped as chained tracebacks (generate --results-path, average-checkpoints --output on a read-only mount)."""
+    import errno
+
+    from nmt_cli import files
+    from nmt_cli.errors import NmtError
+
+    def read_only(*args, **kwargs):
+        raise OSError(errno.EROFS, "Read-only file system")
+
+    monkeypatch.setattr(files, "open_held", read_only)
+    monkeypatch.setattr(Path, "unlink", read_only)  # as a read-only mount refuses it (root writes where chmod says no)
+    refused = pytest.raises(NmtError, match=r"cannot write --results-path file .*out.txt: Read-only file system")
+    with refused, files.atomic_text_output(tmp_path / "out.txt", "--results-path file"):
+        pass
+
+
 def test_atomic_write_keeps_the_old_file_on_error(tmp_path):
     path = tmp_path / "config.json"
     atomic_write_text(path, "old")

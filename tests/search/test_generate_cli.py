@@ -366,5 +366,9 @@ def test_score_bad_inputs(sys_ref, tmp_path):
     assert r.exit_code == 1 and "sentencepiece pieces" in r.output
     r = nmt("score", "--sys", hyp, "--ref", pieces)  # the encoded reference had been scored as text
     assert r.exit_code == 1 and "pieces:1: the reference contains sentencepiece pieces" in r.output
+    blank = tmp_path / "blank"
+    blank.write_text("\n" * 3)  # a model that output nothing: sacreBLEU's 0, not "0 hypotheses"
+    r = nmt("score", "--sys", blank, "--ref", ref)
+    assert r.exit_code == 0 and "BLEU = 0.00" in r.output, r.output
     r = nmt("score", "--sys", tmp_path / "nope", "--ref", ref)
     assert r.exit_code == 1 and r.output.strip() == f"error: --sys {tmp_path / 'nope'} does not exist"
