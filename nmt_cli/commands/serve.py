@@ -67,7 +67,7 @@ def listen(host: str, port: int) -> socket.socket:
 @contextmanager
 def quiet_exit_signals() -> Iterator[None]:
     """Signals after the server has returned (while the command reports) are ignored: the drain is over."""
-    handled = (signal.SIGTERM, signal.SIGINT)
+    handled = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
     before = {sig: signal.signal(sig, lambda signum, frame: None) for sig in handled}
     try:
         yield

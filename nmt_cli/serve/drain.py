@@ -1,6 +1,6 @@
 """uvicorn's server with `nmt serve`'s shutdown: a drain bounded by --drain-timeout.
 
-At the first SIGTERM or SIGINT the server stops accepting connections, closes the idle ones, and lets the
+At the first SIGTERM, SIGINT or SIGHUP the server stops accepting connections, closes the idle ones, and lets the
 requests already open (their bodies still arriving, queued, or being searched) be answered, until none is left
 or `drain_timeout` seconds have passed. At that deadline, or at a second signal, every request still open is
 answered 503 {"error": "the server is shutting down ..."} and its queued sentences are dropped; connections
@@ -15,11 +15,14 @@ answered since, and how many got 503 because the drain was cut short (the comman
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import signal
 import socket
+import threading
 import time
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from types import FrameType
 
@@ -71,6 +74,19 @@ class DrainingServer(uvicorn.Server):
         super().__init__(config)
         self.app, self.drain_timeout = app, drain_timeout
         self.drain = Drain()
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        """uvicorn's SIGINT and SIGTERM, and SIGHUP alike (a closed terminal, a service manager's stop): each drains.
+        SIGHUP's default had ended the process at once, its open requests unanswered."""
+        main = threading.current_thread() is threading.main_thread()  # signals are the main thread's alone
+        before = signal.signal(signal.SIGHUP, self.handle_exit) if main else None
+        try:
+            with super().capture_signals():
+                yield
+        finally:
+            if before is not None:
+                signal.signal(signal.SIGHUP, before)
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         """The first signal starts the drain, a second cuts it short. (Unlike uvicorn's handler, this one does not

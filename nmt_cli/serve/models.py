@@ -21,6 +21,7 @@ from typing import Any
 
 from nmt_cli.config import SearchConfig, ServeConfig
 from nmt_cli.errors import ConfigError, DataError
+from nmt_cli.search.ensemble import member_paths
 from nmt_cli.serve.batcher import Batcher
 from nmt_cli.serve.libretranslate import is_libretranslate
 from nmt_cli.serve.queued import Admission, Answer
@@ -76,15 +77,21 @@ class Models:
 
     @classmethod
     def open(cls, cfg: ServeConfig, search_overrides: dict[str, Any]) -> Models:
-        """Load every model of cfg.path and cfg.more_paths, each as `nmt generate --path CKPT` loads it.
+        """Load every model of cfg.path and cfg.more_paths, each as `nmt generate --path CKPT` loads it; --weights
+        weighs every ensemble among them.
 
         Raises:
             ConfigError: two models have one name (both --path values named), or a checkpoint's own problem.
         """
+        specs = (cfg.path, *cfg.more_paths)
+        ensemble = [len(member_paths(split_path(spec)[1])) > 1 for spec in specs]
+        if cfg.weights is not None and len(specs) > 1 and not any(ensemble):
+            raise ConfigError("--weights weighs an ensemble's checkpoints; no --path here is one (A.pt:B.pt)")
         models: list[Model] = []
-        for spec in (cfg.path, *cfg.more_paths):
+        for spec, several in zip(specs, ensemble):
             name, ckpt = split_path(spec)
-            served = ServedModel(replace(cfg, path=ckpt, more_paths=()), search_overrides)
+            weights = cfg.weights if several or len(specs) == 1 else None  # each ensemble's; one model has none
+            served = ServedModel(replace(cfg, path=ckpt, more_paths=(), weights=weights), search_overrides)
             models.append(Model(name or default_name(served), spec, served))
         return cls.named(models)
 
@@ -139,7 +146,7 @@ class Models:
         if len(self.models) == 1:
             return self.default
         translating = [m for m in self if m.served.info["task"] == "translation"]
-        pairs = ", ".join(m.pair for m in translating) or "none (every model here parses)"
+        pairs = ", ".join(dict.fromkeys(m.pair for m in translating)) or "none (every model here parses)"
         for side, code in (("source", source), ("target", target)):
             if not isinstance(code, str):
                 raise DataError(f'"{side}" must be a language code; this server translates {pairs}')

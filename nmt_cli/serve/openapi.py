@@ -14,6 +14,7 @@ from nmt_cli import __version__
 
 JSON = "application/json"
 FORM = "application/x-www-form-urlencoded"
+MULTIPART = "multipart/form-data"  # `curl -F q=...`
 
 
 def ref(name: str) -> dict[str, str]:
@@ -148,7 +149,11 @@ def document() -> dict[str, Any]:
         "security": KEYED,
         "requestBody": {
             "required": True,
-            "content": {JSON: {"schema": {"oneOf": [ref("TranslateRequest"), libre]}}, FORM: {"schema": libre}},
+            "content": {
+                JSON: {"schema": {"oneOf": [ref("TranslateRequest"), libre]}},
+                FORM: {"schema": libre},
+                MULTIPART: {"schema": libre},
+            },
         },
         "responses": answers(
             {"oneOf": [ref("TranslateResponse"), ref("LibreTranslateResponse")]}, 400, 401, 413, 429, 500, 503, 504

@@ -162,6 +162,8 @@ def test_openapi_describes_every_route(tiny_checkpoint):
     assert document["openapi"].startswith("3.1")
     assert set(document["paths"]) == routes
     assert "translatedText" in json.dumps(document["components"]["schemas"])
+    bodies = document["paths"]["/translate"]["post"]["requestBody"]["content"]  # every kind the server reads
+    assert set(bodies) == {"application/json", "application/x-www-form-urlencoded", "multipart/form-data"}
 
 
 def test_info_of_an_averaged_checkpoint_says_what_it_averages(tiny_checkpoint, tmp_path):

@@ -51,3 +51,18 @@ def test_serve_translates_with_an_ensemble(tiny_checkpoint, other_shape):
     assert response.status_code == 200, response.text
     assert [m["weight"] for m in info["ensemble"]] == [0.25, 0.75]
     assert info["max_positions"] == 48 and info["ensemble"][1]["model"]["decoder_layers"] == 1
+
+
+def test_weights_weigh_the_ensemble_served_beside_other_models(tiny_checkpoint, other_shape):
+    """--weights had been checked against every --path, so an ensemble beside a single model could not be weighted;
+    it weighs the ensembles, and a server of single models refuses it naming why."""
+    from nmt_cli.errors import ConfigError
+
+    with serving(tiny_checkpoint, more_paths=(f"ab={tiny_checkpoint}:{other_shape}",), weights="1,3") as client:
+        one, ab = client.get("/info").json(), client.get("/info?model=ab").json()
+        response = client.post("/translate", json={"text": SENTENCES[0], "model": "ab"})
+    assert response.status_code == 200, response.text
+    assert "ensemble" not in one and [m["weight"] for m in ab["ensemble"]] == [0.25, 0.75]
+    refused = pytest.raises(ConfigError, match="--weights weighs an ensemble's checkpoints; no --path here is one")
+    with refused, serving(tiny_checkpoint, more_paths=(f"b={other_shape}",), weights="1,3"):
+        pass

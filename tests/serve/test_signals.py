@@ -96,7 +96,8 @@ def wait_ready(port, timeout=30):
     pytest.fail("the server did not get ready")
 
 
-def test_a_disconnecting_client_and_sigterm_with_queued_work(tiny_checkpoint):
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])  # SIGHUP (a closed terminal) had killed it at once
+def test_a_disconnecting_client_and_sigterm_with_queued_work(tiny_checkpoint, sig):
     proc, port, _ = start_server(tiny_checkpoint, "--max-wait-ms", "60000")
     try:
         wait_ready(port)
@@ -119,7 +120,7 @@ def test_a_disconnecting_client_and_sigterm_with_queued_work(tiny_checkpoint):
         asker.start()
         wait_for_metric(port, "nmt_queue_sentences", lambda n: n == 2)
         signalled = time.monotonic()
-        proc.send_signal(signal.SIGTERM)
+        proc.send_signal(sig)
         asker.join(30)
         assert proc.wait(timeout=30) == 0
         assert time.monotonic() - signalled < 30  # no company comes during the drain: it does not wait for one
@@ -128,7 +129,8 @@ def test_a_disconnecting_client_and_sigterm_with_queued_work(tiny_checkpoint):
             socket.create_connection(("127.0.0.1", port), timeout=2).close()
         err = proc.stderr.read()
         assert (
-            "Traceback" not in err and "stopped after SIGTERM: 1 request(s) answered during the drain (1 x 200)" in err
+            "Traceback" not in err
+            and f"stopped after {sig.name}: 1 request(s) answered during the drain (1 x 200)" in err
         )
     finally:
         if proc.poll() is None:
