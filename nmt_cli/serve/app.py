@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Mapping
@@ -65,7 +64,6 @@ logger = logging.getLogger(__name__)
 
 OFFLOAD_BYTES = 64 << 10  # a body longer than this is parsed and encoded on a thread, off the event loop
 RETRY_AFTER = {"Retry-After": "1"}  # seconds: a full queue empties within a batch or two
-TEXT_INDEX = re.compile(r"texts\[(\d+)\]")  # how errors name a request's text: see texts_named
 KEY_NEEDED = "this server needs its API key: send `Authorization: Bearer KEY` (or LibreTranslate's api_key field)"
 
 
@@ -118,15 +116,6 @@ def request_texts(payload: Any, max_sentences: int) -> tuple[list[str], dict[str
             400, f"{len(texts)} texts in one request; the server takes {max_sentences} (--max-request-sentences)"
         )
     return texts, fields
-
-
-def texts_named(message: str, libre: libretranslate.LibreRequest | None, text_field: bool) -> str:
-    """An error that names our `texts[I]` with the request's own field: "text" (ours, of one text), "q" or "q[J]"
-    (LibreTranslate's: `LibreRequest.field_of`)."""
-    match = TEXT_INDEX.match(message)
-    if match is None or (libre is None and not text_field):
-        return message
-    return (libre.field_of(int(match[1])) if libre is not None else "text") + message[match.end() :]
 
 
 async def client_gone(request: Request) -> None:
@@ -214,7 +203,6 @@ class Server:
 
     def parse(self, body: bytes, headers: Mapping[str, str] | None = None) -> libretranslate.Parsed:
         """A /translate body read, ours or LibreTranslate's: texts encoded, search settings, lengths, LibreRequest."""
-        libre, text_field = None, False
         try:
             payload, keyed = libretranslate.read(body, headers, self.limits.api_key, read_json)
             if not keyed:  # neither the header nor LibreTranslate's body carries the key
@@ -222,15 +210,17 @@ class Server:
             if libretranslate.form_kind(headers, body) and not libretranslate.is_libretranslate(payload):
                 raise RequestError(400, 'the form has no "q": give the text to translate as "q" (LibreTranslate\'s)')
             model = self.models.choose(payload)  # which takes our "model" field out of the payload
-            text_field = isinstance(payload, dict) and "text" in payload
+            one = isinstance(payload, dict) and "text" in payload
             payload, libre = libretranslate.translate_body(payload, model.served.info)
             texts, fields = request_texts(payload, self.limits.max_request_sentences)
             n = len(texts)
+            # errors name a text by the request's own field for it: "text" (ours, of one), "q", "q[J] (line L)"
+            names = [libre.field_of(i) for i in range(n)] if libre else ["text"] if one else None
             search, sentences = model.served.read_request(
-                texts, fields, request_constraints(payload, n), request_prefixes(payload, n)
+                texts, fields, request_constraints(payload, n), request_prefixes(payload, n), names
             )
         except NmtError as e:
-            raise RequestError(400, texts_named(str(e), libre, text_field)) from None
+            raise RequestError(400, str(e)) from None
         return sentences, key_of(model, search), [model.served.length(s) for s in sentences], libre
 
     def answered(self, status: int, sentences: int, seconds: float, model: str | None) -> None:

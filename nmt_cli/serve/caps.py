@@ -96,21 +96,22 @@ def check_request(search: SearchConfig, caps: Caps) -> None:
         raise DataError(problem)
 
 
-def check_text_length(i: int, text: str, caps: Caps) -> None:
-    """A request's text must fit --max-input-chars (DataError: HTTP 400)."""
+def check_text_length(name: str, text: str, caps: Caps) -> None:
+    """A request's text (its field `name`) must fit --max-input-chars (DataError: HTTP 400)."""
     if len(text) > caps.max_input_chars:
         raise DataError(
-            f"texts[{i}] has {len(text):,} characters, above this server's limit of {caps.max_input_chars:,} "
+            f"{name} has {len(text):,} characters, above this server's limit of {caps.max_input_chars:,} "
             "(--max-input-chars)"
         )
 
 
-def check_outputs(search: SearchConfig, pieces: Sequence[int], caps: Caps) -> None:
-    """Each text's longest output (a * |x| + b, |x| its pieces as searched) must fit --max-output-tokens."""
-    for i, n in enumerate(pieces):
+def check_outputs(search: SearchConfig, pieces: Sequence[int], caps: Caps, names: Sequence[str]) -> None:
+    """Each text's longest output (a * |x| + b, |x| its pieces as searched) must fit --max-output-tokens; `names`:
+    the request's fields for the texts."""
+    for name, n in zip(names, pieces):
         if n and (longest := longest_output(search, n, caps.max_positions)) > caps.max_output_tokens:
             raise DataError(
-                f"texts[{i}] has {n} pieces, for which max_len_a {search.max_len_a:g} and max_len_b "
+                f"{name} has {n} pieces, for which max_len_a {search.max_len_a:g} and max_len_b "
                 f"{search.max_len_b} allow {longest} output pieces, above this server's limit of "
                 f"{caps.max_output_tokens} (--max-output-tokens); send a shorter text or smaller max_len_a/max_len_b"
             )

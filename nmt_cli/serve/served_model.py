@@ -149,17 +149,18 @@ class ServedModel:
         fields: dict[str, Any],
         constraints: list[list[str]] | None = None,
         prefixes: list[str] | None = None,
+        names: list[str] | None = None,
     ) -> tuple[SearchConfig, list[Sentence]]:
         """A request's search settings (its search fields) and its texts prepared, each to be aligned as its
         `alignment` field asks, to contain its `constraints` and to begin with its `prefix`; NmtError names a field
-        or text that does not fit."""
+        or text that does not fit (a text by `names`, the request's own field for it: `prepare`)."""
         alignment = fields.pop("alignment", None)
         if alignment not in (None, "hard", "soft"):
             raise DataError(f'"alignment" must be "hard" or "soft", not {alignment!r}')
         if alignment is not None and self.is_parser:
             raise DataError('"alignment": this server parses; alignments are of translations')
         search = self.search_config(fields)
-        prepared = self.prepare(texts, search, constraints, prefixes)
+        prepared = self.prepare(texts, search, constraints, prefixes, names)
         return search, [replace(s, alignment=alignment) for s in prepared]
 
     def prepare(
@@ -168,14 +169,17 @@ class ServedModel:
         search: SearchConfig | None = None,
         constraints: list[list[str]] | None = None,
         prefixes: list[str] | None = None,
+        names: list[str] | None = None,
     ) -> list[Sentence]:
         """Encode a request's texts with the checkpoint's sentencepiece model (a parser's as treebank words);
         with the request's `search`, refuse a text whose output may run past --max-output-tokens. `constraints`:
         each text's target phrases (`request_constraints`), which its output must contain; `prefixes`: one per
-        text ("" for none), which its output begins with (`request_prefixes`)."""
-        for i, text in enumerate(texts):
-            check_text_length(i, text, self.caps)
-            check_text(i, text)
+        text ("" for none), which its output begins with (`request_prefixes`). `names`: how errors name each text,
+        the request's own field for it (`text`, `q[1] (line 2)`; default `texts[I]`)."""
+        names = names or [f"texts[{i}]" for i in range(len(texts))]
+        for name, text in zip(names, texts):
+            check_text_length(name, text, self.caps)
+            check_text(name, text)
         if not self.is_parser:
             sentences = [Sentence(np.asarray(ids, dtype=np.int64), len(ids)) for ids in self.vocab.encode(texts)]
         else:
@@ -183,7 +187,7 @@ class ServedModel:
             encoded = self.vocab.encode([" ".join(w) for w in words])
             sentences = [Sentence(np.asarray(ids, dtype=np.int64), len(ids), w) for ids, w in zip(encoded, words)]
         if search is not None:
-            check_outputs(search, [self.length(s) for s in sentences], self.caps)
+            check_outputs(search, [self.length(s) for s in sentences], self.caps, names)
         if constraints is not None:
             sentences = self.with_phrases(sentences, constraints, search or self.search)
         if prefixes is not None:
@@ -380,9 +384,10 @@ def updates_of(saved: SavedModel) -> dict[str, Any]:
     }
 
 
-def check_text(i: int, text: str) -> None:
-    """A text is one line of raw text, as a line of generate's --input (data.raw_text_problem)."""
+def check_text(name: str, text: str) -> None:
+    """A text is one line of raw text, as a line of generate's --input (data.raw_text_problem); `name`: the
+    request's field for it."""
     if "\n" in text or "\r" in text:
-        raise DataError(f"texts[{i}]: the text holds a line break; send one sentence per text")
+        raise DataError(f"{name}: the text holds a line break; send one sentence per text")
     if problem := raw_text_problem(text):
-        raise DataError(f"texts[{i}]: the text {problem}")
+        raise DataError(f"{name}: the text {problem}")
