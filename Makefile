@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 TRAIN_MINUTES ?= 5
 
-.PHONY: install lint test test-all test-gpu test-browser demo bench bench-peers clean
+.PHONY: install lint test test-cpus test-all test-gpu test-browser demo bench bench-peers clean
 
 install: $(STAMP)
 
@@ -28,6 +28,28 @@ lint: install
 test: lint
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -n auto --dist loadfile -m "not slow and not gpu and not serial"
 	$(BIN)/python -m pytest -q -m "serial and not slow and not gpu"
+	$(MAKE) --no-print-directory test-cpus
+
+# The tests whose outcome can depend on the CPU's instruction sets, again as the CPUs users have that this one
+# has more than: AVX2 only (where this one has AVX-512), AVX-512 without VNNI and BF16 (where it has them). Each
+# library's variable caps the code it runs, and nmt's own choices read them (runtime.cpu_has, cpu_precision.sh):
+#   tests/model                        every product: the matmul route and its dtypes, ATen's and oneDNN's kernels,
+#                                      the int8 engine and its activation range, bf16 packing
+#   tests/search/test_beam.py          translation's packed linears (float32, bf16) against the model's own
+#   tests/train/test_precision.py, test_update_casts.py, test_loss_schedule.py: bf16 training through the route
+#   tests/export/test_ctranslate2.py   CTranslate2's kernels by instruction set against nmt's translations
+# serve opens its models by search's open_for_inference, covered there; the rest runs these products the same way.
+CPU_TESTS := tests/model tests/search/test_beam.py tests/train/test_precision.py tests/train/test_update_casts.py \
+	tests/train/test_loss_schedule.py tests/export/test_ctranslate2.py
+AVX2_CPU := ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2 FBGEMM_ENABLE_INSTRUCTIONS=AVX2 \
+	MKL_ENABLE_INSTRUCTIONS=AVX2 CT2_FORCE_CPU_ISA=AVX2
+AVX512_CPU := ONEDNN_MAX_CPU_ISA=AVX512_CORE ATEN_CPU_CAPABILITY=avx512 FBGEMM_ENABLE_INSTRUCTIONS=AVX512 \
+	MKL_ENABLE_INSTRUCTIONS=AVX512 CT2_FORCE_CPU_ISA=AVX512
+CPU_PYTEST := OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -n auto --dist loadfile -m "not slow and not gpu and not serial"
+
+test-cpus: install
+	if grep -qw avx512f /proc/cpuinfo 2>/dev/null; then $(AVX2_CPU) $(CPU_PYTEST) $(CPU_TESTS); fi
+	if grep -qw avx512_vnni /proc/cpuinfo 2>/dev/null; then $(AVX512_CPU) $(CPU_PYTEST) $(CPU_TESTS); fi
 
 # Adds the slow tests: torchrun ranks, SIGKILL torture, recipe-scale runs.
 test-all: lint

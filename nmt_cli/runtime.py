@@ -139,10 +139,33 @@ def environment_choice(variable: str, choices: tuple[str, ...]) -> str:
 AMP_DTYPES: dict[str, torch.dtype | None] = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
+def cpu_has(feature: str) -> bool:
+    """Whether this CPU has `feature`, as the libraries that run nmt's products see it: "avx512" (ATen's and
+    oneDNN's AVX-512 code), "vnni" (AVX512-VNNI's int8 dot products), "amx" (Intel's tiles) or "bf16" (oneDNN's
+    bfloat16 products: AVX-512 and newer, natively with AVX512-BF16 or AMX; none on AVX2-only CPUs).
+
+    The one place nmt reads CPU features. ONEDNN_MAX_CPU_ISA, ATEN_CPU_CAPABILITY and FBGEMM_ENABLE_INSTRUCTIONS
+    cap what oneDNN, ATen and fbgemm run, and so what this says, as on the older CPU they emulate (`make test-cpus`);
+    torch.cpu's own checks read the CPU's flags whatever the caps.
+    """
+    if feature == "bf16":  # oneDNN's own check, under its cap
+        return bool(torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    isa = os.environ.get("ONEDNN_MAX_CPU_ISA", "ALL").upper()
+    native = isa in ("ALL", "DEFAULT", "")
+    avx512 = torch.backends.cpu.get_cpu_capability().startswith("AVX512")
+    if not avx512 or not (native or isa.startswith(("AVX512", "AVX10"))):
+        return False
+    if feature == "vnni":
+        fbgemm = os.environ.get("FBGEMM_ENABLE_INSTRUCTIONS", "").upper() in ("AVX2", "AVX512", "AVX512_256")
+        return torch.cpu._is_vnni_supported() and isa != "AVX512_CORE" and not fbgemm
+    if feature == "amx":
+        return torch.cpu._is_amx_tile_supported() and (native or "AMX" in isa)
+    return feature == "avx512"
+
+
 def cpu_has_bf16() -> bool:
-    """Whether oneDNN runs bfloat16 products on this CPU: AVX-512 and newer (natively with AVX512-BF16 or AMX);
-    on AVX2-only CPUs it has none and PyTorch emulates them."""
-    return bool(torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    """cpu_has("bf16"): whether oneDNN runs bfloat16 products on this CPU (PyTorch emulates them elsewhere)."""
+    return cpu_has("bf16")
 
 
 def resolve_precision(device: torch.device, precision: str | None) -> str:

@@ -97,17 +97,22 @@ def test_dry_run_scores_as_nmt_score_accepts(pair, metric, tmp_path):
 
 
 @pytest.mark.parametrize(
-    ("flags", "preset", "expected"),
+    ("flags", "isa", "preset", "expected"),
     [
-        ("fpu avx2 avx512f avx512_bf16", None, "--bf16"),
-        ("fpu avx2 amx_bf16 amx_tile", None, "--bf16"),
-        ("fpu avx2 fma avx512f", None, ""),  # AVX2 or AVX-512 without bfloat16 instructions: float32
-        ("fpu avx2 avx512_bf16", "", ""),  # PRECISION= asks for nmt's default
-        ("fpu avx2 fma", "--precision bf16", "--precision bf16"),
+        ("fpu avx2 avx512f avx512_bf16", "", None, "--bf16"),
+        ("fpu avx2 amx_bf16 amx_tile", "", None, "--bf16"),
+        ("fpu avx2 fma avx512f", "", None, ""),  # AVX2 or AVX-512 without bfloat16 instructions: float32
+        ("fpu avx2 avx512_bf16", "", "", ""),  # PRECISION= asks for nmt's default
+        ("fpu avx2 fma", "", "--precision bf16", "--precision bf16"),
+        # ONEDNN_MAX_CPU_ISA emulates an older CPU (`make test-cpus`): AVX-512 without bf16, AVX2 only; AMX's is all
+        ("fpu avx2 avx512f avx512_bf16", "AVX512_CORE", None, ""),
+        ("fpu avx2 amx_bf16 amx_tile", "avx2", None, ""),
+        ("fpu avx2 amx_bf16 amx_tile", "AVX512_CORE_AMX", None, "--bf16"),
     ],
 )
-def test_cpu_recipes_train_in_bf16_only_where_the_cpu_has_bf16_instructions(tmp_path, flags, preset, expected):
-    env = recipe_env(CPUINFO=fake_cpuinfo(tmp_path, flags), **({} if preset is None else {"PRECISION": preset}))
+def test_cpu_recipes_train_in_bf16_only_where_the_cpu_has_bf16_instructions(tmp_path, flags, isa, preset, expected):
+    env = recipe_env(CPUINFO=fake_cpuinfo(tmp_path, flags), ONEDNN_MAX_CPU_ISA=isa)
+    env |= {} if preset is None else {"PRECISION": preset}
     script = f'. "{ROOT}/recipes/cpu_precision.sh"; printf "[%s]" "$PRECISION"'
     run = subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True, timeout=30, check=True)
     assert run.stdout == f"[{expected}]"

@@ -30,7 +30,7 @@ from torch import Tensor, nn
 
 from nmt_cli.allocator import release_pages
 from nmt_cli.errors import ConfigError
-from nmt_cli.runtime import cpu_has_bf16, environment_choice
+from nmt_cli.runtime import cpu_has, cpu_has_bf16, environment_choice
 
 # Whether this torch has oneDNN's linear op (translation's packed linears need no more).
 ONEDNN_AVAILABLE = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
@@ -60,7 +60,7 @@ def _choose_onednn(route: str) -> bool:
     machine)."""
     if route != "auto":
         return route == "onednn" and ONEDNN_AVAILABLE
-    return ONEDNN_AVAILABLE and torch.backends.cpu.get_cpu_capability().startswith("AVX512")
+    return ONEDNN_AVAILABLE and cpu_has("avx512")
 
 
 def cpu_vendor() -> str:

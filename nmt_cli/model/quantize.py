@@ -20,7 +20,7 @@ from torch import Tensor, nn
 
 from nmt_cli.errors import ConfigError
 from nmt_cli.model.linear import replace_linears
-from nmt_cli.runtime import environment_choice
+from nmt_cli.runtime import cpu_has, environment_choice
 
 # The variable that forces the int8 kernels whatever the CPU: `fbgemm`, `onednn`, or `auto`.
 ENGINE_VARIABLE = "NMT_CPU_INT8"
@@ -44,21 +44,7 @@ def int8_engine() -> str:
     forced = engine_from_environment()
     if forced != "auto":
         return forced
-    amx = getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)()
-    return "onednn" if amx and "onednn" in torch.backends.quantized.supported_engines else "fbgemm"
-
-
-def _needs_reduced_range() -> bool:
-    """True on x86 CPUs without VNNI (AVX2 only, or AVX-512 before Cascade Lake / Zen 4).
-
-    There fbgemm multiplies uint8 activations by int8 weights with vpmaddubsw, whose pairwise int16 sum
-    saturates when both operands use the full 8-bit range; PyTorch's own dynamic quantization passes
-    reduce_range=True (7-bit activations) for that reason: on an AVX2 CPU the full range gave a
-    maximum error an order of magnitude larger than the 7-bit range on a small layer.
-    """
-    caps = torch.backends.cpu.get_cpu_capability()
-    has_vnni = bool(torch.cpu._is_vnni_supported()) or caps == "AMX"
-    return not has_vnni
+    return "onednn" if cpu_has("amx") and "onednn" in torch.backends.quantized.supported_engines else "fbgemm"
 
 
 class Int8Linear(nn.Module):
@@ -76,7 +62,10 @@ class Int8Linear(nn.Module):
         bias = None if linear.bias is None else linear.bias.detach().float()
         self.packed = torch.ops.quantized.linear_prepack(q_weight, bias)
         self.out_features = weight.shape[0]
-        self.reduce_range = _needs_reduced_range()
+        # Without VNNI (AVX2 only, AVX-512 before Cascade Lake / Zen 4) the int8 kernels multiply uint8 activations
+        # by int8 weights with vpmaddubsw, whose pairwise int16 sum saturates when both use the full 8-bit range:
+        # 7-bit activations there, as PyTorch's own dynamic quantization (an order of magnitude smaller error).
+        self.reduce_range = not cpu_has("vnni")
 
     def forward(self, x: Tensor) -> Tensor:
         flat = x.reshape(-1, x.shape[-1]).contiguous()  # [M, in]

@@ -6,7 +6,8 @@ import torch.nn.functional as F
 
 from nmt_cli.model import linear
 from nmt_cli.model.linear import ONEDNN_AVAILABLE, ROWS, Linear, PackedLinear, matmul_nt, padded_rows, weight_grad
-from nmt_cli.runtime import cpu_has_bf16
+from nmt_cli.model.quantize import Int8Linear, int8_engine
+from nmt_cli.runtime import cpu_has, cpu_has_bf16
 
 pytestmark = pytest.mark.usefixtures("cpu_matmul_route")  # every test on both routes
 
@@ -136,10 +137,12 @@ class LinearOps(torch.utils._python_dispatch.TorchDispatchMode):
 
 @pytest.mark.skipif(not ONEDNN_AVAILABLE, reason="this torch build has no oneDNN linear op")
 def test_the_route_takes_only_its_dtypes(monkeypatch):
-    """With bfloat16 alone on the route (Intel's `auto`), a float32 layer runs F.linear, unpadded; under bf16
-    autocast the route's padded rows and oneDNN's op; both give F.linear's values and gradients."""
+    """Intel's `auto` on this CPU: bfloat16 alone on the route where the CPU has bf16 instructions, nothing where
+    not (oneDNN has no bf16 product on an AVX2-only CPU). A float32 layer runs F.linear, unpadded; under bf16
+    autocast the route's padded rows and oneDNN's op where bf16 is on it; all give F.linear's values and
+    gradients."""
     monkeypatch.setattr(linear, "_ONEDNN", True)
-    monkeypatch.setattr(linear, "_DTYPES", (torch.bfloat16,))
+    monkeypatch.setattr(linear, "_DTYPES", linear.route_dtypes(False, "GenuineIntel", cpu_has_bf16()))
     torch.manual_seed(0)
     layer, x = Linear(16, 40), torch.randn(5, 16, requires_grad=True)
     for autocast in (False, True):
@@ -148,9 +151,41 @@ def test_the_route_takes_only_its_dtypes(monkeypatch):
             y = layer(x)
             y.float().sum().backward()
             ref = F.linear(x, layer.weight, layer.bias)
-        assert padded == autocast and (ops.n > 0) == autocast
+        assert padded == (ops.n > 0) == (autocast and cpu_has_bf16())
         tol = 2e-2 if autocast else 1e-6
         torch.testing.assert_close(y.float(), ref.float(), atol=tol, rtol=tol)
+
+
+@pytest.mark.skipif(
+    not {"fbgemm", "onednn"} <= set(torch.backends.quantized.supported_engines), reason="int8 kernels of x86"
+)
+@pytest.mark.parametrize(
+    ("variables", "capability", "has"),
+    [
+        ({}, "AVX512", {"avx512", "vnni", "amx"}),
+        ({"ONEDNN_MAX_CPU_ISA": "ALL"}, "AVX512", {"avx512", "vnni", "amx"}),
+        ({"ONEDNN_MAX_CPU_ISA": "AVX512_CORE_AMX"}, "AVX512", {"avx512", "vnni", "amx"}),
+        ({"ONEDNN_MAX_CPU_ISA": "AVX512_CORE_BF16"}, "AVX512", {"avx512", "vnni"}),
+        ({"ONEDNN_MAX_CPU_ISA": "AVX512_CORE"}, "AVX512", {"avx512"}),
+        ({"FBGEMM_ENABLE_INSTRUCTIONS": "AVX512"}, "AVX512", {"avx512", "amx"}),
+        ({"ONEDNN_MAX_CPU_ISA": "avx2"}, "AVX512", set()),
+        ({}, "AVX2", set()),  # ATEN_CPU_CAPABILITY=avx2, or an AVX2-only CPU
+    ],
+)
+def test_cpu_features_are_the_emulated_cpus(monkeypatch, variables, capability, has):
+    """Where ONEDNN_MAX_CPU_ISA, ATEN_CPU_CAPABILITY or FBGEMM_ENABLE_INSTRUCTIONS caps the libraries (`make
+    test-cpus`), nmt's choices see that CPU, on a CPU with all of them (torch.cpu's checks see its flags)."""
+    for name in ("ONEDNN_MAX_CPU_ISA", "FBGEMM_ENABLE_INSTRUCTIONS", "NMT_CPU_INT8"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in variables.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
+    monkeypatch.setattr(torch.cpu, "_is_vnni_supported", lambda: True)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: True)
+    assert {feature for feature in ("avx512", "vnni", "amx") if cpu_has(feature)} == has
+    assert linear._choose_onednn("auto") == ("avx512" in has and ONEDNN_AVAILABLE)
+    assert int8_engine() == ("onednn" if "amx" in has else "fbgemm")
+    assert Int8Linear(torch.nn.Linear(4, 4)).reduce_range == ("vnni" not in has)
 
 
 @pytest.mark.skipif(not ONEDNN_AVAILABLE or not cpu_has_bf16(), reason="needs oneDNN and a CPU with bf16 instructions")

@@ -8,6 +8,7 @@ from torch import nn
 
 from nmt_cli.config import SearchConfig
 from nmt_cli.errors import ConfigError
+from nmt_cli.model import quantize as quantize_module
 from nmt_cli.model.quantize import Int8Linear, int8_engine, quantize_for_cpu_inference
 from nmt_cli.search.translate import load_translator, translate
 
@@ -33,7 +34,7 @@ def test_the_engine_is_onednn_with_amx_unless_forced(monkeypatch, engine):
     assert int8_engine() == engine  # forced by the fixture
     monkeypatch.delenv("NMT_CPU_INT8")
     for amx, chosen in ((True, "onednn"), (False, "fbgemm")):
-        monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda amx=amx: amx)
+        monkeypatch.setattr(quantize_module, "cpu_has", lambda feature, amx=amx: amx)
         assert int8_engine() == chosen
     monkeypatch.setenv("NMT_CPU_INT8", "fastest")
     with pytest.raises(ConfigError, match="NMT_CPU_INT8='fastest': expected one of auto, fbgemm, onednn"):
