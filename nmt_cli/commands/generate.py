@@ -9,7 +9,7 @@ import logging
 import os
 import sys
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from contextlib import ExitStack
 from functools import partial
 from pathlib import Path
@@ -18,9 +18,17 @@ from typing import Any, TextIO
 import numpy as np
 
 from nmt_cli.commands.parse_trees import check_parse_request, generate_trees
-from nmt_cli.commands.side_lines import CONSTRAINT_LINE, PREFIX_LINE, SideLines, rules_for
+from nmt_cli.commands.side_lines import (
+    SideLines,
+    buffer_size_of,
+    input_name,
+    open_input,
+    open_with_side_files,
+    read_lines,
+    rules_for,
+    shard_range,
+)
 from nmt_cli.config import GenerateConfig, SearchConfig
-from nmt_cli.data import BOM, raw_text_problem
 from nmt_cli.data.dataset import load_meta, load_vocab
 from nmt_cli.data.vocab import Vocab
 from nmt_cli.errors import ConfigError, DataError
@@ -69,14 +77,8 @@ def generate(cfg: GenerateConfig, search_overrides: dict[str, Any] | None = None
         check_search(search, "--constraints-file")
     translator = inference.translator()
     translator.slots = slot_search_for(cfg.fixed_slots, cfg.cuda_graphs, translator.device)
-    max_tokens, batch_size = cfg.max_tokens, cfg.batch_size
-    align: Aligner | None = None
-    if cfg.print_alignment:
-        layer = alignment_layer(cfg.alignment_layer, min(m.config.decoder_layers for m in inference.members))
-        hard = cfg.print_alignment == "hard"
-        align = partial(
-            add_alignments, translator, hard=hard, layer=layer, max_tokens=max_tokens, batch_size=batch_size
-        )
+    batch_size = cfg.batch_size
+    align = aligner(cfg, translator, min(m.config.decoder_layers for m in inference.members))
     fmt = cfg.output_format or ("fairseq" if cfg.data_dir else "plain")
     with ExitStack() as stack:
         out = open_output(cfg, stack, num_shards, shard_id)
@@ -87,53 +89,39 @@ def generate(cfg: GenerateConfig, search_overrides: dict[str, Any] | None = None
                 subset=cfg.gen_subset,
                 shard=(num_shards, shard_id),
                 search=search,
-                max_tokens=max_tokens,
+                max_tokens=cfg.max_tokens,
                 batch_size=batch_size,
                 fmt=fmt,
                 out=out,
                 align=align,
             )
+        elif saved.is_parser:  # one bracketed tree per input line (nmt_cli/parsing)
+            raw_lines, first_line, _ = open_input(cfg.input, stack, num_shards, shard_id)
+            name = input_name(cfg)
+            lines = read_lines(raw_lines, buffer_size_of(cfg), name, first_line)
+            summary = generate_trees(
+                translator, lines, search=search, max_tokens=cfg.max_tokens, batch_size=batch_size, out=out,
+                leaves=saved.tree_leaves, source=(name, first_line),
+            )  # fmt: skip
         else:
-            raw_lines, first_line = open_input(cfg.input, stack, num_shards, shard_id)
-            interactive = cfg.input == "-" and sys.stdin.isatty()
-            buffer_size = cfg.buffer_size or (1 if interactive else 1000)
-            name = "stdin" if cfg.input == "-" else str(cfg.input)
-            lines = read_lines(raw_lines, buffer_size, name, first_line)
-            side: dict[str, SideLines] = {}  # read beside the input, in chunks of the same size
-            for option, path, what in (
-                ("--prefix-file", cfg.prefix_file, PREFIX_LINE),
-                ("--constraints-file", cfg.constraints_file, CONSTRAINT_LINE),
-            ):
-                if path is not None:
-                    raw_side, first = open_input(path, stack, num_shards, shard_id)
-                    chunks = read_lines(raw_side, buffer_size, path, first)
-                    side[option] = SideLines.of(option, path, what, str(cfg.input), chunks, first)
-            if saved.is_parser:  # one bracketed tree per input line (nmt_cli/parsing)
-                summary = generate_trees(
-                    translator,
-                    lines,
-                    search=search,
-                    max_tokens=max_tokens,
-                    batch_size=batch_size,
-                    out=out,
-                    leaves=saved.tree_leaves,
-                    source=(name, first_line),
-                )
-            else:
-                summary = generate_text(
-                    translator,
-                    lines,
-                    search=search,
-                    max_tokens=max_tokens,
-                    batch_size=batch_size,
-                    fmt=fmt,
-                    out=out,
-                    align=align,
-                    constraints=side.get("--constraints-file"),
-                    prefixes=side.get("--prefix-file"),
-                )
+            lines, sides = open_with_side_files(cfg, stack, num_shards, shard_id)
+            summary = generate_text(
+                translator, lines, search=search, max_tokens=cfg.max_tokens, batch_size=batch_size, fmt=fmt, out=out,
+                align=align, constraints=sides.get("--constraints-file"), prefixes=sides.get("--prefix-file"),
+            )  # fmt: skip
     log_summary(summary, search)
     return summary
+
+
+def aligner(cfg: GenerateConfig, translator: Translator, decoder_layers: int) -> Aligner | None:
+    """What sets the alignment of each hypothesis (--print-alignment), or None."""
+    if not cfg.print_alignment:
+        return None
+    layer = alignment_layer(cfg.alignment_layer, decoder_layers)
+    hard = cfg.print_alignment == "hard"
+    return partial(
+        add_alignments, translator, hard=hard, layer=layer, max_tokens=cfg.max_tokens, batch_size=cfg.batch_size
+    )
 
 
 def check_request(cfg: GenerateConfig) -> tuple[int, int]:
@@ -204,58 +192,6 @@ def open_output(cfg: GenerateConfig, stack: ExitStack, num_shards: int, shard_id
     name = f"generate-{source}"
     name += f".shard{shard_id}-of-{num_shards}.txt" if num_shards > 1 else ".txt"
     return stack.enter_context(atomic_text_output(results_path / name, "--results-path file"))
-
-
-def open_input(path: str | None, stack: ExitStack, num_shards: int, shard_id: int) -> tuple[Iterable[bytes], int]:
-    """The input's raw lines (decoded strictly by read_lines) and the line number of the first one.
-
-    stdin streams; a sharded file is read whole to find this shard's lines.
-    """
-    if path == "-":
-        return (sys.stdin.buffer if hasattr(sys.stdin, "buffer") else (s.encode() for s in sys.stdin)), 1
-    assert path is not None
-    stream = stack.enter_context(Path(path).open("rb"))  # noqa: SIM115 (the caller's ExitStack closes it)
-    if num_shards == 1:
-        return stream, 1
-    lines = stream.readlines()
-    shard = shard_range(len(lines), num_shards, shard_id)
-    return [lines[i] for i in shard], shard.start + 1
-
-
-def read_lines(
-    stream: Iterable[bytes], buffer_size: int, name: str, first_line: int = 1, pieces: bool = False
-) -> Iterator[list[str]]:
-    """Chunks of up to `buffer_size` lines (newlines stripped), so that stdin streams; `pieces`: lines of
-    sentencepiece pieces are wanted (data.raw_text_problem).
-
-    Every line is decoded as strict UTF-8 before its chunk is yielded, so a bad byte stops the run before
-    anything of that chunk is translated or written.
-
-    Raises:
-        DataError: `name:LINE: invalid UTF-8`, or a line serve would refuse too (data.raw_text_problem).
-    """
-    chunk: list[str] = []
-    for number, raw in enumerate(stream, start=first_line):
-        try:  # a line as `nmt score` reads one (data.split_lines): "\n" ends it, one "\r" before it is dropped
-            text = raw.decode("utf-8").removesuffix("\n").removesuffix("\r")
-            chunk.append(text.removeprefix(BOM) if number == 1 else text)
-        except UnicodeDecodeError as e:
-            raise DataError(
-                f"{name}:{number}: invalid UTF-8 (byte {e.start} of the line); fix or re-encode the input"
-            ) from None
-        if problem := raw_text_problem(chunk[-1], pieces):
-            raise DataError(f"{name}:{number}: the line {problem}")
-        if len(chunk) == buffer_size:
-            yield chunk
-            chunk = []
-    if chunk:
-        yield chunk
-
-
-def shard_range(n: int, num_shards: int, shard_id: int) -> range:
-    """Contiguous shard `shard_id` of `num_shards` over n items: concatenating shard outputs in id order
-    restores the input order."""
-    return range(n * shard_id // num_shards, n * (shard_id + 1) // num_shards)
 
 
 def format_record(
@@ -353,7 +289,4 @@ def generate_text(
             )
         out.flush()
         first_id += len(chunk)
-    for lines in (constraints, prefixes):
-        if lines is not None:
-            lines.check_end()
     return summary

@@ -15,14 +15,16 @@ from typing import Any, TextIO
 
 import numpy as np
 
-from nmt_cli.commands.generate import SPLIT_CHUNK, read_lines
+from nmt_cli.commands.generate import SPLIT_CHUNK
+from nmt_cli.commands.side_lines import SideLines, in_chunks, read_beside, text_lines
 from nmt_cli.config import ScorePairsConfig
 from nmt_cli.data.vocab import Vocab
 from nmt_cli.errors import ConfigError, DataError
-from nmt_cli.files import require_file
 from nmt_cli.runtime import set_threads
 from nmt_cli.search.forced import PairScore, forced_scores
 from nmt_cli.search.translate import open_for_inference
+
+TRANSLATION_LINE = "one translation per source line"  # what --target gives, as its errors say it
 
 logger = logging.getLogger(__name__)
 
@@ -34,26 +36,26 @@ def score_pairs(
     and unkpen, overridden by `search_overrides`; write the records to `out` (stdout). Returns the pairs scored.
 
     Raises:
-        DataError: a file missing, the two files of different line counts, or a line generate would refuse.
+        DataError: a file that ends before the other (at its line), or a line generate would refuse.
     """
-    n_pairs = count_pairs(cfg.source, cfg.target)
     set_threads(cfg.threads)
     inference = open_for_inference(cfg, search_overrides or {})
     if inference.saved.is_parser:
         raise ConfigError(f"{cfg.path} is a parsing model; score-pairs scores translations of a translation model")
     translator, search = inference.translator(), inference.search
     out = out or sys.stdout
-    seconds, n_tokens = 0.0, 0
-    for first, (src_lines, tgt_lines) in enumerate_chunks(cfg.source, cfg.target, cfg.target_format == "pieces"):
+    seconds, n_tokens, n_pairs = 0.0, 0, 0
+    for src_lines, tgt_lines in read_pairs(cfg.source, cfg.target, cfg.target_format == "pieces"):
         start = time.perf_counter()  # timed as generate times a chunk: encoding and the passes, not reading or writing
         sources = translator.vocab.encode_arrays(src_lines)
-        targets = encode_targets(translator.vocab, tgt_lines, cfg, first)
+        targets = encode_targets(translator.vocab, tgt_lines, cfg, n_pairs)
         scored = forced_scores(translator, sources, targets, search, cfg.max_tokens, cfg.batch_size)
         seconds += time.perf_counter() - start
         n_tokens += sum(len(p.token_scores) for p in scored)
-        for i, p in enumerate(scored, start=first):
+        for i, p in enumerate(scored, start=n_pairs):
             print(format_score(i, p, translator.vocab, cfg.output_format), file=out)
         out.flush()
+        n_pairs += len(scored)
     logger.info(
         "scored %d pairs (%d target tokens) in %.1f s: %.1f pairs/s (lenpen %g %s, unkpen %g)",
         n_pairs,
@@ -67,33 +69,19 @@ def score_pairs(
     return n_pairs
 
 
-def count_pairs(source: str, target: str) -> int:
-    """The number of lines of both files, which must be equal (lines as read_lines splits them)."""
-    counts = []
-    for path, option in ((source, "--source"), (target, "--target")):
-        require_file(Path(path), option)
-        with Path(path).open("rb") as f:
-            counts.append(sum(1 for _ in f))
-    if counts[0] != counts[1]:
-        raise DataError(
-            f"--source {source} has {counts[0]} lines but --target {target} has {counts[1]}; give one translation "
-            "per source line"
-        )
-    return counts[0]
+def read_pairs(source: str, target: str, target_pieces: bool = False) -> Iterator[tuple[list[str], list[str]]]:
+    """(source lines, target lines) of SPLIT_CHUNK line pairs at a time, each file opened once and a target line read
+    with each source line (side_lines.read_beside: pipes work as files do), each line checked (text_lines; the
+    target's as pieces where `target_pieces`).
 
-
-def enumerate_chunks(
-    source: str, target: str, target_pieces: bool = False
-) -> Iterator[tuple[int, tuple[list[str], list[str]]]]:
-    """(index of the first pair, (source lines, target lines)) of SPLIT_CHUNK line pairs at a time, each line checked
-    (read_lines; the target's as pieces where `target_pieces`); the files hold equally many lines."""
-    first = 0
+    Raises:
+        DataError: one file ends before the other, named with the line the other has.
+    """
     with Path(source).open("rb") as src_file, Path(target).open("rb") as tgt_file:
-        src_chunks = read_lines(src_file, SPLIT_CHUNK, source)
-        tgt_chunks = read_lines(tgt_file, SPLIT_CHUNK, target, pieces=target_pieces)
-        for src_lines, tgt_lines in zip(src_chunks, tgt_chunks):
-            yield first, (src_lines, tgt_lines)
-            first += len(src_lines)
+        targets = SideLines("--target", target, TRANSLATION_LINE, text_lines(tgt_file, target, pieces=target_pieces))
+        lines = read_beside(text_lines(src_file, source), [targets], f"--source {source}")
+        for chunk in in_chunks(lines, SPLIT_CHUNK):
+            yield chunk, targets.take(len(chunk))[0]
 
 
 def encode_targets(vocab: Vocab, lines: list[str], cfg: ScorePairsConfig, first: int) -> list[np.ndarray]:

@@ -1,16 +1,21 @@
-"""Files of one line per --input line read beside it (`nmt generate --prefix-file`, `--constraints-file`): read in
-the input's chunks, their line counts checked before anything is translated where the input is a file (stdin's as
-it streams), and each chunk turned into what the search follows (search/prefix.py, search/lexical.py)."""
+"""Input lines, and the files of one line per input line read beside them (`nmt generate --prefix-file`,
+`--constraints-file`; score-pairs' --target beside --source): each file opened and read once, its lines decoded and
+checked as they come (`text_lines`), a line of each side file with each input line (`read_beside`), so that stdin,
+pipes, FIFOs and process substitution stream together as files do and a file that ends first is named at its line;
+and each chunk's side lines turned into what the search follows (search/prefix.py, search/lexical.py)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+import sys
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from nmt_cli.config import SearchConfig
+from nmt_cli.config import GenerateConfig, SearchConfig
+from nmt_cli.data import BOM, raw_text_problem
 from nmt_cli.errors import DataError
 from nmt_cli.search.constraint import ConstraintSource, all_of
 from nmt_cli.search.lexical import LexicalConstraints, check_with_prefixes, checked_phrases
@@ -18,60 +23,151 @@ from nmt_cli.search.prefix import checked_prefixes, prefix_source
 from nmt_cli.search.translate import Translator
 
 # What each file gives for one input line, as its errors say it.
-PREFIX_LINE = "one prefix line (an empty one for none)"
-CONSTRAINT_LINE = "one line of tab-separated constraints (an empty one for none)"
+PREFIX_LINE = "one prefix line (an empty one for none) per input line"
+CONSTRAINT_LINE = "one line of tab-separated constraints (an empty one for none) per input line"
 
 
 @dataclass
 class SideLines:
-    """A line-aligned file's lines in the chunks --input is read in (generate's read_lines, of the same size)."""
+    """A line-aligned file's lines, read one with each input line (`read_beside`) and taken a chunk at a time."""
 
     option: str  # "--prefix-file"
     name: str  # the file
-    what: str  # what one line holds (PREFIX_LINE, CONSTRAINT_LINE)
-    input_name: str
-    chunks: Iterator[list[str]]
-    first_line: int  # the file's line number of the next chunk's first line
-    read: int = field(default=0)  # lines handed out so far
+    what: str  # what it gives (PREFIX_LINE, CONSTRAINT_LINE)
+    lines: Iterator[str]
+    first_line: int = 1  # the file's line number of its first line
+    pending: list[str] = field(default_factory=list)  # read beside input lines, not yet taken
+    taken: int = 0
 
-    @classmethod
-    def of(
-        cls, option: str, path: str, what: str, input_path: str, chunks: Iterator[list[str]], first_line: int
-    ) -> SideLines:
-        """The file's chunks; a file input of another number of lines is refused before anything is translated
-        (stdin is checked as it streams)."""
-        input_name = "stdin" if input_path == "-" else input_path
-        if input_path != "-":
-            n_input, n_side = count_lines(Path(input_path)), count_lines(Path(path))
-            if n_input != n_side:
+    def take(self, n: int) -> tuple[list[str], list[str]]:
+        """The lines of the next n input lines (read beside them), and where each one is (`FILE:LINE`)."""
+        assert len(self.pending) >= n, "read_beside reads a line of the file with each input line"
+        texts, self.pending = self.pending[:n], self.pending[n:]
+        where = [f"{self.name}:{self.first_line + self.taken + j}" for j in range(n)]
+        self.taken += n
+        return texts, where
+
+
+def read_beside(
+    lines: Iterable[str], sides: Sequence[SideLines], input_name: str, first_line: int = 1
+) -> Iterator[str]:
+    """`lines`, the input's (`input_name`: "--input FILE"), each read with the next line of every side file, so that
+    files fed through pipes advance together.
+
+    Raises:
+        DataError: one file ends before another, named with the line the other has.
+    """
+    number = first_line
+    for line in lines:
+        for side in sides:
+            text = next(side.lines, None)
+            if text is None:
                 raise DataError(
-                    f"{option} {path} has {n_side} lines and --input {input_path} has {n_input}; give {what} per "
-                    "input line"
+                    f"{side.option} {side.name} ends before line {number} of {input_name}; give {side.what}"
                 )
-        return cls(option, path, what, input_name, chunks, first_line)
+            side.pending.append(text)
+        yield line
+        number += 1
+    for side in sides:
+        if next(side.lines, None) is not None:
+            raise DataError(f"{input_name} ends before line {number} of {side.option} {side.name}; give {side.what}")
 
-    def mismatch(self, how: str) -> DataError:
-        return DataError(f"{self.option} {self.name} {how} --input {self.input_name}; give {self.what} per input line")
 
-    def next_lines(self, n: int) -> tuple[list[str], list[str]]:
-        """The lines of the next n input lines, and where each one is (`FILE:LINE`).
+def input_name(cfg: GenerateConfig) -> str:
+    return "stdin" if cfg.input == "-" else str(cfg.input)
 
-        Raises:
-            DataError: the file ends first, or goes on where the input has ended.
-        """
-        chunk = next(self.chunks, None)
-        if chunk is None or len(chunk) < n:
-            raise self.mismatch("ends before")
-        if len(chunk) > n:  # the input's last chunk, shorter than the file's
-            raise self.mismatch("has more lines than")
-        where = [f"{self.name}:{self.first_line + self.read + j}" for j in range(n)]
-        self.read += n
-        return chunk, where
 
-    def check_end(self) -> None:
-        """Raises DataError where the file has lines left once the input has ended."""
-        if next(self.chunks, None) is not None:
-            raise self.mismatch("has more lines than")
+def buffer_size_of(cfg: GenerateConfig) -> int:
+    """--buffer-size, else 1 line at a time from a terminal (each line translated as it is typed), else 1000."""
+    return cfg.buffer_size or (1 if cfg.input == "-" and sys.stdin.isatty() else 1000)
+
+
+def open_with_side_files(
+    cfg: GenerateConfig, stack: ExitStack, num_shards: int, shard_id: int
+) -> tuple[Iterator[list[str]], dict[str, SideLines]]:
+    """--input's chunks of lines, each line read with its line of --prefix-file and --constraints-file (each file
+    opened and read once: pipes and FIFOs work as files do), and those files' SideLines by option.
+
+    Raises:
+        DataError: a sharded input and a side file of other line counts (both read whole to take the shard).
+    """
+    raw_lines, first_line, n_lines = open_input(cfg.input, stack, num_shards, shard_id)
+    name, sides = input_name(cfg), {}
+    for option, path, what in (
+        ("--prefix-file", cfg.prefix_file, PREFIX_LINE),
+        ("--constraints-file", cfg.constraints_file, CONSTRAINT_LINE),
+    ):
+        if path is not None:
+            raw_side, first, n_side = open_input(path, stack, num_shards, shard_id)
+            if n_side != n_lines:
+                raise DataError(f"{option} {path} has {n_side} lines and --input {name} has {n_lines}; give {what}")
+            sides[option] = SideLines(option, path, what, text_lines(raw_side, path, first), first)
+    lines = read_beside(text_lines(raw_lines, name, first_line), list(sides.values()), f"--input {name}", first_line)
+    return in_chunks(lines, buffer_size_of(cfg)), sides
+
+
+def open_input(
+    path: str | None, stack: ExitStack, num_shards: int, shard_id: int
+) -> tuple[Iterable[bytes], int, int | None]:
+    """The input's raw lines (decoded strictly by text_lines), the line number of the first one, and how many lines
+    the whole file has where it was read whole (sharded), else None.
+
+    It is opened and read once: stdin and files stream; a sharded file is read whole to find this shard's lines.
+    """
+    if path == "-":
+        return (sys.stdin.buffer if hasattr(sys.stdin, "buffer") else (s.encode() for s in sys.stdin)), 1, None
+    assert path is not None
+    stream = stack.enter_context(Path(path).open("rb"))  # noqa: SIM115 (the caller's ExitStack closes it)
+    if num_shards == 1:
+        return stream, 1, None
+    lines = stream.readlines()
+    shard = shard_range(len(lines), num_shards, shard_id)
+    return [lines[i] for i in shard], shard.start + 1, len(lines)
+
+
+def read_lines(
+    stream: Iterable[bytes], buffer_size: int, name: str, first_line: int = 1, pieces: bool = False
+) -> Iterator[list[str]]:
+    """Chunks of up to `buffer_size` lines of `stream` (text_lines), so that stdin streams."""
+    return in_chunks(text_lines(stream, name, first_line, pieces), buffer_size)
+
+
+def text_lines(stream: Iterable[bytes], name: str, first_line: int = 1, pieces: bool = False) -> Iterator[str]:
+    """The lines (newlines stripped), each decoded as strict UTF-8 and checked as it is read, so that a bad byte
+    stops the run before anything of its chunk is translated or written; `pieces`: lines of sentencepiece pieces
+    are wanted (data.raw_text_problem).
+
+    Raises:
+        DataError: `name:LINE: invalid UTF-8`, or a line serve would refuse too (data.raw_text_problem).
+    """
+    for number, raw in enumerate(stream, start=first_line):
+        try:  # a line as `nmt score` reads one (data.split_lines): "\n" ends it, one "\r" before it is dropped
+            text = raw.decode("utf-8").removesuffix("\n").removesuffix("\r")
+        except UnicodeDecodeError as e:
+            raise DataError(
+                f"{name}:{number}: invalid UTF-8 (byte {e.start} of the line); fix or re-encode the input"
+            ) from None
+        if problem := raw_text_problem(text, pieces):
+            raise DataError(f"{name}:{number}: the line {problem}")
+        yield text.removeprefix(BOM) if number == 1 else text
+
+
+def in_chunks(lines: Iterable[str], size: int) -> Iterator[list[str]]:
+    """`lines` in lists of `size` (the last one shorter)."""
+    chunk: list[str] = []
+    for line in lines:
+        chunk.append(line)
+        if len(chunk) == size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
+def shard_range(n: int, num_shards: int, shard_id: int) -> range:
+    """Contiguous shard `shard_id` of `num_shards` over n items: concatenating shard outputs in id order
+    restores the input order."""
+    return range(n * shard_id // num_shards, n * (shard_id + 1) // num_shards)
 
 
 def rules_for(
@@ -86,22 +182,17 @@ def rules_for(
     neither file is given.
 
     Raises:
-        DataError: a file ends first, a phrase is empty, or a line's rules cannot fit its output (`FILE:LINE: ...`).
+        DataError: a phrase is empty, or a line's rules cannot fit its output (`FILE:LINE: ...`).
     """
     src_lens, max_positions = [len(s) for s in sources], translator.model.max_positions
     phrases, encoded = None, None
     if constraints is not None:
-        texts, where = constraints.next_lines(len(sources))
+        texts, where = constraints.take(len(sources))
         phrase_lists = [text.split("\t") if text else [] for text in texts]
         phrases = checked_phrases(translator.vocab, phrase_lists, src_lens, search, max_positions, where)
     if prefixes is not None:
-        texts, where = prefixes.next_lines(len(sources))
+        texts, where = prefixes.take(len(sources))
         encoded = checked_prefixes(translator.vocab, texts, src_lens, search, max_positions, where)
     if phrases is not None and encoded is not None:
         check_with_prefixes(phrases, encoded, src_lens, search, max_positions, where)  # named by the prefix's line
     return all_of(None if phrases is None else LexicalConstraints(phrases), prefix_source(encoded or []))
-
-
-def count_lines(path: Path) -> int:
-    with path.open("rb") as f:
-        return sum(1 for _ in f)

@@ -88,7 +88,7 @@ def test_score_pairs_refuses_files_of_different_lengths(tiny_checkpoint, source_
     r = nmt("score-pairs", "--path", tiny_checkpoint, "--source", source_file, "--target", target)
     assert r.exit_code == 1
     assert r.output.strip() == (
-        f"error: --source {source_file} has 5 lines but --target {target} has 2; give one translation per source line"
+        f"error: --target {target} ends before line 3 of --source {source_file}; give one translation per source line"
     )
 
 

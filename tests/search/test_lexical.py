@@ -229,8 +229,8 @@ def test_generate_with_a_constraints_file(tiny_checkpoint, tmp_path):
 @pytest.mark.parametrize(
     ("constraints", "extra", "message"),
     [
-        ("1\n2\n", (), r"has 2 lines and --input .*in.txt has 3"),
-        ("1\n2\n3\n4\n", (), r"has 4 lines and --input .*in.txt has 3"),
+        ("1\n2\n", (), r"constraints.txt ends before line 3 of --input .*in.txt; give one line"),
+        ("1\n2\n3\n4\n", (), r"--input .*in.txt ends before line 4 of --constraints-file .*constraints.txt"),
         ("1\n2\t\n3\n", (), r"constraints.txt:2: constraint 2 is empty"),
         ("1\n2\n3 4 5 6 7 8\n", ("--max-len-a", 0, "--max-len-b", 5), r"constraints.txt:3: the constraints take"),
         ("1\n2\n3\n", ("--sampling", "--beam", 1), r"--constraints-file needs beam search"),
@@ -251,14 +251,14 @@ def test_generate_refuses_a_stdin_longer_than_its_constraints(tiny_checkpoint, t
     path.write_text("1\n")
     r = generate(tiny_checkpoint, "--input", "-", "--constraints-file", path, input="1 2\n3\n")
     assert r.exit_code == 1
-    assert "--constraints-file " + str(path) + " ends before --input stdin" in r.stderr
+    assert "--constraints-file " + str(path) + " ends before line 2 of --input stdin" in r.stderr
 
 
 def test_generate_refuses_a_side_file_longer_than_stdin_or_missing(tiny_checkpoint, tmp_path):
     path = tmp_path / "constraints.txt"
     path.write_text("1\n2\n3\n")
     r = generate(tiny_checkpoint, "--input", "-", "--constraints-file", path, input="1 2\n3\n")
-    assert r.exit_code == 1 and f"--constraints-file {path} has more lines than --input stdin" in r.stderr
+    assert r.exit_code == 1 and f"--input stdin ends before line 3 of --constraints-file {path}" in r.stderr
     missing = generate(tiny_checkpoint, "--input", "-", "--prefix-file", tmp_path / "none.txt", input="1 2\n")
     assert (
         missing.exit_code == 1

@@ -159,15 +159,18 @@ def test_generate_prefix_file_stdin_and_errors(tiny_checkpoint, tmp_path):
     r = nmt(*common, "--input", "-", input="1 2\n3 4\n")
     assert r.exit_code == 0, r.output
     assert [line[0] for line in r.stdout.splitlines()] == ["7", "8"]
-    for text, said in (("1 2\n", "has more lines than --input stdin"), ("1\n2\n3\n", "ends before --input stdin")):
+    for text, said in (
+        ("1 2\n", f"--input stdin ends before line 2 of --prefix-file {prefix}"),
+        ("1\n2\n3\n", f"--prefix-file {prefix} ends before line 3 of --input stdin"),
+    ):
         r = nmt(*common, "--input", "-", "--buffer-size", 1, input=text)
-        assert r.exit_code == 1 and f"--prefix-file {prefix} {said}" in r.stderr, r.output
+        assert r.exit_code == 1 and said in r.stderr, r.output
     src = tmp_path / "src.txt"
     src.write_text("1\n2\n3\n")
     r = nmt(*common, "--input", src)
     assert r.exit_code == 1 and r.stdout == ""
     assert r.stderr.strip().splitlines()[-1] == (
-        f"error: --prefix-file {prefix} has 2 lines and --input {src} has 3; give one prefix line (an empty one for "
+        f"error: --prefix-file {prefix} ends before line 3 of --input {src}; give one prefix line (an empty one for "
         "none) per input line"
     )
     prefix.write_text("1 2 3 4 5 6 7 8\n\n\n")
