@@ -4,7 +4,9 @@
 tokens/s is nmt's own logged figure (target tokens over the time spent in update steps), averaged
 over the log intervals after the first (warm-up) one; s/update is wall clock between those log lines.
 `--quality-minutes M` also trains each setting for M minutes and reports the valid loss reached, so
-the speed and the quality effect of bf16 are both visible.
+the speed and the quality effect of bf16 are both visible. `--checkpoint-activations` also trains each setting
+with `nmt train --checkpoint-activations` (each layer recomputed in the backward pass), whose peak RSS and speed
+stand beside the plain run's (the issue's figure: `--shapes base`, 4,096 tokens, on the CPU).
 """
 
 from __future__ import annotations
@@ -16,9 +18,11 @@ import shutil
 from common import NMT, WORK, precisions, report, run, train_args
 
 
-def train_run(shape: str, precision: str, stop: list[str], log_interval: int) -> tuple[list[dict], float]:
+def train_run(
+    shape: str, precision: str, stop: list[str], log_interval: int, extra: tuple[str, ...] = ()
+) -> tuple[list[dict], float]:
     """Train once; return the JSON-lines log records and the peak RSS in GB."""
-    save = WORK / f"train-{shape}-{precision}"
+    save = WORK / f"train-{shape}-{precision}{''.join(extra)}"
     shutil.rmtree(save, ignore_errors=True)
     save.mkdir(parents=True)
     log = save / "log.jsonl"
@@ -34,18 +38,20 @@ def train_run(shape: str, precision: str, stop: list[str], log_interval: int) ->
             str(log),
             *stop,
             *(["--bf16"] if precision == "bf16" else []),
+            *extra,
         )
     )
     return [json.loads(line) for line in log.read_text().splitlines()], rss
 
 
-def speed_row(shape: str, precision: str, updates: int) -> dict:
-    records, rss = train_run(shape, precision, ["--max-update", str(updates)], max(1, updates // 6))
+def speed_row(shape: str, precision: str, updates: int, extra: tuple[str, ...] = ()) -> dict:
+    records, rss = train_run(shape, precision, ["--max-update", str(updates)], max(1, updates // 6), extra)
     train = [r for r in records if r["event"] == "train"][1:]  # the first interval is warm-up
     span = (train[-1]["elapsed_s"] - train[0]["elapsed_s"]) / (train[-1]["update"] - train[0]["update"])
     return {
         "shape": shape,
         "precision": precision,
+        "activations": "recomputed" if "--checkpoint-activations" in extra else "kept",
         "updates": train[-1]["update"],
         "tgt_tok/s": sum(r["tgt_tok_per_s"] for r in train[1:]) / max(len(train) - 1, 1),
         "s/update": span,
@@ -59,13 +65,17 @@ def main() -> None:
     parser.add_argument("--precisions", help="comma-separated [default: fp32,bf16; fp32 on CPUs without bf16]")
     parser.add_argument("--updates", type=int, default=0, help="updates per run [default: 60 small, 30 base]")
     parser.add_argument("--quality-minutes", type=float, default=0.0)
+    parser.add_argument(
+        "--checkpoint-activations", action="store_true", help="also each setting with --checkpoint-activations"
+    )
     args = parser.parse_args()
     chosen = precisions(args.precisions)
     rows = []
+    variants = [(), ("--checkpoint-activations",)] if args.checkpoint_activations else [()]
     for shape in args.shapes.split(","):
-        for precision in chosen:
-            row = speed_row(shape, precision, args.updates or (60 if shape == "small" else 30))
-            if args.quality_minutes:
+        for precision, extra in ((p, e) for p in chosen for e in variants):
+            row = speed_row(shape, precision, args.updates or (60 if shape == "small" else 30), extra)
+            if args.quality_minutes and not extra:
                 records, _ = train_run(shape, precision, ["--max-time-minutes", str(args.quality_minutes)], 100)
                 valid = [r for r in records if r["event"] == "valid"]
                 row.update(

@@ -49,7 +49,7 @@ MODEL_KEYS = (
     "model",
 )
 # Train options about how a run computes, not what it trains: not saved, so a resumed run may change them.
-RUNTIME_OPTIONS = ("compile", "cudnn_attention", "cuda_graphs")
+RUNTIME_OPTIONS = ("compile", "cudnn_attention", "cuda_graphs", "checkpoint_activations")
 TRAINING_KEYS = ("optimizer", "scheduler", "grad_scaler", "train_state", "world_size", "rng")
 
 

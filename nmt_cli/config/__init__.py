@@ -243,6 +243,9 @@ class TrainConfig:
     reset_lr_scheduler: bool = flag(False, "Restart the lr schedule (the update count goes on).")
     reset_dataloader: bool = flag(False, "Restart the epoch's data order.")
     compile: bool = flag(False, "torch.compile each encoder and decoder layer (first updates slow; not saved).")
+    checkpoint_activations: bool = flag(
+        False, "Recompute each layer's activations in the backward pass: less memory, more compute (not saved)."
+    )
     cudnn_attention: bool = flag(
         False,
         "CUDA: let attention use cuDNN's kernels, which build a plan for every new batch shape (slow with "
@@ -283,8 +286,11 @@ class TrainConfig:
                 "--cuda-graphs captures a graph per batch shape and needs --bucket-shapes, which makes the shapes few "
                 "(it changes the batches, so it is not implied): add --bucket-shapes"
             )
-        if self.compile:
-            raise ConfigError("--cuda-graphs and --compile both take over the training step: choose one")
+        if self.compile or self.checkpoint_activations:
+            raise ConfigError(
+                f"--cuda-graphs and {'--compile' if self.compile else '--checkpoint-activations'} both take over "
+                "the training step: choose one"
+            )
         if self.precision == "fp16":
             raise ConfigError(
                 "--cuda-graphs captures fp32 or bf16 steps; fp16's loss scaling decides on the host: "

@@ -11,6 +11,7 @@ To see the attention weights of a teacher-forced pass, pass an `AttentionWeights
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 
@@ -24,6 +25,7 @@ from nmt_cli.model.cache import DecoderCache
 from nmt_cli.model.layers import DecoderLayer, Dropout, EncoderLayer, sinusoidal_positions
 from nmt_cli.model.linear import Linear
 from nmt_cli.model.slots import SlotCache, pad_source
+from nmt_cli.runtime import DROPOUT_STREAM
 from nmt_cli.steps import Steps, run_to_end
 
 
@@ -94,6 +96,8 @@ class Transformer(nn.Module):
     ) -> None:
         super().__init__()
         self.max_positions = max_positions
+        # Training's --checkpoint-activations: each layer's activations recomputed in the backward pass (`through`).
+        self.checkpoint_activations = False
         # Built on the meta device (checkpoint.model_around_weights) there is nothing to initialise, and
         # a normal_() there would import torch's reference ops: a second of translation start-up.
         on_meta = torch.empty(0).is_meta
@@ -143,7 +147,7 @@ class Transformer(nn.Module):
         mask = attention_mask(src_pad_mask)
         x = self.src_embed(src_tokens)
         for layer in self.encoder:
-            x = layer(x, mask, None if weights is None else weights.encoder)
+            x = self.through(layer, x, mask, None if weights is None else weights.encoder)
             yield
         return EncoderOut(self.encoder_norm(x), src_pad_mask)
 
@@ -152,10 +156,34 @@ class Transformer(nn.Module):
         weights: records each layer's self- and cross-attention."""
         mask = attention_mask(enc.src_pad_mask)
         x = self.tgt_embed(tgt_in)
+        records = (None, None) if weights is None else (weights.decoder, weights.cross)
         for layer in self.decoder:
-            k, v = layer.cross_attn.memory_kv(enc.memory)
-            x = layer(x, k, v, mask, *((None, None) if weights is None else (weights.decoder, weights.cross)))
+            x = self.through(partial(teacher_forced, layer, records), x, enc.memory, mask)
         return self.decoder_norm(x)
+
+    def through(self, layer: Callable[..., Tensor], *args: Tensor | list[Tensor] | None) -> Tensor:
+        """layer(*args); with `checkpoint_activations` where autograd records, the layer keeps only its inputs and
+        recomputes the rest in the backward pass (torch.utils.checkpoint, which replays torch's random streams),
+        with CPU dropout's stream (runtime.DROPOUT_STREAM) rewound for the recomputation and put back after it, so
+        that it draws the same masks and leaves the stream where training left it."""
+        if not (self.checkpoint_activations and torch.is_grad_enabled()):
+            return layer(*args)
+        from torch.utils.checkpoint import checkpoint
+
+        start = DROPOUT_STREAM.state
+        forward_done: list[bool] = []
+
+        def run(*inputs: Tensor | list[Tensor] | None) -> Tensor:
+            if not forward_done:
+                forward_done.append(True)
+                return layer(*inputs)
+            now, DROPOUT_STREAM.state = DROPOUT_STREAM.state, start
+            try:
+                return layer(*inputs)
+            finally:  # also where the recomputation stops early, once it has what the backward needs
+                DROPOUT_STREAM.state = now
+
+        return checkpoint(run, *args, use_reentrant=False)
 
     def logits(self, hidden: Tensor) -> Tensor:
         return self.output(hidden)  # [..., V]
@@ -259,6 +287,17 @@ class Transformer(nn.Module):
             x = layer.step_slots(x, self_attend, cache.cross_k[i], cache.cross_v[i], cache.cross_bias)
         cache.step.add_(1)
         return normalise_logits(self.logits(self.decoder_norm(x)))
+
+
+def teacher_forced(
+    layer: DecoderLayer,
+    records: tuple[list[Tensor] | None, list[Tensor] | None],
+    x: Tensor,
+    memory: Tensor,
+    mask: Tensor | None,
+) -> Tensor:
+    """A decoder layer's teacher-forced pass, with its cross-attention keys and values projected from `memory`."""
+    return layer(x, *layer.cross_attn.memory_kv(memory), mask, *records)
 
 
 def normalise_logits(logits: Tensor) -> Tensor:

@@ -67,6 +67,7 @@ class Trainer:
         self.train_data = ParallelDataset(data_dir, "train")
         self.valid_data = ParallelDataset(data_dir, "valid") if "valid" in meta["splits"] else None
         self.model = build_model(model_cfg).to(device)
+        self.model.checkpoint_activations = cfg.checkpoint_activations
         self.objective = TranslationLoss(self.model, cfg.label_smoothing)
         # What training's forward runs through: DDP over the objective with several ranks, else the objective.
         self.synced_objective = wrap_ddp(self.objective, info, device)
