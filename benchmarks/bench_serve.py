@@ -25,13 +25,10 @@ the longest length); the normal clients' p50/p99 in both conditions (a 504 count
 ratio, whose target is <= 1.5. --threads-compare 1,2: the --clients phase on a server of each thread count
 (0: serve's default), all with the same settings, in turn round after round. --fixed-slots: the server and every
 generate run it is compared with search over fixed slots (`--fixed-slots`, with CUDA graphs on a GPU), so that each
-ratio compares one search; --in-flight: the server also admits sentences into running batches (`--in-flight`),
-compared with generate over the same fixed slots (its `mean batch` counts the batches that ended: little of one
-that runs the whole phase); the table's `search` says which ran (the server's /info).
+ratio compares one search; the table's `search` says which ran (the server's /info).
     .venv/bin/python benchmarks/bench_serve.py --path work/multi30k_en_de/average.pt --conditions idle
     .venv/bin/python benchmarks/bench_serve.py --path CKPT --adversary --rounds 2 --threads-compare 0,1,2
     .venv/bin/python benchmarks/bench_serve.py --path CKPT --device cuda --fixed-slots
-    .venv/bin/python benchmarks/bench_serve.py --path CKPT --device cuda --in-flight
     .venv/bin/python benchmarks/bench_serve.py --tiny --path CKPT   # a few seconds: does it all run
 """
 
@@ -85,7 +82,7 @@ def generate_seconds(path: Path, src: Path, args: argparse.Namespace, *extra: st
 
 def search_flags(args: argparse.Namespace) -> list[str]:
     """The search flags the server and generate both get: --fixed-slots, or none (the default search)."""
-    return ["--fixed-slots"] if args.fixed_slots or args.in_flight else []
+    return ["--fixed-slots"] if args.fixed_slots else []
 
 
 def search_of(port: int) -> str:
@@ -93,8 +90,7 @@ def search_of(port: int) -> str:
     info = request(port, "GET", "/info")[1]
     if not info.get("fixed_slots"):
         return "default"
-    search = "fixed slots, CUDA graphs" if info.get("cuda_graphs") else "fixed slots, eager"
-    return search + (", in flight" if info.get("in_flight") else "")
+    return "fixed slots, CUDA graphs" if info.get("cuda_graphs") else "fixed slots, eager"
 
 
 def server_caps(args: argparse.Namespace) -> list[str]:
@@ -112,7 +108,6 @@ def start_server(path: Path, args: argparse.Namespace, threads: int) -> tuple[su
         NMT
         + ["serve", "--path", str(path), "--port", "0", "--device", args.device, "--threads", str(threads)]
         + ["--beam", str(args.beam), "--max-queue", "100000", *search_flags(args), *server_caps(args)]
-        + (["--in-flight"] if args.in_flight else [])
         + ([] if args.max_wait_ms is None else ["--max-wait-ms", str(args.max_wait_ms)]),
         stderr=subprocess.PIPE,
         text=True,
@@ -427,11 +422,6 @@ def main() -> None:
         "--fixed-slots",
         action="store_true",
         help="Serve and generate with --fixed-slots (the beam search over fixed slots, CUDA graphs on a GPU).",
-    )
-    ap.add_argument(
-        "--in-flight",
-        action="store_true",
-        help="Serve with --fixed-slots --in-flight (sentences admitted into running batches); generate --fixed-slots.",
     )
     ap.add_argument("--conditions", default="", help="How the machine was (idle, under load), for the record.")
     ap.add_argument(

@@ -35,8 +35,7 @@
 #   6. serve      benchmarks/bench_serve.py on the recipe's checkpoint (or SERVE_CHECKPOINT's, a model trained
 #                 elsewhere, to compare with its CPU figures): `nmt serve` on the GPU under 32
 #                 clients and one, next to `nmt generate`; again (serve-slots) with --fixed-slots, the server
-#                 and generate both; again (serve-inflight) with --in-flight, sentences admitted into running
-#                 batches; then benchmarks/profile_serve.py, where a served sentence's time goes
+#                 and generate both; then benchmarks/profile_serve.py, where a served sentence's time goes
 #   7. decoding   benchmarks/bench_decoding.py on the recipe's checkpoint: each decoding feature's time against
 #                 plain beam 4, and score-pairs' sentences/s against the search's (issue 49: >= 10x); in bench.log
 #   8. compile    --compile's warm-up for transformer_base (8 updates), if time is left before DEADLINE
@@ -119,9 +118,6 @@ serve_step() {
         step serve-slots "$limit" env NMT_BENCH_DIR="$WORK/bench" "$PYTHON" benchmarks/bench_serve.py \
             --path "$checkpoint" --fixed-slots $bench_args "$@"
         # shellcheck disable=SC2086
-        step serve-inflight "$limit" env NMT_BENCH_DIR="$WORK/bench" "$PYTHON" benchmarks/bench_serve.py \
-            --path "$checkpoint" --in-flight $bench_args "$@"
-        # shellcheck disable=SC2086
         step serve-profile 90 "$PYTHON" benchmarks/profile_serve.py --path "$checkpoint" $profile_args "$@"
     fi
 }
@@ -197,7 +193,7 @@ if [ "$DRY_RUN" = 1 ]; then  # the same steps at tiny sizes on the CPU (gpu test
     step profile-generation 60 "$PYTHON" benchmarks/profile_gpu.py --generation --device cpu --results "$RESULTS"
     step recipe 60 env DRY_RUN=1 PATH="$WORK/bin:$PATH" WORK_DIR="$WORK/multi30k" RAW_DIR="$RAW_DIR" \
         TRAIN_MINUTES="$TRAIN_MINUTES" bash recipes/multi30k_en_de/run.sh
-    serve_step 120 --tiny "--single 4 --rounds 1 --clients 4 --sentences 12 --fixed-slots --in-flight" --threads 1
+    serve_step 120 --tiny "--single 4 --rounds 1 --clients 4 --sentences 12 --fixed-slots" --threads 1
     decoding_step 90 --tiny --threads 1 --score-repeat 2
     skipped compile "dry run (tests/test_compile.py's slow test compiles on the CPU)"
 else
@@ -216,9 +212,9 @@ else
         skipped recipe "no Multi30k at RAW_DIR=$RAW_DIR (give RAW_DIR=DIR with train, valid, test_2016_flickr .en/.de)"
         failed+=(recipe)
     fi
-    # the profile: one sentence at a time, then 32 client threads on the in-flight batcher without HTTP beside
-    # generate's sorted and arrival-order batches of 32 (the search's ms a step, admissions included)
-    serve_step 150 "" "--single 30 --rounds 2 --clients 32 --sentences 1000 --fixed-slots --in-flight" --device cuda \
+    # the profile: one sentence at a time, then 32 client threads on the batcher over fixed slots without HTTP
+    # beside generate's sorted and arrival-order batches of 32 (the search's ms a step)
+    serve_step 150 "" "--single 30 --rounds 2 --clients 32 --sentences 1000 --fixed-slots" --device cuda \
         --input "$RAW_DIR/test_2016_flickr.en"
     # score-pairs reads the searched pairs 10 times over again: runs of about the search's seconds, each paying the
     # process's first CUDA calls once (500 pairs on the H200: 0.36 s, against 1.1 s of search)

@@ -209,10 +209,7 @@ def main() -> None:
     ]
     rows += [("recipe", f"{recipe_row(work / 'multi30k')[1]} ({times.get('recipe', 'not run')})")]
     rows += serve_rows(out)
-    serve_times = (
-        f"default {times.get('serve', 'not run')}; --fixed-slots {times.get('serve-slots', 'not run')}; "
-        f"--in-flight {times.get('serve-inflight', 'not run')}"
-    )
+    serve_times = f"default {times.get('serve', 'not run')}; --fixed-slots {times.get('serve-slots', 'not run')}"
     rows += [("serve time", serve_times)]
     rows += [("decoding step (figures in bench.log)", times.get("decoding", "not run"))]
     rows += [("compile step", times.get("compile", "not run")), ("gpu_check.sh in all", f"{seconds} s")]

@@ -15,9 +15,8 @@ before the next one starts, and the main thread runs none (`alone`: two OpenMP t
 - `arrival N`: translate() on consecutive chunks of N sentences, each one batch (a batcher that always filled
   its batches: what the composition of the batches a server gets costs);
 - `batcher`: N client threads each submitting one sentence at a time to serve's Batcher, with its mean batch,
-  the worker's share of the time searching, the decoder steps per batch, the search's ms per step (admissions
-  included) and the requests' p50 and p99 latency (--in-flight: the server's in-flight batching, its batches
-  long-running).
+  the worker's share of the time searching, the decoder steps per batch, the search's ms per step and the
+  requests' p50 and p99 latency.
 bench_serve.py's figure against `batcher`'s is what HTTP (event loop, JSON, the clients' own work) costs.
 
 --event-loop: the CPU time per /translate request of serve's Starlette app, called in-process by a minimal ASGI
@@ -138,8 +137,7 @@ def one_at_a_time(args: argparse.Namespace, lines: list[str]) -> None:
 def many_clients(args: argparse.Namespace, lines: list[str]) -> None:
     """--clients: sentences/s of translate() in sorted and in arrival-order batches of N, and of N client threads
     on serve's Batcher, alternated --rounds times (one process, no HTTP)."""
-    slots = args.fixed_slots or args.in_flight
-    config = ServeConfig(path=str(args.path), device=args.device, fixed_slots=slots, in_flight=args.in_flight)
+    config = ServeConfig(path=str(args.path), device=args.device, fixed_slots=args.fixed_slots)
     served, translator = load(args, config)
     cfg, n = served.search, args.clients
     sources = translator.vocab.encode_arrays(lines)
@@ -153,9 +151,9 @@ def many_clients(args: argparse.Namespace, lines: list[str]) -> None:
         run = batcher.run
 
         def counted(
-            key: Any, items: list[Any], still_wanted: Callable[[], list[bool]], answer: Answer, **admission: Any
+            key: Any, items: list[Any], still_wanted: Callable[[], list[bool]], answer: Answer
         ) -> Steps[list[Any]]:
-            search = run(key, items, still_wanted, answer, **admission)
+            search = run(key, items, still_wanted, answer)
             while True:
                 try:
                     next(search)
@@ -314,7 +312,6 @@ def main() -> None:
     ap.add_argument("--sentences", type=int, default=500, help="Sentences sent by the --clients.")
     ap.add_argument("--event-loop", action="store_true", help="Only the event loop's CPU time per request.")
     ap.add_argument("--fixed-slots", action="store_true", help="Search as `nmt serve --fixed-slots` does.")
-    ap.add_argument("--in-flight", action="store_true", help="--clients: as `nmt serve --fixed-slots --in-flight`.")
     args = ap.parse_args()
     set_threads(args.threads)
     lines = args.input.read_text(encoding="utf-8").splitlines()

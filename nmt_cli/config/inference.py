@@ -175,12 +175,6 @@ class ServeConfig(SearchingConfig):
         "idle worker waits on, up to a quarter of a usual batch's search time.",
         min=0,
     )
-    in_flight: bool = flag(
-        False,
-        "With --fixed-slots: in-flight batching, sentences admitted into the slots finished ones have left between "
-        "two decoder steps of a running batch (each at its own positions; CUDA graphs still replay), and answered "
-        "as they finish. Off by default until measured on a GPU against whole batches.",
-    )
     max_request_sentences: int = flag(256, "Sentences one request may hold.", min=1)
     max_queue: int = flag(4096, "Sentences waiting at most; a request that would exceed it gets 503.", min=1)
     timeout: float = flag(60.0, "Seconds a request may take before it gets 504.", min=0, min_open=True)
@@ -218,8 +212,6 @@ class ServeConfig(SearchingConfig):
                 f"--max-request-sentences {self.max_request_sentences} exceeds --max-queue {self.max_queue}: "
                 "such a request could never be queued"
             )
-        if self.in_flight and not self.fixed_slots:
-            raise ConfigError("--in-flight admits sentences into fixed slots; give --fixed-slots with it")
         if self.max_client_sentences is not None and self.max_request_sentences > self.max_client_sentences:
             raise ConfigError(
                 f"--max-request-sentences {self.max_request_sentences} exceeds --max-client-sentences "

@@ -7,10 +7,8 @@ S source length, Dk key size and Dh value size per head.
 
 No tensor of a step changes shape or address between steps: each row's position is a device tensor (`step`, [N]),
 beams are reordered by copying within the same buffers, and each row's positions not yet written are masked.
-Rows step at their own positions, so that a sentence may start in a slot another one has left while the others go
-on (`admit`: in-flight batching); rows not searching are parked at position 0 (`park`), so that no position past
-the buffers is ever written. A step reads and
-reorders a window of the buffers' first positions, enough for the step's own (`Transformer.decode_slots`'s
+Rows not searching are parked at position 0 (`park`), so that no position past the buffers is ever written. A step
+reads and reorders a window of the buffers' first positions, enough for the step's own (`Transformer.decode_slots`'s
 `window`), so that a step captured for each window does not pay at step 10 for the positions that step 100 needs.
 That is what lets a step be captured once as a CUDA graph and replayed. A step run eagerly has no need of fixed
 shapes, and the buffers would cost it strided products and copies over their first positions: it runs
@@ -103,19 +101,6 @@ class SlotCache:
         """Put the rows `rows` [N] bool (those of sentences no longer searching) back at position 0: their steps go
         on, masked, and never write past the buffers however long the others search."""
         self.step.masked_fill_(rows, 0)
-
-    def admit(self, other: SlotCache, slots: Tensor) -> None:
-        """Start `other`'s sentences (a cache of theirs, of this one's source length: `init_slots` with any
-        positions) in the slots `slots` [A] of this one, at position 0: their cross-attention keys, values and bias
-        written into those slots, their rows' steps set to 0 (what the slots' rows had written is masked until
-        written again). The buffers keep their addresses."""
-        rows = rows_of(slots, self.step.shape[0] // self.cross_k[0].shape[0])
-        for mine, theirs in zip([*self.cross_k, *self.cross_v], [*other.cross_k, *other.cross_v]):
-            assert mine.shape[1:] == theirs.shape[1:], "admitted sentences have this cache's source length"
-            mine.index_copy_(0, slots, theirs)
-        assert self.cross_bias is not None and other.cross_bias is not None, "init_slots gives every cache a bias"
-        self.cross_bias.index_copy_(0, slots, other.cross_bias)
-        self.step.index_fill_(0, rows, 0)
 
 
 def rows_of(slots: Tensor, k: int) -> Tensor:

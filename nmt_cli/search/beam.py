@@ -24,9 +24,9 @@ batches by step); `beam_search` runs it to its end.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, overload
+from typing import Any
 
 import numpy as np
 import torch
@@ -45,31 +45,6 @@ NEG_INF = float("-inf")
 # Asked once a step: for each sentence of the call, in order, whether its result is still wanted (host-side,
 # e.g. a request's Future not yet done). The hypotheses of a sentence no longer wanted are to be discarded.
 StillWanted = Callable[[], Sequence[bool]]
-
-
-class Answers(Sequence[bool]):
-    """StillWanted's answers read as the search asks for them (an in-flight search asks for its slots' sentences
-    alone, once a step: no len() on the way): a subclass gives `__len__` and `answer(i)` for i >= 0, which raises
-    IndexError past the end."""
-
-    def answer(self, i: int) -> bool:
-        raise NotImplementedError
-
-    def __iter__(self) -> Iterator[bool]:
-        return (self.answer(i) for i in range(len(self)))
-
-    @overload
-    def __getitem__(self, i: int) -> bool: ...
-
-    @overload
-    def __getitem__(self, i: slice) -> list[bool]: ...
-
-    def __getitem__(self, i: int | slice) -> bool | list[bool]:
-        if isinstance(i, slice):
-            return [self.answer(j) for j in range(*i.indices(len(self)))]
-        if i < 0 and (i := i + len(self)) < 0:
-            raise IndexError(i)
-        return self.answer(i)
 
 
 # Told a sentence of the call (its index) and its nbest hypotheses at the step it finishes (and returned at the end)

@@ -82,11 +82,6 @@ class EnsembleSlotCache:
         for cache in self.members:
             cache.park(rows)
 
-    def admit(self, other: EnsembleSlotCache, slots: Tensor) -> None:
-        """Start `other`'s sentences in the slots `slots` of every member (SlotCache.admit)."""
-        for mine, theirs in zip(self.members, other.members):
-            mine.admit(theirs, slots)
-
 
 class Ensemble:
     """Several Transformers of one vocabulary, searched as one model (see the module's docstring).

@@ -69,8 +69,6 @@ class SlotCacheLike(Protocol):
 
     def park(self, rows: Tensor) -> None: ...
 
-    def admit(self, other: Any, slots: Tensor) -> None: ...
-
 
 class SlotModel(Protocol):
     """A model that steps over fixed slots (`init_slots`, `decode_slots`), and eagerly as beam.py steps it

@@ -10,8 +10,8 @@ changes a shape or depends on the step's number on the host:
 - the finished hypotheses are held by slot (`fin`: Finished of B slots), and copied into the call's, which is
   indexed by the call's sentences, when a batch moves to fewer slots, tells finished sentences early, or ends
   (`flush`);
-- the step number is the cache's `step` tensor, a position for each row (a sentence admitted into a slot
-  mid-search starts at 0: search/in_flight.py), and a finished sentence's rows are parked at 0;
+- the step number is the cache's `step` tensor, a position for each row, and a finished sentence's rows are
+  parked at 0;
 - the minimum length, the unknown-piece penalty and the length penalties (a table by length, [L + 1]) are tensors
   loaded with the batch, so batches of other settings replay the same graph.
 
@@ -118,27 +118,6 @@ class SlotState:
             Finished(*(getattr(self.fin, f.name)[keep] for f in fields(self.fin))),
             self.n_pieces,
         )
-
-    def admit(self, slots: Tensor, max_len: Tensor) -> None:
-        """Start new sentences (their longest outputs `max_len` [A]) in the slots `slots` [A] (search/in_flight.py):
-        empty hypotheses with beam 0 live, BOS the next input, no pending reorder of their rows, no finished
-        hypotheses. `n_live` is left to the next step to count."""
-        k = self.scores.shape[1]
-        rows = rows_of(slots, k)
-        fresh = torch.full((k,), NEG_INF, device=slots.device)
-        fresh[0] = 0.0
-        self.tokens.index_fill_(0, rows, 0)
-        self.token_scores.index_fill_(0, rows, 0.0)
-        self.scores.index_copy_(0, slots, fresh.expand(slots.shape[0], k))
-        self.max_len.index_copy_(0, rows, per_beam(max_len, k))
-        self.prev.index_fill_(0, rows, BOS)
-        self.rows.index_copy_(0, rows, rows)
-        self.done.index_fill_(0, slots, False)
-        self.fin.tokens.index_fill_(0, slots, PAD)
-        self.fin.step_scores.index_fill_(0, slots, 0.0)
-        self.fin.lengths.index_fill_(0, slots, 1)
-        self.fin.scores.index_fill_(0, slots, NEG_INF)
-        self.fin.count.index_fill_(0, slots, 0)
 
     def stop(self, slots: Tensor) -> None:
         """Stop searching the sentences in the slots `slots` [A] (no longer wanted): done, their beams masked, their

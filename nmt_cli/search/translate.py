@@ -34,14 +34,12 @@ from nmt_cli.runtime import (
     cpu_has_bf16,
     to_device_async,
 )
-from nmt_cli.search.beam import Answers, OnDone, StillWanted, beam_steps, max_lengths
+from nmt_cli.search.beam import OnDone, StillWanted, beam_steps, max_lengths
 from nmt_cli.search.constraint import ConstraintSource, all_of
 from nmt_cli.search.ensemble import Ensemble, check_members, ensemble_bounds, member_paths, member_weights
 from nmt_cli.search.greedy import greedy_steps
 from nmt_cli.search.hypothesis import Hypothesis
-from nmt_cli.search.in_flight import InFlight, in_flight_steps
 from nmt_cli.search.ngram import no_repeat_ngrams
-from nmt_cli.search.searchable import SearchEncoderOut
 from nmt_cli.search.settings import SearchBounds, generation_precision, search_bounds, search_settings
 from nmt_cli.search.slots import SlotSearch, applies, slot_steps
 from nmt_cli.steps import R, Steps, to_the_end
@@ -190,13 +188,10 @@ def batch_steps(
     ids: np.ndarray | None = None,
     still_wanted: StillWanted | None = None,
     on_done: OnDone | None = None,
-    in_flight: InFlight | None = None,
 ) -> Steps[list[list[Hypothesis]]]:
     """Search one batch, one decoder step per resumption (the encoder a layer per resumption before them). The
     caller runs each resumption in `search_context`: serve's worker interleaves the steps of two batches on one
-    thread, and a context held open across a pause would leak into the other's. `in_flight`: a search over fixed
-    slots admits more sentences between its steps (search/in_flight.py), told to `on_done` (else returned after
-    the batch's); a search that admits none says so at its start (InFlight.decline)."""
+    thread, and a context held open across a pause would leak into the other's."""
     n, n_pieces = len(sources), translator.vocab.n_pieces
     src, src_pad_mask, src_lens = source_batch(sources, translator.device)
     rules: dict[str, Any] = {} if still_wanted is None else {"still_wanted": still_wanted}
@@ -205,9 +200,6 @@ def batch_steps(
         batch_ids = np.arange(n) if ids is None else ids
         rules["constraint"], rules["n_leaves"] = constraints.for_batch(src, src_lens, batch_ids)
     over_slots = translator.slots is not None and applies(cfg, constraints is not None)
-    if in_flight is not None and not over_slots:  # sampled, greedy or ruled searches keep the default search
-        in_flight.decline()
-        in_flight = None
     # A layer of the encoder per resumption: serve's worker runs another batch's steps between the layers of a
     # batch of long sentences instead of waiting for its whole encoder.
     enc = yield from translator.model.encode_steps(src, src_pad_mask)
@@ -225,22 +217,6 @@ def batch_steps(
     if over_slots:
         assert translator.slots is not None
         graphs, model = translator.slots.graphs, translator.model
-        if in_flight is not None:
-            encode = partial(encode_now, translator)
-            return (
-                yield from in_flight_steps(
-                    model,
-                    enc,
-                    src_lens,
-                    cfg,
-                    n_pieces,
-                    encode,
-                    in_flight,
-                    graphs=graphs,
-                    still_wanted=still_wanted,
-                    on_done=on_done,
-                )
-            )
         return (
             yield from slot_steps(
                 model, enc, src_lens, cfg, n_pieces, graphs=graphs, still_wanted=still_wanted, on_done=on_done
@@ -260,23 +236,9 @@ def source_batch(sources: Sequence[np.ndarray], device: torch.device) -> tuple[T
     return src, None if no_padding else src.eq(PAD), torch.tensor(lengths)
 
 
-def encode_now(translator: Translator, sources: Sequence[np.ndarray]) -> tuple[SearchEncoderOut, Tensor]:
-    """The encoder's output of `sources` in one go, batched as batch_steps batches (search/in_flight.py's
-    Encode)."""
-    src, src_pad_mask, src_lens = source_batch(sources, translator.device)
-    return translator.model.encode(src, src_pad_mask), src_lens
-
-
-def tell_source(on_done: OnDone, ids: np.ndarray, n_sources: int, i: int, hyps: list[Hypothesis]) -> None:
-    """`on_done` of a batch of the sources `ids` of a call of n_sources: its sentence i is the source ids[i], or,
-    past them, a sentence admitted in flight (`in_call`)."""
-    on_done(in_call(ids, n_sources, i), hyps)
-
-
-def in_call(ids: np.ndarray, n_sources: int, i: int) -> int:
-    """The call's index of a batch's sentence i: ids[i]; a sentence admitted in flight (i >= len(ids), into the
-    call's only batch) follows the call's n_sources sources, in the order admitted."""
-    return int(ids[i]) if i < len(ids) else n_sources + i - len(ids)
+def tell_source(on_done: OnDone, ids: np.ndarray, i: int, hyps: list[Hypothesis]) -> None:
+    """`on_done` of a batch of the sources `ids`: its sentence i is the source ids[i]."""
+    on_done(int(ids[i]), hyps)
 
 
 def repeated(still_wanted: StillWanted, n: int) -> StillWanted:
@@ -284,27 +246,14 @@ def repeated(still_wanted: StillWanted, n: int) -> StillWanted:
     return lambda: [w for w in still_wanted() for _ in range(n)]
 
 
-def subset(still_wanted: StillWanted, ids: np.ndarray, n_sources: int | None = None) -> StillWanted:
-    """`still_wanted` of a batch of the sentences `ids` (indices into the sentences `still_wanted` answers for);
-    with n_sources (a call's only batch, in flight), the answers past the call's sources follow (those admitted).
-    The answers are read as the search asks for them: an in-flight search asks for those in its slots alone."""
-    return lambda: Subset(still_wanted(), ids, n_sources)
+def subset(still_wanted: StillWanted, ids: np.ndarray) -> StillWanted:
+    """`still_wanted` of a batch of the sentences `ids` (indices into the sentences `still_wanted` answers for)."""
 
+    def wanted() -> list[bool]:
+        answers = still_wanted()
+        return [bool(answers[i]) for i in ids]
 
-class Subset(Answers):
-    """The answers of a batch's sentences (`subset`), read from the call's `answers` when asked."""
-
-    def __init__(self, answers: Sequence[bool], ids: np.ndarray, n_sources: int | None) -> None:
-        self.answers, self.ids, self.n_sources = answers, ids, n_sources
-
-    def __len__(self) -> int:
-        admitted = 0 if self.n_sources is None else len(self.answers) - self.n_sources
-        return len(self.ids) + admitted
-
-    def answer(self, i: int) -> bool:
-        if self.n_sources is None:
-            return bool(self.answers[self.ids[i]])  # past the batch: IndexError
-        return bool(self.answers[in_call(self.ids, self.n_sources, i)])  # past those admitted: the answers' own
+    return wanted
 
 
 def sampling_generator(cfg: SearchConfig, device: torch.device) -> torch.Generator | None:
@@ -322,7 +271,6 @@ def translate_steps(
     constraints: ConstraintSource | None = None,
     still_wanted: StillWanted | None = None,
     on_done: OnDone | None = None,
-    in_flight: InFlight | None = None,
 ) -> Steps[list[list[Hypothesis]]]:
     """Translate token-id sequences (no EOS), one decoder step per resumption (serve's worker hands it one batch
     and interleaves it with another); results come back in input order. `constraints`: the rules of a
@@ -332,10 +280,7 @@ def translate_steps(
     step (search/beam.py's StillWanted); a sentence no longer wanted leaves its batch at the next step, a batch of
     none wanted is not searched, and their results (empty or partial) are to be discarded. `on_done`: told a
     source's index and results as soon as its beam search finishes it (search/beam.py's OnDone), before its batch
-    ends; the results returned hold every source's, told or not. `in_flight` (serve's --in-flight): where the
-    sources make one batch searched over fixed slots, it admits more sentences between steps (search/in_flight.py),
-    numbered after the sources (`still_wanted` answers for them after the sources'), their results told to `on_done`
-    (without it, returned after the sources').
+    ends; the results returned hold every source's, told or not.
 
     Empty sources get an empty hypothesis without running the model; sources longer than the
     model's positions are cut (with a warning). Sampling draws from `generator`, else from one seeded
@@ -364,22 +309,17 @@ def translate_steps(
         )
     budget = max(max_tokens, int(lengths.max(initial=0)) + 1)  # every sentence fits: none is skipped
     batches, _ = batch_by_tokens(lengths[nonempty], lengths[nonempty], budget, None, batch_size)
-    if in_flight is not None and len(batches) != 1:
-        in_flight.decline()
-        in_flight = None
-    n_sources = None if in_flight is None else len(sources)
     for batch in batches:
         ids = nonempty[batch]
-        wanted = None if still_wanted is None else subset(still_wanted, ids, n_sources)
+        wanted = None if still_wanted is None else subset(still_wanted, ids)
         if wanted is not None and not any(wanted()):
             continue
-        told = None if on_done is None else partial(tell_source, on_done, ids, len(sources))
+        told = None if on_done is None else partial(tell_source, on_done, ids)
         batch_sources = [sources[i] for i in ids]
-        steps = batch_steps(translator, batch_sources, cfg, generator, constraints, ids, wanted, told, in_flight)
+        steps = batch_steps(translator, batch_sources, cfg, generator, constraints, ids, wanted, told)
         hyps_of = yield from each_step_in(lambda: search_context(translator), steps)
         for i, hyps in zip(ids, hyps_of):
             results[i] = hyps
-        results += hyps_of[len(ids) :]  # those admitted in flight
     return results
 
 

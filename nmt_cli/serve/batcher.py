@@ -28,11 +28,6 @@ step (the whole batch when none is wanted, stepped or not), so that the others' 
 `warm_up` (one sentence through the model), then sets `ready`; either way it sets `warmed`, with `warm_up_error`
 holding what the warm-up raised (`nmt serve` refuses to start on it).
 
-With `in_flight` (`nmt serve --in-flight`) a running batch's search may also take queued sentences of its key into
-its free slots between two steps (`Admission`, search/in_flight.py), answered as they finish, their steps counted
-from the one they joined at. A sentence it takes at its next step (with the others queued it takes: as many as its
-free slots) starts no batch; once a batch of its key starts (its slots too few, or the sentence too long) it takes
-no more and ends, the new one sized for the key's clients. It holds its slots' sentences alone (queued.py).
 """
 
 from __future__ import annotations
@@ -52,35 +47,18 @@ import numpy as np
 
 from nmt_cli.data.batching import batch_by_tokens
 from nmt_cli.errors import NmtError
-from nmt_cli.serve.queued import (
-    Admission,
-    Capacities,
-    Job,
-    Queued,
-    QueueFull,
-    Running,
-    Stopping,
-    Waiting,
-    has_room,
-    jobs_of,
-    settle,
-    startable,
-    stranded,
-    superseding,
-    without,
-)
+from nmt_cli.serve.queued import Answer, Job, Queued, QueueFull, Running, Stopping, jobs_of, settle, startable, without
 
 logger = logging.getLogger(__name__)
 
-# (key, items, still_wanted, answer[, admission]) -> a search that runs one step per resumption and returns one result
-# per item, in order; still_wanted() says, per item, whether its request is still waiting (the search asks it once a
-# step and drops the others: their results are not used); `answer` may be given some results early; with in_flight,
-# `admission` (keyword) lets it take more items, which follow the batch's in the order taken
-RunBatch = Callable[..., Generator[None, None, list[Any]]]
+# (key, items, still_wanted, answer) -> a search that runs one step per resumption and returns one result per item,
+# in order; still_wanted() says, per item, whether its request is still waiting (the search asks it once a step and
+# drops the others: their results are not used); `answer` may be given some results early
+RunBatch = Callable[[Hashable, list[Any], Callable[[], list[bool]], Answer], Generator[None, None, list[Any]]]
 # (key, source pieces) -> the most decoder steps a sentence may take (its longest output and EOS, known before the
 # search: a * |x| + b within the model's positions); None: unknown
 StepsBound = Callable[[Hashable, int], int]
-# (key, sentences, requests) of a batch that ended; in flight, each sentence taken counts as a request of its own
+# (key, sentences, requests) of a batch that ended
 OnBatch = Callable[[Hashable, int, int], None]
 OnStep = Callable[[Hashable, float], None]  # (key, seconds) of a search step, as it ends
 
@@ -114,10 +92,8 @@ class Batcher:
         on_step: OnStep | None = None,
         warm_up: Callable[[], Any] | None = None,
         steps_bound: StepsBound | None = None,
-        in_flight: bool = False,
     ) -> None:
         self.run, self.max_tokens, self.max_wait, self.max_queue = run, max_tokens, max_wait, max_queue
-        self.in_flight = in_flight
         self.steps_bound = steps_bound
         self.worker_context, self.on_batch, self.on_step, self.warm_up = worker_context, on_batch, on_step, warm_up
         self.ready = threading.Event()  # set once the worker has warmed up (GET /ready)
@@ -129,7 +105,6 @@ class Batcher:
         self._arrived = 0  # sentences queued so far
         self._last_key: Hashable = None  # the search settings of the batch that ended last
         self._expected = 1  # sentences worth waiting for: the last batch's and those queued at its end
-        self._capacities = Capacities()  # each key's batch slots (in flight), which never shrink
         self._recent_steps: deque[int] = deque(maxlen=RECENT)  # the steps of the batches that ended last
         self._recent_seconds: deque[float] = deque(maxlen=RECENT)  # and their own search seconds
         self._cond = threading.Condition()
@@ -220,16 +195,13 @@ class Batcher:
         """Whether a batch may start now: with none running; beside running ones, while a slot is free, when each
         may still take PASS_FACTOR times the steps the oldest startable sentence may take at most, or once each has
         run past LONG_BATCH times the usual steps (the median of the last batches): a batch of the usual length ends
-        first (starting what arrived meanwhile beside it splits every later batch in two); a long one is passed. In
-        flight, a sentence a running batch takes at its next step (queued.py's `has_room`) starts nothing."""
+        first (starting what arrived meanwhile beside it splits every later batch in two); a long one is passed."""
         if not running:
             return True
         if len(running) >= MAX_RUNNING:
             return False
         with self._cond:
             self._drop_cancelled()
-            if any(has_room(r, self._queue) for r in running):
-                return False  # an in-flight batch takes it at its next step
             queued = startable(self._queue, running)
             if not queued:
                 return False
@@ -314,36 +286,17 @@ class Batcher:
     def _start(self, batch: list[Queued]) -> Running:
         """The batch's search, not yet started (its first step encodes)."""
         items, key = [q.job.items[q.index] for q in batch], batch[0].job.key
-        running: Running  # the search calls these from its steps, which start once it is assigned; the batch may grow
-        with self._cond:
-            wanted = max(self._expected, superseding(key, len(batch), self._queue, self._running))
-            capacity = self._capacities.of(key, wanted)  # what an in-flight batch has slots for
-        take = Admission(lambda free, slots, fits: self._admit(running, free, slots, fits), capacity)
-        search = self.run(
-            key,
-            items,
-            lambda: Waiting(running),
-            lambda i, r: self._early(running, i, r),
-            **({"admission": take} if self.in_flight else {}),
-        )
-        running = Running(batch, search, slots=capacity, free=capacity - len(batch), admitting=self.in_flight)
+        running: Running  # the search calls these from its steps, which start once it is assigned
+        search = self.run(key, items, lambda: running.still_wanted(), lambda i, r: self._early(running, i, r))
+        running = Running(batch, search)
         return running
-
-    def _admit(self, running: Running, free: int, slots: int, fits: Callable[[Any], bool]) -> list[Any]:
-        """Admission.take of a running batch (`slots` in all, `free` of them free): the oldest queued sentences it
-        takes (queued.py's `Running.take`), none while a queued sentence is stranded (`stranded`)."""
-        running.fits, running.slots, running.free = fits, slots, free
-        with self._cond:
-            self._drop_cancelled()
-            taken = [] if stranded(self._queue, self._running, MAX_RUNNING) else running.take(self._queue, free)
-            self._queue = without(self._queue, taken)
-        return [q.job.items[q.index] for q in taken]
 
     def _early(self, running: Running, i: int, result: Any) -> None:
         """Sentence i's result before its batch ends (`Answer`); from the first request it answers, the batch
         counts the sentences that arrive (its answered clients coming back, `_ended`)."""
-        q = running.answer(i, result)
-        if running.arrived_at_early is None and q is not None and q.job.future.done():
+        q = running.batch[i]
+        q.answer(result)
+        if running.arrived_at_early is None and q.job.future.done():
             with self._cond:
                 running.arrived_at_early = self._arrived
 
@@ -359,7 +312,7 @@ class Batcher:
         except Exception as e:  # a bug or a device error: fail these requests, keep serving the others
             logger.exception("a batch of %d sentences failed", len(running.batch))
             self._ended(running)
-            for job in jobs_of(running.searching()):
+            for job in jobs_of(running.batch):
                 settle(job.future, exception=e)
             return True
         self._stepped(running, time.perf_counter() - start)
@@ -368,7 +321,7 @@ class Batcher:
 
     def _stepped(self, running: Running, seconds: float) -> None:
         running.seconds += seconds
-        if self.on_step is not None:  # counted as it ends (an in-flight batch may search for hours)
+        if self.on_step is not None:  # counted as it ends
             self.on_step(running.batch[0].job.key, seconds)
 
     def _answer(self, running: Running, results: list[Any]) -> None:
@@ -377,8 +330,7 @@ class Batcher:
         self._recent_seconds.append(running.seconds)
         self._ended(running)
         if self.on_batch is not None:  # counted before the answers go out: a client answered sees it
-            sentences, requests = len(running.batch) + running.admitted, len(jobs_of(running.batch)) + running.admitted
-            self.on_batch(running.batch[0].job.key, sentences, requests)
+            self.on_batch(running.batch[0].job.key, len(running.batch), len(jobs_of(running.batch)))
         for q, result in zip(running.batch, results):
             q.answer(result)
 

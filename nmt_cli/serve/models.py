@@ -24,7 +24,7 @@ from nmt_cli.errors import ConfigError, DataError
 from nmt_cli.search.ensemble import member_paths
 from nmt_cli.serve.batcher import Batcher
 from nmt_cli.serve.libretranslate import is_libretranslate
-from nmt_cli.serve.queued import Admission, Answer
+from nmt_cli.serve.queued import Answer
 from nmt_cli.serve.served_model import ServedModel
 from nmt_cli.steps import Steps
 
@@ -173,14 +173,12 @@ class Models:
         sentences: list[Any],
         still_wanted: Callable[[], list[bool]],
         answer: Answer,
-        admission: Admission | None = None,
     ) -> Steps[list[Any]]:
         """The batcher's run: search a batch with the model and settings of its key, (name, SearchConfig), one
-        decoder step per resumption, its sentences answered early where the search can, more admitted into it
-        where the model searches in flight (--in-flight)."""
+        decoder step per resumption, its sentences answered early where the search can."""
         assert isinstance(key, tuple)
         name, search = key
-        return self.models[name].served.run(search, sentences, still_wanted, answer, admission)
+        return self.models[name].served.run(search, sentences, still_wanted, answer)
 
     def warm_up(self) -> None:
         """Build and warm up every model in the worker thread, in --path order; with several, what one fails on is
@@ -211,7 +209,6 @@ class Models:
             worker_context=self.worker_context,
             warm_up=self.warm_up,
             steps_bound=self.steps_bound,
-            in_flight=any(m.served.in_flight for m in self),
         )
 
     def steps_bound(self, key: Hashable, pieces: int) -> int:

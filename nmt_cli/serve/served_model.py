@@ -31,7 +31,6 @@ from nmt_cli.search.beam import StillWanted
 from nmt_cli.search.constraint import all_of
 from nmt_cli.search.forced import add_alignments, alignment_layer
 from nmt_cli.search.hypothesis import NOTHING_FOUND, Hypothesis, hypothesis_record
-from nmt_cli.search.in_flight import InFlight
 from nmt_cli.search.lexical import LexicalConstraints, check_search, check_with_prefixes, checked_phrases
 from nmt_cli.search.prefix import checked_prefixes, prefix_source
 from nmt_cli.search.settings import search_settings
@@ -46,7 +45,7 @@ from nmt_cli.serve.caps import (
     longest_output,
     request_terms,
 )
-from nmt_cli.serve.queued import Admission, Answer, admitting
+from nmt_cli.serve.queued import Answer
 from nmt_cli.steps import Steps, run_to_end
 
 logger = logging.getLogger(__name__)
@@ -98,8 +97,7 @@ class ServedModel:
         # on host cores the search leaves free. On the CPU the search's threads take every core, and the clients
         # handled beside its steps slowed it more than their early return gained (benchmarks/record/serve.md).
         self.slots = slot_search_for(cfg.fixed_slots, cfg.cuda_graphs, self.device)  # as generate's --fixed-slots
-        self.in_flight = cfg.in_flight and self.slots is not None  # answered as they finish, on any device
-        self.answers_early = self.device.type == "cuda" or self.in_flight
+        self.answers_early = self.device.type == "cuda"
         self.info = self._info(saved, cfg)
 
     def _info(self, saved: SavedModel, cfg: ServeConfig) -> dict[str, Any]:
@@ -119,7 +117,6 @@ class ServedModel:
             "quantize": cfg.quantize,
             "fixed_slots": self.slots is not None,
             "cuda_graphs": self.slots is not None and self.slots.graphs is not None,
-            "in_flight": self.in_flight,
             "max_batch_tokens": cfg.max_batch_tokens,
             "max_wait_ms": cfg.max_wait_ms,
             "max_request_sentences": cfg.max_request_sentences,
@@ -271,20 +268,14 @@ class ServedModel:
         sentences: list[Sentence],
         still_wanted: StillWanted | None = None,
         answer: Answer | None = None,
-        admission: Admission | None = None,
     ) -> Steps[list[dict[str, Any] | None]]:
         """Search one batch (the worker thread resumes it) one decoder step per resumption (a parser's batch in
         one); returns one JSON-ready result per sentence. `still_wanted` (per sentence, asked once a step): those
         no longer wanted stop at the next step, and get None. `answer` is given a sentence's result as soon as the
-        beam search finishes it (`answers_early`), where no sentence asks for an alignment (computed per batch).
-        `admission` (--in-flight): more sentences may join the batch between its steps, each told to `answer` as it
-        finishes (a batch whose sentences are answered at its end, one asking for an alignment, takes none)."""
+        beam search finishes it (`answers_early`), where no sentence asks for an alignment (computed per batch)."""
         translator = self.translator
         generator = sampling_generator(search, self.device)
-        flying = None if admission is None else InFlight(admitting(admission), admission.capacity, self.max_tokens)
         if self.parser is not None:
-            if flying is not None:
-                flying.decline()
             words = [s.words or [] for s in sentences]
             trees, _ = self.parser.parse(words, search, self.max_tokens, 0, generator, still_wanted)
             answers: list[dict[str, Any] | None] = [{"text": "" if tree is None else str(tree)} for tree in trees]
@@ -298,11 +289,8 @@ class ServedModel:
                 if answer is not None and self.answers_early and not any(s.alignment for s in sentences)
                 else None
             )
-            if flying is not None and early is None:  # each sentence taken is to be answered as it finishes
-                flying.decline()
-                flying = None
             results = yield from translate_steps(
-                translator, ids, search, self.max_tokens, 0, generator, rules, still_wanted, early, flying
+                translator, ids, search, self.max_tokens, 0, generator, rules, still_wanted, early
             )
             self.align(sentences, results)
             answers = [self.translation(hyps, search.nbest) for hyps in results]

@@ -79,34 +79,5 @@ def test_fewer_slots_step_on_as_the_kept_rows_would(tiny_model):
         torch.testing.assert_close(got, want[[4, 5, 0, 1]], atol=1e-5, rtol=1e-5)
         full_rows = None
     assert fewer.step.tolist() == [7] * 4
-
-
-@torch.inference_mode()
-def test_a_sentence_admitted_into_a_slot_steps_at_its_own_positions(tiny_model):
-    """admit() starts another sentence in slot 1 at position 0 while slot 0 goes on at position 3: each row's
-    log-probs are those of its own sentence stepped alone (per-row positions, masks and writes); park() keeps a
-    row at position 0."""
-    g = torch.Generator().manual_seed(3)
-    src = torch.randint(4, 24, (3, 5), generator=g)  # slots 0 and 1, then the sentence admitted into slot 1
-    beam, n = 2, 4
-    slots = tiny_model.init_slots(tiny_model.encode(src[:2], None), beam, n_positions=12, source_len=64)
-    alone = [tiny_model.init_cache(tiny_model.encode(src[i : i + 1], None), beam) for i in (0, 2)]
-    prev = torch.full((n,), BOS)
-    for _ in range(3):
-        tiny_model.decode_slots(prev, None, slots)
-        alone[0] = tiny_model.decode_step(prev[:2], alone[0])[1]
-        prev = torch.randint(4, 24, (n,), generator=g)
-    prev[2:] = BOS
-    slots.admit(
-        tiny_model.init_slots(tiny_model.encode(src[2:], None), beam, n_positions=1, source_len=64), torch.tensor([1])
-    )
-    assert slots.step.tolist() == [3, 3, 0, 0]
-    for _ in range(4):
-        got = tiny_model.decode_slots(prev, None, slots, window=8)
-        for i, rows in ((0, slice(0, 2)), (1, slice(2, 4))):
-            want, alone[i] = tiny_model.decode_step(prev[rows], alone[i])
-            torch.testing.assert_close(got[rows], want, atol=1e-5, rtol=1e-5)
-        prev = torch.randint(4, 24, (n,), generator=g)
-    assert slots.step.tolist() == [7, 7, 4, 4]
-    slots.park(torch.tensor([False, False, True, True]))
-    assert slots.step.tolist() == [7, 7, 0, 0]
+    fewer.park(torch.tensor([False, False, True, True]))  # a finished sentence's rows go back to position 0
+    assert fewer.step.tolist() == [7, 7, 0, 0]
