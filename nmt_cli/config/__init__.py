@@ -228,6 +228,9 @@ class TrainConfig:
     threads: int = flag(0, "CPU threads (0: torch's default).", min=0)
     log_interval: int = flag(100, "Log every N updates.", min=1)
     log_file: str | None = flag(None, "Append every logged metric as JSON lines.", path="new")
+    tensorboard_logdir: str | None = flag(
+        None, "Also write the logged metrics as TensorBoard scalars here (pip install 'nmt[tensorboard]').", path="new"
+    )
     precision: str | None = flag(
         None,
         "fp32, bf16 (autocast, float32 master weights) or fp16 (CUDA, loss "

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from nmt_cli.checkpoint import BEST, LAST, numbered_checkpoints, save_checkpoint
-from nmt_cli.errors import NmtError
+from nmt_cli.errors import ConfigError, NmtError
 from nmt_cli.log import progress
 from nmt_cli.signals import Deferred, deferred_signals, signal_name
 from nmt_cli.train.distributed import broadcast_from_main
@@ -69,6 +69,7 @@ class Session:
         log_file = trainer.cfg.log_file
         self.log_path = Path(log_file) if log_file and trainer.info.is_main else None
         self.last_train: dict[str, float] = {}  # the latest train log line, for the progress bar
+        self.board = tensorboard_writer(trainer)
 
     def tick(self) -> int:
         """Advance the run's clock and read the signal flag; returns the signal that stops the run, or 0.
@@ -104,6 +105,27 @@ class Session:
                     f.write(json.dumps(record) + "\n")
             except OSError as e:
                 raise NmtError(f"cannot write --log-file {self.log_path}: {e.strerror}") from None
+        if self.board is not None:
+            for key, value in values.items():
+                if isinstance(value, (int, float)) and not isinstance(value, bool):  # "train/loss", "valid/bleu", ...
+                    self.board.add_scalar(f"{event}/{key.removeprefix(event + '_')}", value, state.update)
+            self.board.flush()  # each record on disk as the JSON log's is, whatever stops the run later
+
+
+def tensorboard_writer(trainer: Trainer) -> Any:
+    """--tensorboard-logdir's SummaryWriter on rank 0, else None. The step is the update: a resumed run's curves go
+    on, the points a killed run logged past its checkpoint hidden (purge_step)."""
+    logdir, update = trainer.cfg.tensorboard_logdir, trainer.state.update
+    if not logdir or not trainer.info.is_main:
+        return None
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:
+        raise ConfigError("--tensorboard-logdir needs tensorboard: pip install 'nmt[tensorboard]'") from None
+    try:
+        return SummaryWriter(logdir, purge_step=update + 1 if update else None)
+    except OSError as e:
+        raise NmtError(f"cannot write --tensorboard-logdir {logdir}: {e.strerror}") from None
 
 
 def save(trainer: Trainer, numbered: bool, best: bool) -> None:
@@ -214,6 +236,8 @@ def train_loop(trainer: Trainer) -> int:
                 save(trainer, numbered=False, best=False)
             else:
                 validate_and_save(session, numbered=True)
+        if session.board is not None:
+            session.board.close()
     ended = f"training ended at update {state.update}, epoch {state.logged_epoch} after {state.elapsed:.0f} s"
     logger.info("%s: %s", ended, reason)
     return signalled or signals.received
