@@ -18,7 +18,8 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 class Interrupted(BaseException):
-    """SIGINT or SIGTERM stopped a write; its temporary was removed. Exits 128 + the signal, as `train` does.
+    """SIGINT or SIGTERM stopped a write (its temporary removed) or an abandonable pass. Exits 128 + the signal, as
+    `train` does.
 
     A BaseException, as KeyboardInterrupt is: the signal raises it wherever the program is, and code that
     catches Exception must not swallow it (logging's handlers do: a SIGTERM that landed while a log line was
@@ -89,13 +90,27 @@ class Deferred:
     def __init__(self, waiting: str) -> None:
         self.received = 0
         self.waiting = waiting
+        self.abandoning = False
+
+    @contextmanager
+    def abandonable(self) -> Iterator[None]:
+        """In the block the stop signal also raises Interrupted at once (on entry, when one came before): work that
+        is thrown away and done again later (a validation pass) stops for it instead of finishing first."""
+        if self.received:
+            raise Interrupted(f"stopped by {signal_name(self.received)}", self.received)
+        self.abandoning = True
+        try:
+            yield
+        finally:
+            self.abandoning = False
 
 
 @contextmanager
 def deferred_signals(waiting: str) -> Iterator[Deferred]:
-    """In the block, SIGINT and SIGTERM raise nothing: the first is recorded for the block to act on when it
-    chooses (training stops after the update and saves), and every further one prints "SIGNAL ignored: `waiting`"
-    on stderr (when `waiting` is not empty) and is otherwise ignored, so that a save that has started finishes.
+    """In the block, SIGINT and SIGTERM raise nothing (but in `Deferred.abandonable`): the first is recorded for the
+    block to act on when it chooses (training stops after the update and saves), and every further one prints
+    "SIGNAL ignored: `waiting`" on stderr (when `waiting` is not empty) and is otherwise ignored, so that a save
+    that has started finishes.
 
     The line is written to stderr's descriptor at once: a handler runs between any two bytecodes of the main
     thread, maybe inside a write of stderr's own buffer or a logging handler's lock, which it must not enter again.
@@ -108,6 +123,8 @@ def deferred_signals(waiting: str) -> Iterator[Deferred]:
     def record(signum: int, frame: Any) -> None:
         if not deferred.received:
             deferred.received = signum
+            if deferred.abandoning:
+                raise Interrupted(f"stopped by {signal_name(signum)}", signum)
         elif deferred.waiting:
             with suppress(OSError):  # no stderr (closed): the signal is still ignored
                 os.write(2, f"{signal_name(signum)} ignored: {deferred.waiting}\n".encode())

@@ -31,6 +31,7 @@ def _is_number(value: Any) -> bool:
 COUNT: tuple[Callable[[Any], bool], str] = (_is_int, "a whole number >= 0")
 SECONDS: tuple[Callable[[Any], bool], str] = (lambda v: _is_number(v) and v >= 0, "a number >= 0")
 TEXT: tuple[Callable[[Any], bool], str] = (lambda v: isinstance(v, str), "a string")
+FLAG: tuple[Callable[[Any], bool], str] = (lambda v: isinstance(v, bool), "True or False")
 TRAIN_STATE_FIELDS = {
     "update": COUNT,
     "epoch": (lambda v: _is_int(v, least=1), "a whole number >= 1"),
@@ -45,6 +46,8 @@ TRAIN_STATE_FIELDS = {
     "lr_start": COUNT,
     "train_data": TEXT,
     "best_metric": TEXT,
+    "validation_due": FLAG,
+    "numbered_due": FLAG,
 }
 
 

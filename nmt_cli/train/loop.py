@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -163,9 +164,15 @@ def validate_and_save(session: Session, numbered: bool) -> int:
     trainer = session.trainer
     best = False
     if trainer.valid_data is not None:
-        result = validate(trainer)
+        result = validate(trainer, session.signals)
+        if result is None:  # a signal abandoned it: save the last update's state, which validates again on resume
+            trainer.state.abandon_validation(numbered)
+            save(trainer, numbered=False, best=False)
+            session.saved_at = trainer.state.update
+            return session.tick() or signal.SIGTERM  # SIGTERM: a signal that reached another rank only
         best = record_validation(trainer.state, trainer.cfg.best_checkpoint_metric, result)
         session.emit("valid", {**result, "best": trainer.state.best})
+    trainer.state.validated()
     signalled = session.tick()
     save(trainer, numbered=numbered or trainer.stop_reason() is not None, best=best)
     session.saved_at = trainer.state.update
@@ -245,34 +252,43 @@ def train_loop(trainer: Trainer) -> int:
 
 def run_updates(session: Session) -> tuple[str, int]:
     """Update, validating and saving on cadence, until a stopping rule holds or a signal came; returns why the
-    run stops and the signal (or 0). The epoch's plan is made once, where the loop reaches the epoch."""
-    trainer, state, cfg = session.trainer, session.trainer.state, session.trainer.cfg
+    run stops and the signal (or 0)."""
+    trainer, state = session.trainer, session.trainer.state
     plan: EpochPlan | None = None
     reason = None
     signalled = 0
     with progress() as bar:
         task = bar.add_task("train", total=None, completed=0, info="")
         while reason is None:
-            if plan is None or plan.epoch != state.epoch:
-                plan = plan_epoch(
-                    trainer.train_data,
-                    cfg,
-                    max_positions=trainer.model_cfg.max_positions,
-                    info=trainer.info,
-                    epoch=state.epoch,
-                    report_padding=plan is None,
-                )
-            if plan.finished(state.batch_in_epoch):  # end of epoch: the checkpoint points at the next one
-                logger.info("end of epoch %d", state.epoch)
-                state.next_epoch()
-                signalled = validate_and_save(session, numbered=False)
+            if state.validation_due:  # abandoned for a signal by the run that saved the checkpoint
+                signalled = validate_and_save(session, numbered=state.numbered_due)
             else:
-                group = plan.update_batches(state.batch_in_epoch, cfg.update_freq)
-                stats = trainer.train_step(group, plan)
-                state.consume_batches(len(group))
-                signalled = after_update(session, stats)
+                plan, signalled = advance(session, plan)
                 bar.update(task, **progress_fields(session))
             reason = trainer.stop_reason()
             if signalled:
                 reason = f"stopped by {signal_name(signalled)}; the same command resumes"
     return reason, signalled
+
+
+def advance(session: Session, plan: EpochPlan | None) -> tuple[EpochPlan, int]:
+    """One update, or the end of the epoch; returns the epoch's plan (made once, where the loop reaches the epoch)
+    and the signal that stops the run, or 0."""
+    trainer, state, cfg = session.trainer, session.trainer.state, session.trainer.cfg
+    if plan is None or plan.epoch != state.epoch:
+        plan = plan_epoch(
+            trainer.train_data,
+            cfg,
+            max_positions=trainer.model_cfg.max_positions,
+            info=trainer.info,
+            epoch=state.epoch,
+            report_padding=plan is None,
+        )
+    if plan.finished(state.batch_in_epoch):  # end of epoch: the checkpoint points at the next one
+        logger.info("end of epoch %d", state.epoch)
+        state.next_epoch()
+        return plan, validate_and_save(session, numbered=False)
+    group = plan.update_batches(state.batch_in_epoch, cfg.update_freq)
+    stats = trainer.train_step(group, plan)
+    state.consume_batches(len(group))
+    return plan, after_update(session, stats)

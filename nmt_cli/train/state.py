@@ -41,6 +41,9 @@ class TrainState:
     # --max-tokens and --seed) the epoch's batches are made. "" in checkpoints older than it.
     train_data: str = ""
     best_metric: str = ""  # what `best` measures (--best-checkpoint-metric); "" in older checkpoints
+    # A signal abandoned the validation (and numbered save) due at this update: the resumed run does them first.
+    validation_due: bool = False
+    numbered_due: bool = False
 
     @property
     def logged_epoch(self) -> int:
@@ -69,6 +72,13 @@ class TrainState:
     def restart_epoch(self) -> None:
         """Start this epoch's batches again (they changed, or --reset-dataloader)."""
         self.batch_in_epoch = 0
+
+    def abandon_validation(self, numbered: bool) -> None:
+        """A signal stopped the validation due at this update (and the numbered save after it, when `numbered`)."""
+        self.validation_due, self.numbered_due = True, numbered
+
+    def validated(self) -> None:
+        self.validation_due = self.numbered_due = False
 
     def restart_schedule(self) -> None:
         """The lr schedule starts again at this update (--reset-lr-scheduler); the update count goes on."""

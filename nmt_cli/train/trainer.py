@@ -339,6 +339,8 @@ class Trainer:
 
     def stop_reason(self) -> str | None:
         c, s = self.cfg, self.state
+        if s.validation_due:  # abandoned for a signal by the run that saved: the loop does it first
+            return None
         if c.max_update and s.update >= c.max_update:
             return f"reached --max-update {c.max_update}"
         if c.max_epoch and s.epoch > c.max_epoch:

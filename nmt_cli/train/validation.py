@@ -1,5 +1,6 @@
 """Validation during training: loss, perplexity and (--eval-bleu) BLEU on the valid split, the last with the
 same search code and settings as `nmt generate`; and what a validation changes, the best so far and patience.
+A stop signal abandons a pass at once (the loop saves and stops; the resumed run validates again).
 """
 
 from __future__ import annotations
@@ -8,57 +9,63 @@ import math
 
 import torch
 
-from nmt_cli.config import SearchConfig
 from nmt_cli.data.batching import batch_by_tokens, collate
-from nmt_cli.data.dataset import ParallelDataset
-from nmt_cli.data.vocab import Vocab
 from nmt_cli.metrics import sacrebleu_score
 from nmt_cli.model.transformer import Transformer
-from nmt_cli.runtime import DistInfo
 from nmt_cli.search.translate import Translator, translate
+from nmt_cli.signals import Deferred, Interrupted
 from nmt_cli.train.distributed import all_reduce_sum
+from nmt_cli.train.loss import TranslationLoss
 from nmt_cli.train.state import TrainState
 from nmt_cli.train.trainer import Trainer
 
 
-@torch.inference_mode()
-def validate(trainer: Trainer) -> dict[str, float]:
-    """Loss, nll and perplexity (base e) on the valid split; sacreBLEU too with --eval-bleu. Every rank calls it."""
+def validate(trainer: Trainer, signals: Deferred) -> dict[str, float] | None:
+    """Loss, nll and perplexity (base e) on the valid split; sacreBLEU too with --eval-bleu. Every rank calls it.
+    None where a stop signal abandoned the pass on some rank (`Deferred.abandonable`): the ranks still meet in the
+    pass's collectives, which tell every rank."""
     assert trainer.valid_data is not None
-    cfg, max_positions, info = trainer.cfg, trainer.model_cfg.max_positions, trainer.info
-    trainer.model.eval()
-    data = trainer.valid_data
+    model = trainer.model
+    model.eval()
+    try:
+        with torch.inference_mode():
+            result = valid_loss(trainer, TranslationLoss(model, trainer.cfg.label_smoothing), signals)
+            if result is not None and trainer.cfg.eval_bleu:
+                bleu = evaluate_bleu(trainer, model, signals)
+                result = None if bleu is None else {**result, "valid_bleu": bleu}
+    finally:
+        trainer.model.train()
+    return result
+
+
+def valid_loss(trainer: Trainer, objective: TranslationLoss, signals: Deferred) -> dict[str, float] | None:
+    """The loss pass of `validate`, this rank's share of the batches; None where a signal abandoned it."""
+    cfg, max_positions, info, data = trainer.cfg, trainer.model_cfg.max_positions, trainer.info, trainer.valid_data
+    assert data is not None
     batches, _ = batch_by_tokens(
         data.src_lens.clip(max=max_positions - 1),
         data.tgt_lens.clip(max=max_positions - 1),
         max(cfg.max_tokens, max_positions),
         None,
     )
-    totals = torch.zeros(3, dtype=torch.float64, device=trainer.device)
-    for ids in batches[info.rank :: info.world_size]:
-        batch = collate(data, ids, max_positions).to(trainer.device)
-        loss, nll = trainer.batch_loss(batch)
-        totals[:2] += torch.stack([loss, nll]).double()
-        totals[2] += batch.n_tgt_tokens
-    loss_sum, nll_sum, n_tokens = all_reduce_sum(totals, info).tolist()
-    result = {
+    totals = torch.zeros(4, dtype=torch.float64, device=trainer.device)  # loss, nll, tokens, ranks abandoned
+    try:
+        with signals.abandonable():
+            for ids in batches[info.rank :: info.world_size]:
+                batch = collate(data, ids, max_positions).to(trainer.device)
+                loss, nll = trainer.batch_loss(batch, objective)
+                totals[:2] += torch.stack([loss, nll]).double()
+                totals[2] += batch.n_tgt_tokens
+    except Interrupted:
+        totals[3] = 1
+    loss_sum, nll_sum, n_tokens, abandoned = all_reduce_sum(totals, info).tolist()
+    if abandoned:
+        return None
+    return {
         "valid_loss": loss_sum / n_tokens,
         "valid_nll": nll_sum / n_tokens,
         "valid_ppl": math.exp(min(nll_sum / n_tokens, 100.0)),
     }
-    if cfg.eval_bleu:
-        result["valid_bleu"] = evaluate_bleu(
-            trainer.model,
-            data,
-            trainer.vocab,
-            trainer.search_cfg,
-            cfg.eval_bleu_max_tokens,
-            trainer.device,
-            trainer.amp_dtype,
-            info,
-        )
-    trainer.model.train()
-    return result
 
 
 def record_validation(state: TrainState, metric: str, result: dict[str, float]) -> bool:
@@ -73,26 +80,24 @@ def record_validation(state: TrainState, metric: str, result: dict[str, float]) 
     return improved
 
 
-def evaluate_bleu(
-    model: Transformer,
-    data: ParallelDataset,
-    vocab: Vocab,
-    cfg: SearchConfig,
-    max_tokens: int,
-    device: torch.device,
-    amp_dtype: torch.dtype | None,
-    info: DistInfo,
-) -> float:
-    """sacreBLEU of the valid split's translations against its detokenized references (rank 0 computes it)."""
+def evaluate_bleu(trainer: Trainer, model: Transformer, signals: Deferred) -> float | None:
+    """sacreBLEU of `model`'s translations of the valid split against its detokenized references, with the search
+    settings of --eval-bleu-* (rank 0 computes it); None where a signal abandoned the pass."""
+    data, vocab, device = trainer.valid_data, trainer.vocab, trainer.device
+    assert data is not None
     score = torch.zeros(1, dtype=torch.float64, device=device)
-    if info.is_main:
-        translator = Translator(model, vocab, device, amp_dtype)
-        sources = [data.src[i] for i in range(len(data))]
-        hyps = translate(translator, sources, cfg, max_tokens)
-        refs = [vocab.decode(data.tgt[i]) for i in range(len(data))]
-        score[0] = sacrebleu_score([vocab.decode(h[0].tokens) for h in hyps], [refs]).score
-    if info.world_size > 1:
+    if trainer.info.is_main:
+        try:
+            with signals.abandonable():
+                translator = Translator(model, vocab, device, trainer.amp_dtype)
+                sources = [data.src[i] for i in range(len(data))]
+                hyps = translate(translator, sources, trainer.search_cfg, trainer.cfg.eval_bleu_max_tokens)
+                refs = [vocab.decode(data.tgt[i]) for i in range(len(data))]
+                score[0] = sacrebleu_score([vocab.decode(h[0].tokens) for h in hyps], [refs]).score
+        except Interrupted:
+            score[0] = math.nan
+    if trainer.info.world_size > 1:
         import torch.distributed as dist
 
         dist.broadcast(score, src=0)
-    return float(score[0])
+    return None if math.isnan(score[0]) else float(score[0])
