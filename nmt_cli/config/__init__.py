@@ -9,6 +9,7 @@ travel inside checkpoints as plain dicts.
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
@@ -41,6 +42,7 @@ __all__ = [
     "config_to_dict",
     "ensemble_weights",
     "model_config",
+    "named_values",
     "parses_trees",
 ]
 
@@ -113,7 +115,10 @@ SPM_TRAINING_FLAGS = ("--vocab-size", "--model-type", "--character-coverage", "-
 class PreprocessConfig:
     source_lang: str = flag(help="Source language suffix, e.g. en.", short="-s")
     target_lang: str = flag(help="Target language suffix, e.g. de.", short="-t")
-    trainpref: str = flag(help="Training text prefix: PREFIX.{src,tgt}.")
+    trainpref: str = flag(
+        help="Training text prefix: PREFIX.{src,tgt}; or several named corpora, one vocabulary: "
+        "NAME=PREFIX,NAME=PREFIX (nmt train --train-weights, --corpus-tags)."
+    )
     destdir: str = flag(help="Output data directory (must not exist or be empty).", path="new")
     validpref: str | None = flag(None, "Validation text prefix.")
     testpref: str | None = flag(None, "Test prefixes, comma-separated (splits test, test1, ...).")
@@ -125,6 +130,11 @@ class PreprocessConfig:
     max_len: int = flag(250, "Drop training pairs longer than this (pieces).", min=1)
     max_len_ratio: float = flag(1.5, "Drop training pairs with a longer length ratio.", min=1.0)
     workers: int = flag(1, "Encoding threads.", min=1)
+    tags: str | None = flag(
+        None,
+        "Symbols of their own for `nmt train --corpus-tags`, comma-separated (e.g. <BT>): no text encodes to "
+        "them and no search outputs them.",
+    )
     target_format: str = flag(
         "text",
         "ptb-tree: the target files hold one bracketed Penn Treebank tree per line "
@@ -152,6 +162,9 @@ class PreprocessConfig:
             )
         if not parses_trees(self.target_format) and "--tree-leaves" in changed:
             raise ConfigError("--tree-leaves is for --target-format ptb-tree")
+        if parses_trees(self.target_format) and ("=" in self.trainpref or self.tags):
+            raise ConfigError("--target-format ptb-tree takes one unnamed --trainpref and no --tags")
+        named_values("--tags", self.tags, named=False)
 
 
 def parses_trees(target_format: str | None) -> bool:
@@ -259,6 +272,14 @@ class TrainConfig:
         "Pad each batch's lengths to multiples of 8 (at most 4 sizes per doubling) and take sentence counts from "
         "a grid alike, so that batch shapes repeat; the padding added is logged at the start.",
     )
+    train_weights: str | None = flag(
+        None,
+        "NAME=W,...: an epoch draws each training corpus W times over (default 1; 0.5: a different half each "
+        "epoch), by whole batches.",
+    )
+    corpus_tags: str | None = flag(
+        None, "NAME=TAG,...: each source of corpus NAME starts with TAG, a symbol of `nmt preprocess --tags`."
+    )
     cuda_graphs: bool = flag(
         False,
         "CUDA, with --bucket-shapes: capture each batch shape's forward and backward as a CUDA graph once and "
@@ -277,10 +298,23 @@ class TrainConfig:
             raise ConfigError("--best-checkpoint-metric bleu needs --eval-bleu")
         if "--eval-bleu-max-tokens" in changed_flags(self) and not self.eval_bleu:
             raise ConfigError("--eval-bleu-max-tokens needs --eval-bleu")
+        self.corpus_weights(), named_values("--corpus-tags", self.corpus_tags)
         if len(self.adam_betas) != 2 or not all(0.0 <= b < 1.0 for b in self.adam_betas):
             raise ConfigError(f"--adam-betas {self.adam_betas} must be two numbers in [0, 1)")
         if self.cuda_graphs:
             self.check_cuda_graph_options()
+
+    def corpus_weights(self) -> dict[str, float]:
+        """--train-weights by corpus name (a corpus it does not name weighs 1)."""
+        weights = {}
+        for name, text in named_values("--train-weights", self.train_weights).items():
+            try:
+                weights[name] = float(text)
+            except ValueError:
+                weights[name] = -1.0
+            if not 0 <= weights[name] < math.inf:  # nor NaN
+                raise ConfigError(f"--train-weights {name}={text}: a weight is a number >= 0")
+        return weights
 
     def check_cuda_graph_options(self) -> None:
         """The options --cuda-graphs cannot go with (the device and the ranks: train/graphs.py)."""
@@ -317,6 +351,19 @@ class ExportConfig:
 
     def __post_init__(self) -> None:
         check_fields(self)
+
+
+def named_values(option: str, text: str | None, named: bool = True) -> dict[str, str]:
+    """`A=1,B=2` as {"A": "1", "B": "2"} (named=False: `A,B` as {"A": "A", "B": "B"}); ConfigError naming the
+    option for an empty or repeated name or a missing value."""
+    values: dict[str, str] = {}
+    for item in text.split(",") if text is not None else []:
+        name, equals, value = item.partition("=") if named else (item, "", item)
+        if not name.strip() or (named and not (equals and value)) or name in values or name != name.strip():
+            form = "NAME=VALUE,NAME=VALUE" if named else "comma-separated names without spaces"
+            raise ConfigError(f"{option} {text!r}: {item!r} is empty, repeated or not {form}")
+        values[name] = value
+    return values
 
 
 def config_to_dict(cfg: Any) -> dict[str, Any]:

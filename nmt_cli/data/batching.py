@@ -1,4 +1,5 @@
-"""Token-budget batching: length-bucketed, reshuffled each epoch from (seed, epoch), shardable, resumable.
+"""Token-budget batching: length-bucketed once a run, drawn and reshuffled each epoch from (seed, epoch),
+shardable, resumable.
 
 A batch's budget counts padded tokens including the EOS each side gets: with `n` sentences,
 `n * (max_src_len + 1) <= max_tokens` and `n * (max_tgt_len + 1) <= max_tokens`. A pair that cannot
@@ -211,6 +212,53 @@ def padded_lengths(src_len: int, tgt_len: int, bucket_limit: int) -> tuple[int, 
     return bucket_length(src_len, bucket_limit), bucket_length(tgt_len, bucket_limit)
 
 
+BATCHING = 0x6261746368  # "batch": the random stream of the batching, apart from the epochs' [seed, epoch]
+
+
+def length_batches(
+    src_lens: np.ndarray,
+    tgt_lens: np.ndarray,
+    max_tokens: int,
+    seed: int,
+    *,
+    max_positions: int = 0,
+    bucket_shapes: bool = False,
+    corpus: int = 0,
+) -> list[np.ndarray]:
+    """A run's batches of one corpus (its `corpus`-th), made once, length ties broken from `seed`:
+    `batch_by_tokens`, or with bucket_shapes `batch_by_shapes`. Each epoch draws and orders them (`draw_batches`),
+    as fairseq reuses its batches and shuffles their order: the sort and the packing are the slow part."""
+    rng = np.random.default_rng([seed, BATCHING, corpus])
+    make = batch_by_shapes if bucket_shapes else batch_by_tokens
+    return make(src_lens, tgt_lens, max_tokens, rng, max_positions=max_positions)[0]
+
+
+def draw_batches(
+    corpora: list[list[np.ndarray]], weights: list[float], rng: np.random.Generator
+) -> tuple[list[np.ndarray], list[int]]:
+    """An epoch's batches from each corpus's (`length_batches`), shuffled: a corpus of weight w gives every batch
+    int(w) times, then a random share of its batches holding (w - int(w)) of its pairs (a different share each
+    epoch). Returns the batches and the pairs drawn from each corpus."""
+    drawn: list[np.ndarray] = []
+    n_pairs = []
+    for batches, weight in zip(corpora, weights):
+        whole, share = divmod(weight, 1.0)
+        chosen = batches * int(whole)
+        if share and batches:
+            order = rng.permutation(len(batches))
+            sizes = np.cumsum([len(batches[j]) for j in order])
+            chosen += [batches[j] for j in np.sort(order[: int(np.searchsorted(sizes, share * sizes[-1]))])]
+        drawn += chosen
+        n_pairs.append(sum(len(b) for b in chosen))
+    return [drawn[j] for j in rng.permutation(len(drawn))], n_pairs
+
+
+def rank_share(batches: list[np.ndarray], rank: int, world_size: int) -> list[np.ndarray]:
+    """A rank's batches: disjoint and interleaved; the last `len % world_size` are left out so that every rank
+    gets as many."""
+    return batches[rank::world_size][: len(batches) // world_size]
+
+
 def epoch_batches(
     src_lens: np.ndarray,
     tgt_lens: np.ndarray,
@@ -223,19 +271,16 @@ def epoch_batches(
     max_positions: int = 0,
     bucket_shapes: bool = False,
 ) -> list[np.ndarray]:
-    """This rank's batches for `epoch`: a deterministic function of (seed, epoch).
+    """This rank's batches of one corpus for `epoch`: a deterministic function of (seed, epoch), the batches
+    `nmt train` trains on (which makes `length_batches` once a run, train/epoch_plan.py).
 
     The peer harness (`make bench-peers`) calls it as `epoch_batches(src_lens, tgt_lens, max_tokens, seed, epoch)`
     to count each update's target tokens; keep those five positional (tests/test_peers.py).
-
-    Ranks take disjoint, interleaved batches; the last `len % world_size` batches of the shuffled
-    order are left out this epoch so that every rank gets the same number. bucket_shapes: `batch_by_shapes`.
     """
-    rng = np.random.default_rng([seed, epoch])
-    make = batch_by_shapes if bucket_shapes else batch_by_tokens
-    batches, _ = make(src_lens, tgt_lens, max_tokens, rng, max_positions=max_positions)
-    per_rank = len(batches) // world_size
-    return batches[rank::world_size][:per_rank]
+    batches = length_batches(
+        src_lens, tgt_lens, max_tokens, seed, max_positions=max_positions, bucket_shapes=bucket_shapes
+    )
+    return rank_share(draw_batches([batches], [1.0], np.random.default_rng([seed, epoch]))[0], rank, world_size)
 
 
 def pad_sources(sources: list[np.ndarray], length: int = 0) -> torch.Tensor:

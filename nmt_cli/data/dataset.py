@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,15 @@ SPM_FILE = "spm.model"
 # meta.json's own format. 1: records the sentencepiece model's sha256 and a checksum of every offsets file.
 META_FORMAT_VERSION = 1
 META_KEYS = ("source_lang", "target_lang", "vocab_size", "splits")
+# The training split; several named corpora (`nmt preprocess --trainpref NAME=PREFIX,...`) are splits train.NAME.
+TRAIN = "train"
+
+
+def train_corpora(meta: dict[str, Any]) -> dict[str, str]:
+    """A data directory's training corpora: name -> split (one unnamed corpus is named train)."""
+    if TRAIN in meta["splits"]:
+        return {TRAIN: TRAIN}
+    return {split[len(TRAIN) + 1 :]: split for split in meta["splits"] if split.startswith(f"{TRAIN}.")}
 
 
 def load_meta(data_dir: Path) -> dict[str, Any]:
@@ -86,25 +96,60 @@ def checksum_of(data_dir: Path, meta: dict[str, Any], name: str) -> str:
     return checksum
 
 
-class ParallelDataset:
-    """Pairs of token-id arrays (no EOS) for one split; lengths are exposed for batching."""
+class Joined:
+    """Token arrays read as one, sentence after sentence, each of array k's sentences after `tags[k]` (an id)."""
 
-    def __init__(self, data_dir: Path, split: str) -> None:
+    def __init__(self, arrays: list[TokenArray], tags: list[int | None]) -> None:
+        self.arrays, self.tags = arrays, tags
+        self.starts = np.cumsum([0] + [len(a) for a in arrays])
+        self.lengths = np.concatenate([a.lengths + (tag is not None) for a, tag in zip(arrays, tags)])
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        k = int(np.searchsorted(self.starts, i, side="right")) - 1
+        ids, tag = self.arrays[k][i - self.starts[k]], self.tags[k]
+        return ids if tag is None else np.concatenate(([tag], ids))
+
+
+class ParallelDataset:
+    """Pairs of token-id arrays (no EOS) for one split; lengths are exposed for batching. Split train is every
+    training corpus, one after another (`corpora`), a corpus's sources after its tag where `tags` gives one."""
+
+    def __init__(self, data_dir: Path, split: str, tags: dict[str, int] | None = None) -> None:
         meta = load_meta(data_dir)
-        if split not in meta["splits"]:
+        named = train_corpora(meta) if split == TRAIN else {split: split}
+        if not named or any(s not in meta["splits"] for s in named.values()):
             raise DataError(f"{data_dir} has no split {split!r}; it has {', '.join(meta['splits'])}")
         self.split = split
-        src, tgt = f"{split}.{meta['source_lang']}", f"{split}.{meta['target_lang']}"
-        self.src = TokenArray(data_dir / src, checksum_of(data_dir, meta, f"{src}.idx.npy"))
-        self.tgt = TokenArray(data_dir / tgt, checksum_of(data_dir, meta, f"{tgt}.idx.npy"))
-        if len(self.src) != len(self.tgt):
-            raise DataError(
-                f"{data_dir}: split {split} has {len(self.src)} source and {len(self.tgt)} "
-                'target sentences; re-run "nmt preprocess"'
-            )
-        n_pieces = meta.get("n_pieces", meta["vocab_size"])
-        for array, name in ((self.src, src), (self.tgt, tgt)):
-            check_ids(array, n_pieces, data_dir / f"{name}.bin.npy")
+        sides = [self.arrays(data_dir, meta, s, named.values()) for s in (meta["source_lang"], meta["target_lang"])]
+        for name, src, tgt in zip(named.values(), *sides):
+            if len(src) != len(tgt):
+                raise DataError(
+                    f"{data_dir}: split {name} has {len(src)} source and {len(tgt)} target sentences; "
+                    're-run "nmt preprocess"'
+                )
+        sizes = [len(array) for array in sides[0]]
+        #: each corpus's sentences, by name: range(start, end) of the whole split
+        self.corpora = {name: range(sum(sizes[:k]), sum(sizes[: k + 1])) for k, name in enumerate(named)}
+        tag_ids = [(tags or {}).get(name) for name in named]
+        self.src: TokenArray | Joined = sides[0][0]  # one corpus untagged: read as preprocess wrote it
+        self.tgt: TokenArray | Joined = sides[1][0]
+        if tag_ids != [None]:
+            self.src, self.tgt = Joined(sides[0], tag_ids), Joined(sides[1], [None] * len(named))
+        #: the batches made of it, by the settings that made them (train/epoch_plan.py makes them once a run)
+        self.batches: dict[tuple[int, ...], list[list[np.ndarray]]] = {}
+
+    @staticmethod
+    def arrays(data_dir: Path, meta: dict[str, Any], lang: str, splits: Iterable[str]) -> list[TokenArray]:
+        """The token arrays of one language's splits, each checked against meta.json."""
+        arrays = []
+        for split in splits:
+            name = f"{split}.{lang}"
+            arrays.append(TokenArray(data_dir / name, checksum_of(data_dir, meta, f"{name}.idx.npy")))
+            check_ids(arrays[-1], meta.get("n_pieces", meta["vocab_size"]), data_dir / f"{name}.bin.npy")
+        return arrays
 
     @property
     def src_lens(self) -> np.ndarray:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from collections.abc import Callable
 from dataclasses import asdict
 from functools import partial
@@ -15,10 +16,10 @@ from pathlib import Path
 from typing import Any
 
 from nmt_cli import __version__
-from nmt_cli.config import PreprocessConfig
+from nmt_cli.config import PreprocessConfig, named_values
 from nmt_cli.data import WORD_MARK
 from nmt_cli.data.binarize import TokenWriter, check_text_file, file_sha256, read_pairs, token_dtype
-from nmt_cli.data.dataset import META_FILE, META_FORMAT_VERSION, SPM_FILE
+from nmt_cli.data.dataset import META_FILE, META_FORMAT_VERSION, SPM_FILE, TRAIN
 from nmt_cli.data.vocab import Vocab, train_spm
 from nmt_cli.errors import ConfigError, DataError
 from nmt_cli.files import directory_in_place
@@ -30,8 +31,14 @@ CHUNK_SIZE = 10_000
 
 
 def split_prefixes(cfg: PreprocessConfig) -> dict[str, str]:
-    """Map split names to text prefixes: train, valid, test, test1, test2, ..."""
-    splits = {"train": cfg.trainpref}
+    """Map split names to text prefixes: train (or train.NAME for each named corpus), valid, test, test1, ..."""
+    splits = {TRAIN: cfg.trainpref}
+    if "=" in cfg.trainpref:
+        named = named_values("--trainpref", cfg.trainpref)
+        bad = [name for name in named if not re.fullmatch(r"[\w-]+", name, re.ASCII)]
+        if bad:
+            raise ConfigError(f"--trainpref: the corpus name {bad[0]!r} may hold only letters, digits, - and _")
+        splits = {f"{TRAIN}.{name}": prefix for name, prefix in named.items()}
     if cfg.validpref:
         splits["valid"] = cfg.validpref
     prefixes = cfg.testpref.split(",") if cfg.testpref else []
@@ -56,7 +63,7 @@ def check_inputs(cfg: PreprocessConfig, splits: dict[str, str]) -> dict[str, int
         if n_src == 0:
             raise DataError(f"{src_path} and {tgt_path} are empty")
         n_lines[split] = n_src
-        if split == "train":
+        if is_train(split):
             warn_if_subword_split(src_path)
             warn_if_subword_split(tgt_path)
     return n_lines
@@ -108,7 +115,7 @@ def binarize_split(
         for src_lines, tgt_lines in read_pairs(Path(f"{prefix}.{langs[0]}"), Path(f"{prefix}.{langs[1]}"), CHUNK_SIZE):
             src_ids = vocab.encode(src_lines, cfg.workers)
             tgt_ids = vocab.encode(tgt_lines, cfg.workers)
-            if split == "train":
+            if is_train(split):
                 reasons = [keep_pair(s, t, cfg.max_len, cfg.max_len_ratio) for s, t in zip(src_ids, tgt_ids)]
                 for r in reasons:
                     if r:
@@ -120,7 +127,7 @@ def binarize_split(
             bar.advance(task, len(src_lines))
     n_tokens = [w.finish() for w in writers]
     n_pairs = n_lines - sum(dropped.values())
-    if split == "train" and n_pairs == 0:
+    if is_train(split) and n_pairs == 0:
         raise DataError(
             f"every training pair of {prefix}.* was filtered out ({dropped}); "
             "check the files or raise --max-len / --max-len-ratio"
@@ -132,10 +139,11 @@ def binarize_split(
         f"{langs[1]}_tokens": n_tokens[1],
         "dropped": dropped,
     }
-    if split == "train":
+    if is_train(split):
         logger.info(
-            "train: kept %d of %d pairs; dropped %d with an empty side, %d longer than %d pieces, "
+            "%s: kept %d of %d pairs; dropped %d with an empty side, %d longer than %d pieces, "
             "%d with a length ratio over %.2f",
+            split,
             n_pairs,
             n_lines,
             dropped["empty"],
@@ -149,13 +157,21 @@ def binarize_split(
     return stats
 
 
-def make_vocab(cfg: PreprocessConfig, out_dir: Path) -> Vocab:
+def make_vocab(cfg: PreprocessConfig, out_dir: Path, splits: dict[str, str]) -> Vocab:
+    """The joint vocabulary of every training corpus, with --tags last (or --spm-model, which must hold them)."""
     target = out_dir / SPM_FILE
+    tags = list(named_values("--tags", cfg.tags, named=False))
     if cfg.spm_model:
         vocab = Vocab.load(Path(cfg.spm_model))
+        if not set(tags) <= set(vocab.tags):
+            raise DataError(
+                f"--spm-model {cfg.spm_model} has the tags {vocab.tags or 'none'}, not all of --tags {cfg.tags}; "
+                "let preprocess train one"
+            )
         target.write_bytes(vocab.model_bytes)
         return vocab
-    inputs = [Path(f"{cfg.trainpref}.{lang}") for lang in (cfg.source_lang, cfg.target_lang)]
+    langs = (cfg.source_lang, cfg.target_lang)
+    inputs = [Path(f"{prefix}.{lang}") for split, prefix in splits.items() if is_train(split) for lang in langs]
     logger.info(
         "training a joint %s sentencepiece model of %d pieces on %s",
         cfg.model_type,
@@ -170,8 +186,14 @@ def make_vocab(cfg: PreprocessConfig, out_dir: Path) -> Vocab:
         cfg.character_coverage,
         cfg.spm_train_sentences,
         cfg.workers,
+        tags=tags,
     )
     return Vocab.load(target)
+
+
+def is_train(split: str) -> bool:
+    """A training corpus's split: filtered by length and ratio, and the vocabulary's text."""
+    return split == TRAIN or split.startswith(f"{TRAIN}.")
 
 
 def check_destdir(dest: Path) -> None:
@@ -212,7 +234,7 @@ def text_contents(
     cfg: PreprocessConfig, tmp: Path, splits: dict[str, str], n_lines: dict[str, int]
 ) -> tuple[Vocab, dict[str, Any], dict[str, Any]]:
     """Translation: a joint sentencepiece vocabulary, then every split encoded."""
-    vocab = make_vocab(cfg, tmp)
+    vocab = make_vocab(cfg, tmp, splits)
     stats = {split: binarize_split(cfg, vocab, split, prefix, n_lines[split], tmp) for split, prefix in splits.items()}
     return vocab, stats, {}
 

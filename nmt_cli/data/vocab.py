@@ -32,6 +32,12 @@ class Vocab:
                 f"{source} has special ids pad,unk,bos,eos={specials}; nmt needs "
                 f"{(PAD, UNK, BOS, EOS)} (train it with pad_id=0 unk_id=1 bos_id=2 eos_id=3)"
             )
+        # Tags (`nmt preprocess --tags`) are the control pieces that end the vocabulary: no text encodes to them,
+        # decoding drops them, and a search outputs only the pieces before them (`n_outputs`).
+        self.n_outputs = self.sp.get_piece_size()
+        while self.n_outputs > EOS + 1 and self.sp.is_control(self.n_outputs - 1):
+            self.n_outputs -= 1
+        self.tags = [self.sp.id_to_piece(i) for i in range(self.n_outputs, self.sp.get_piece_size())]
 
     @classmethod
     def load(cls, path: Path) -> Vocab:
@@ -78,11 +84,11 @@ class Vocab:
         """The ids of pieces as `pieces` writes them (generate's H- lines, jsonl's tokens).
 
         Raises:
-            DataError: a piece the vocabulary lacks, or a control piece (padding, BOS, EOS) no output holds.
+            DataError: a piece the vocabulary lacks, or a control piece (padding, BOS, EOS, a tag) no output holds.
         """
         ids = [self.sp.piece_to_id(piece) for piece in pieces]
         for piece, i in zip(pieces, ids):
-            if i in (PAD, BOS, EOS) or self.sp.id_to_piece(i) != piece:
+            if i in (PAD, BOS, EOS) or i >= self.n_outputs or self.sp.id_to_piece(i) != piece:
                 raise DataError(f"{piece!r} is not a piece an output may hold")
         return ids
 
@@ -102,10 +108,12 @@ def train_spm(
     max_sentences: int,
     n_threads: int = 1,
     control_symbols: Sequence[str] = (),
+    tags: Sequence[str] = (),
 ) -> None:
     """Train one joint model on all inputs, sampling at most `max_sentences` lines (streamed by spm).
 
-    `control_symbols` get ids of their own (after eos) that encoding text never produces (tree tokens).
+    `control_symbols` get ids of their own (after eos) that encoding text never produces (tree tokens); so do
+    `tags`, the vocabulary's last ids (`Vocab.tags`).
     """
     # The model comes back in memory (model_writer) and is written here: sentencepiece's own file writing
     # ignores a full disk and leaves a truncated model, which would be reported as "not a sentencepiece model".
@@ -126,7 +134,7 @@ def train_spm(
             num_threads=n_threads,
             minloglevel=2,
             max_sentence_length=1 << 16,
-            **({"control_symbols": list(control_symbols)} if control_symbols else {}),  # type: ignore[arg-type]
+            **({"control_symbols": [*control_symbols, *tags]} if control_symbols or tags else {}),  # type: ignore[arg-type]
         )
     except RuntimeError as e:
         message = str(e)
@@ -137,7 +145,13 @@ def train_spm(
                 f"sentencepiece allows at most {too_high.group(2)}"
             ) from None
         raise DataError(f"sentencepiece training failed: {message.splitlines()[-1]}") from None
-    Path(f"{model_prefix}.model").write_bytes(without_run_details(trained.getvalue()))
+    model = without_run_details(trained.getvalue())
+    if tags:  # sentencepiece puts them after eos; moved last (a piece's id is its place), the search's bound
+        pieces = [raw for number, _, raw in _proto_fields(model) if number == PIECES]
+        first = EOS + 1 + len(control_symbols)
+        pieces[first:] = pieces[first + len(tags) :] + pieces[first : first + len(tags)]
+        model = b"".join(pieces) + b"".join(raw for number, _, raw in _proto_fields(model) if number != PIECES)
+    Path(f"{model_prefix}.model").write_bytes(model)
 
 
 # A ModelProto's trainer_spec (field 2) records where and how a model was trained as well as what it encodes:
@@ -145,6 +159,7 @@ def train_spm(
 # Dropped, so that one corpus and the same settings give the same spm.model bytes wherever, and with however
 # many workers, preprocess runs: the vocabulary checks (a checkpoint against a data directory) compare bytes.
 TRAINER_SPEC, RUN_DETAILS = 2, frozenset({1, 2, 16})
+PIECES = 1  # a ModelProto's repeated field of pieces, in id order
 
 
 def without_run_details(model: bytes) -> bytes:

@@ -192,7 +192,7 @@ def batch_steps(
     """Search one batch, one decoder step per resumption (the encoder a layer per resumption before them). The
     caller runs each resumption in `search_context`: serve's worker interleaves the steps of two batches on one
     thread, and a context held open across a pause would leak into the other's."""
-    n, n_pieces = len(sources), translator.vocab.n_pieces
+    n, n_pieces = len(sources), translator.vocab.n_outputs  # never a tag (Vocab.tags) nor a padding row
     src, src_pad_mask, src_lens = source_batch(sources, translator.device)
     rules: dict[str, Any] = {} if still_wanted is None else {"still_wanted": still_wanted}
     constraints = all_of(constraints, no_repeat_ngrams(cfg))

@@ -162,7 +162,7 @@ def restart_data_if_rebatched(
     saved_world, saved_cfg = ckpt.get("world_size", 1), ckpt.get("train_config", {})
     rebatched = [
         f"{flag_name(name)} {getattr(cfg, name)} (was {saved_cfg[name]})"
-        for name in ("max_tokens", "seed", "bucket_shapes")
+        for name in ("max_tokens", "seed", "bucket_shapes", "train_weights", "corpus_tags")
         if name in saved_cfg and saved_cfg[name] != getattr(cfg, name)
     ]
     if saved_world != info.world_size:

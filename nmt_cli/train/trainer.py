@@ -30,7 +30,7 @@ from nmt_cli.errors import NmtError
 from nmt_cli.model.transformer import Transformer, build_model
 from nmt_cli.runtime import AMP_DTYPES, DistInfo, autocast, rng_state
 from nmt_cli.train.distributed import all_reduce_sum, gather_objects, wrap_ddp
-from nmt_cli.train.epoch_plan import EpochPlan
+from nmt_cli.train.epoch_plan import EpochPlan, training_data
 from nmt_cli.train.graphs import StepGraphs, check_cuda_graphs, cuda_step_graphs
 from nmt_cli.train.loss import TranslationLoss
 from nmt_cli.train.prefetch import BatchLoader
@@ -64,7 +64,7 @@ class Trainer:
         self.vocab, self.meta, self.info, self.device = vocab, meta, info, device
         check_cuda_graphs(cfg, device, info.world_size)
         data_dir = Path(cfg.data_dir)
-        self.train_data = ParallelDataset(data_dir, "train")
+        self.train_data = training_data(cfg, meta, vocab)
         self.valid_data = ParallelDataset(data_dir, "valid") if "valid" in meta["splits"] else None
         self.model = build_model(model_cfg).to(device)
         self.model.checkpoint_activations = cfg.checkpoint_activations
