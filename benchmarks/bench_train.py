@@ -7,6 +7,9 @@ over the log intervals after the first (warm-up) one; s/update is wall clock bet
 the speed and the quality effect of bf16 are both visible. `--checkpoint-activations` also trains each setting
 with `nmt train --checkpoint-activations` (each layer recomputed in the backward pass), whose peak RSS and speed
 stand beside the plain run's (the issue's figure: `--shapes base`, 4,096 tokens, on the CPU).
+`--epoch-pairs N` instead measures the wait at an epoch's start with N synthetic pairs (the issue's figure:
+36,000,000, WMT14 EN-FR's size): before, each epoch bucketed its batches anew (`epoch_batches`); now a run buckets
+once and each later epoch only draws and shuffles them (`plan_epoch`).
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import time
 
 from common import NMT, WORK, precisions, report, run, train_args
 
@@ -59,6 +63,39 @@ def speed_row(shape: str, precision: str, updates: int, extra: tuple[str, ...] =
     }
 
 
+def epoch_boundary_row(n_pairs: int, max_tokens: int = 4096) -> dict:
+    """Seconds of epoch planning with n_pairs pairs of WMT-like lengths (lognormal, ~29 pieces, 1-250)."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from nmt_cli.config import TrainConfig
+    from nmt_cli.data.batching import epoch_batches
+    from nmt_cli.runtime import DistInfo
+    from nmt_cli.train.epoch_plan import plan_epoch
+
+    rng = np.random.default_rng(0)
+    src = rng.lognormal(3.2, 0.6, n_pairs).clip(1, 250).astype(np.int64)
+    tgt = (src * rng.normal(1.0, 0.15, n_pairs)).clip(1, 250).astype(np.int64)
+    cfg = TrainConfig(data_dir="synthetic", save_dir="unused", max_update=1, max_tokens=max_tokens)
+    data = SimpleNamespace(src_lens=src, tgt_lens=tgt, corpora={"train": range(n_pairs)}, batches={})
+
+    def seconds(work) -> float:
+        start = time.perf_counter()
+        work()
+        return time.perf_counter() - start
+
+    def plan(epoch: int) -> None:
+        plan_epoch(data, cfg, max_positions=1024, info=DistInfo(), epoch=epoch)  # type: ignore[arg-type]
+
+    return {
+        "pairs": n_pairs,
+        "before: each epoch_s": seconds(lambda: epoch_batches(src, tgt, max_tokens, cfg.seed, 2, max_positions=1024)),
+        "now: first epoch_s": seconds(lambda: plan(1)),
+        "now: later epochs_s": seconds(lambda: plan(2)),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--shapes", default="small,base")
@@ -68,7 +105,11 @@ def main() -> None:
     parser.add_argument(
         "--checkpoint-activations", action="store_true", help="also each setting with --checkpoint-activations"
     )
+    parser.add_argument("--epoch-pairs", type=int, default=0, help="only the epoch boundary's wait, with N pairs")
     args = parser.parse_args()
+    if args.epoch_pairs:
+        report("train-epoch-boundary", [epoch_boundary_row(args.epoch_pairs)])
+        return
     chosen = precisions(args.precisions)
     rows = []
     variants = [(), ("--checkpoint-activations",)] if args.checkpoint_activations else [()]
