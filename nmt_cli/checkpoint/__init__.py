@@ -66,8 +66,10 @@ def make_checkpoint(
     training: dict[str, Any] | None = None,
     target_format: str = "text",
     tree_leaves: str | None = None,
+    ema: dict[str, torch.Tensor] | None = None,
 ) -> dict[str, Any]:
-    """A checkpoint dict with every model key, plus the training keys when `training` is given.
+    """A checkpoint dict with every model key, plus the training keys when `training` is given, and `ema` (the
+    moving average of the weights, --ema-decay: `translated_weights`) when given.
 
     target_format: "text" (translation) or "ptb-tree" (a constituency parser, nmt_cli/parsing), with its
     tree_leaves ("pos" or "slot")."""
@@ -89,7 +91,15 @@ def make_checkpoint(
     if training is not None:
         assert set(training) == set(TRAINING_KEYS), sorted(set(training) ^ set(TRAINING_KEYS))
         ckpt.update(training)
+    if ema is not None:
+        ckpt["ema"] = ema
     return ckpt
+
+
+def translated_weights(ckpt: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """The weights a checkpoint is translated, exported and averaged with: the moving average of a run with
+    --ema-decay (`ema`, an optional key: older nmt reads the raw `model`), else `model`. Resume reads both."""
+    return ckpt["ema"] if "ema" in ckpt else ckpt["model"]
 
 
 def upgrade(ckpt: dict[str, Any]) -> dict[str, Any]:
@@ -342,7 +352,7 @@ def read_saved_model(path: Path) -> SavedModel:
         source_lang=ckpt.get("source_lang"),
         target_lang=ckpt.get("target_lang"),
         update=ckpt.get("update"),
-        weights=ckpt["model"],
+        weights=translated_weights(ckpt),
         averaged_from=tuple(ckpt.get("averaged_from", ())),
         averaged_updates=tuple(ckpt.get("averaged_updates", ())),
     )

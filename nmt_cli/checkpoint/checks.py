@@ -242,6 +242,10 @@ def check_fields(ckpt: dict[str, Any], path: Path) -> None:
     check.expect(isinstance(weights, dict), "model", weights, "a dict of tensors by parameter name")
     for name, tensor in weights.items():
         check.expect(isinstance(name, str) and isinstance(tensor, torch.Tensor), f"model[{name!r}]", tensor, "a tensor")
+    ema = ckpt.get("ema", weights)  # --ema-decay's average of the weights, by the same names
+    check.expect(isinstance(ema, dict) and set(ema) == set(weights), "ema", ema, "a dict by the names of 'model'")
+    for name, tensor in ema.items():
+        check.expect(isinstance(tensor, torch.Tensor), f"ema[{name!r}]", tensor, "a tensor")
     averaged = ckpt.get("averaged_from", [])
     check.expect(
         isinstance(averaged, list) and all(isinstance(p, str) for p in averaged),

@@ -21,6 +21,7 @@ from nmt_cli.checkpoint import (
     numbered_checkpoints,
     save_checkpoint,
     shape_differences,
+    translated_weights,
 )
 from nmt_cli.errors import CheckpointError, ConfigError
 from nmt_cli.files import TMP_SUFFIX, make_parent, remove_abandoned_temporaries
@@ -54,11 +55,13 @@ def average_checkpoints(paths: list[Path]) -> dict[str, Any]:
     if not paths:
         raise CheckpointError("no checkpoints to average")
     first = load_checkpoint(paths[0])
-    sums = {k: v.double() if v.is_floating_point() else v.clone() for k, v in first["model"].items()}
+    first_weights = translated_weights(first)  # the moving average where a run kept one (--ema-decay)
+    sums = {k: v.double() if v.is_floating_point() else v.clone() for k, v in first_weights.items()}
     by_update = {first.get("update"): [paths[0]]}  # to refuse the same weights twice
     updates = [first.get("update")]  # each input's, in order: what the average is of (serve's /info says it)
     for path in paths[1:]:
         ckpt = load_checkpoint(path)
+        weights = translated_weights(ckpt)
         if shape_differences(model_config_of(first, paths[0]), model_config_of(ckpt, path)):
             raise CheckpointError(
                 f"{path} has another model config than {paths[0]}; only checkpoints of one model can be averaged"
@@ -74,19 +77,19 @@ def average_checkpoints(paths: list[Path]) -> dict[str, Any]:
                 f"{path} was trained for {_task_in_words(task)}, {paths[0]} for {_task_in_words(first_task)}; "
                 "only checkpoints of one task can be averaged"
             )
-        if set(ckpt["model"]) != set(sums):
+        if set(weights) != set(sums):
             raise CheckpointError(f"{path} has other parameter names than {paths[0]}")
         # checkpoint_last.pt is also the newest checkpoint_<update>.pt: given both, that update would count twice
         # (the earlier one is loaded again, memory-mapped, only then: no input stays mapped while averaging)
         update = ckpt.get("update")
         for other in by_update.setdefault(update, []):
-            weights = load_checkpoint(other)["model"]
-            if all(torch.equal(v, weights[k]) for k, v in ckpt["model"].items()):
+            others = translated_weights(load_checkpoint(other))
+            if all(torch.equal(v, others[k]) for k, v in weights.items()):
                 same = f"{path} is given twice" if path.samefile(other) else f"{path} and {other} hold the same weights"
                 raise CheckpointError(f"{same} (update {update}); averaging would count that update twice")
         by_update[update].append(path)
         updates.append(update)
-        for k, v in ckpt["model"].items():
+        for k, v in weights.items():
             if v.shape != sums[k].shape:
                 raise CheckpointError(f"{path}: {k} has shape {tuple(v.shape)}, {paths[0]} has {tuple(sums[k].shape)}")
             if v.is_floating_point():
@@ -94,9 +97,9 @@ def average_checkpoints(paths: list[Path]) -> dict[str, Any]:
     averaged: dict[str, torch.Tensor] = {}
     by_storage: dict[int, torch.Tensor] = {}  # tied weights (one tensor under several names) stay tied
     for k, v in sums.items():
-        ptr = first["model"][k].untyped_storage().data_ptr()
+        ptr = first_weights[k].untyped_storage().data_ptr()
         if ptr not in by_storage:
-            by_storage[ptr] = (v / len(paths)).to(first["model"][k].dtype) if v.is_floating_point() else v
+            by_storage[ptr] = (v / len(paths)).to(first_weights[k].dtype) if v.is_floating_point() else v
         averaged[k] = by_storage[ptr]
     out = {k: first[k] for k in MODEL_KEYS if k in first}
     out.update(model=averaged, averaged_from=[str(p) for p in paths], averaged_updates=updates, nmt_version=__version__)

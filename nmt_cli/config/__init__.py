@@ -230,6 +230,15 @@ class TrainConfig:
     adam_eps: float = flag(1e-9, "Adam epsilon.", min=0)
     clip_norm: float = flag(0.0, "Clip the gradient norm (0: off).", min=0)
     weight_decay: float = flag(0.0, "Decoupled weight decay.", min=0)
+    ema_decay: float = flag(
+        0.0,
+        "Keep an exponential moving average of the weights with this decay (e.g. 0.9999; 0: off); validation, "
+        "checkpoint_best.pt and every command that reads the checkpoints use the average.",
+        min=0,
+        max=1,
+        max_open=True,
+    )
+    ema_start_update: int = flag(0, "The average copies the weights until this update.", min=0)
     label_smoothing: float = flag(0.1, "Label smoothing epsilon.", min=0, max=1, max_open=True)
     seed: int = flag(1, "Random seed.")
     save_interval_updates: int = flag(0, "Numbered checkpoint every N updates.", min=0)
@@ -298,6 +307,8 @@ class TrainConfig:
             raise ConfigError("--best-checkpoint-metric bleu needs --eval-bleu")
         if "--eval-bleu-max-tokens" in changed_flags(self) and not self.eval_bleu:
             raise ConfigError("--eval-bleu-max-tokens needs --eval-bleu")
+        if "--ema-start-update" in changed_flags(self) and not self.ema_decay:
+            raise ConfigError("--ema-start-update needs --ema-decay")
         self.corpus_weights(), named_values("--corpus-tags", self.corpus_tags)
         if len(self.adam_betas) != 2 or not all(0.0 <= b < 1.0 for b in self.adam_betas):
             raise ConfigError(f"--adam-betas {self.adam_betas} must be two numbers in [0, 1)")

@@ -17,6 +17,7 @@ from nmt_cli.checkpoint import BEST, load_model_weights
 from nmt_cli.config import SearchConfig, TrainConfig, config_to_dict
 from nmt_cli.flags import flag_name
 from nmt_cli.runtime import DistInfo, set_rng_state
+from nmt_cli.train.ema import WeightAverage
 
 logger = logging.getLogger(__name__)
 RESET_FIELDS = ("reset_optimizer", "reset_lr_scheduler", "reset_dataloader")  # applied once: `resets_to_apply`
@@ -92,12 +93,13 @@ def restore_training(
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
     scaler: torch.amp.GradScaler | None,
+    ema: WeightAverage | None,
     cfg: TrainConfig,
     info: DistInfo,
     train_data: str,
     search_cfg: SearchConfig,
 ) -> TrainState:
-    """Load a training checkpoint into the model, optimizer, scaler and this rank's random streams.
+    """Load a training checkpoint into the model, its moving average, optimizer, scaler and this rank's random streams.
 
     Returns the counters to continue from, with what this run's options change: --reset-optimizer keeps the
     fresh optimizer and scaler, --reset-lr-scheduler restarts the schedule at the saved update, other batches
@@ -106,6 +108,7 @@ def restore_training(
     search settings.
     """
     load_model_weights(model, ckpt["model"], path)
+    restore_average(ckpt, ema, path)
     saved = ckpt["train_state"]
     state = TrainState.from_saved(saved)
     applied = resets_to_apply(cfg, ckpt)
@@ -130,6 +133,15 @@ def restore_training(
         )
     set_rng_state(rngs[info.rank] if len(rngs) == info.world_size else rngs[0])
     return state
+
+
+def restore_average(ckpt: dict[str, Any], ema: WeightAverage | None, path: Path) -> None:
+    """--ema-decay's average as saved; one that a checkpoint saved without it starts from the resumed weights."""
+    if ema is not None and "ema" in ckpt:
+        load_model_weights(ema.model, ckpt["ema"], path)
+    elif ema is not None:
+        logger.info("--ema-decay: %s holds no moving average; it starts from its weights", path)
+        ema.restart()
 
 
 def restore_optimizer(

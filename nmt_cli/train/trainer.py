@@ -30,6 +30,7 @@ from nmt_cli.errors import NmtError
 from nmt_cli.model.transformer import Transformer, build_model
 from nmt_cli.runtime import AMP_DTYPES, DistInfo, autocast, rng_state
 from nmt_cli.train.distributed import all_reduce_sum, gather_objects, wrap_ddp
+from nmt_cli.train.ema import WeightAverage
 from nmt_cli.train.epoch_plan import EpochPlan, training_data
 from nmt_cli.train.graphs import StepGraphs, check_cuda_graphs, cuda_step_graphs
 from nmt_cli.train.loss import TranslationLoss
@@ -68,6 +69,7 @@ class Trainer:
         self.valid_data = ParallelDataset(data_dir, "valid") if "valid" in meta["splits"] else None
         self.model = build_model(model_cfg).to(device)
         self.model.checkpoint_activations = cfg.checkpoint_activations
+        self.ema = WeightAverage(self.model, cfg.ema_decay, cfg.ema_start_update) if cfg.ema_decay else None
         self.objective = TranslationLoss(self.model, cfg.label_smoothing)
         # What training's forward runs through: DDP over the objective with several ranks, else the objective.
         self.synced_objective = wrap_ddp(self.objective, info, device)
@@ -239,6 +241,8 @@ class Trainer:
             self.scaler.update()
         self.zero_grad()
         self.state.advance_update()
+        if self.ema is not None:
+            self.ema.update(self.state.update)
         return StepStats(loss_sum / n_tokens, nll_sum / n_tokens, n_tokens, grad_norm, seconds)
 
     def skip_nonfinite(self, loss_sum: float, grad_norm: float) -> None:
@@ -312,6 +316,7 @@ class Trainer:
             vocab=self.vocab,
             langs=self.languages(),
             weights=self.model.state_dict(),
+            ema=self.ema.state_dict() if self.ema is not None else None,
             update=self.state.update,
             epoch=self.state.epoch,
             training=training,
@@ -327,6 +332,7 @@ class Trainer:
             model=self.model,
             optimizer=self.optimizer,
             scaler=self.scaler,
+            ema=self.ema,
             cfg=self.cfg,
             info=self.info,
             train_data=self.state.train_data,

@@ -21,11 +21,11 @@ from nmt_cli.train.trainer import Trainer
 
 
 def validate(trainer: Trainer, signals: Deferred) -> dict[str, float] | None:
-    """Loss, nll and perplexity (base e) on the valid split; sacreBLEU too with --eval-bleu. Every rank calls it.
-    None where a stop signal abandoned the pass on some rank (`Deferred.abandonable`): the ranks still meet in the
-    pass's collectives, which tell every rank."""
+    """Loss, nll and perplexity (base e) on the valid split; sacreBLEU too with --eval-bleu; of the moving average of
+    the weights with --ema-decay. Every rank calls it. None where a stop signal abandoned the pass on some rank
+    (`Deferred.abandonable`): the ranks still meet in the pass's collectives, which tell every rank."""
     assert trainer.valid_data is not None
-    model = trainer.model
+    model = trainer.ema.model if trainer.ema is not None else trainer.model
     model.eval()
     try:
         with torch.inference_mode():
