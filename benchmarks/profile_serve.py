@@ -115,8 +115,8 @@ def one_at_a_time(args: argparse.Namespace, lines: list[str]) -> None:
         batcher, key = started(served, config)
         t = time.perf_counter()
         for line in lines:
-            s = served.prepare([line])
-            batcher.submit(key, s, [served.length(x) for x in s]).result()
+            s = served.reader.prepare([line])
+            batcher.submit(key, s, [served.reader.length(x) for x in s]).result()
         took.append(time.perf_counter() - t)
         batcher.stop()
 
@@ -177,7 +177,7 @@ def many_clients(args: argparse.Namespace, lines: list[str]) -> None:
     latencies: list[float] = []  # of each request (seconds)
 
     def through_batcher() -> float:
-        prepared = [served.prepare([line]) for line in lines]  # the event loop's work, not timed
+        prepared = [served.reader.prepare([line]) for line in lines]  # the event loop's work, not timed
         todo = iter(range(len(lines)))
         lock = threading.Lock()
         batcher, key = started(served, config)
@@ -191,7 +191,7 @@ def many_clients(args: argparse.Namespace, lines: list[str]) -> None:
                     return
                 s = prepared[i]
                 start = time.perf_counter()
-                batcher.submit(key, s, [served.length(x) for x in s]).result()
+                batcher.submit(key, s, [served.reader.length(x) for x in s]).result()
                 latencies.append(time.perf_counter() - start)
 
         threads = [threading.Thread(target=client) for _ in range(n)]

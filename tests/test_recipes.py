@@ -186,3 +186,31 @@ def test_the_multi30k_recipe_trains_two_minutes_where_there_is_a_gpu(tmp_path, g
     stderr, train = multi30k_dry_run(env)
     assert f"--max-time-minutes {minutes} " in train
     assert ("a GPU is present" in stderr) == gpu
+
+
+@pytest.mark.parametrize(
+    ("numbered", "expected", "note"),
+    [
+        (7, "--inputs {d} --num-update-checkpoints 5 ", None),
+        (3, "--inputs {d} --num-update-checkpoints 3 ", "{d} has 3 numbered checkpoints, fewer than the 5 to average"),
+        (0, "--inputs {d}/checkpoint_last.pt --output", "{d} has no numbered checkpoint, fewer than the 5 to average"),
+    ],
+)
+def test_a_recipe_averages_the_checkpoints_it_has(tmp_path, numbered, expected, note):
+    """Where training saved fewer numbered checkpoints than N_AVERAGE in its minutes (a busy machine),
+    average-checkpoints had failed; the recipes average those there are, saying so (recipes/settings.sh)."""
+    d = tmp_path / "checkpoints"
+    d.mkdir()
+    numbered_names = [f"checkpoint_{10 * (i + 1)}.pt" for i in range(numbered)]
+    for name in [*numbered_names, "checkpoint_last.pt", "checkpoint_best.pt"]:
+        (d / name).touch()
+    script = f'run() {{ echo "+ $*" >&2; }}; . "{ROOT}/recipes/settings.sh"; average_last "{d}" 5 "{tmp_path}/a.pt"'
+    run = subprocess.run(["bash", "-euc", script], capture_output=True, text=True, timeout=30, check=True)
+    assert expected.format(d=d) in run.stderr
+    assert (note is None) == ("note:" not in run.stderr) and (note is None or note.format(d=d) in run.stderr)
+
+
+def test_every_recipe_averages_through_average_last():
+    """One copy of the rule above: no recipe calls average-checkpoints itself."""
+    scripts = [p for p in (ROOT / "recipes").rglob("*.sh") if p.name != "settings.sh"]
+    assert scripts and not [p for p in scripts if "average-checkpoints" in p.read_text()]

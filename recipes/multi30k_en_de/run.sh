@@ -25,7 +25,7 @@ WARMUP=${WARMUP:-1000}
 SHOW=${SHOW:-5}
 LOG_INTERVAL=${LOG_INTERVAL:-50}
 . "$here/../cpu_precision.sh"        # PRECISION: --bf16 where the CPU has bfloat16 instructions, else float32
-. "$here/../settings.sh"             # check_settings
+. "$here/../settings.sh"             # check_settings, average_last
 run() { echo "+ $*" >&2; [ "${DRY_RUN:-0}" = 1 ] || "$@"; }
 
 mkdir -p "$WORK_DIR"
@@ -63,8 +63,7 @@ run nmt train "$WORK_DIR/data-bin" --save-dir "$WORK_DIR/checkpoints" --arch "$A
 # 4. Average the last N_AVERAGE numbered checkpoints (again when N_AVERAGE changed: average.n records it).
 if [ ! -f "$WORK_DIR/average.pt" ] || [ ! "$WORK_DIR/average.pt" -nt "$WORK_DIR/checkpoints/checkpoint_last.pt" ] \
     || [ "$(cat "$WORK_DIR/average.n" 2>/dev/null)" != "$N_AVERAGE" ]; then
-    run nmt average-checkpoints --inputs "$WORK_DIR/checkpoints" --num-update-checkpoints "$N_AVERAGE" \
-        --output "$WORK_DIR/average.pt"
+    average_last "$WORK_DIR/checkpoints" "$N_AVERAGE" "$WORK_DIR/average.pt"
     [ "${DRY_RUN:-0}" = 1 ] || echo "$N_AVERAGE" > "$WORK_DIR/average.n"
 fi
 

@@ -15,7 +15,6 @@ LEAVES=${LEAVES:-words-ahead}         # words-ahead: each word's pieces (copied)
                                       # just before the tag; pos: the tags alone; slot: XX. See README.md
 CHECKPOINT=${CHECKPOINT:-average}     # parse with the average of the last N_AVERAGE checkpoints (saved every
                                       # SAVE_MINUTES), or checkpoint_best (lowest valid loss), or checkpoint_last
-N_AVERAGE=${N_AVERAGE:-5}
 TRAIN_TREES=${TRAIN_TREES:-0}         # train on the first N trees only (0: all 3,068): the learning curve
 if [ "$QUICK" = 1 ]; then
     ARCH=${ARCH:-transformer_tiny}; TRAIN_MINUTES=${TRAIN_MINUTES:-0.25}; VALID_LINES=${VALID_LINES:-40}
@@ -24,14 +23,14 @@ if [ "$QUICK" = 1 ]; then
 else
     ARCH=${ARCH:-transformer_small}; TRAIN_MINUTES=${TRAIN_MINUTES:-30}; VALID_LINES=${VALID_LINES:-0}
     BEAM=${BEAM:-21}; MAX_LEN_B=${MAX_LEN_B:-300}; WARMUP=${WARMUP:-200}; VOCAB=${VOCAB:-4000}
-    SAVE_MINUTES=${SAVE_MINUTES:-3}
+    SAVE_MINUTES=${SAVE_MINUTES:-3}; N_AVERAGE=${N_AVERAGE:-5}
     . "$here/../cpu_precision.sh"    # PRECISION: --bf16 where the CPU has bfloat16 instructions; PRECISION= for float32
 fi
 DROPOUT=${DROPOUT:-0.3}
 MAX_TOKENS=${MAX_TOKENS:-4096}
 if command -v nmt >/dev/null; then PYTHON=${PYTHON:-$(dirname "$(command -v nmt)")/python}; else PYTHON=${PYTHON:-python3}; fi
 run() { echo "+ $*" >&2; [ "${DRY_RUN:-0}" = 1 ] || "$@"; }
-. "$here/../settings.sh"             # check_settings
+. "$here/../settings.sh"             # check_settings, average_last
 [ -f "$DATA/valid.tree" ] || { echo "error: DATA $DATA has no valid.tree; give the treebank sample's directory" >&2; exit 1; }
 
 mkdir -p "$WORK_DIR"
@@ -62,8 +61,7 @@ run nmt train "$WORK_DIR/data-bin" --save-dir "$WORK_DIR/checkpoints" --arch "$A
 ckpt=$WORK_DIR/checkpoints/checkpoint_$CHECKPOINT.pt
 if [ "$CHECKPOINT" = average ]; then
     ckpt=$WORK_DIR/average.pt
-    run nmt average-checkpoints --inputs "$WORK_DIR/checkpoints" --num-update-checkpoints "$N_AVERAGE" \
-        --output "$ckpt" --force
+    average_last "$WORK_DIR/checkpoints" "$N_AVERAGE" "$ckpt" --force
 fi
 run sh -c "nmt generate --path '$ckpt' --input '$WORK_DIR/valid.words' \
         --beam $BEAM --lenpen 0.3 --max-len-a 1 --max-len-b $MAX_LEN_B --threads $THREADS \

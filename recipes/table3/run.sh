@@ -23,7 +23,7 @@ MAX_LEN_B=${MAX_LEN_B:-5}         # so the barely trained models of short rows d
 . "$here/../cpu_precision.sh"        # PRECISION: --bf16 where the CPU has bfloat16 instructions, else float32
 PYTHON=${PYTHON:-$(dirname "$(command -v nmt)")/python}
 run() { echo "+ $*" >&2; [ "${DRY_RUN:-0}" = 1 ] || "$@"; }
-. "$here/../settings.sh"             # check_settings
+. "$here/../settings.sh"             # check_settings, average_last
 
 # The rows to run: NAME and flags from rows.txt, filtered by ROWS or QUICK.
 selected=()
@@ -61,9 +61,7 @@ for row in "${selected[@]}"; do
             --max-tokens "$MAX_TOKENS" --lr-scale "$LR_SCALE" --warmup-updates "$WARMUP" \
             --max-time-minutes "$MINUTES_PER_ROW" --save-interval-minutes "$SAVE_MINUTES" \
             --threads "$THREADS" --log-interval 10 --log-file "$dir/train.jsonl" $PRECISION
-        n=$(find "$dir/checkpoints" -name "checkpoint_[0-9]*.pt" 2>/dev/null | wc -l) || n=0
-        run nmt average-checkpoints --inputs "$dir/checkpoints" \
-            --num-update-checkpoints "$(( n < N_AVERAGE ? (n > 0 ? n : 1) : N_AVERAGE ))" --output "$dir/average.pt"
+        average_last "$dir/checkpoints" "$N_AVERAGE" "$dir/average.pt"
         run nmt generate "$WORK_DIR/data-bin" --gen-subset valid --path "$dir/average.pt" --beam 4 --lenpen 0.6 \
             --max-len-a "$MAX_LEN_A" --max-len-b "$MAX_LEN_B" \
             --threads "$THREADS" --results-path "$dir"

@@ -27,6 +27,7 @@ else
 fi
 if command -v nmt >/dev/null; then PYTHON=${PYTHON:-$(dirname "$(command -v nmt)")/python}; else PYTHON=${PYTHON:-python3}; fi
 run() { echo "+ $*" >&2; [ "${DRY_RUN:-0}" = 1 ] || "$@"; }
+. "$here/../settings.sh"             # average_last
 
 if [ "$SMOKE" = 1 ]; then
     [ "${DRY_RUN:-0}" = 1 ] || [ -f "$DATA/valid.tree" ] || {
@@ -63,8 +64,7 @@ run $TRAIN_CMD "$WORK_DIR/data-bin" --save-dir "$WORK_DIR/checkpoints" --arch tr
     --label-smoothing 0.1 $SAVE --keep-last 20 $PRECISION
 
 # 4. Average the last N_AVERAGE checkpoints, parse 22 and 23 with the checkpoint's search settings, score.
-run nmt average-checkpoints --inputs "$WORK_DIR/checkpoints" --num-update-checkpoints "$N_AVERAGE" \
-    --output "$WORK_DIR/average.pt"
+average_last "$WORK_DIR/checkpoints" "$N_AVERAGE" "$WORK_DIR/average.pt"
 for name in dev test; do
     run sh -c "nmt generate --path '$WORK_DIR/average.pt' --input '$WORK_DIR/raw/$name.words' \
         --beam 21 --lenpen 0.3 --max-len-a 1 --max-len-b 300 > '$WORK_DIR/$name.hyp.tree'"

@@ -39,6 +39,21 @@ def test_ptb_parsing_learning_curve_takes_the_first_train_trees(tmp_path):
     assert f"--trainpref {tmp_path}/w/train " in run.stderr
 
 
+@pytest.mark.parametrize(("quick", "n_average"), [("1", "2"), ("0", "5")])
+def test_ptb_parsing_keeps_and_averages_its_modes_n_average(tmp_path, quick, n_average):
+    """QUICK's own N_AVERAGE=2: the default 5 had been set first, so QUICK kept and averaged 5 (and failed where
+    a busy machine saved 3)."""
+    env = recipe_env(DRY_RUN="1", QUICK=quick, WORK_DIR=str(tmp_path / "w"), DATA=str(tmp_path))
+    (tmp_path / "valid.tree").write_text("((S (NN a)))\n")
+    run = subprocess.run(
+        ["bash", str(ROOT / "recipes" / "ptb_parsing" / "run.sh")], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert run.returncode == 0, run.stderr
+    words = run.stderr.split()
+    for option in ("--keep-last", "--num-update-checkpoints"):
+        assert words[words.index(option) + 1] == n_average
+
+
 def test_wsj_parsing_dry_run(tmp_path):
     env = recipe_env(DRY_RUN="1", WORK_DIR=str(tmp_path / "w"), TREEBANK="/nonexistent/wsj")
     run = subprocess.run(

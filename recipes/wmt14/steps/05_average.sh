@@ -3,4 +3,4 @@
 here=$(cd "$(dirname "$0")" && pwd); source "$here/env.sh"; source "$here/../wmt14/common.sh"
 avg=$WORK_DIR/average-$ARCH.pt
 [ -f "$avg" ] && [ "$avg" -nt "$WORK_DIR/checkpoints-$ARCH/checkpoint_last.pt" ] && { echo "05_average: $avg is up to date; skipping" >&2; exit 0; }
-run nmt average-checkpoints --inputs "$WORK_DIR/checkpoints-$ARCH" --num-update-checkpoints "$N_AVERAGE" --output "$avg"
+average_last "$WORK_DIR/checkpoints-$ARCH" "$N_AVERAGE" "$avg"
