@@ -68,25 +68,27 @@ def training_data(cfg: TrainConfig, meta: dict[str, Any], vocab: Vocab) -> Paral
 def corpus_batches(
     data: ParallelDataset, cfg: TrainConfig, max_positions: int, bucket_shapes: bool
 ) -> list[list[np.ndarray]]:
-    """Each corpus's batches (arrays of sentence ids of the whole split), made once for these settings."""
+    """Each corpus's batches (arrays of sentence ids of the whole split), made once a run for --bucket-shapes
+    (the padding report's others are made and dropped)."""
     key = (cfg.max_tokens, cfg.seed, max_positions, bucket_shapes)
-    if key not in data.batches:
-        data.batches[key] = [
-            [
-                batch + span.start
-                for batch in length_batches(
-                    data.src_lens[span.start : span.stop],
-                    data.tgt_lens[span.start : span.stop],
-                    cfg.max_tokens,
-                    cfg.seed,
-                    max_positions=max_positions,
-                    bucket_shapes=bucket_shapes,
-                    corpus=k,
-                )
-            ]
-            for k, span in enumerate(data.corpora.values())
+    made = data.batches.get(key) or [
+        [
+            batch + span.start
+            for batch in length_batches(
+                data.src_lens[span.start : span.stop],
+                data.tgt_lens[span.start : span.stop],
+                cfg.max_tokens,
+                cfg.seed,
+                max_positions=max_positions,
+                bucket_shapes=bucket_shapes,
+                corpus=k,
+            )
         ]
-    return data.batches[key]
+        for k, span in enumerate(data.corpora.values())
+    ]
+    if bucket_shapes == cfg.bucket_shapes:
+        data.batches[key] = made
+    return made
 
 
 def plan_epoch(
