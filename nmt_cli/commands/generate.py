@@ -38,6 +38,7 @@ from nmt_cli.runtime import set_threads
 from nmt_cli.search.forced import add_alignments, alignment_layer
 from nmt_cli.search.hypothesis import NOTHING_FOUND, Hypothesis, hypothesis_record
 from nmt_cli.search.lexical import check_search
+from nmt_cli.search.settings import available_memory, search_batch_size
 from nmt_cli.search.slots import slot_search_for
 from nmt_cli.search.translate import Summary, Translator, open_for_inference, sampling_generator, translate
 
@@ -49,6 +50,8 @@ logger = logging.getLogger(__name__)
 
 # Sets the alignment of each hypothesis of a chunk's results, given the chunk's sources (--print-alignment).
 Aligner = Callable[[Sequence[np.ndarray], Sequence[Sequence[Hypothesis]]], None]
+# The sentences a batch of sources of up to N pieces may hold (settings.search_batch_size).
+BatchSize = Callable[[int], int]
 
 
 def resolve_shard(cfg: GenerateConfig) -> tuple[int, int]:
@@ -77,7 +80,9 @@ def generate(cfg: GenerateConfig, search_overrides: dict[str, Any] | None = None
         check_search(search, "--constraints-file")
     translator = inference.translator()
     translator.slots = slot_search_for(cfg.fixed_slots, cfg.cuda_graphs, translator.device)
-    batch_size = cfg.batch_size
+    # a batch's sentences: --batch-size, lowered so that its rows fit in the memory the search has before it starts
+    have = available_memory(translator.device)
+    batch_size = partial(search_batch_size, search, inference.bounds, batch_size=cfg.batch_size, have=have)
     align = aligner(cfg, translator, min(m.config.decoder_layers for m in inference.members))
     fmt = cfg.output_format or ("fairseq" if cfg.data_dir else "plain")
     with ExitStack() as stack:
@@ -194,6 +199,10 @@ def open_output(cfg: GenerateConfig, stack: ExitStack, num_shards: int, shard_id
     return stack.enter_context(atomic_text_output(results_path / name, "--results-path file"))
 
 
+def longest(sources: Sequence[np.ndarray]) -> int:
+    return max(map(len, sources), default=0)
+
+
 def format_record(
     i: int, hyps: list[Hypothesis], vocab: Vocab, fmt: str, source: str | None = None, reference: str | None = None
 ) -> str:
@@ -226,7 +235,7 @@ def generate_split(
     shard: tuple[int, int],
     search: SearchConfig,
     max_tokens: int,
-    batch_size: int,
+    batch_size: BatchSize,
     fmt: str,
     out: TextIO,
     align: Aligner | None = None,
@@ -243,7 +252,7 @@ def generate_split(
         chunk = ids[first : first + SPLIT_CHUNK]
         start = time.perf_counter()
         sources = [data.src[i] for i in chunk]
-        results = translate(translator, sources, search, max_tokens, batch_size, generator)
+        results = translate(translator, sources, search, max_tokens, batch_size(longest(sources)), generator)
         if align is not None:
             align(sources, results)
         summary.add(results, time.perf_counter() - start)
@@ -260,7 +269,7 @@ def generate_text(
     *,
     search: SearchConfig,
     max_tokens: int,
-    batch_size: int,
+    batch_size: BatchSize,
     fmt: str,
     out: TextIO,
     align: Aligner | None = None,
@@ -277,7 +286,7 @@ def generate_text(
         start = time.perf_counter()
         sources = translator.vocab.encode_arrays(chunk)
         rules = rules_for(constraints, prefixes, translator, sources, search)
-        results = translate(translator, sources, search, max_tokens, batch_size, generator, rules)
+        results = translate(translator, sources, search, max_tokens, batch_size(longest(sources)), generator, rules)
         if align is not None:
             align(sources, results)
         summary.add(results, time.perf_counter() - start)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import TextIO
 
 from nmt_cli.config import GenerateConfig, SearchConfig
@@ -40,21 +40,23 @@ def generate_trees(
     *,
     search: SearchConfig,
     max_tokens: int,
-    batch_size: int,
+    batch_size: Callable[[int], int],
     out: TextIO,
     leaves: str | None = "pos",
     source: tuple[str, int] = ("input", 1),
 ) -> Summary:
     """Parse raw sentences one buffer (chunk of lines) at a time; one tree (or an empty line) per input line.
     leaves: the checkpoint's --tree-leaves ("words": its trees copy their words, parsing/copy_constraint.py).
-    source: the input's name and the number of its first line, for the warnings."""
+    source: the input's name and the number of its first line, for the warnings. batch_size: the sentences a batch
+    of sentences of up to N pieces may hold (settings.search_batch_size)."""
     parser = TreeParser.of(translator, leaves)
     generator = sampling_generator(search, translator.device)  # one for every chunk
     summary, notes, n_empty = Summary(), ParseNotes(), 0
     for chunk in chunks:
         start = time.perf_counter()
         words = [ptb_words(line) for line in chunk]
-        trees, found = parser.parse(words, search, max_tokens, batch_size, generator)
+        most = max((2 * len(" ".join(w)) + 1 for w in words), default=0)  # pieces at most: a mark and a character each
+        trees, found = parser.parse(words, search, max_tokens, batch_size(most), generator)
         notes.add(found, source[1] + summary.n_sentences)
         n_empty += sum(t is None for t in trees)
         summary.n_sentences += len(chunk)

@@ -22,6 +22,7 @@ from nmt_cli.data.vocab import Vocab
 from nmt_cli.errors import ConfigError, DataError
 from nmt_cli.runtime import set_threads
 from nmt_cli.search.forced import PairScore, forced_scores
+from nmt_cli.search.settings import available_memory, batch_size_within, pass_memory
 from nmt_cli.search.translate import open_for_inference
 
 TRANSLATION_LINE = "one translation per source line"  # what --target gives, as its errors say it
@@ -43,13 +44,16 @@ def score_pairs(
     if inference.saved.is_parser:
         raise ConfigError(f"{cfg.path} is a parsing model; score-pairs scores translations of a translation model")
     translator, search = inference.translator(), inference.search
+    have = available_memory(translator.device)  # before any pass: each batch's pairs fit in it (pass_memory)
     out = out or sys.stdout
     seconds, n_tokens, n_pairs = 0.0, 0, 0
     for src_lines, tgt_lines in read_pairs(cfg.source, cfg.target, cfg.target_format == "pieces"):
         start = time.perf_counter()  # timed as generate times a chunk: encoding and the passes, not reading or writing
         sources = translator.vocab.encode_arrays(src_lines)
         targets = encode_targets(translator.vocab, tgt_lines, cfg, n_pairs)
-        scored = forced_scores(translator, sources, targets, search, cfg.max_tokens, cfg.batch_size)
+        need = pass_memory(inference.bounds, max(map(len, targets), default=0) + 1)
+        batch_size = batch_size_within(cfg.batch_size, need, have)
+        scored = forced_scores(translator, sources, targets, search, cfg.max_tokens, batch_size)
         seconds += time.perf_counter() - start
         n_tokens += sum(len(p.token_scores) for p in scored)
         for i, p in enumerate(scored, start=n_pairs):

@@ -2,19 +2,22 @@
 settings with the options given (refusing those the search would ignore, and search sizes that cannot fit in
 the device's memory), and the precision to search in.
 
-The memory refusal (`search_memory`, `available_memory`): one sentence searched with --beam K (or, sampling,
---nbest N samples: one row each) holds per row the decoder's cached self-attention keys and values of every
-layer for each step, the step's log-probs over the vocabulary, and the tokens and scores of its alive and
-finished hypotheses. Counted at the longest output the shortest input allows (a + b pieces, within the model's
-positions), this is what a one-piece sentence needs when its search runs to its limit; sizes for which that
-exceeds the memory available to the search (free device memory on CUDA, the system's available memory on the
-CPU) are refused up front with one line naming the option, where the search had died in the allocator. Sizes
-that fit one sentence but not a batch of them are left to --max-tokens and --batch-size.
+The memory bound (`search_memory`, `available_memory`, `search_batch_size`): one sentence searched with --beam K
+(or, sampling, --nbest N samples: one row each) holds per row the decoder's cached self-attention keys and values
+of every layer for each step, the step's log-probs over the vocabulary, and the tokens and scores of its alive and
+finished hypotheses, counted at the longest output its length allows (a * |x| + b pieces, within the model's
+positions). A batch's rows are its sentences times that: generate (and score-pairs, by `pass_memory`) lowers each
+batch's sentences to what fits in the memory available to the search (free device memory on CUDA, the system's
+available memory on the CPU, within `ulimit -v`), and sizes for which even one sentence cannot fit are refused with
+one line naming the option, where the search had died in the allocator: a one-piece sentence's when the settings
+are read, each input's longest when its batch is made.
 """
 
 from __future__ import annotations
 
 import os
+import resource
+from contextlib import suppress
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -52,52 +55,83 @@ def search_bounds(model: ModelConfig, device: torch.device, precision: str) -> S
     )
 
 
-def search_memory(search: SearchConfig, bounds: SearchBounds) -> int:
-    """Bytes one sentence's search holds when it runs to the longest output the shortest input allows (see the
-    module's docstring): a lower bound on what any sentence may need under these settings."""
+def search_memory(search: SearchConfig, bounds: SearchBounds, src_len: int = 1) -> int:
+    """Bytes one sentence of `src_len` pieces holds when its search runs to the longest output it allows (see the
+    module's docstring); of a one-piece sentence, a lower bound on what any sentence may need under these settings."""
     rows = search.nbest if search.sampling else search.beam
-    steps = int(max_lengths(torch.tensor([1]), search, bounds.max_positions)[0]) + 1  # EOS included
+    steps = int(max_lengths(torch.tensor([src_len]), search, bounds.max_positions)[0]) + 1  # EOS included
     cache = bounds.decoder_layers * steps * bounds.state_width * bounds.element_size
     log_probs = bounds.vocab_size * 4  # float32
     hypotheses = 2 * steps * (8 + 4)  # alive and finished: int64 tokens, float32 step scores
     return rows * (cache + log_probs + hypotheses)
 
 
+def pass_memory(bounds: SearchBounds, tgt_len: int) -> int:
+    """Bytes one pair's teacher-forced pass holds (search/forced.py) at each of its `tgt_len` positions: the
+    decoder's keys and values of every layer, and the logits over the vocabulary with their normalisation."""
+    return tgt_len * (bounds.decoder_layers * bounds.state_width * bounds.element_size + 2 * bounds.vocab_size * 4)
+
+
 def available_memory(device: torch.device) -> int | None:
     """Bytes a search may still allocate on `device`: on CUDA the free memory plus what PyTorch's caching
     allocator holds unused; on the CPU the system's available memory (MemAvailable, or the free pages where
-    /proc/meminfo is missing). None where neither is known."""
+    /proc/meminfo is missing), and no more than the process's address-space limit leaves (`ulimit -v`). None where
+    neither is known."""
     if device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(device)
         return free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
     if device.type != "cpu":
         return None
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError):
-        return None
+    room: int | None = None
+    with suppress(OSError), open("/proc/meminfo") as f:
+        room = next((int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:")), None)
+    if room is None:
+        with suppress(ValueError, OSError):
+            room = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    limit, _ = resource.getrlimit(resource.RLIMIT_AS)
+    if limit != resource.RLIM_INFINITY:
+        with open("/proc/self/statm") as f:
+            left = max(limit - int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE"), 0)
+        room = left if room is None else min(room, left)
+    return room
+
+
+def batch_size_within(batch_size: int, need: int, have: int | None) -> int:
+    """--batch-size (0: no cap) lowered to the sentences (or pairs) of `need` bytes each that fit in `have` bytes
+    (None: unknown, no bound), and never below one."""
+    if have is None:
+        return batch_size
+    fits = max(have // need, 1)
+    return min(batch_size or fits, fits)
+
+
+def search_batch_size(
+    search: SearchConfig, bounds: SearchBounds, longest: int, *, batch_size: int, have: int | None
+) -> int:
+    """The sentences a batch of sources of up to `longest` pieces may hold: --batch-size (0: no cap) lowered so
+    that their rows (sentences x --beam, or x --nbest samples) fit in `have` bytes (`available_memory`, taken once
+    before the searches; None: unknown, no bound). generate and serve ask it of each batch of their input.
+
+    Raises:
+        ConfigError: even one such sentence cannot fit, naming --beam (--nbest) and --max-tokens.
+    """
+    need = search_memory(search, bounds, longest)
+    if have is not None and need > have:
+        option, rows = ("--nbest", search.nbest) if search.sampling else ("--beam", search.beam)
+        steps = int(max_lengths(torch.tensor([longest]), search, bounds.max_positions)[0])
+        raise ConfigError(
+            f"{option} {rows} cannot fit: searching even one sentence{f' of {longest} pieces' if longest > 1 else ''}"
+            f" with {rows} {'samples' if search.sampling else 'hypotheses'} of up to {steps} pieces needs about "
+            f"{size(need)} (each holds the decoder's keys and values of every step and {bounds.vocab_size} scores; "
+            f"--max-tokens splits a batch down to one sentence, no further), and {bounds.device} has {size(have)} "
+            f"available; give a smaller {option}"
+        )
+    return batch_size_within(batch_size, need, have)
 
 
 def check_search_memory(search: SearchConfig, bounds: SearchBounds) -> None:
-    """Refuse a --beam (or, sampling, --nbest) whose search of one sentence cannot fit in the device's memory."""
-    need, have = search_memory(search, bounds), available_memory(bounds.device)
-    if have is None or need <= have:
-        return
-    option, rows = ("--nbest", search.nbest) if search.sampling else ("--beam", search.beam)
-    steps = int(max_lengths(torch.tensor([1]), search, bounds.max_positions)[0])
-    raise ConfigError(
-        f"{option} {rows} cannot fit: searching even one sentence with {rows} "
-        f"{'samples' if search.sampling else 'hypotheses'} of up to {steps} pieces needs about {size(need)} "
-        f"(each holds the decoder's keys and values of every step and {bounds.vocab_size} scores), and "
-        f"{bounds.device} has {size(have)} available; give a smaller {option}"
-    )
+    """Refuse a --beam (or, sampling, --nbest) whose search of even a one-piece sentence cannot fit."""
+    search_batch_size(search, bounds, 1, batch_size=0, have=available_memory(bounds.device))
 
 
 def size(n_bytes: int) -> str:
