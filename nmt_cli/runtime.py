@@ -168,8 +168,9 @@ def cpu_has_bf16() -> bool:
     return cpu_has("bf16")
 
 
-def resolve_precision(device: torch.device, precision: str | None) -> str:
-    """--precision, resolved once: bf16 on CUDA devices that support it by default, else fp32.
+def resolve_precision(device: torch.device, precision: str | None, *, work: str = "training") -> str:
+    """--precision, resolved once: bf16 on CUDA devices that support it by default, else fp32. `work` names what
+    runs in it, for the warning where a CPU emulates bf16.
 
     fp32 on a GPU with TF32 tensor cores lets float32 matmuls use them (as fairseq and PyTorch's
     own examples do); the master weights stay float32 whatever the precision.
@@ -182,7 +183,8 @@ def resolve_precision(device: torch.device, precision: str | None) -> str:
     if device.type == "cpu" and precision == "bf16" and not cpu_has_bf16():
         logger.warning(
             "this CPU has no bfloat16 instructions (AVX512-BF16 or AMX): bf16 runs through slow emulation "
-            "here (training many times slower than fp32); use --precision fp32"
+            "here (%s many times slower than fp32); use --precision fp32",
+            work,
         )
     if device.type == "cuda" and precision == "fp32":
         torch.backends.cuda.matmul.allow_tf32 = True

@@ -175,3 +175,19 @@ def test_a_checkpoint_damaged_on_disk_is_refused_naming_it(tiny_checkpoint, tmp_
     assert load_checkpoint(Path(tiny_checkpoint))["model"]
     r = nmt("generate", "--path", damaged, "--input", "-", input="1 2\n")
     assert r.exit_code == 1 and "is damaged" in r.output and "Traceback" not in r.output
+
+
+@pytest.mark.parametrize("kept", [0.01, 0.5, 0.999])
+def test_a_truncated_checkpoint_is_said_to_be_cut_short(tiny_checkpoint, tmp_path, kept):
+    """A checkpoint cut short (`head -c`: an interrupted copy, a full disk) had been "not a readable nmt checkpoint
+    (RuntimeError)"; its start is a zip's, its end is missing."""
+    cut = tmp_path / "cut.pt"
+    data = Path(tiny_checkpoint).read_bytes()
+    cut.write_bytes(data[: int(len(data) * kept)])
+    with pytest.raises(CheckpointError, match=rf"{cut} is truncated: it ends before the checkpoint does"):
+        load_checkpoint(cut)
+    r = nmt("generate", "--path", cut, "--input", "-", input="1 2\n")
+    assert r.exit_code == 1 and r.output.startswith(f"error: {cut} is truncated") and "Traceback" not in r.output
+    (tmp_path / "text.pt").write_text("not a checkpoint\n")  # no zip at all: as before
+    with pytest.raises(CheckpointError, match="is not a readable nmt checkpoint"):
+        load_checkpoint(tmp_path / "text.pt")

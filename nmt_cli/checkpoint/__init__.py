@@ -181,11 +181,18 @@ def check_same_data(
 def check_checksums(path: Path) -> None:
     """CheckpointError where a part of the checkpoint's zip does not match its stored CRC-32: torch.load does not
     check them, and a file damaged on disk or in a copy had been loaded (and resumed from) silently. Reading the
-    whole file costs about a second a GB; a file that is no zip is left to torch.load to refuse."""
+    whole file costs about a second a GB; a file that is no zip is left to torch.load to refuse, one that starts as
+    a zip and has lost its end (the zip's directory) is cut short."""
     try:
         with zipfile.ZipFile(path) as archive:
             damaged = archive.testzip()
     except (zipfile.BadZipFile, EOFError):
+        with open(path, "rb") as f:
+            if f.read(4) == b"PK\x03\x04":
+                raise CheckpointError(
+                    f"{path} is truncated: it ends before the checkpoint does (an interrupted copy or download, or a "
+                    "full disk); copy it again whole, or use another checkpoint (an earlier checkpoint_N.pt of its run)"
+                ) from None
         return
     except OSError as e:
         raise CheckpointError(f"cannot read checkpoint {path}: {e.strerror or e}") from None

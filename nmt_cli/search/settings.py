@@ -178,4 +178,4 @@ def generation_precision(precision: str | None, device: torch.device, trained: s
     path)."""
     if precision is None:
         precision = trained if device.type == "cuda" else "fp32"
-    return resolve_precision(device, precision)
+    return resolve_precision(device, precision, work="inference")

@@ -67,6 +67,11 @@ def test_bf16_on_a_cpu_without_bf16_instructions_warns_that_fp32_is_faster(has_b
         assert resolve_precision(torch.device("cpu"), "bf16") == "bf16"
         assert resolve_precision(torch.device("cpu"), "fp32") == "fp32"
     assert ("no bfloat16 instructions" in caplog.text) is not has_bf16
+    assert caplog.text.count("training many times slower") == (not has_bf16)
+    caplog.clear()  # generate, serve and score-pairs: no training there (the warning had said so)
+    with caplog.at_level(logging.WARNING, logger="nmt_cli.runtime"):
+        assert generation_precision("bf16", torch.device("cpu"), None) == "bf16"
+    assert ("inference many times slower" in caplog.text) is not has_bf16 and "training" not in caplog.text
 
 
 @pytest.mark.parametrize("saved", ["fp32", "bf16", "fp16"])
