@@ -10,23 +10,32 @@ repo=$(cd "$here/../.." && pwd)
 RAW_DIR=${RAW_DIR:-$(cd "$repo/.." && pwd)/shared/data/multi30k}
 WORK_DIR=${WORK_DIR:-$repo/work/multi30k_back_translation}
 TRAIN_MINUTES=${TRAIN_MINUTES:-30}
+MAX_UPDATE=${MAX_UPDATE:-0}         # >0: each training stops at this many updates instead (equal updates, any machine)
 REAL_LINES=${REAL_LINES:-14500}
 TOPK=${TOPK:-10}                    # sampling among the 10 likeliest pieces (0: all; Edunov et al., 2018)
 THREADS=${THREADS:-2}
 ARCH=${ARCH:-transformer_small}
+LAYERS=${LAYERS:-3}
 VOCAB=${VOCAB:-8000}
+MAX_TOKENS=${MAX_TOKENS:-4096}
+WARMUP=${WARMUP:-1000}
+LR_SCALE=${LR_SCALE:-1}
+DROPOUT=${DROPOUT:-0.3}
 . "$here/../cpu_precision.sh"      # PRECISION: --bf16 where the CPU has bfloat16 instructions, else float32
 . "$here/../settings.sh"           # check_settings
 run() { echo "+ $*" >&2; [ "${DRY_RUN:-0}" = 1 ] || "$@"; }
 [ -f "$RAW_DIR/train.de" ] || [ "${DRY_RUN:-0}" = 1 ] || { echo "error: RAW_DIR $RAW_DIR has no Multi30k" >&2; exit 1; }
 W=$WORK_DIR
 mkdir -p "$W"
-check_settings "$W/data.settings" "REAL_LINES=$REAL_LINES VOCAB=$VOCAB TOPK=$TOPK RAW_DIR=$RAW_DIR"
+check_settings "$W/data.settings" "REAL_LINES=$REAL_LINES VOCAB=$VOCAB TOPK=$TOPK RAW_DIR=$RAW_DIR LAYERS=$LAYERS"
 splits=(--validpref "$RAW_DIR/valid" --testpref "$RAW_DIR/test_2016_flickr" --vocab-size "$VOCAB" --max-len-ratio 3)
 train() {  # DATA SAVE_DIR [options]: TRAIN_MINUTES of training, a checkpoint_best.pt by valid loss
     local data=$1 save=$2; shift 2
-    run nmt train "$data" --save-dir "$save" --arch "$ARCH" --max-tokens 4096 --warmup-updates 1000 --dropout 0.3 \
-        --max-time-minutes "$TRAIN_MINUTES" --threads "$THREADS" --log-interval 50 $PRECISION "$@"
+    local stop=(--max-time-minutes "$TRAIN_MINUTES")
+    [ "$MAX_UPDATE" = 0 ] || stop=(--max-update "$MAX_UPDATE")
+    run nmt train "$data" --save-dir "$save" --arch "$ARCH" --encoder-layers "$LAYERS" --decoder-layers "$LAYERS" \
+        --max-tokens "$MAX_TOKENS" --warmup-updates "$WARMUP" --lr-scale "$LR_SCALE" --dropout "$DROPOUT" \
+        "${stop[@]}" --threads "$THREADS" --log-interval 50 $PRECISION "$@"
 }
 translate() {  # CHECKPOINT INPUT OUTPUT [options]
     [ -f "$3" ] && [ "$3" -nt "$1" ] || run sh -c "nmt generate --path '$1' --input '$2' --threads $THREADS \
