@@ -3,7 +3,9 @@
 
 The key is compared in constant time and never logged. A request's id is its X-Request-ID when that is printable
 ASCII of 128 characters at most (a proxy's id, kept so the two logs can be joined), else a new one; it is echoed
-in the response's X-Request-ID and in every error body.
+in the response's X-Request-ID and in every error body. Every other field of a log line that a client sets (the
+path, percent-decoded; the method; a forwarded address) is `printable`: no client can write a line break, a
+terminal's escape or a NUL into the log, nor a space that would shift the line's fields.
 """
 
 from __future__ import annotations
@@ -22,6 +24,14 @@ access_log = logging.getLogger("nmt_cli.serve.access")
 
 REQUEST_ID = re.compile(r"[\x21-\x7e]{1,128}")  # printable ASCII: safe in a log line and a header
 PROBES = ("/health", "/ready", "/metrics")  # polled by monitors: logged only when they fail
+
+
+def printable(text: str) -> str:
+    """`text` as one field of a log line: a space, a backslash and every character that str.isprintable() refuses
+    (controls, format marks, line separators) escaped as Python writes them (\\x0a, \\u202e, \\\\)."""
+    return "".join(
+        c if c.isprintable() and c not in " \\" else repr(c)[1:-1] if c > " " else f"\\x{ord(c):02x}" for c in text
+    )
 
 
 def authorized(header: str | None, key: str | None) -> bool:
@@ -92,9 +102,9 @@ class AccessLog:
                 sentences = state.get("sentences")
                 access_log.info(
                     "%s %s %s %d %s%.1f ms id=%s",
-                    client[0] if client else "-",
-                    scope["method"],
-                    path,
+                    printable(client[0]) if client else "-",
+                    printable(scope["method"]),
+                    printable(path),
                     status,
                     "" if sentences is None else f"{sentences} sentences ",
                     (time.perf_counter() - start) * 1000,
