@@ -25,7 +25,7 @@ from nmt_cli.allocator import tune_allocator
 from nmt_cli.cli.average import average_checkpoints
 from nmt_cli.cli.export import export
 from nmt_cli.cli.generate import generate
-from nmt_cli.cli.options import CONTEXT
+from nmt_cli.cli.options import CONTEXT, configurable
 from nmt_cli.cli.output import StdoutError, finish_stdout, guard_stdout
 from nmt_cli.cli.plot import plot
 from nmt_cli.cli.preprocess import preprocess
@@ -64,7 +64,7 @@ class NmtGroup(click.Group):
             ctx.exit(1)
 
 
-@click.group(cls=NmtGroup, context_settings=CONTEXT)
+@click.group(cls=NmtGroup, context_settings={**CONTEXT, "auto_envvar_prefix": "NMT"})  # NMT_SERVE_PORT=...
 @click.version_option(__version__, prog_name="nmt")
 @click.option("-q", "--quiet", is_flag=True, help="Warnings and errors only.")
 @click.option(
@@ -108,6 +108,7 @@ def start_commands_in(command: click.Command) -> None:
             start_commands_in(subcommand)
     elif command.callback is not None:
         command.callback = start_command(command.callback)
+        configurable(command)
 
 
 for command in (preprocess, train, average_checkpoints, generate, score, score_pairs, export, plot, serve):
@@ -122,7 +123,7 @@ def main() -> None:
     # speed of a larger cache in training and generation, where fewer cost speed (peak RSS and speed:
     # benchmarks/bench_train.py, bench_generate.py; figures in benchmarks/record/cpu.md).
     os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "32")
-    quit_on_ctrl_c()  # until a command's work begins (start_command); already so when run as `nmt`
+    quit_on_ctrl_c()  # until a command's work begins (start_command); already so from nmt_cli/__main__.py's start
     tune_allocator()
     guard_stdout()  # before any file is opened: a closed stdout's descriptor must not become one of them
     try:

@@ -6,6 +6,7 @@ module only translates them into click types, so the two can never drift apart.
 
 from __future__ import annotations
 
+import sys
 import types
 import typing
 from collections.abc import Callable, Iterable
@@ -19,6 +20,11 @@ from nmt_cli.config import InferenceConfig, SearchConfig
 from nmt_cli.errors import ConfigError, NmtError
 from nmt_cli.files import require_file
 from nmt_cli.flags import flag_name
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # the same parser, before it joined the standard library (setup.cfg installs it there)
+    import tomli as tomllib
 
 F = TypeVar("F", bound=Callable[..., Any])
 C = TypeVar("C", bound=InferenceConfig)
@@ -160,6 +166,45 @@ def take(cls: type, values: dict[str, Any], prefix: str = "", drop_none: bool = 
             if not (drop_none and value is None):
                 taken[f.name] = value
     return taken
+
+
+def read_config(ctx: click.Context, param: click.Parameter, path: Path | None) -> None:
+    """--config FILE: a TOML file of `option = value` lines, the defaults of the command's options (click's
+    default_map, which the command line and the NMT_<COMMAND>_<OPTION> variables override); NmtError naming the file
+    for a file that is not TOML, a table or a key that names no option of the command."""
+    if path is None:
+        return
+    try:
+        values = tomllib.loads(path.read_text(encoding="utf-8"))
+    except ValueError as e:  # TOMLDecodeError (it says where), UnicodeDecodeError
+        raise NmtError(f"--config {path} is not a TOML file: {e}") from None
+    names = {o.lstrip("-").replace("-", "_"): p.name for p in ctx.command.params if p.expose_value for o in p.opts}
+    for key, value in values.items():
+        if key.replace("-", "_") not in names or isinstance(value, dict):
+            raise NmtError(
+                f"--config {path}: {key!r} is no option of nmt {ctx.info_name}; write `option = value` lines, each "
+                "option as --help names it without its dashes (max-batch-tokens = 8000)"
+            )
+    ctx.default_map = {**(ctx.default_map or {}), **{names[k.replace("-", "_")]: v for k, v in values.items()}}
+
+
+def configurable(command: click.Command) -> None:
+    """Every option of `command` also from its environment variable NMT_<COMMAND>_<OPTION> (the group's
+    auto_envvar_prefix; shown in --help) and from a file: --config."""
+    for param in command.params:
+        if isinstance(param, click.Option):
+            param.show_envvar = True
+    config = click.Option(
+        ["--config"],
+        type=EXISTING_FILE,
+        is_eager=True,  # read before the other options, so that its values are their defaults
+        expose_value=False,
+        callback=read_config,
+        show_envvar=True,
+        help="TOML file of `option = value` lines (max-batch-tokens = 8000): defaults for this command's options, "
+        "which the command line and the environment variables override.",
+    )
+    command.params.append(config)
 
 
 def precision_aliases(fn: F) -> F:

@@ -15,10 +15,10 @@ PATH_HELP = next(f.metadata["help"] for f in fields(ServeConfig) if f.name == "p
 
 
 @click.command(context_settings=CONTEXT)
-@click.option("--path", "paths", multiple=True, required=True, metavar="[NAME=]CKPT", help=PATH_HELP)
+@click.option("--path", multiple=True, required=True, metavar="[NAME=]CKPT", help=PATH_HELP)
 @inference_options(ServeConfig)
-def serve(paths: tuple[str, ...], **values: Any) -> None:
+def serve(path: tuple[str, ...], **values: Any) -> None:
     """Translate over HTTP (POST /translate, a page at /), batching sentences across requests (needs nmt[serve])."""
     from nmt_cli.commands.serve import serve as run_server
 
-    run_server(*inference_config(ServeConfig, {**values, "path": paths[0], "more_paths": paths[1:]}))
+    run_server(*inference_config(ServeConfig, {**values, "path": path[0], "more_paths": path[1:]}))
