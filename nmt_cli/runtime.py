@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import math
 import os
 import random
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -71,9 +74,37 @@ def choose_device(name: str, local_rank: int = 0) -> torch.device:
     return torch.device("cpu")
 
 
+# Where the CPU quota of this process's control group is read (tests point them at fake files)
+PROC_CGROUP, CGROUP_ROOT = Path("/proc/self/cgroup"), Path("/sys/fs/cgroup")
+
+
+def cgroup_cpus() -> float | None:
+    """The CPUs the CPU quota of this process's control group allows, the lowest of its group's and the groups'
+    above it (cgroup v2's cpu.max, v1's cpu.cfs_quota_us / cpu.cfs_period_us: a container's --cpus, systemd's
+    CPUQuota=); None where none is set or readable."""
+    quotas = []
+    with contextlib.suppress(OSError, ValueError):
+        for line in PROC_CGROUP.read_text().splitlines():
+            _, controllers, group = line.split(":", 2)
+            if controllers and "cpu" not in controllers.split(","):
+                continue
+            v1 = bool(controllers)  # v1: a hierarchy per controller; v2 (0::PATH): one
+            base = CGROUP_ROOT / "cpu" if v1 else CGROUP_ROOT
+            names = ("cpu.cfs_quota_us", "cpu.cfs_period_us") if v1 else ("cpu.max",)
+            for where in (base / group.lstrip("/"), *(base / group.lstrip("/")).parents):
+                if where.is_relative_to(base) and all((where / n).is_file() for n in names):
+                    quota, period = " ".join((where / n).read_text() for n in names).split()[:2]
+                    if quota not in ("max", "-1"):
+                        quotas.append(int(quota) / int(period))
+    return min(quotas, default=None)
+
+
 def usable_cores() -> int:
-    """The CPU cores this process may run on: its affinity where the OS reports one, else the machine's."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    """The CPU cores this process may use: its affinity where the OS reports one, else the machine's, and no more
+    than its control group's CPU quota, rounded up (a 2-CPU container on a 64-core host: 2)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    quota = cgroup_cpus()
+    return cores if quota is None else max(1, min(cores, math.ceil(quota)))
 
 
 def set_threads(n_threads: int | None) -> None:

@@ -143,9 +143,9 @@ def serve(cfg: ServeConfig, search_overrides: dict[str, Any]) -> None:
 
 def serving_threads(n_threads: int) -> int:
     """--threads as given, or for 0 every core this process may use (its CPU affinity: a container's or taskset's
-    cores, which torch's own default does not read). With 32 clients on the same 2 cores, 2 threads answered more
-    sentences per second than 1 (benchmarks/record/serve.md); fewer help only where other processes load the
-    cores, so that the search's threads wait on one another."""
+    cores, at most its cgroup's CPU quota, which torch's own default does not read). With 32 clients on the same 2
+    cores, 2 threads answered more sentences per second than 1 (benchmarks/record/serve.md); fewer help only where
+    other processes load the cores, so that the search's threads wait on one another."""
     return n_threads or usable_cores()
 
 

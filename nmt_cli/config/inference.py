@@ -167,7 +167,12 @@ class ServeConfig(SearchingConfig):
     more_paths: tuple[str, ...] = flag((), "The models served beside `path`, each [NAME=]CKPT.", cli=False)
     host: str = flag("127.0.0.1", "Address to listen on (0.0.0.0: every interface).")
     port: int = flag(8080, "Port to listen on (0: a free one, logged at start).", min=0, max=65535)
-    threads: int = flag(0, "CPU threads of the search (0: every core this process may use, its CPU affinity's).", min=0)
+    threads: int = flag(
+        0,
+        "CPU threads of the search (0: every core this process may use: its CPU affinity's, at most its cgroup's "
+        "CPU quota).",
+        min=0,
+    )
     max_batch_tokens: int = flag(8000, "Padded source tokens per batch, as generate's --max-tokens.", min=1)
     max_wait_ms: float = flag(
         25.0,
