@@ -58,3 +58,16 @@ def check_fields(cfg: Any) -> None:
 def changed_flags(cfg: Any) -> list[str]:
     """The flags of a config dataclass that differ from their defaults (given, or set to another value)."""
     return [flag_name(f.name) for f in fields(cfg) if f.default is not MISSING and getattr(cfg, f.name) != f.default]
+
+
+def named_values(option: str, text: str | None, named: bool = True) -> dict[str, str]:
+    """`A=1,B=2` as {"A": "1", "B": "2"} (named=False: `A,B` as {"A": "A", "B": "B"}); ConfigError naming the
+    option for an empty or repeated name or a missing value."""
+    values: dict[str, str] = {}
+    for item in text.split(",") if text is not None else []:
+        name, equals, value = item.partition("=") if named else (item, "", item)
+        if not name.strip() or (named and not (equals and value)) or name in values or name != name.strip():
+            form = "NAME=VALUE,NAME=VALUE" if named else "comma-separated names without spaces"
+            raise ConfigError(f"{option} {text!r}: {item!r} is empty, repeated or not {form}")
+        values[name] = value
+    return values
