@@ -34,7 +34,6 @@ import logging
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Mapping
-from concurrent.futures import Future
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -43,7 +42,7 @@ from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
-from starlette.requests import ClientDisconnect, Request
+from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
@@ -51,27 +50,21 @@ from nmt_cli.errors import NmtError
 from nmt_cli.serve import libretranslate
 from nmt_cli.serve.access import AccessLog, authorized, cors
 from nmt_cli.serve.batcher import Batcher
-from nmt_cli.serve.body import RequestError, json_kind, read_json, request_constraints, request_prefixes
+from nmt_cli.serve.body import RequestError, read_json, request_constraints, request_prefixes, request_texts
 from nmt_cli.serve.clients import ClientBusy, ClientLoad
 from nmt_cli.serve.metrics import Metrics
 from nmt_cli.serve.models import Models, key_of, model_of
 from nmt_cli.serve.openapi import openapi_json
 from nmt_cli.serve.page import PAGE
 from nmt_cli.serve.queued import QueueFull, Stopping
-from nmt_cli.serve.served_model import Sentence, ServedModel
+from nmt_cli.serve.rules import Sentence
+from nmt_cli.serve.served_model import ServedModel
+from nmt_cli.serve.waiting import RETRY_AFTER, Abort, Aborted, body_of, outcome
 
 logger = logging.getLogger(__name__)
 
 OFFLOAD_BYTES = 64 << 10  # a body longer than this is parsed and encoded on a thread, off the event loop
-RETRY_AFTER = {"Retry-After": "1"}  # seconds: a full queue empties within a batch or two
 KEY_NEEDED = "this server needs its API key: send `Authorization: Bearer KEY` (or LibreTranslate's api_key field)"
-
-
-class Aborted(RequestError):
-    """An open request answered 503 because the server's drain was cut short."""
-
-    def __init__(self, reason: str) -> None:
-        super().__init__(503, reason, RETRY_AFTER)
 
 
 @dataclass
@@ -91,53 +84,6 @@ def error(status: int, message: str, request: Request | None = None, headers: di
     return JSONResponse(body, status_code=status, headers=headers)
 
 
-def request_texts(payload: Any, max_sentences: int) -> tuple[list[str], dict[str, Any]]:
-    """The texts of a /translate body and its other (search) fields."""
-    if not isinstance(payload, dict):
-        raise RequestError(400, 'the body must be a JSON object: {"text": "..."} or {"texts": ["...", ...]}')
-    fields = dict(payload)
-    if ("text" in fields) == ("texts" in fields):
-        raise RequestError(400, 'give either "text" (one string) or "texts" (a list of strings)')
-    if "text" in fields:
-        texts = [fields.pop("text")]
-        if not isinstance(texts[0], str):
-            raise RequestError(400, f'"text" must be a string, not {json_kind(texts[0])}')
-    else:
-        texts = fields.pop("texts")
-        if not isinstance(texts, list):
-            raise RequestError(400, f'"texts" must be a list of strings, not {json_kind(texts)}')
-        for i, text in enumerate(texts):
-            if not isinstance(text, str):
-                raise RequestError(400, f'"texts" must be a list of strings; "texts"[{i}] is {json_kind(text)}')
-        if not texts:
-            raise RequestError(400, '"texts" is empty; give at least one string')
-    if len(texts) > max_sentences:
-        raise RequestError(
-            400, f"{len(texts)} texts in one request; the server takes {max_sentences} (--max-request-sentences)"
-        )
-    return texts, fields
-
-
-async def client_gone(request: Request) -> None:
-    """Returns when the client disconnects (after the body has been read)."""
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
-
-
-async def first_of(work: asyncio.Future[Any], *others: asyncio.Future[Any], timeout: float | None = None) -> set:
-    """Wait for `work` or any of `others` (at most `timeout` s); those done. The others are cancelled on return,
-    and `work` too when the wait itself is cancelled."""
-    try:
-        done, _ = await asyncio.wait({work, *others}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
-    except BaseException:
-        work.cancel()
-        raise
-    finally:
-        for other in others:
-            other.cancel()
-    return done
-
-
 class Server:
     """The routes, sharing the served models, their batcher and one set of counters."""
 
@@ -148,8 +94,7 @@ class Server:
         self.draining = False  # set by `drain`: the server is shutting down
         self.answered_in_drain: Counter[int] = Counter()  # the status of each request answered since
         self.aborted_requests = 0  # of them, those answered 503 by `abort`
-        self.aborted = asyncio.Event()  # set by `abort`: every open request is answered 503 at once
-        self.abort_reason = ""
+        self.aborted = Abort()  # set by `abort`: every open request is answered 503 at once
         self.stop_wait: float | None = None  # how long the lifespan's end waits for the worker (None: as it takes)
 
     @property
@@ -166,8 +111,8 @@ class Server:
     def abort(self, reason: str, stop_wait: float) -> None:
         """Answer every open request 503 `reason` now, dropping its queued sentences; at the lifespan's end, wait
         `stop_wait` s at most for the worker's batch in progress."""
-        self.abort_reason, self.stop_wait = reason, stop_wait
-        self.aborted.set()
+        self.aborted.reason, self.stop_wait = reason, stop_wait
+        self.aborted.event.set()
 
     async def translate(self, request: Request) -> Response:
         start = time.perf_counter()
@@ -175,7 +120,9 @@ class Server:
         model = None  # the model the request asks for, once its body is read
         self.open_requests += 1
         try:
-            body, h = await self.body(request), request.headers
+            limits = self.limits
+            body = await body_of(request, max_bytes=limits.max_body_bytes, timeout=limits.timeout, abort=self.aborted)
+            h = request.headers
             # A large body's JSON and sentencepiece encoding take long enough to stall every other request
             parsed = await run_in_threadpool(self.parse, body, h) if len(body) > OFFLOAD_BYTES else self.parse(body, h)
             n_sentences = request.state.sentences = len(parsed[0])
@@ -216,50 +163,17 @@ class Server:
             n = len(texts)
             # errors name a text by the request's own field for it: "text" (ours, of one), "q", "q[J] (line L)"
             names = [libre.field_of(i) for i in range(n)] if libre else ["text"] if one else None
-            search, sentences = model.served.read_request(
+            search, sentences = model.served.reader.read(
                 texts, fields, request_constraints(payload, n), request_prefixes(payload, n), names
             )
         except NmtError as e:
             raise RequestError(400, str(e)) from None
-        return sentences, key_of(model, search), [model.served.length(s) for s in sentences], libre
+        return sentences, key_of(model, search), [model.served.reader.length(s) for s in sentences], libre
 
     def answered(self, status: int, sentences: int, seconds: float, model: str | None) -> None:
         self.metrics.request(status, sentences, seconds, model)
         if self.draining:
             self.answered_in_drain[status] += 1
-
-    async def body(self, request: Request) -> bytes:
-        """The request's body, unless the client goes away first (499), the server aborts (503), or --timeout passes
-        first (408: a client that sends part of its body and stops holds its connection no longer)."""
-        reading = asyncio.ensure_future(self.read_body(request))
-        done = await first_of(reading, asyncio.ensure_future(self.aborted.wait()), timeout=self.limits.timeout)
-        if reading not in done:
-            reading.cancel()
-            if not self.aborted.is_set():
-                raise RequestError(408, f"the body did not arrive within --timeout {self.limits.timeout:g} s")
-            raise Aborted(self.abort_reason)
-        try:
-            return reading.result()
-        except ClientDisconnect:
-            raise RequestError(499, "the client closed the connection before sending its whole body") from None
-
-    async def read_body(self, request: Request) -> bytes:
-        """The body, refused (413) from its Content-Length before it is read, or where the stream passes
-        --max-body-bytes: no more than that is ever held."""
-        limit = self.limits.max_body_bytes
-        declared = request.headers.get("content-length", "")
-        if declared.isdigit() and (len(declared) > 18 or int(declared) > limit):
-            raise RequestError(
-                413, f"the body has {declared} bytes; the server takes {limit:,} at most (--max-body-bytes)"
-            )
-        body = bytearray()
-        async for chunk in request.stream():
-            body += chunk
-            if len(body) > limit:
-                raise RequestError(
-                    413, f"the body passes {limit:,} bytes, the most the server takes (--max-body-bytes)"
-                )
-        return bytes(body)
 
     async def answer(
         self, request: Request, sentences: list[Sentence], key: tuple[str, Any], lengths: list[int], start: float
@@ -275,37 +189,16 @@ class Server:
         self.clients.add(client, future, len(sentences))
         try:
             left = self.limits.timeout - (time.perf_counter() - start)
-            results = await self.outcome(future, request, left)
+            results = await outcome(future, request, seconds=left, timeout=self.limits.timeout, abort=self.aborted)
         except RequestError:
             raise
         except Exception as e:  # the batch failed (logged with its traceback by the worker)
             raise RequestError(500, f"the translation failed: {e}") from None
         translations = []
         for sentence, result in zip(sentences, results):
-            warning = self.models.models[key[0]].served.warning(sentence)
+            warning = self.models.models[key[0]].served.reader.warning(sentence)
             translations.append({**result, "warning": warning} if warning else result)
         return {"translations": translations}
-
-    async def outcome(self, future: Future[list[Any]], request: Request, seconds: float) -> list[Any]:
-        """The results of a submitted request within `seconds` (what is left of --timeout); cancels the request (its
-        queued sentences are dropped) on 504, when the client disconnects, or when the server aborts."""
-        waiter: asyncio.Future[Any] = asyncio.wrap_future(future)
-        gone = asyncio.ensure_future(client_gone(request))
-        aborted = asyncio.ensure_future(self.aborted.wait())
-        try:
-            done = await first_of(waiter, gone, aborted, timeout=max(seconds, 0))
-        except BaseException:
-            future.cancel()
-            raise
-        if waiter in done:
-            return waiter.result()
-        future.cancel()
-        waiter.cancel()
-        if gone in done:
-            raise RequestError(499, "the client closed the connection")
-        if aborted in done:
-            raise Aborted(self.abort_reason)
-        raise RequestError(504, f"the request was not done within --timeout {self.limits.timeout:g} s")
 
     async def health(self, request: Request) -> Response:
         return JSONResponse({"status": "ok"})

@@ -1,6 +1,6 @@
 """A request body read as JSON (strict UTF-8, JSON's own numbers, bounded nesting), RequestError: what the
-server answers a request it refuses with (app.py turns it into a JSON error), and the body's fields that give one
-value per text (`constraints`, `prefix`)."""
+server answers a request it refuses with (app.py turns it into a JSON error), the body's texts, and its fields that
+give one value per text (`constraints`, `prefix`)."""
 
 from __future__ import annotations
 
@@ -94,3 +94,30 @@ def per_text(
 def is_phrase_list(value: Any) -> bool:
     """A text's constraints: a list of strings."""
     return isinstance(value, list) and all(isinstance(phrase, str) for phrase in value)
+
+
+def request_texts(payload: Any, max_sentences: int) -> tuple[list[str], dict[str, Any]]:
+    """The texts of a /translate body and its other (search) fields."""
+    if not isinstance(payload, dict):
+        raise RequestError(400, 'the body must be a JSON object: {"text": "..."} or {"texts": ["...", ...]}')
+    fields = dict(payload)
+    if ("text" in fields) == ("texts" in fields):
+        raise RequestError(400, 'give either "text" (one string) or "texts" (a list of strings)')
+    if "text" in fields:
+        texts = [fields.pop("text")]
+        if not isinstance(texts[0], str):
+            raise RequestError(400, f'"text" must be a string, not {json_kind(texts[0])}')
+    else:
+        texts = fields.pop("texts")
+        if not isinstance(texts, list):
+            raise RequestError(400, f'"texts" must be a list of strings, not {json_kind(texts)}')
+        for i, text in enumerate(texts):
+            if not isinstance(text, str):
+                raise RequestError(400, f'"texts" must be a list of strings; "texts"[{i}] is {json_kind(text)}')
+        if not texts:
+            raise RequestError(400, '"texts" is empty; give at least one string')
+    if len(texts) > max_sentences:
+        raise RequestError(
+            400, f"{len(texts)} texts in one request; the server takes {max_sentences} (--max-request-sentences)"
+        )
+    return texts, fields

@@ -32,7 +32,7 @@ from starlette.responses import JSONResponse, Response
 from nmt_cli.config import SearchConfig
 from nmt_cli.errors import DataError
 from nmt_cli.serve.access import authorized
-from nmt_cli.serve.served_model import Sentence
+from nmt_cli.serve.rules import Sentence
 
 FIELDS = ("q", "source", "target", "format", "api_key", "alternatives")
 LINE_BREAK = re.compile(r"\r\n|\r|\n")

@@ -2,8 +2,9 @@
 
 Each model is a ServedModel with its own search defaults and caps; all share one Batcher and its one worker
 thread (which steps at most two batches in turn, serve/batcher.py), whose job key is (model name, search
-settings) and whose run dispatches to that model's ServedModel.run. A model's name is NAME when --path gives one,
-else SRC-TGT when the checkpoint names its languages, else the file's stem; two models of one name are refused.
+settings) and whose run dispatches to that model's search (batch_search.py). A model's name is NAME when --path
+gives one, else SRC-TGT when the checkpoint names its languages, else the file's stem; two models of one name are
+refused.
 
 A request picks its model: ours with `"model": NAME` (default: the first --path), LibreTranslate's by its
 `source` and `target` (source "auto": the one model into that target). An unknown model, or a pair no model
@@ -178,7 +179,7 @@ class Models:
         decoder step per resumption, its sentences answered early where the search can."""
         assert isinstance(key, tuple)
         name, search = key
-        return self.models[name].served.run(search, sentences, still_wanted, answer)
+        return self.models[name].served.searcher.run(search, sentences, still_wanted, answer)
 
     def warm_up(self) -> None:
         """Build and warm up every model in the worker thread, in --path order; with several, what one fails on is
@@ -196,7 +197,7 @@ class Models:
     @contextmanager
     def worker_context(self) -> Iterator[None]:
         """The worker's settings: every model shares the threads set_threads gave the main thread."""
-        with self.default.served.worker_context():
+        with self.default.served.searcher.worker_context():
             yield
 
     def batcher(self, max_wait: float, max_queue: int) -> Batcher:
@@ -215,7 +216,7 @@ class Models:
         """The batcher's steps_bound: the most steps a sentence of `pieces` may take with its key's model."""
         assert isinstance(key, tuple)
         name, search = key
-        return self.models[name].served.steps_bound(search, pieces)
+        return self.models[name].served.searcher.steps_bound(search, pieces)
 
 
 def key_of(model: Model, search: SearchConfig) -> tuple[str, SearchConfig]:

@@ -2,6 +2,7 @@
 requests, and every bad request answered with a JSON error."""
 
 import json
+import math
 import threading
 
 import pytest
@@ -184,10 +185,12 @@ def test_the_server_sets_the_attention_backends_as_generate_does(tiny_checkpoint
         torch.backends.cuda.enable_cudnn_sdp(True)  # PyTorch's default
 
 
-def test_a_score_json_cannot_write_is_a_json_500_counted_in_metrics(tiny_checkpoint):
+def test_a_score_json_cannot_write_is_a_json_500_counted_in_metrics(tiny_checkpoint, monkeypatch):
+    from nmt_cli.serve import batch_search
+
     with serving(tiny_checkpoint) as client:
-        served = client.app.state.server.served
-        served.translation = lambda hyps, nbest: {"text": "1", "score": float("-inf")}  # lenpen -1e308 did this
+        # lenpen -1e308 did this
+        monkeypatch.setattr(batch_search, "translation", lambda hyps, nbest, vocab: {"text": "1", "score": -math.inf})
         answer = client.post("/translate", json={"text": "1 2"})
         metrics = client.get("/metrics").text
     assert answer.status_code == 500 and "cannot be written as JSON" in answer.json()["error"]

@@ -449,20 +449,21 @@ def test_the_sentences_of_a_cancelled_request_are_not_waited_for():
 def test_a_batch_nobody_waits_for_leaves_the_company_the_next_batch_waits_for():
     """Two batches ran side by side: the one answered expects its 20 clients back; the other, whose requests all
     went away (timed out, client gone), ends after it and must not make the next request start alone."""
+    from nmt_cli.serve.policy import BatchPolicy
     from nmt_cli.serve.queued import Job, Queued, Running
 
     def ended(job, n):
         return Running([Queued(job, i, 1) for i in range(n)], iter(()))
 
-    batcher = Batcher(Recorder(), max_tokens=1000, max_wait=0.05, max_queue=100)
+    policy = BatchPolicy(max_tokens=1000, max_wait=0.05)
     answered, gone = Job("cfg", ["a"] * 20), Job("cfg", ["b"] * 20)
     gone.future.cancel()
-    batcher._ended(ended(answered, 20))
-    assert batcher._expected == 20
-    batcher._ended(ended(gone, 20))
-    assert batcher._expected == 20
-    batcher._ended(ended(Job("cfg", ["c"] * 3), 3))  # a batch answered sets it anew
-    assert batcher._expected == 3
+    policy.ended(ended(answered, 20), searched=True)
+    assert policy.expected == 20
+    policy.ended(ended(gone, 20), searched=True)
+    assert policy.expected == 20
+    policy.ended(ended(Job("cfg", ["c"] * 3), 3), searched=True)  # a batch answered sets it anew
+    assert policy.expected == 3
 
 
 def test_a_sentence_answered_early_answers_its_request_while_the_batch_runs():
@@ -502,13 +503,13 @@ def test_clients_answered_early_are_expected_back_until_they_are():
         return running
 
     away = Batcher(Recorder(), max_tokens=1000, max_wait=0.05, max_queue=100)
-    away._ended(batch_of_three(away))
-    assert away._expected == 3  # none of the two is back yet
+    away.policy.ended(batch_of_three(away), searched=True)
+    assert away.policy.expected == 3  # none of the two is back yet
     back = Batcher(Recorder(), max_tokens=1000, max_wait=0.05, max_queue=100)
     running = batch_of_three(back)
     submit(back, "cfg", ["b"]), submit(back, "cfg", ["c"])  # the two come back before the batch ends
-    back._ended(running)
-    assert back._expected == 3  # the one answered at the end, and the two queued
+    back.policy.ended(running, searched=True)
+    assert back.policy.expected == 3  # the one answered at the end, and the two queued
 
 
 def test_a_batch_none_waits_for_is_dropped_even_by_a_search_that_never_asks():

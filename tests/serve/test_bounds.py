@@ -142,7 +142,7 @@ def test_a_request_that_times_out_stops_at_the_next_step_and_the_others_are_answ
     timeout, delay, forced = 1.0, 0.01, 255
     # Three clients of one sentence each, batched together at the server's beam 4: at most 12 rows a step.
     with serving(tiny_checkpoint, timeout=timeout, max_wait=0.05, search={"max_len_b": 5}) as client:
-        slow = SlowSteps(client.app.state.server.served.translator.model, delay)
+        slow = SlowSteps(client.app.state.server.served.searcher.translator.model, delay)
 
         alone = three_clients(client)
         usual = max(seconds for _, seconds in alone)
@@ -200,7 +200,7 @@ def test_the_others_are_answered_in_their_usual_time_while_an_expensive_request_
     and it still gets its whole answer."""
     forced = 255
     with serving(tiny_checkpoint, timeout=60, max_wait=0.05, search={"max_len_b": 5}) as client:
-        slow = SlowSteps(client.app.state.server.served.translator.model, 0.005)
+        slow = SlowSteps(client.app.state.server.served.searcher.translator.model, 0.005)
 
         alone = three_clients(client)
         usual = max(seconds for _, seconds in alone)

@@ -62,7 +62,7 @@ def wait_until(condition, seconds=10):
 def test_a_client_past_its_sentences_gets_429_until_they_are_answered(tiny_checkpoint):
     limits = {"max_client_sentences": 3}
     with serving(tiny_checkpoint, max_request_sentences=3, limits=limits, search={"max_len_b": 5}) as client:
-        slow = SlowSteps(client.app.state.server.served.translator.model, 0.05)  # a request stays in progress
+        slow = SlowSteps(client.app.state.server.served.searcher.translator.model, 0.05)  # a request stays in progress
         first = []
         sender = threading.Thread(target=lambda: first.append(client.post("/translate", json={"texts": ["1", "2"]})))
         sender.start()
@@ -84,7 +84,9 @@ def test_a_client_past_its_sentences_gets_429_until_they_are_answered(tiny_check
 def test_a_request_that_times_out_frees_its_clients_room_at_once(tiny_checkpoint):
     limits = {"max_client_sentences": 2}
     with serving(tiny_checkpoint, timeout=1.5, max_request_sentences=2, limits=limits) as client:
-        slow = SlowSteps(client.app.state.server.served.translator.model, 0.1)  # 200 steps: far past the timeout
+        slow = SlowSteps(
+            client.app.state.server.served.searcher.translator.model, 0.1
+        )  # 200 steps: far past the timeout
         worst = {"beam": 16, "min_len": 200, "max_len_a": 0, "max_len_b": 200}
         late = client.post("/translate", json={"texts": ["1 2", "3"], **worst})
         assert held(client) == 0  # its Future was cancelled with the 504, while its batch may still be stopping

@@ -79,9 +79,9 @@ def served_models(ckpt, graphs):
     models = Models.open(ServeConfig(path=str(ckpt), device="cpu", threads=1, fixed_slots=True), {})
     served = models.default.served
     if graphs:
-        served.slots = SlotSearch(StepGraphs(eager_capture))  # before the worker builds the translator
+        served.searcher.slots = SlotSearch(StepGraphs(eager_capture))  # before the worker builds the translator
     served.warm_up()
-    assert served.translator.slots is served.slots
+    assert served.searcher.translator.slots is served.searcher.slots
     return models, served
 
 
@@ -92,12 +92,16 @@ def test_early_answers_over_fixed_slots(trained_copy_checkpoint, slot_steps_take
     texts = ["0", "1 2 3 4 5 6 7 8 9 1 2 3 4 5 6 7", "3 1"]  # the copy model answers each in its own length
     plain = Models.open(ServeConfig(path=str(trained_copy_checkpoint), device="cpu", threads=1), {})
     plain_served = plain.default.served
-    want = run_to_end(plain.run(key_of(plain.default, plain_served.search), plain_served.prepare(texts), None, None))
+    want = run_to_end(
+        plain.run(key_of(plain.default, plain_served.search), plain_served.reader.prepare(texts), None, None)
+    )
     models, served = served_models(trained_copy_checkpoint, graphs)
-    served.answers_early = True
+    served.searcher.answers_early = True
     key, told, steps = key_of(models.default, served.search), [], [0]
     slot_steps_taken.clear()
-    search = models.run(key, served.prepare(texts), lambda: [True] * 3, lambda i, r: told.append((i, steps[0], r)))
+    search = models.run(
+        key, served.reader.prepare(texts), lambda: [True] * 3, lambda i, r: told.append((i, steps[0], r))
+    )
     results = counting(search, steps)
     assert slot_steps_taken and results == want
     assert sorted(i for i, _, _ in told) == [0, 2] and all(r == results[i] for i, _, r in told)
@@ -110,13 +114,13 @@ def test_two_batches_stepped_in_turn_hold_captures_of_their_own(trained_copy_che
     models, served = served_models(trained_copy_checkpoint, graphs=True)
     key = key_of(models.default, served.search)
     batches = [SENTENCES[:4], SENTENCES[4:]]
-    alone = [run_to_end(models.run(key, served.prepare(b), lambda: [True] * 4, None)) for b in batches]
-    n_captures = served.slots.graphs.n_captures
-    runs = [models.run(key, served.prepare(b), lambda: [True] * 4, None) for b in batches]
+    alone = [run_to_end(models.run(key, served.reader.prepare(b), lambda: [True] * 4, None)) for b in batches]
+    n_captures = served.searcher.slots.graphs.n_captures
+    runs = [models.run(key, served.reader.prepare(b), lambda: [True] * 4, None) for b in batches]
     results, _ = in_turn(*runs)
     assert results == alone
-    assert served.slots.graphs.n_captures > n_captures  # the second batch's own
-    assert not any(c.held for copies in served.slots.graphs.graphs.values() for c in copies)
+    assert served.searcher.slots.graphs.n_captures > n_captures  # the second batch's own
+    assert not any(c.held for copies in served.searcher.slots.graphs.graphs.values() for c in copies)
 
 
 def test_the_cli_takes_generates_flags():
@@ -137,19 +141,23 @@ def test_cuda_graphs_serve_what_the_default_search_serves(trained_copy_checkpoin
         plain = Models.open(ServeConfig(**cuda), {})
         models = Models.open(ServeConfig(**cuda, fixed_slots=True), {})
         served = models.default.served
-        assert served.info["cuda_graphs"] is True and served.answers_early
+        assert served.info["cuda_graphs"] is True and served.searcher.answers_early
         plain.default.served.warm_up()
         served.warm_up()
-        n_captures = served.slots.graphs.n_captures
+        n_captures = served.searcher.slots.graphs.n_captures
         batches = [SENTENCES[:4], SENTENCES[4:]]
         runs = [
-            m.run(key_of(m.default, m.default.served.search), m.default.served.prepare(b), lambda: [True] * 4, told)
+            m.run(
+                key_of(m.default, m.default.served.search), m.default.served.reader.prepare(b), lambda: [True] * 4, told
+            )
             for m, told in ((plain, None), (models, lambda i, r: None))
             for b in batches
         ]
         want, _ = in_turn(*runs[:2])
         got, _ = in_turn(*runs[2:])
         assert [[a["text"] for a in batch] for batch in got] == [[a["text"] for a in batch] for batch in want]
-        assert served.slots.graphs.n_captures >= n_captures + 2  # a bucket's capture for each of the two batches
+        assert (
+            served.searcher.slots.graphs.n_captures >= n_captures + 2
+        )  # a bucket's capture for each of the two batches
     finally:
         torch.backends.cuda.matmul.allow_tf32 = True

@@ -170,7 +170,7 @@ def test_a_model_that_fails_its_warm_up_is_named_by_its_path():
 
 
 def test_a_served_sentence_is_answered_when_its_search_ends_with_what_the_batch_returns(trained_copy_checkpoint):
-    """On a GPU (`answers_early`), the batcher's `answer` reaches the beam search (Models.run -> ServedModel.run ->
+    """On a GPU (`answers_early`), the batcher's `answer` reaches the beam search (Models.run -> BatchSearch.run ->
     translate_steps): the short sentence of a batch is answered before the long one's steps end, with the result
     the batch returns; a batch in which a sentence asks for an alignment is answered at its end."""
     from nmt_cli.serve.models import key_of
@@ -179,16 +179,16 @@ def test_a_served_sentence_is_answered_when_its_search_ends_with_what_the_batch_
 
     models = Models.open(ServeConfig(path=str(trained_copy_checkpoint), device="cpu", threads=1), {})
     served = models.default.served
-    assert not served.answers_early  # on the CPU; forced here, as on a GPU
-    served.answers_early = True
+    assert not served.searcher.answers_early  # on the CPU; forced here, as on a GPU
+    served.searcher.answers_early = True
     served.warm_up()
     texts = ["0", "1 2 3 4 5 6 7 8 9 1 2 3 4 5 6 7"]  # the copy model answers each in its own length
-    sentences = served.prepare(texts)
+    sentences = served.reader.prepare(texts)
     key, told, steps = key_of(models.default, served.search), [], [0]
     search = models.run(key, sentences, lambda: [True] * 2, lambda i, r: told.append((i, steps[0], r)))
     results = counting(search, steps)
     assert [i for i, _, _ in told] == [0] and told[0][2] == results[0] and told[0][1] < steps[0] - 5
-    assert results == run_to_end(models.run(key, served.prepare(texts), lambda: [True] * 2, lambda i, r: None))
+    assert results == run_to_end(models.run(key, served.reader.prepare(texts), lambda: [True] * 2, lambda i, r: None))
     aligned = [replace(sentences[0], alignment="hard"), sentences[1]]
     told.clear()
     run_to_end(models.run(key, aligned, lambda: [True] * 2, lambda i, r: told.append(i)))

@@ -37,8 +37,8 @@ loaded = threads()
 batcher.start()
 batcher.ready.wait()
 for text in ["1 2 3", "4 5 6 7", "8 9"]:  # as the event loop prepares a request, then waits for its answer
-    sentences = served.prepare([text])
-    batcher.submit(key, sentences, [served.length(s) for s in sentences]).result()
+    sentences = served.reader.prepare([text])
+    batcher.submit(key, sentences, [served.reader.length(s) for s in sentences]).result()
 serving = threads()
 batcher.stop()
 for _ in range(100):  # the team's threads leave once told by the ended worker's exit, not before it returns
