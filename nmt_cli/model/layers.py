@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from nmt_cli.config import ModelConfig
 from nmt_cli.model.attention import CrossAttention, SelfAttention
 from nmt_cli.model.linear import Linear, pad_rows, pads_rows
 from nmt_cli.runtime import random_int16
@@ -101,22 +102,12 @@ class Residual(nn.Module):
 
 
 class EncoderLayer(nn.Module):
-    def __init__(
-        self,
-        d_model: int,
-        d_ff: int,
-        heads: int,
-        dropout: float,
-        attention_dropout: float,
-        activation_dropout: float,
-        normalize_before: bool,
-        key_dim: int = 0,
-    ) -> None:
+    def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        self.self_attn = SelfAttention(d_model, heads, attention_dropout, key_dim)
-        self.ffn = FeedForward(d_model, d_ff, activation_dropout)
-        self.res_attn = Residual(d_model, dropout, normalize_before)
-        self.res_ffn = Residual(d_model, dropout, normalize_before)
+        self.self_attn = SelfAttention(cfg.d_model, cfg.heads, cfg.attention_dropout, cfg.attention_key_dim)
+        self.ffn = FeedForward(cfg.d_model, cfg.d_ff, cfg.activation_dropout)
+        self.res_attn = Residual(cfg.d_model, cfg.dropout, cfg.normalize_before)
+        self.res_ffn = Residual(cfg.d_model, cfg.dropout, cfg.normalize_before)
 
     def forward(self, x: Tensor, mask: Tensor | None, record: list[Tensor] | None = None) -> Tensor:
         """x: [B, S, D]; mask: [B, 1, 1, S] True where attention is allowed; record: gets the weights [B, H, S, S]."""
@@ -125,24 +116,14 @@ class EncoderLayer(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(
-        self,
-        d_model: int,
-        d_ff: int,
-        heads: int,
-        dropout: float,
-        attention_dropout: float,
-        activation_dropout: float,
-        normalize_before: bool,
-        key_dim: int = 0,
-    ) -> None:
+    def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        self.self_attn = SelfAttention(d_model, heads, attention_dropout, key_dim)
-        self.cross_attn = CrossAttention(d_model, heads, attention_dropout, key_dim)
-        self.ffn = FeedForward(d_model, d_ff, activation_dropout)
-        self.res_self = Residual(d_model, dropout, normalize_before)
-        self.res_cross = Residual(d_model, dropout, normalize_before)
-        self.res_ffn = Residual(d_model, dropout, normalize_before)
+        self.self_attn = SelfAttention(cfg.d_model, cfg.heads, cfg.attention_dropout, cfg.attention_key_dim)
+        self.cross_attn = CrossAttention(cfg.d_model, cfg.heads, cfg.attention_dropout, cfg.attention_key_dim)
+        self.ffn = FeedForward(cfg.d_model, cfg.d_ff, cfg.activation_dropout)
+        self.res_self, self.res_cross, self.res_ffn = (
+            Residual(cfg.d_model, cfg.dropout, cfg.normalize_before) for _ in range(3)
+        )
 
     def forward(
         self,

@@ -75,27 +75,10 @@ class Embedding(nn.Module):
 
 
 class Transformer(nn.Module):
-    def __init__(
-        self,
-        *,
-        vocab_size: int,
-        encoder_layers: int,
-        decoder_layers: int,
-        d_model: int,
-        d_ff: int,
-        heads: int,
-        dropout: float,
-        attention_dropout: float,
-        activation_dropout: float,
-        normalize_before: bool,
-        learned_pos: bool,
-        share_embeddings: bool,
-        share_output_embed: bool,
-        max_positions: int,
-        key_dim: int = 0,
-    ) -> None:
+    def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        self.max_positions = max_positions
+        self.max_positions = max_positions = cfg.max_positions
+        vocab_size, d_model = cfg.vocab_size, cfg.d_model
         # Training's --checkpoint-activations: each layer's activations recomputed in the backward pass (`through`).
         self.checkpoint_activations = False
         # Built on the meta device (checkpoint.model_around_weights) there is nothing to initialise, and
@@ -107,30 +90,29 @@ class Transformer(nn.Module):
             return nn.Embedding(vocab_size, d_model, padding_idx=PAD, _weight=weight)
 
         src_tokens = embedding()
-        tgt_tokens = src_tokens if share_embeddings else embedding()
+        tgt_tokens = src_tokens if cfg.share_embeddings else embedding()
         for emb in {src_tokens, tgt_tokens} if not on_meta else ():
             nn.init.normal_(emb.weight, mean=0.0, std=d_model**-0.5)
             nn.init.zeros_(emb.weight[PAD])
-        self.src_embed = Embedding(src_tokens, max_positions, learned_pos, dropout)
-        self.tgt_embed = Embedding(tgt_tokens, max_positions, learned_pos, dropout)
-        layer_args = (d_model, d_ff, heads, dropout, attention_dropout, activation_dropout, normalize_before, key_dim)
+        self.src_embed = Embedding(src_tokens, max_positions, cfg.learned_pos, cfg.dropout)
+        self.tgt_embed = Embedding(tgt_tokens, max_positions, cfg.learned_pos, cfg.dropout)
         # ModuleLists, typed for mypy as the lists of layers they are
-        self.encoder: list[EncoderLayer] = nn.ModuleList(  # type: ignore[assignment]
-            EncoderLayer(*layer_args) for _ in range(encoder_layers)
+        encoder, decoder = (
+            (EncoderLayer(cfg) for _ in range(cfg.encoder_layers)),
+            (DecoderLayer(cfg) for _ in range(cfg.decoder_layers)),
         )
-        self.decoder: list[DecoderLayer] = nn.ModuleList(  # type: ignore[assignment]
-            DecoderLayer(*layer_args) for _ in range(decoder_layers)
-        )
+        self.encoder: list[EncoderLayer] = nn.ModuleList(encoder)  # type: ignore[assignment]
+        self.decoder: list[DecoderLayer] = nn.ModuleList(decoder)  # type: ignore[assignment]
         # Pre-norm stacks end with a LayerNorm; post-norm layers already end normalised.
-        self.encoder_norm = nn.LayerNorm(d_model) if normalize_before else nn.Identity()
-        self.decoder_norm = nn.LayerNorm(d_model) if normalize_before else nn.Identity()
+        self.encoder_norm = nn.LayerNorm(d_model) if cfg.normalize_before else nn.Identity()
+        self.decoder_norm = nn.LayerNorm(d_model) if cfg.normalize_before else nn.Identity()
         self.output = Linear(d_model, vocab_size, bias=False)
         for name, p in self.named_parameters():
             if p.dim() == 2 and "embed" not in name:
                 nn.init.xavier_uniform_(p)
             elif name.endswith(".bias"):
                 nn.init.zeros_(p)
-        if share_output_embed:
+        if cfg.share_output_embed:
             self.output.weight = tgt_tokens.weight  # the pre-softmax projection (paper §3.4)
 
     def encode(
@@ -310,24 +292,7 @@ def normalise_logits(logits: Tensor) -> Tensor:
 
 
 def build_model(cfg: ModelConfig) -> Transformer:
-    """The only place a ModelConfig becomes constructor arguments."""
-    return Transformer(
-        vocab_size=cfg.vocab_size,
-        encoder_layers=cfg.encoder_layers,
-        decoder_layers=cfg.decoder_layers,
-        d_model=cfg.d_model,
-        d_ff=cfg.d_ff,
-        heads=cfg.heads,
-        dropout=cfg.dropout,
-        attention_dropout=cfg.attention_dropout,
-        activation_dropout=cfg.activation_dropout,
-        normalize_before=cfg.normalize_before,
-        learned_pos=cfg.learned_pos,
-        share_embeddings=cfg.share_embeddings,
-        share_output_embed=cfg.share_output_embed,
-        max_positions=cfg.max_positions,
-        key_dim=cfg.attention_key_dim,
-    )
+    return Transformer(cfg)
 
 
 def count_parameters(model: nn.Module) -> int:
