@@ -1,5 +1,6 @@
 """Start-up: `--help` and argument errors load no torch, a bad NMT_CPU_MATMUL or NMT_CPU_INT8 is one error line, and Ctrl-C at any
-moment of a command (its imports included) is one `error: interrupted` line and exit 130, never a traceback."""
+moment of a command (its imports included) is one `error: interrupted` line and exit 130, never a traceback: from the
+first line of nmt_cli/__main__.py, which `python -m nmt_cli` and the `nmt` script both run first."""
 
 import errno
 import os
@@ -167,3 +168,89 @@ def test_ctrl_c_at_any_moment_is_one_line_and_exit_130(tmp_path, delay):
     messages = [line for line in err.splitlines() if not line.startswith("import time:")]
     assert messages == ["error: interrupted"], err
     assert result.returncode == 130, err
+
+
+def interrupted_at(command: list[str], delay: float) -> subprocess.CompletedProcess:
+    """`command` sent SIGINT `delay` seconds after it was started (as from a terminal: see `interrupt`)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    handler = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    finally:
+        signal.signal(signal.SIGINT, handler)
+    try:
+        time.sleep(delay)
+        process.send_signal(signal.SIGINT)
+        out, err = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+    return subprocess.CompletedProcess(command, process.returncode, out, err)
+
+
+def before_nmt(result: subprocess.CompletedProcess) -> bool:
+    """Whether the signal came while the interpreter itself was starting, before any of nmt's code ran: killed before
+    Python set its handler, or a KeyboardInterrupt with no frame of nmt_cli/ (in site's .pth files, an editable
+    install's finder, runpy, the import of nmt_cli/__main__.py)."""
+    if not result.stderr.strip():
+        return result.returncode == -signal.SIGINT  # also the status of a KeyboardInterrupt's traceback
+    interpreters = "Traceback" in result.stderr or "Fatal Python error" in result.stderr
+    return interpreters and not re.search(r'File "[^"]*/nmt_cli/', result.stderr)
+
+
+@pytest.mark.parametrize("delay", [0.05, 0.1, 0.2])
+@pytest.mark.parametrize("entry", ["python -m nmt_cli", "nmt"])
+def test_ctrl_c_soon_after_the_start_is_one_line_and_exit_130(tmp_path, entry, delay):
+    """SIGINT 0.05, 0.1 and 0.2 s after `generate` starts (its checkpoint and input FIFOs nobody writes, so that it
+    never ends by itself). A try whose signal came before any of nmt's code ran is the interpreter's (a busy machine
+    starts it slowly) and is tried again; every other one must end in the one line."""
+    fifo = tmp_path / "never.fifo"
+    os.mkfifo(fifo)
+    start = [sys.executable, "-m", "nmt_cli"] if entry != "nmt" else [str(Path(sys.executable).with_name("nmt"))]
+    command = [*start, "generate", "--path", str(fifo), "--input", str(fifo), "--device", "cpu"]
+    for _ in range(5):
+        result = interrupted_at(command, delay)
+        if not before_nmt(result):
+            break
+    else:
+        first = result.stderr.strip().splitlines()[:1]
+        pytest.skip(f"the interpreter had not reached nmt's code {delay} s after its start in 5 tries: {first}")
+    err = ANSI.sub("", result.stderr)
+    assert "Traceback" not in err and err.splitlines() == ["error: interrupted"], err
+    assert result.returncode == 130, err
+
+
+def test_ctrl_c_while_nmts_entry_imports_is_one_line_and_exit_130(tmp_path):
+    """SIGINT at the first moment nmt's code runs: while nmt_cli/__main__.py imports nmt_cli.errors, its first import
+    (the process signals itself from an import hook, as `python -m nmt_cli score` on FIFOs nobody writes starts).
+    SIGINT is held from __main__.py's first line until its handler is set; it had been a KeyboardInterrupt
+    traceback."""
+    fifo = tmp_path / "hyp.fifo"
+    os.mkfifo(fifo)
+    code = f"""
+import os, runpy, signal, sys
+
+class SignalOnImport:
+    def find_spec(self, name, path=None, target=None):
+        if name == "nmt_cli.errors":
+            os.kill(os.getpid(), signal.SIGINT)
+
+sys.meta_path.insert(0, SignalOnImport())
+sys.argv = ["nmt", "score", "--sys", {str(fifo)!r}, "--ref", {str(fifo)!r}]
+runpy.run_module("nmt_cli", run_name="__main__", alter_sys=True)
+"""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    handler = signal.signal(signal.SIGINT, signal.default_int_handler)  # as from a terminal (see `interrupt`)
+    try:
+        process = subprocess.Popen([sys.executable, "-c", code], stderr=subprocess.PIPE, text=True, env=env)
+    finally:
+        signal.signal(signal.SIGINT, handler)
+    try:
+        _, err = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+    assert "Traceback" not in err and err.splitlines() == ["error: interrupted"], err
+    assert process.returncode == 130, err
