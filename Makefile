@@ -13,7 +13,7 @@ install: $(STAMP)
 $(STAMP): setup.cfg setup.py pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install -q torch==2.13.0
-	$(BIN)/python -m pip install -q -e ".[test]"
+	$(BIN)/python -m pip install -q -e ".[test]" --config-settings editable_mode=compat
 	touch $(STAMP)
 
 # ruff (lint and format check) and mypy, with the settings in pyproject.toml.
