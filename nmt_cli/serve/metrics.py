@@ -1,20 +1,25 @@
 """The server's counters, written in Prometheus' text exposition format (version 0.0.4) for `GET /metrics`.
 
 Requests by status code, the queue's length, and for each served model (labelled `model="NAME"`): sentences
-translated, batch sizes (sentences, and requests sharing a batch) as histograms, search seconds, and request
-latency as a summary: quantiles over its latest LATENCY_WINDOW answered requests. Requests a client abandoned
-count under code 499 (it closed the connection before its answer). Counts are written as integers and sums of seconds in
-full precision: a six-digit rounding would freeze a long-running server's totals (1,200,007 read 1.20001e+06).
+translated, batch sizes (sentences, and requests sharing a batch), search seconds, and request latency, as
+histograms, which a monitor can add up across replicas (a summary's quantiles cannot be); then the process's own
+metrics, as Prometheus' client library names them (CPU seconds, memory, file descriptors, start time). Requests a
+client abandoned count under code 499 (it closed the connection before its answer). Counts are written as integers
+and sums of seconds in full precision: a six-digit rounding would freeze a long-running server's totals (1,200,007
+read 1.20001e+06).
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
+import resource
 import threading
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
-LATENCY_WINDOW = 2048
-QUANTILES = (0.5, 0.9, 0.99)
+SECONDS_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 SENTENCE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 REQUEST_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 
@@ -42,14 +47,6 @@ class Histogram:
         return [*out, f"{name}_sum{{{labels}}} {number(self.total)}", f"{name}_count{{{labels}}} {self.count}"]
 
 
-def quantile(values: Sequence[float], q: float) -> float:
-    """The nearest-rank q-quantile of values (NaN when there are none, as Prometheus writes it)."""
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
 def number(value: float) -> str:
     """A sample value as Prometheus spells it, exactly: an int as digits, a float as its shortest repr that reads
     back the same (NaN and +Inf, not nan and inf)."""
@@ -72,9 +69,7 @@ class ModelCounts:
 
     def __init__(self) -> None:
         self.sentences = 0
-        self.answered = 0
-        self.latencies: deque[float] = deque(maxlen=LATENCY_WINDOW)
-        self.latency_sum = 0.0
+        self.latency = Histogram(SECONDS_BUCKETS)
         self.batch_sentences = Histogram(SENTENCE_BUCKETS)
         self.batch_requests = Histogram(REQUEST_BUCKETS)
         self.batch_seconds = 0.0
@@ -98,9 +93,7 @@ class Metrics:
             if status == 200 and model is not None:
                 counts = self.models[model]
                 counts.sentences += sentences
-                counts.answered += 1
-                counts.latencies.append(seconds)
-                counts.latency_sum += seconds
+                counts.latency.observe(seconds)
 
     def batch(self, model: str, sentences: int, requests: int) -> None:
         with self.lock:
@@ -136,17 +129,40 @@ class Metrics:
                 "# HELP nmt_batch_seconds_total Time spent searching batches, by model.",
                 "# TYPE nmt_batch_seconds_total counter",
                 *(f"nmt_batch_seconds_total{{{m}}} {number(c.batch_seconds)}" for m, c in models),
-                "# HELP nmt_request_seconds Latency of answered requests, by model "
-                f"(quantiles of each one's last {LATENCY_WINDOW}).",
-                "# TYPE nmt_request_seconds summary",
+                "# HELP nmt_request_seconds Latency of answered requests, by model.",
+                "# TYPE nmt_request_seconds histogram",
+                *(line for m, c in models for line in c.latency.lines("nmt_request_seconds", m)),
             ]
-            for m, c in models:
-                lines += [
-                    *(
-                        f'nmt_request_seconds{{{m},quantile="{q:g}"}} {number(quantile(c.latencies, q))}'
-                        for q in QUANTILES
-                    ),
-                    f"nmt_request_seconds_sum{{{m}}} {number(c.latency_sum)}",
-                    f"nmt_request_seconds_count{{{m}}} {c.answered}",
-                ]
-        return "\n".join(lines) + "\n"
+        return "\n".join([*lines, *process_lines()]) + "\n"
+
+
+PROCESS = (  # prometheus_client's process collector's names and help texts
+    ("process_cpu_seconds_total", "counter", "Total user and system CPU time spent in seconds."),
+    ("process_virtual_memory_bytes", "gauge", "Virtual memory size in bytes."),
+    ("process_resident_memory_bytes", "gauge", "Resident memory size in bytes."),
+    ("process_start_time_seconds", "gauge", "Start time of the process since unix epoch in seconds."),
+    ("process_open_fds", "gauge", "Number of open file descriptors."),
+    ("process_max_fds", "gauge", "Maximum number of open file descriptors."),
+)
+
+
+def process_lines() -> list[str]:
+    """The process's CPU seconds, memory, file descriptors and start time as prometheus_client's process collector
+    writes them on Linux (from /proc; the CPU seconds alone where /proc is absent)."""
+    cpu = os.times()
+    values: list[float] = [cpu.user + cpu.system]
+    with contextlib.suppress(OSError, ValueError, IndexError, StopIteration):
+        stat = Path("/proc/self/stat").read_text().rpartition(")")[2].split()  # from the 3rd field on: its state
+        boot = next(int(line[6:]) for line in Path("/proc/stat").read_text().splitlines() if line[:6] == "btime ")
+        values += [
+            int(stat[20]),
+            int(stat[21]) * os.sysconf("SC_PAGE_SIZE"),
+            boot + int(stat[19]) / os.sysconf("SC_CLK_TCK"),
+            len(os.listdir("/proc/self/fd")),
+            resource.getrlimit(resource.RLIMIT_NOFILE)[0],
+        ]
+    return [
+        line
+        for (name, kind, text), value in zip(PROCESS, values)
+        for line in (f"# HELP {name} {text}", f"# TYPE {name} {kind}", f"{name} {number(value)}")
+    ]

@@ -70,7 +70,7 @@ def test_health_ready_info_metrics_and_the_page(tiny_checkpoint):
     assert metrics.headers["content-type"].startswith("text/plain; version=0.0.4")
     for name in ("nmt_requests_total", "nmt_queue_sentences", "nmt_batch_sentences", "nmt_request_seconds"):
         assert f"# TYPE {name} " in metrics.text
-    assert 'nmt_request_seconds{model="src-tgt",quantile="0.99"}' in metrics.text
+    assert 'nmt_request_seconds_bucket{model="src-tgt",le="+Inf"}' in metrics.text
     assert page.status_code == 200 and 'id="translate"' in page.text and 'id="source"' in page.text
 
 

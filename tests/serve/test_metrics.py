@@ -1,6 +1,7 @@
 """`GET /metrics`' text: counters and sums written exactly, so that a long-running server's totals keep moving."""
 
 import re
+import time
 
 from nmt_cli.serve.metrics import Metrics, number
 
@@ -42,10 +43,11 @@ def test_each_model_has_its_own_series():
     assert lines['nmt_batch_sentences_bucket{model="en-de",le="8"}'] == "1"
     assert lines['nmt_batch_sentences_count{model="de-en"}'] == "1"
     assert lines['nmt_batch_seconds_total{model="de-en"}'] == "0.25"
-    assert lines['nmt_request_seconds{model="en-de",quantile="0.99"}'] == "0.4"
+    assert lines['nmt_request_seconds_bucket{model="en-de",le="0.25"}'] == "1"  # 0.2 of 0.2 and 0.4
+    assert lines['nmt_request_seconds_bucket{model="en-de",le="0.5"}'] == "2"
     assert lines['nmt_request_seconds_count{model="de-en"}'] == "1"
     assert lines['nmt_sentences_total{model="odd\\"name"}'] == "0"  # quoted as the text format escapes it
-    assert lines['nmt_request_seconds{model="odd\\"name",quantile="0.5"}'] == "NaN"
+    assert lines['nmt_request_seconds_bucket{model="odd\\"name",le="+Inf"}'] == "0"
     assert lines['nmt_requests_total{code="200"}'] == "3" and lines['nmt_requests_total{code="400"}'] == "1"
     assert lines["nmt_queue_sentences"] == "3"
     assert all(PROMETHEUS_LINE.fullmatch(line) for line in text.splitlines()), text
@@ -71,3 +73,33 @@ def test_sample_values_as_prometheus_spells_them():
         "+Inf",
         "-Inf",
     ]
+
+
+def test_latency_is_a_histogram_and_the_process_metrics_are_prometheus_clients():
+    """Histograms (unlike a summary's quantiles) add up across replicas; the process metrics carry the names a
+    dashboard for any Prometheus client expects."""
+    metrics = Metrics(lambda: 0, ["en-de"])
+    for seconds in (0.003, 0.04, 0.04, 7.0, 500.0):
+        metrics.request(200, 1, seconds, "en-de")
+    text = metrics.text()
+    lines = samples(text)
+    assert "# TYPE nmt_request_seconds histogram" in text and "summary" not in text
+    buckets = {
+        le: lines[f'nmt_request_seconds_bucket{{model="en-de",le="{le}"}}'] for le in ("0.005", "0.05", "10", "+Inf")
+    }
+    assert buckets == {"0.005": "1", "0.05": "3", "10": "4", "+Inf": "5"}
+    assert lines['nmt_request_seconds_count{model="en-de"}'] == "5"
+    for name, kind in [
+        ("process_cpu_seconds_total", "counter"),
+        ("process_resident_memory_bytes", "gauge"),
+        ("process_virtual_memory_bytes", "gauge"),
+        ("process_open_fds", "gauge"),
+        ("process_max_fds", "gauge"),
+        ("process_start_time_seconds", "gauge"),
+    ]:
+        assert f"# TYPE {name} {kind}" in text and float(lines[name]) > 0, name
+    with open("/proc/self/status") as status:  # the kernel's own count of this process's resident memory
+        rss = next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmRSS:"))
+    assert abs(float(lines["process_resident_memory_bytes"]) - rss) < 0.2 * rss
+    assert time.time() - 86400 < float(lines["process_start_time_seconds"]) <= time.time()  # this test's process
+    assert all(PROMETHEUS_LINE.fullmatch(line) for line in text.splitlines()), text
