@@ -88,6 +88,8 @@ def serve(cfg: ServeConfig, search_overrides: dict[str, Any]) -> None:
     key, key_source = api_key(cfg)  # refused before the model is loaded
     origins = cors_origins(cfg.cors_origin)
     limits = Limits(cfg.max_request_sentences, cfg.timeout, cfg.max_body_bytes, key, origins, cfg.max_client_sentences)
+    metrics = secret(cfg.metrics_token, cfg.metrics_token_file, option="--metrics-token", what="the metrics token")
+    limits.metrics_token = metrics[0]
     threads_note = set_serving_threads(cfg.threads)
     models = Models.open(cfg, search_overrides)
     served = models.default.served
@@ -165,23 +167,29 @@ ORIGIN = re.compile(r"https?://[^/\s]+")  # an Origin header: scheme, host and p
 
 def api_key(cfg: ServeConfig) -> tuple[str | None, str]:
     """The API key clients must send (None: none), and where it came from, for the log (never the key itself)."""
-    if cfg.api_key is not None and cfg.api_key_file is not None:
-        raise ConfigError("give the API key once: --api-key or --api-key-file, not both")
-    if cfg.api_key is not None:
-        key, source = cfg.api_key, "--api-key"
-    elif cfg.api_key_file is not None:
+    return secret(cfg.api_key, cfg.api_key_file, option="--api-key", what="the API key", env=API_KEY_ENV)
+
+
+def secret(given: str | None, path: str | None, *, option: str, what: str, env: str = "") -> tuple[str | None, str]:
+    """A Bearer token from `option`, the first line of the file of `option`-file, else the variable `env`: the
+    token (None: none) and where it came from, for the log (never the token itself)."""
+    if given is not None and path is not None:
+        raise ConfigError(f"give {what} once: {option} or {option}-file, not both")
+    if given is not None:
+        key, source = given, option
+    elif path is not None:
         try:
-            with open(cfg.api_key_file, encoding="utf-8") as f:
-                key, source = f.readline().strip(), f"--api-key-file {cfg.api_key_file}"
+            with open(path, encoding="utf-8") as f:
+                key, source = f.readline().strip(), f"{option}-file {path}"
         except (OSError, UnicodeDecodeError) as e:
-            raise ConfigError(f"--api-key-file {cfg.api_key_file}: cannot read the key: {e}") from None
-    elif API_KEY_ENV in os.environ:
-        key, source = os.environ[API_KEY_ENV], API_KEY_ENV
+            raise ConfigError(f"{option}-file {path}: cannot read {what}: {e}") from None
+    elif env in os.environ:
+        key, source = os.environ[env], env
     else:
         return None, ""
     if not HEADER_TOKEN.fullmatch(key):
         raise ConfigError(
-            f"the API key from {source} must be printable ASCII without spaces (it is sent in an HTTP header)"
+            f"{what} from {source} must be printable ASCII without spaces (it is sent in an HTTP header)"
             + (", and not empty" if not key else "")
         )
     return key, source

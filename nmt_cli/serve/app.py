@@ -75,6 +75,7 @@ class Limits:
     api_key: str | None = None  # None: no key asked
     cors_origins: tuple[str, ...] = ()
     max_client_sentences: int | None = None  # None: no limit per client
+    metrics_token: str | None = None  # None: /metrics takes the API key, open without one
 
 
 def error(status: int, message: str, request: Request | None = None, headers: dict[str, str] | None = None) -> Response:
@@ -220,10 +221,10 @@ class Server:
             return error(400, str(e), request)
 
     async def metrics_text(self, request: Request) -> Response:
-        try:
-            self.check_key(request)
-        except RequestError as e:
-            return error(e.status, str(e), request, e.headers)
+        """Prometheus' text, for its --metrics-token, else the API key (open where the server has neither)."""
+        if not authorized(request.headers.get("authorization"), self.limits.metrics_token or self.limits.api_key):
+            why = KEY_NEEDED if self.limits.metrics_token is None else "send `Authorization: Bearer` --metrics-token"
+            return error(401, why, request, {"WWW-Authenticate": "Bearer"})
         return PlainTextResponse(self.metrics.text(), media_type="text/plain; version=0.0.4")
 
     async def page(self, request: Request) -> Response:

@@ -33,7 +33,8 @@ logger = logging.getLogger(__name__)
 # in order; still_wanted() says, per item, whether its request is still waiting (the search asks it once a step and
 # drops the others: their results are not used); `answer` may be given some results early
 RunBatch = Callable[[Hashable, list[Any], Callable[[], list[bool]], Answer], Generator[None, None, list[Any]]]
-OnBatch = Callable[[Hashable, int, int], None]  # (key, sentences, requests) of a batch that ended
+# (key, sentences, requests, each sentence's seconds in the queue) of a batch that ended
+OnBatch = Callable[[Hashable, int, int, list[float]], None]
 OnStep = Callable[[Hashable, float], None]  # (key, seconds) of a search step, as it ends
 
 
@@ -207,7 +208,8 @@ class Batcher:
         """Answer a finished batch's requests; the next batch waits for the company this one expects."""
         self._ended(running, searched=True)
         if self.on_batch is not None:  # counted before the answers go out: a client answered sees it
-            self.on_batch(running.batch[0].job.key, len(running.batch), len(jobs_of(running.batch)))
+            waited = [running.started - q.job.arrived for q in running.batch]
+            self.on_batch(running.batch[0].job.key, len(running.batch), len(jobs_of(running.batch)), waited)
         for q, result in zip(running.batch, results):
             q.answer(result)
 

@@ -70,6 +70,7 @@ class Running:
     search: Generator[None, None, list[Any]]
     steps: int = 0
     seconds: float = 0.0
+    started: float = field(default_factory=time.monotonic)
     arrived_at_early: int | None = None  # the batcher's sentences arrived when this batch first answered a request
     end: float = field(init=False)  # the step by which every one of its sentences has ended at the latest
 

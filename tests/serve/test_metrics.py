@@ -103,3 +103,13 @@ def test_latency_is_a_histogram_and_the_process_metrics_are_prometheus_clients()
     assert abs(float(lines["process_resident_memory_bytes"]) - rss) < 0.2 * rss
     assert time.time() - 86400 < float(lines["process_start_time_seconds"]) <= time.time()  # this test's process
     assert all(PROMETHEUS_LINE.fullmatch(line) for line in text.splitlines()), text
+
+
+def test_each_sentence_s_wait_in_the_queue_is_a_histogram():
+    metrics = Metrics(lambda: 0, ["en-de"])
+    metrics.batch("en-de", 3, 2, [0.001, 0.02, 3.0])
+    lines = samples(metrics.text())
+    assert lines['nmt_queue_wait_seconds_bucket{model="en-de",le="0.005"}'] == "1"
+    assert lines['nmt_queue_wait_seconds_bucket{model="en-de",le="0.025"}'] == "2"
+    assert lines['nmt_queue_wait_seconds_count{model="en-de"}'] == "3"
+    assert float(lines['nmt_queue_wait_seconds_sum{model="en-de"}']) == 3.021

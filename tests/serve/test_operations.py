@@ -1,0 +1,43 @@
+"""`nmt serve` as an operator runs it (issue 68), against a real process: /metrics for a scraper's own token."""
+
+import http.client
+import json
+
+import pytest
+
+from tests.serve.test_signals import start_server, wait_ready
+
+pytest.importorskip("uvicorn")
+
+
+def call(port, method, path, token=None, body=None):
+    """(status, body text) of one request, with `Authorization: Bearer TOKEN` when a token is given."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    headers = {"Content-Type": "application/json"} | ({"Authorization": f"Bearer {token}"} if token else {})
+    conn.request(method, path, None if body is None else json.dumps(body), headers)
+    response = conn.getresponse()
+    return response.status, response.read().decode()
+
+
+def test_metrics_answer_the_scraper_s_token_and_not_the_translation_key(tmp_path, tiny_checkpoint):
+    (tmp_path / "key").write_text("translate-key\n")
+    (tmp_path / "token").write_text("scrape-token\n")
+    server, port, _ = start_server(
+        tiny_checkpoint, "--api-key-file", tmp_path / "key", "--metrics-token-file", tmp_path / "token"
+    )
+    try:
+        wait_ready(port)
+        assert call(port, "POST", "/translate", "translate-key", {"text": "1 2 3"})[0] == 200
+        assert call(port, "POST", "/translate", "scrape-token", {"text": "1 2 3"})[0] == 401  # it cannot translate
+        assert call(port, "GET", "/metrics")[0] == 401
+        assert call(port, "GET", "/metrics", "translate-key")[0] == 401
+        status, text = call(port, "GET", "/metrics", "scrape-token")
+    finally:
+        server.kill()
+        server.wait()
+    assert status == 200
+    assert "# TYPE nmt_request_seconds histogram" in text and "# TYPE nmt_queue_wait_seconds histogram" in text
+    samples = dict(line.rsplit(" ", 1) for line in text.splitlines() if not line.startswith("#"))
+    assert samples['nmt_request_seconds_count{model="src-tgt"}'] == "1"
+    assert int(samples['nmt_queue_wait_seconds_count{model="src-tgt"}']) >= 1  # the warm-up's and the request's
+    assert float(samples["process_resident_memory_bytes"]) > 10e6 and float(samples["process_open_fds"]) > 3
