@@ -1,12 +1,12 @@
 """The server's counters, written in Prometheus' text exposition format (version 0.0.4) for `GET /metrics`.
 
 Requests by status code, the queue's length, and for each served model (labelled `model="NAME"`): sentences
-translated, batch sizes (sentences, and requests sharing a batch), search seconds, and request latency, as
-histograms, which a monitor can add up across replicas (a summary's quantiles cannot be); then the process's own
-metrics, as Prometheus' client library names them (CPU seconds, memory, file descriptors, start time). Requests a
-client abandoned count under code 499 (it closed the connection before its answer). Counts are written as integers
-and sums of seconds in full precision: a six-digit rounding would freeze a long-running server's totals (1,200,007
-read 1.20001e+06).
+translated, batch sizes (sentences, and requests sharing a batch), search seconds, the seconds each sentence waited
+in the queue and the seconds each request took, as histograms, which a monitor can add up across replicas (a
+summary's quantiles cannot be); then the process's own metrics, as Prometheus' client library names them (CPU
+seconds, memory, file descriptors, start time). Requests a client abandoned count under code 499 (it closed the
+connection before its answer). Counts are written as integers and sums of seconds in full precision: a six-digit
+rounding would freeze a long-running server's totals (1,200,007 read 1.20001e+06).
 """
 
 from __future__ import annotations
@@ -70,6 +70,7 @@ class ModelCounts:
     def __init__(self) -> None:
         self.sentences = 0
         self.latency = Histogram(SECONDS_BUCKETS)
+        self.queue_wait = Histogram(SECONDS_BUCKETS)
         self.batch_sentences = Histogram(SENTENCE_BUCKETS)
         self.batch_requests = Histogram(REQUEST_BUCKETS)
         self.batch_seconds = 0.0
@@ -95,11 +96,14 @@ class Metrics:
                 counts.sentences += sentences
                 counts.latency.observe(seconds)
 
-    def batch(self, model: str, sentences: int, requests: int) -> None:
+    def batch(self, model: str, sentences: int, requests: int, waited: Sequence[float] = ()) -> None:
+        """A batch searched: its sentences, the requests they belong to, and each sentence's seconds in the queue."""
         with self.lock:
             counts = self.models[model]
             counts.batch_sentences.observe(sentences)
             counts.batch_requests.observe(requests)
+            for seconds in waited:
+                counts.queue_wait.observe(seconds)
 
     def searched(self, model: str, seconds: float) -> None:
         """A search step's seconds."""
@@ -132,6 +136,9 @@ class Metrics:
                 "# HELP nmt_request_seconds Latency of answered requests, by model.",
                 "# TYPE nmt_request_seconds histogram",
                 *(line for m, c in models for line in c.latency.lines("nmt_request_seconds", m)),
+                "# HELP nmt_queue_wait_seconds Seconds each sentence waited for its batch to start, by model.",
+                "# TYPE nmt_queue_wait_seconds histogram",
+                *(line for m, c in models for line in c.queue_wait.lines("nmt_queue_wait_seconds", m)),
             ]
         return "\n".join([*lines, *process_lines()]) + "\n"
 
