@@ -28,11 +28,12 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from nmt_cli.config import ServeConfig
 from nmt_cli.errors import ConfigError, NmtError
 from nmt_cli.log import print_error
 from nmt_cli.runtime import set_threads, usable_cores
 from nmt_cli.signals import Interrupted
+
+from nmt_cli.config import ServeConfig
 
 if TYPE_CHECKING:
     from nmt_cli.serve.batcher import Batcher
@@ -80,16 +81,18 @@ def serve(cfg: ServeConfig, search_overrides: dict[str, Any]) -> None:
     """Serve the checkpoints cfg.path and cfg.more_paths over HTTP until a signal stops it."""
     require_server_library()
     import uvicorn
+    from nmt_cli.serve.drain import DrainingServer
+    from nmt_cli.serve.limits import RateLimit
+    from nmt_cli.serve.models import Models
 
     from nmt_cli.serve.app import Limits, make_app
-    from nmt_cli.serve.drain import DrainingServer
-    from nmt_cli.serve.models import Models
 
     key, key_source = api_key(cfg)  # refused before the model is loaded
     origins = cors_origins(cfg.cors_origin)
     limits = Limits(cfg.max_request_sentences, cfg.timeout, cfg.max_body_bytes, key, origins, cfg.max_client_sentences)
     metrics = secret(cfg.metrics_token, cfg.metrics_token_file, option="--metrics-token", what="the metrics token")
     limits.metrics_token = metrics[0]
+    limits.rate = RateLimit(cfg.req_limit, cfg.char_limit_per_minute, cfg.req_limit_daily)
     threads_note = set_serving_threads(cfg.threads)
     models = Models.open(cfg, search_overrides)
     served = models.default.served

@@ -208,6 +208,14 @@ class ServeConfig(SearchingConfig):
         "and --forwarded-allow-ips trusts it].",
         min=1,
     )
+    req_limit: int | None = flag(
+        None,
+        "Requests a client (its API key's id in --api-key-file, else its address) may send a minute, as "
+        "LibreTranslate's; past it 429 with Retry-After [default: no limit].",
+        min=1,
+    )
+    char_limit_per_minute: int | None = flag(None, "Characters of text a client may send a minute.", min=1)
+    req_limit_daily: int | None = flag(None, "Requests a client may send a day (UTC).", min=1)
     forwarded_allow_ips: str | None = flag(
         None,
         "Proxy addresses (comma-separated, or *) whose X-Forwarded-For gives the client's address "

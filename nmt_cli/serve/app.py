@@ -14,7 +14,8 @@ JSON, nested too deeply, invalid UTF-8, a wrong field or type, no texts, more th
 without the API key (when the server has one: /translate, /info and /metrics need `Authorization: Bearer KEY`;
 the others stay open), 413 for a body over --max-body-bytes (refused from its Content-Length before
 it is read, or cut off where a chunked body passes it), 429 with Retry-After when the client (its address) has
---max-client-sentences queued or in progress, 503 with Retry-After when the queue is full or the server
+--max-client-sentences queued or in progress or is past --req-limit, --char-limit-per-minute or
+--req-limit-daily, 503 with Retry-After when the queue is full or the server
 is shutting down, 504 past --timeout, 500 for a failure of the server's own (its traceback is logged). A client
 that closes its connection before its answer is counted under 499 in /metrics.
 
@@ -31,27 +32,21 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
-from starlette.applications import Starlette
-from starlette.concurrency import run_in_threadpool
-from starlette.exceptions import HTTPException
-from starlette.middleware import Middleware
-from starlette.requests import Request
-from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
-from starlette.routing import Route
-
 from nmt_cli.errors import NmtError
-from nmt_cli.serve import libretranslate
 from nmt_cli.serve.access import AccessLog, authorized, cors
 from nmt_cli.serve.batcher import Batcher
 from nmt_cli.serve.body import RequestError, read_json, request_constraints, request_prefixes, request_texts
 from nmt_cli.serve.clients import ClientBusy, ClientLoad
+from nmt_cli.serve.limits import RateCounter, RateLimit
 from nmt_cli.serve.metrics import Metrics
 from nmt_cli.serve.models import Models, key_of, model_of
 from nmt_cli.serve.openapi import openapi_json
@@ -60,6 +55,15 @@ from nmt_cli.serve.queued import QueueFull, Stopping
 from nmt_cli.serve.rules import Sentence
 from nmt_cli.serve.served_model import ServedModel
 from nmt_cli.serve.waiting import RETRY_AFTER, Abort, Aborted, body_of, outcome
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
+from starlette.routing import Route
+
+from nmt_cli.serve import libretranslate
 
 logger = logging.getLogger(__name__)
 
@@ -76,6 +80,7 @@ class Limits:
     cors_origins: tuple[str, ...] = ()
     max_client_sentences: int | None = None  # None: no limit per client
     metrics_token: str | None = None  # None: /metrics takes the API key, open without one
+    rate: RateLimit = field(default_factory=RateLimit)  # requests and characters per client over time
 
 
 def error(status: int, message: str, request: Request | None = None, headers: dict[str, str] | None = None) -> Response:
@@ -91,6 +96,7 @@ class Server:
     def __init__(self, models: Models, batcher: Batcher, metrics: Metrics, limits: Limits) -> None:
         self.models, self.batcher, self.metrics, self.limits = models, batcher, metrics, limits
         self.clients = ClientLoad(limits.max_client_sentences)
+        self.rates = RateCounter(limits.rate)
         self.open_requests = 0  # /translate requests not yet answered
         self.draining = False  # set by `drain`: the server is shutting down
         self.answered_in_drain: Counter[int] = Counter()  # the status of each request answered since
@@ -123,9 +129,9 @@ class Server:
         try:
             limits = self.limits
             body = await body_of(request, max_bytes=limits.max_body_bytes, timeout=limits.timeout, abort=self.aborted)
-            h = request.headers
+            parse = partial(self.parse, body, request.headers, request.client.host if request.client else "unknown")
             # A large body's JSON and sentencepiece encoding take long enough to stall every other request
-            parsed = await run_in_threadpool(self.parse, body, h) if len(body) > OFFLOAD_BYTES else self.parse(body, h)
+            parsed = await run_in_threadpool(parse) if len(body) > OFFLOAD_BYTES else parse()
             n_sentences = request.state.sentences = len(parsed[0])
             model = model_of(parsed[1])
             answer = await self.answer(request, *parsed[:3], start)
@@ -149,8 +155,11 @@ class Server:
         if not authorized(request.headers.get("authorization"), self.limits.api_key):
             raise RequestError(401, KEY_NEEDED, {"WWW-Authenticate": "Bearer"})
 
-    def parse(self, body: bytes, headers: Mapping[str, str] | None = None) -> libretranslate.Parsed:
-        """A /translate body read, ours or LibreTranslate's: texts encoded, search settings, lengths, LibreRequest."""
+    def parse(
+        self, body: bytes, headers: Mapping[str, str] | None = None, client: str | None = None
+    ) -> libretranslate.Parsed:
+        """A /translate body read, ours or LibreTranslate's: texts encoded, search settings, lengths, LibreRequest;
+        429 past a --req-limit of the `client` (None: none counted)."""
         try:
             payload, keyed = libretranslate.read(body, headers, self.limits.api_key, read_json)
             if not keyed:  # neither the header nor LibreTranslate's body carries the key
@@ -161,6 +170,9 @@ class Server:
             one = isinstance(payload, dict) and "text" in payload
             payload, libre = libretranslate.translate_body(payload, model.served.info)
             texts, fields = request_texts(payload, self.limits.max_request_sentences)
+            if client is not None and (passed := self.rates.take(client, sum(map(len, texts)))):
+                wait = str(math.ceil(passed[1]))
+                raise RequestError(429, f"{client} is past {passed[0]}: retry in {wait} s", {"Retry-After": wait})
             n = len(texts)
             # errors name a text by the request's own field for it: "text" (ours, of one), "q", "q[J] (line L)"
             names = [libre.field_of(i) for i in range(n)] if libre else ["text"] if one else None

@@ -41,3 +41,21 @@ def test_metrics_answer_the_scraper_s_token_and_not_the_translation_key(tmp_path
     assert samples['nmt_request_seconds_count{model="src-tgt"}'] == "1"
     assert int(samples['nmt_queue_wait_seconds_count{model="src-tgt"}']) >= 1  # the warm-up's and the request's
     assert float(samples["process_resident_memory_bytes"]) > 10e6 and float(samples["process_open_fds"]) > 3
+
+
+def test_past_req_limit_a_client_gets_429_with_retry_after(tiny_checkpoint):
+    server, port, _ = start_server(tiny_checkpoint, "--req-limit", "2", "--char-limit-per-minute", "1000")
+    try:
+        wait_ready(port)
+        answers = []
+        for _ in range(3):
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+            conn.request("POST", "/translate", json.dumps({"text": "1 2 3"}), {"Content-Type": "application/json"})
+            response = conn.getresponse()
+            answers.append((response.status, response.getheader("Retry-After"), json.loads(response.read())))
+    finally:
+        server.kill()
+        server.wait()
+    assert [status for status, _, _ in answers] == [200, 200, 429]
+    _, retry_after, body = answers[2]
+    assert 1 <= int(retry_after) <= 60 and "is past --req-limit 2" in body["error"]
