@@ -28,12 +28,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, NoReturn
 
+from nmt_cli.config import ServeConfig
 from nmt_cli.errors import ConfigError, NmtError
 from nmt_cli.log import print_error
 from nmt_cli.runtime import set_threads, usable_cores
 from nmt_cli.signals import Interrupted
-
-from nmt_cli.config import ServeConfig
 
 if TYPE_CHECKING:
     from nmt_cli.serve.batcher import Batcher
@@ -81,11 +80,11 @@ def serve(cfg: ServeConfig, search_overrides: dict[str, Any]) -> None:
     """Serve the checkpoints cfg.path and cfg.more_paths over HTTP until a signal stops it."""
     require_server_library()
     import uvicorn
+
+    from nmt_cli.serve.app import Limits, make_app
     from nmt_cli.serve.drain import DrainingServer
     from nmt_cli.serve.limits import RateLimit
     from nmt_cli.serve.models import Models
-
-    from nmt_cli.serve.app import Limits, make_app
 
     key, key_source = api_key(cfg)  # refused before the model is loaded
     origins = cors_origins(cfg.cors_origin)

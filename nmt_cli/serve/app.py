@@ -41,7 +41,16 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
+from starlette.routing import Route
+
 from nmt_cli.errors import NmtError
+from nmt_cli.serve import libretranslate
 from nmt_cli.serve.access import AccessLog, authorized, cors
 from nmt_cli.serve.batcher import Batcher
 from nmt_cli.serve.body import RequestError, read_json, request_constraints, request_prefixes, request_texts
@@ -55,15 +64,6 @@ from nmt_cli.serve.queued import QueueFull, Stopping
 from nmt_cli.serve.rules import Sentence
 from nmt_cli.serve.served_model import ServedModel
 from nmt_cli.serve.waiting import RETRY_AFTER, Abort, Aborted, body_of, outcome
-from starlette.applications import Starlette
-from starlette.concurrency import run_in_threadpool
-from starlette.exceptions import HTTPException
-from starlette.middleware import Middleware
-from starlette.requests import Request
-from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
-from starlette.routing import Route
-
-from nmt_cli.serve import libretranslate
 
 logger = logging.getLogger(__name__)
 
