@@ -237,7 +237,7 @@ def test_help_works_and_shows_defaults(command):
     result = CliRunner().invoke(cli, [*command, "--help"])
     assert result.exit_code == 0
     if command and command[0] in ("preprocess", "train", "generate", "serve"):
-        assert "[default:" in result.output
+        assert "default: " in result.output  # "[default: X]", or "[env var: NMT_...; default: X]"
 
 
 def test_version():
