@@ -32,6 +32,7 @@ def answers(ok: dict[str, Any], *errors: int, media: str = JSON) -> dict[str, An
 ERRORS = {
     400: "a request the server cannot read, or a field that does not fit (named in the error)",
     401: "the server has an API key and the request does not carry it",
+    403: "a LibreTranslate body's api_key is not the server's key",
     413: "the body is over --max-body-bytes",
     429: "the client has --max-client-sentences queued or in progress (Retry-After)",
     499: "the client closed the connection (counted in /metrics, never received)",
@@ -105,7 +106,8 @@ SCHEMAS: dict[str, Any] = {
             "q": {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]},
             "source": {"type": "string", "description": 'a model\'s source language, or "auto"'},
             "target": {"type": "string", "description": "a model's target language"},
-            "format": {"type": "string", "enum": ["text"]},
+            "format": {"type": "string", "enum": ["text", "html"]},
+            "split_sentences": {"type": "boolean", "default": True},
             "api_key": {"type": "string", "description": "the server's API key, instead of the Bearer header"},
             "alternatives": {"type": "integer", "minimum": 0},
         },
@@ -156,7 +158,7 @@ def document() -> dict[str, Any]:
             },
         },
         "responses": answers(
-            {"oneOf": [ref("TranslateResponse"), ref("LibreTranslateResponse")]}, 400, 401, 413, 429, 500, 503, 504
+            {"oneOf": [ref("TranslateResponse"), ref("LibreTranslateResponse")]}, 400, 401, 403, 413, 429, 500, 503, 504
         ),
     }
     return {
@@ -178,6 +180,14 @@ def document() -> dict[str, Any]:
             ),
             "/metrics": get("Prometheus text", {"type": "string"}, 401, media="text/plain", keyed=True),
             "/openapi.json": get("this document", {"type": "object"}),
+            "/detect": {
+                "post": {
+                    **translate,
+                    "summary": "LibreTranslate's: the served source languages q may be in, likeliest first",
+                    "responses": answers({"type": "array", "items": {"type": "object"}}, 400, 401, 403, 413),
+                }
+            },
+            "/frontend/settings": get("what LibreTranslate's web front end asks of its server", {"type": "object"}),
         },
         "components": {
             "schemas": SCHEMAS,

@@ -33,7 +33,8 @@ def test_a_libretranslate_body_is_answered_in_its_shape_with_our_translations(tr
         nbest = client.post("/translate", json={"text": SENTENCES[0], "nbest": 3}).json()["translations"][0]
     assert one.status_code == 200, one.text
     assert one.json() == {"translatedText": ours[1]["text"]}
-    assert many.json() == {"translatedText": [t["text"] for t in ours]}
+    auto = {"confidence": 100, "language": "src"}  # the one language the server translates from
+    assert many.json() == {"translatedText": [t["text"] for t in ours], "detectedLanguage": [auto] * len(ours)}
     assert form.json() == {"translatedText": ours[0]["text"]}
     assert alternatives.json() == {
         "translatedText": nbest["text"],
@@ -49,7 +50,7 @@ def multipart(fields):
 
 def test_libretranslate_bodies_as_its_clients_and_curl_send_them(trained_copy_checkpoint):
     """Multipart forms (`curl -F`), a Content-Type of any case, JSON that curl -d labels a form, alternatives past
-    the server's beam, and a text of several lines (translated line by line, as LibreTranslate keeps lines)."""
+    the server's beam, and a text of several lines (translated line by line, its line breaks kept)."""
     fields = {"q": SENTENCES[0], "source": "src", "target": "tgt"}
     with serving(trained_copy_checkpoint) as client:
         ours = client.post("/translate", json={"texts": SENTENCES[:2]}).json()["translations"]
@@ -71,9 +72,9 @@ def test_libretranslate_bodies_as_its_clients_and_curl_send_them(trained_copy_ch
     for response in [*forms, labelled]:
         assert response.status_code == 200 and response.json() == {"translatedText": ours[0]["text"]}, response.text
     assert wide.status_code == 200 and len(wide.json()["alternatives"]) == 5, wide.text
-    assert lines.json()["translatedText"] == f"{ours[0]['text']}\n{ours[1]['text']}"
+    assert lines.json()["translatedText"] == f"{ours[0]['text']}\r\n{ours[1]['text']}"  # its own line break kept
     assert len(lines.json()["alternatives"]) == 1 and lines.json()["alternatives"][0].count("\n") == 1
-    assert no_q.status_code == 400 and 'the form has no "q"' in no_q.json()["error"]
+    assert no_q.status_code == 400 and 'has no "q"' in no_q.json()["error"]
 
 
 @pytest.mark.parametrize(
@@ -82,7 +83,11 @@ def test_libretranslate_bodies_as_its_clients_and_curl_send_them(trained_copy_ch
         ({"text": "1\n2"}, "text: the text holds a line break"),
         ({"texts": ["1", "2\n3"]}, "texts[1]: the text holds a line break"),
         (libre("\u25811 \u25812"), "q: the text holds sentencepiece pieces"),
-        (libre(["1", "2\n\u25811 \u25812"]), "q[1] (line 2): the text holds sentencepiece pieces"),
+        (libre(["1", "2\n\u25811 \u25812"]), "q[1] (sentence 2): the text holds sentencepiece pieces"),
+        (
+            {"texts": ["1", "2. \u25811 \u25812"], "split_sentences": True},
+            "texts[1] (sentence 2): the text holds sentencepiece",
+        ),
     ],
 )
 def test_a_bad_text_is_named_by_the_request_s_own_field(tiny_checkpoint, body, said):
@@ -102,7 +107,9 @@ def test_our_body_is_answered_as_before(tiny_checkpoint):
     [
         (libre("1 2", source="en"), ["\"source\" is 'en'", "src to tgt", '"auto"']),
         (libre("1 2", target="de"), ["\"target\" is 'de'", "src to tgt"]),
-        (libre("1 2", format="html"), ["\"format\" is 'html'", '"text" only']),
+        (libre("1 2", format="xml"), ["\"format\" is 'xml'", '"text" or "html"']),
+        (libre(" \n "), ['"q" holds no text']),
+        (libre("1 2", split_sentences="yes"), ['"split_sentences" must be true or false']),
         (libre(3), ['"q" must be a string or a list of strings']),
         (libre([]), ['"q" is empty']),
         ({"q": "1 2", "target": "tgt"}, ['"source" must be a language code']),
@@ -134,11 +141,15 @@ def test_a_libretranslate_body_may_carry_the_api_key(tiny_checkpoint):
         unreadable = client.post("/translate", content=b"{not json")  # without the key: 401, not why it is bad
         languages = client.get("/languages")
         openapi = client.get("/openapi.json")
+        settings = client.get("/frontend/settings")
     assert keyed.status_code == form.status_code == header.status_code == 200, (keyed.text, form.text)
-    for response in (wrong, missing, ours_with_key_field, unreadable):  # only LibreTranslate's body carries a key
+    assert wrong.status_code == 403 and "Invalid API key" in wrong.json()["error"]  # LibreTranslate's answers
+    assert missing.status_code == 400 and "api_key" in missing.json()["error"]
+    for response in (ours_with_key_field, unreadable):  # only LibreTranslate's body carries a key
         assert response.status_code == 401, response.text
         assert "api_key" in response.json()["error"] and response.headers["www-authenticate"] == "Bearer"
-    assert languages.status_code == openapi.status_code == 200  # open, like /health
+    assert languages.status_code == openapi.status_code == settings.status_code == 200  # open, like /health
+    assert settings.json()["keyRequired"] is True  # LibreTranslate's front end then asks for the key
 
 
 def test_languages_lists_the_checkpoints_direction(tiny_checkpoint):
@@ -178,3 +189,78 @@ def test_info_of_an_averaged_checkpoint_says_what_it_averages(tiny_checkpoint, t
     assert info["update"] == 4  # the newest update averaged, not the first input's
     assert info["averaged_from"] == [str(p) for p in inputs]
     assert info["averaged_updates"] == [2, 4]
+
+
+def test_fields_in_the_query_string_and_a_form_are_read_as_libretranslate_reads_them(tiny_checkpoint):
+    """deep-translator posts every field in the query string with an empty body; a form may give the rest."""
+    query = urlencode({"q": "1 2", "source": "src", "target": "tgt", "format": "text"})
+    with serving(tiny_checkpoint, limits={"api_key": KEY}) as client:
+        expected = client.post("/translate", json=libre("1 2", api_key=KEY)).json()
+        in_query = client.post(f"/translate?{query}&api_key={KEY}")
+        mixed = client.post(
+            f"/translate?source=src&target=tgt&api_key={KEY}",
+            content="q=1+2",
+            headers={"Content-Type": "application/x-www-form-urlencoded"},
+        )
+        wrong = client.post(f"/translate?{query}&api_key=wrong")
+        nothing = client.post("/translate", headers={"Authorization": f"Bearer {KEY}"})
+    assert in_query.status_code == 200 and in_query.json() == expected, in_query.text
+    assert mixed.json() == expected
+    assert wrong.status_code == 403
+    assert nothing.status_code == 400 and 'has no "q"' in nothing.json()["error"]
+
+
+def test_a_text_is_translated_sentence_by_sentence_and_put_back_in_its_spacing(trained_copy_checkpoint):
+    text = "1 2 3. 4 5 6\n7 7"
+    with serving(trained_copy_checkpoint) as client:
+        one = [
+            t["text"]
+            for t in client.post("/translate", json={"texts": ["1 2 3.", "4 5 6", "7 7"]}).json()["translations"]
+        ]
+        whole = client.post("/translate", json={"text": "1 2 3. 4 5 6"}).json()["translations"][0]["text"]
+        split = client.post("/translate", json=libre(text)).json()
+        unsplit = client.post("/translate", json=libre(text, split_sentences=False)).json()
+        ours = client.post("/translate", json={"text": text, "split_sentences": True}).json()["translations"][0]
+        html = client.post("/translate", json=libre("<p>1 2 3. <b>4 5 6</b></p>\n7 7", format="html")).json()
+        refused = client.post("/translate", json={"text": text, "split_sentences": True, "prefix": "1"})
+    assert split == {"translatedText": f"{one[0]} {one[1]}\n{one[2]}"}
+    assert unsplit == {"translatedText": f"{whole}\n{one[2]}"}
+    assert ours["text"] == split["translatedText"] and [s["text"] for s in ours["sentences"]] == one
+    assert html == {"translatedText": f"<p>{one[0]} <b>{one[1]}</b></p>\n{one[2]}"}
+    assert refused.status_code == 400 and "\"split_sentences\" cannot take 'prefix'" in refused.json()["error"]
+
+
+def test_a_truncation_warning_reaches_a_libretranslate_answer(tiny_checkpoint):
+    long_line = " ".join(["5"] * 400)  # transformer_tiny has 256 positions
+    with serving(tiny_checkpoint) as client:
+        one = client.post("/translate", json=libre(long_line)).json()
+        many = client.post("/translate", json=libre([long_line, "1 2"])).json()
+    assert "truncated to 255" in one["warning"]
+    assert "truncated to 255" in many["warning"][0] and many["warning"][1] is None
+
+
+def test_detect_and_source_auto_tell_the_served_source_languages_apart(
+    trained_copy_checkpoint, tiny_checkpoint, tmp_path
+):
+    pytest.importorskip("py3langid")
+    from tests.serve.serving import relabeled
+
+    english, french = "The house is small and the garden is green.", "La maison est petite et le jardin est vert."
+    en_de = relabeled(trained_copy_checkpoint, tmp_path / "en_de.pt", "en", "de")
+    fr_de = relabeled(tiny_checkpoint, tmp_path / "fr_de.pt", "fr", "de")
+    with serving(en_de, more_paths=(str(fr_de),)) as client:
+        detected = client.post("/detect", json={"q": french}).json()
+        form = client.post("/detect", data={"q": english}).json()
+        auto = client.post("/translate", json={"q": [french], "source": "auto", "target": "de"}).json()
+        ours = client.post("/translate", json={"text": french, "model": "fr-de"}).json()["translations"][0]
+        no_text = client.post("/detect", json={"q": ""})
+        settings = client.get("/frontend/settings").json()
+    assert [d["language"] for d in detected] == ["fr", "en"] and detected[0]["confidence"] > 90
+    assert form[0]["language"] == "en"
+    assert auto["translatedText"] == [ours["text"]] and auto["detectedLanguage"][0]["language"] == "fr"
+    assert no_text.status_code == 400
+    assert settings["language"] == {
+        "source": {"code": "auto", "name": "Auto Detect"},
+        "target": {"code": "de", "name": "German"},
+    }
+    assert settings["keyRequired"] is False and settings["charLimit"] > 0
