@@ -1,12 +1,8 @@
-"""A request's text cut into the sentences a model translates (trained on sentences, it translates a paragraph
-as one long sentence badly) and the parts kept as they are between them: spacing, line breaks and, in HTML,
-the markup. `cut` gives the parts, `joined` puts the translations back in their places.
-
-Lines are always cut (a text the model reads is one line); sentences by sentencex (Wikimedia's segmenter: rules
-for some 300 languages, others by fallback, in Rust's linear-time regexes, so that no text makes it backtrack);
-HTML by the standard library's parser: the text between tags is translated, escaped again, and the markup is kept
-(end tags written as `</tag>`), with the text of <script> and <style> and comments left alone.
-"""
+"""A text cut into the sentences a model translates (trained on sentences, it translates a paragraph badly) and the
+parts kept between them (spacing, line breaks, HTML markup): `cut` gives the parts, `joined` puts the translations
+back. Lines are always cut; sentences by sentencex (Wikimedia's rules for some 300 languages, in linear-time
+regexes); HTML by the standard library's parser: the text between tags is translated and escaped again, the markup
+kept (end tags as `</tag>`), the text of <script> and <style> and comments left alone."""
 
 from __future__ import annotations
 
