@@ -32,6 +32,7 @@ from nmt_cli.config import ServeConfig
 from nmt_cli.errors import ConfigError, NmtError
 from nmt_cli.log import print_error
 from nmt_cli.runtime import set_threads, usable_cores
+from nmt_cli.serve.keys import Keys
 from nmt_cli.signals import Interrupted
 
 if TYPE_CHECKING:
@@ -39,12 +40,11 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-SERVER_LIBRARIES = ("starlette", "uvicorn", "sentencex", "py3langid")  # the extra nmt[serve]
-INSTALL_HINT = f'nmt serve needs {", ".join(SERVER_LIBRARIES)}; install them with `pip install "nmt[serve]"`'
+INSTALL_HINT = 'nmt serve needs starlette and uvicorn; install them with `pip install "nmt[serve]"`'
 
 
 def require_server_library() -> None:
-    missing = [name for name in SERVER_LIBRARIES if importlib.util.find_spec(name) is None]
+    missing = [name for name in ("starlette", "uvicorn") if importlib.util.find_spec(name) is None]
     if missing:
         raise ConfigError(f"{INSTALL_HINT} ({' and '.join(missing)} missing)")
 
@@ -168,8 +168,11 @@ HEADER_TOKEN = re.compile(r"[\x21-\x7e]+")  # printable ASCII without spaces: wh
 ORIGIN = re.compile(r"https?://[^/\s]+")  # an Origin header: scheme, host and port, no path
 
 
-def api_key(cfg: ServeConfig) -> tuple[str | None, str]:
-    """The API key clients must send (None: none), and where it came from, for the log (never the key itself)."""
+def api_key(cfg: ServeConfig) -> tuple[str | Keys | None, str]:
+    """The API key clients must send (None: none; Keys: --api-key-file's), and where it came from, for the log
+    (never the key itself)."""
+    if cfg.api_key_file is not None and cfg.api_key is None:
+        return Keys(path=cfg.api_key_file), f"--api-key-file {cfg.api_key_file}"
     return secret(cfg.api_key, cfg.api_key_file, option="--api-key", what="the API key", env=API_KEY_ENV)
 
 

@@ -195,7 +195,12 @@ class ServeConfig(SearchingConfig):
     )
     max_body_bytes: int = flag(8 << 20, "Bytes a request body may hold; a longer one gets 413 unread.", min=1)
     api_key: str | None = flag(None, "Key a client sends as `Authorization: Bearer KEY` (seen in process lists).")
-    api_key_file: str | None = flag(None, "File whose first line is the API key (or set NMT_API_KEY).", path="file")
+    api_key_file: str | None = flag(
+        None,
+        "File of API keys, a line each: KEY [ID] [req-limit=N] [char-limit-per-minute=N] [req-limit-daily=N] (ID: "
+        "what the log names; its own limits); read again when it changes. Or set NMT_API_KEY.",
+        path="file",
+    )
     metrics_token: str | None = flag(
         None, "Key a scraper sends for /metrics as `Authorization: Bearer TOKEN` [default: the API key, if any]."
     )

@@ -10,7 +10,6 @@ terminal's escape or a NUL into the log, nor a space that would shift the line's
 
 from __future__ import annotations
 
-import hmac
 import logging
 import re
 import time
@@ -19,6 +18,8 @@ import uuid
 from starlette.middleware import Middleware
 from starlette.middleware.cors import CORSMiddleware
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from nmt_cli.serve.keys import Key, Keys
 
 access_log = logging.getLogger("nmt_cli.serve.access")
 
@@ -34,12 +35,16 @@ def printable(text: str) -> str:
     )
 
 
-def authorized(header: str | None, key: str | None) -> bool:
-    """Whether an Authorization header carries the key as `Bearer KEY` (always, when the server has no key)."""
-    if key is None:
-        return True
+def authorized(header: str | None, key: str | Keys | None) -> bool:
+    """Whether an Authorization header carries the key, or one of the keys, as `Bearer KEY` (always, when the server
+    has none)."""
+    return key is None or bearer_key(header, key) is not None
+
+
+def bearer_key(header: str | None, key: str | Keys) -> Key | None:
+    """The key of `key` (one, or Keys) that an Authorization header carries as `Bearer KEY`; None: none of them."""
     scheme, _, given = (header or "").partition(" ")
-    return scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), key.encode())
+    return (Keys(key) if isinstance(key, str) else key).match(given.strip()) if scheme.lower() == "bearer" else None
 
 
 def cors(origins: tuple[str, ...]) -> list[Middleware]:

@@ -206,7 +206,8 @@ def test_the_api_key_comes_from_one_place_and_must_fit_a_header(tmp_path, monkey
     key_file.write_text(KEY + "\n")
     path = str(tiny_checkpoint)
     assert api_key(ServeConfig(path=path)) == (None, "")
-    assert api_key(ServeConfig(path=path, api_key_file=str(key_file))) == (KEY, f"--api-key-file {key_file}")
+    keys, source = api_key(ServeConfig(path=path, api_key_file=str(key_file)))
+    assert source == f"--api-key-file {key_file}" and keys.match(KEY).id == "line1" and keys.match("other") is None
     monkeypatch.setenv("NMT_API_KEY", "from-env")
     assert api_key(ServeConfig(path=path)) == ("from-env", "NMT_API_KEY")
     assert api_key(ServeConfig(path=path, api_key="flag")) == ("flag", "--api-key")
@@ -215,7 +216,7 @@ def test_the_api_key_comes_from_one_place_and_must_fit_a_header(tmp_path, monkey
     with pytest.raises(ConfigError, match="printable ASCII without spaces"):
         api_key(ServeConfig(path=path, api_key="two words"))
     key_file.write_text("\n")
-    with pytest.raises(ConfigError, match="and not empty"):
+    with pytest.raises(ConfigError, match="holds no key"):
         api_key(ServeConfig(path=path, api_key_file=str(key_file)))
     assert cors_origins("https://a.example, http://b.example:8080/,*") == (
         "https://a.example",

@@ -59,3 +59,22 @@ def test_past_req_limit_a_client_gets_429_with_retry_after(tiny_checkpoint):
     assert [status for status, _, _ in answers] == [200, 200, 429]
     _, retry_after, body = answers[2]
     assert 1 <= int(retry_after) <= 60 and "is past --req-limit 2" in body["error"]
+
+
+def test_a_rotated_key_file_takes_effect_without_a_restart(tmp_path, tiny_checkpoint):
+    keys = tmp_path / "keys"
+    keys.write_text("first-key alice\n")
+    server, port, _ = start_server(tiny_checkpoint, "--api-key-file", keys, "--req-limit", "100")
+    try:
+        wait_ready(port)
+        body = {"text": "1 2 3"}
+        before = [call(port, "POST", "/translate", key, body)[0] for key in ("first-key", "second-key")]
+        rotated = tmp_path / "keys.new"
+        rotated.write_text("second-key bob req-limit=1\n")  # bob's own limit: 1 request a minute
+        rotated.replace(keys)
+        after = [call(port, "POST", "/translate", key, body)[0] for key in ("first-key", "second-key", "second-key")]
+    finally:
+        server.kill()
+        server.wait()
+    assert before == [200, 401]
+    assert after == [401, 200, 429]
