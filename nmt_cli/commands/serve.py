@@ -40,11 +40,12 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-INSTALL_HINT = 'nmt serve needs starlette and uvicorn; install them with `pip install "nmt[serve]"`'
+SERVER_LIBRARIES = ("starlette", "uvicorn", "sentencex", "py3langid")  # the extra nmt[serve]
+INSTALL_HINT = f'nmt serve needs {", ".join(SERVER_LIBRARIES)}; install them with `pip install "nmt[serve]"`'
 
 
 def require_server_library() -> None:
-    missing = [name for name in ("starlette", "uvicorn") if importlib.util.find_spec(name) is None]
+    missing = [name for name in SERVER_LIBRARIES if importlib.util.find_spec(name) is None]
     if missing:
         raise ConfigError(f"{INSTALL_HINT} ({' and '.join(missing)} missing)")
 

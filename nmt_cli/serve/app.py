@@ -7,7 +7,8 @@ GET /health      alive;  GET /ready  loaded and warm (503 until every model's wa
 GET /info        the default model's languages, shape, vocabulary, checkpoint, search settings, version, and
                  "models" (each one's name, languages, task, checkpoint); ?model=NAME: that model's own
 GET /metrics     Prometheus text;  GET /  a page to translate with;  GET /openapi.json  this API (openapi.py)
-LibreTranslate's /translate body ("q", api_key in place of the header) and GET /languages: libretranslate.py
+LibreTranslate's /translate body ("q", api_key in place of the header), GET /languages and /frontend/settings:
+libretranslate.py; its POST /detect: detect.py
 
 Every error is JSON {"error": "...", "request_id": "..."}: 400 for a request the server cannot read (malformed
 JSON, nested too deeply, invalid UTF-8, a wrong field or type, no texts, more than --max-request-sentences), 401
@@ -55,7 +56,9 @@ from nmt_cli.serve.access import AccessLog, authorized, bearer_key, cors
 from nmt_cli.serve.batcher import Batcher
 from nmt_cli.serve.body import RequestError, read_json, request_constraints, request_prefixes, request_texts
 from nmt_cli.serve.clients import ClientBusy, ClientLoad
+from nmt_cli.serve.detect import Detector
 from nmt_cli.serve.keys import Keys
+from nmt_cli.serve.libretranslate import answering, frontend_settings
 from nmt_cli.serve.limits import RateCounter, RateLimit
 from nmt_cli.serve.metrics import Metrics
 from nmt_cli.serve.models import Models, key_of, model_of
@@ -98,6 +101,7 @@ class Server:
         self.models, self.batcher, self.metrics, self.limits = models, batcher, metrics, limits
         self.clients = ClientLoad(limits.max_client_sentences)
         self.rates = RateCounter(limits.rate)
+        self.detector = Detector([model.served.info for model in models])
         self.open_requests = 0  # /translate requests not yet answered
         self.draining = False  # set by `drain`: the server is shutting down
         self.answered_in_drain: Counter[int] = Counter()  # the status of each request answered since
@@ -133,7 +137,7 @@ class Server:
             # the client of the limits over time: its key's id where keys are, else its address
             key = bearer_key(request.headers.get("authorization"), limits.api_key) if limits.api_key else None
             client = request.state.key_id = key.id if key else request.client.host if request.client else "unknown"
-            parse = partial(self.parse, body, request.headers, client, key.rate if key else None)
+            parse = partial(self.parse, body, request.headers, request.url.query, client, key.rate if key else None)
             # A large body's JSON and sentencepiece encoding take long enough to stall every other request
             parsed = await run_in_threadpool(parse) if len(body) > OFFLOAD_BYTES else parse()
             n_sentences = request.state.sentences = len(parsed[0])
@@ -163,26 +167,25 @@ class Server:
         self,
         body: bytes,
         headers: Mapping[str, str] | None = None,
+        query: str = "",
         client: str | None = None,
         rate: RateLimit | None = None,
     ) -> libretranslate.Parsed:
-        """A /translate body read, ours or LibreTranslate's: texts encoded, search settings, lengths, LibreRequest;
-        429 past a limit over time of the `client` (None: none counted): `rate`, its key's own, else the server's."""
+        """A /translate body (and query string) read, ours or LibreTranslate's: texts encoded, search settings,
+        lengths, Shape; 429 past a limit over time of the `client` (None: none counted): `rate`, its key's own,
+        else the server's."""
         try:
-            payload, keyed = libretranslate.read(body, headers, self.limits.api_key, read_json)
-            if not keyed:  # neither the header nor LibreTranslate's body carries the key
-                raise RequestError(401, KEY_NEEDED, {"WWW-Authenticate": "Bearer"})
-            if libretranslate.form_kind(headers, body) and not libretranslate.is_libretranslate(payload):
-                raise RequestError(400, 'the form has no "q": give the text to translate as "q" (LibreTranslate\'s)')
+            payload = self.read(body, headers, query)
+            detected = self.detector.resolve(payload)  # LibreTranslate's source "auto": the language of its texts
             model = self.models.choose(payload)  # which takes our "model" field out of the payload
             one = isinstance(payload, dict) and "text" in payload
-            payload, libre = libretranslate.translate_body(payload, model.served.info)
+            payload, libre = libretranslate.translate_body(payload, model.served.info, detected)
             texts, fields = request_texts(payload, self.limits.max_request_sentences)
             if client is not None and (passed := self.rates.take(client, sum(map(len, texts)), rate)):
                 wait = str(math.ceil(passed[1]))
                 raise RequestError(429, f"{client} is past {passed[0]}: retry in {wait} s", {"Retry-After": wait})
             n = len(texts)
-            # errors name a text by the request's own field for it: "text" (ours, of one), "q", "q[J] (line L)"
+            # errors name a text by the request's own field for it: "text" (ours, of one), "q", "q[J] (sentence K)"
             names = [libre.field_of(i) for i in range(n)] if libre else ["text"] if one else None
             search, sentences = model.served.reader.read(
                 texts, fields, request_constraints(payload, n), request_prefixes(payload, n), names
@@ -190,6 +193,23 @@ class Server:
         except NmtError as e:
             raise RequestError(400, str(e)) from None
         return sentences, key_of(model, search), [model.served.reader.length(s) for s in sentences], libre
+
+    def read(self, body: bytes, headers: Mapping[str, str] | None, query: str) -> Any:
+        """A /translate or /detect request's fields (libretranslate.read), 401 unless it carries the API key."""
+        payload, keyed = libretranslate.read(body, headers, self.limits.api_key, read_json, query)
+        if not keyed:  # neither the header nor LibreTranslate's body carries the key
+            raise RequestError(401, KEY_NEEDED, {"WWW-Authenticate": "Bearer"})
+        return payload
+
+    async def detect(self, request: Request) -> Response:
+        try:
+            limits = self.limits
+            body = await body_of(request, max_bytes=limits.max_body_bytes, timeout=limits.timeout, abort=self.aborted)
+            return JSONResponse(self.detector.detect(self.read(body, request.headers, request.url.query)))
+        except RequestError as e:
+            return error(e.status, str(e), request, e.headers)
+        except NmtError as e:
+            return error(400, str(e), request)
 
     def answered(self, status: int, sentences: int, seconds: float, model: str | None) -> None:
         self.metrics.request(status, sentences, seconds, model)
@@ -272,6 +292,7 @@ async def server_error(request: Request, exc: Exception) -> Response:
 
 def build_app(models: Models, batcher: Batcher, metrics: Metrics, limits: Limits) -> Starlette:
     server = Server(models, batcher, metrics, limits)
+    infos = [model.served.info for model in models]
     routes = [
         Route("/", server.page, methods=["GET"]),
         Route("/translate", server.translate, methods=["POST"]),
@@ -279,7 +300,9 @@ def build_app(models: Models, batcher: Batcher, metrics: Metrics, limits: Limits
         Route("/ready", server.ready_check, methods=["GET"]),
         Route("/info", server.info, methods=["GET"]),
         Route("/metrics", server.metrics_text, methods=["GET"]),
-        Route("/languages", libretranslate.languages_route([m.served.info for m in models]), methods=["GET"]),
+        Route("/detect", server.detect, methods=["POST"]),
+        Route("/languages", libretranslate.languages_route(infos), methods=["GET"]),
+        Route("/frontend/settings", answering(frontend_settings(infos, limits.api_key is not None)), methods=["GET"]),
         Route("/openapi.json", openapi_json, methods=["GET"]),
     ]
     middleware = [Middleware(AccessLog), *cors(limits.cors_origins)]

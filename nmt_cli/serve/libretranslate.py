@@ -1,28 +1,29 @@
 """LibreTranslate's API beside ours, so that its client libraries work with `nmt serve` unchanged.
 
-POST /translate  {"q": "..." or ["...", ...], "source", "target", "format": "text", "api_key"?, "alternatives"?}
-                 (JSON, or the same fields as a form, urlencoded or multipart) -> {"translatedText": "..."} or, for a
-                 list, a list of them,
-                 with "alternatives" (a list of texts per text) when asked for
+POST /translate  {"q": "..." or ["...", ...], "source", "target", "format": "text" or "html", "api_key"?,
+                 "alternatives"?} (JSON, or the same fields as a form, urlencoded or multipart, or in the query string,
+                 as LibreTranslate reads them) -> {"translatedText": "..."} or, for a list, a list of them, with
+                 "alternatives" (a list of texts per text) when asked for, "detectedLanguage" for source "auto", and
+                 "warning" where a sentence was cut to the model's positions
+POST /detect     {"q"} -> [{"confidence", "language"}]: the served source languages, likeliest first
 GET /languages   [{"code", "name", "targets"}]: each model's source language, with the targets of every model from it
+GET /frontend/settings  what LibreTranslate's web front end asks of its server
 
 A body is LibreTranslate's when it has "q"; it is turned into one of ours ({"texts": [...]}, `nbest` for
-alternatives), so both are searched alike. `source` must be the checkpoint's source language or "auto" (the
-server does not detect a language: it translates from the one it was trained on, so "auto" reports none), and
-`target` its target language; a side the checkpoint does not name takes any code. A text of several lines is
-translated line by line and the lines joined with "\n", as LibreTranslate keeps them. Only `format: text`: HTML is
-not translated. A parser parses, it does not translate: it refuses LibreTranslate's body and lists its source
-language with no targets.
+alternatives), so both are searched alike. Each text is cut into its sentences (segments.py; ours does so with
+"split_sentences": true), each translated as a text of ours and the translations put back in its spacing, lines
+and (with "html") markup. `source` must be the checkpoint's source language or "auto" (the served source language
+the text is in: detect.py), and `target` its target language; a side the checkpoint does not name takes any code.
+A parser parses, it does not translate: it refuses LibreTranslate's body and lists its source language with no
+targets. As LibreTranslate does, a wrong api_key gets 403 and a missing one 400.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from email.parser import BytesParser
 from email.policy import HTTP
-from itertools import accumulate
 from typing import Any
 from urllib.parse import parse_qsl
 
@@ -32,11 +33,12 @@ from starlette.responses import JSONResponse, Response
 from nmt_cli.config import SearchConfig
 from nmt_cli.errors import DataError
 from nmt_cli.serve.access import authorized
+from nmt_cli.serve.body import RequestError
 from nmt_cli.serve.keys import Keys
 from nmt_cli.serve.rules import Sentence
+from nmt_cli.serve.segments import Parts, cut, joined
 
-FIELDS = ("q", "source", "target", "format", "api_key", "alternatives")
-LINE_BREAK = re.compile(r"\r\n|\r|\n")
+FIELDS = ("q", "source", "target", "format", "api_key", "alternatives", "split_sentences")
 NAMES = {
     "ar": "Arabic", "cs": "Czech", "de": "German", "en": "English", "es": "Spanish", "fi": "Finnish",
     "fr": "French", "hi": "Hindi", "it": "Italian", "ja": "Japanese", "ko": "Korean", "nl": "Dutch",
@@ -46,44 +48,60 @@ NAMES = {
 
 
 @dataclass(frozen=True)
-class LibreRequest:
-    """What a LibreTranslate body asks of its answer: one text or a list, how many alternatives, and how many lines
-    each text had (each line is translated as a text of ours, and the lines joined again)."""
+class Shape:
+    """How our answer's translations become the request's: each text's sentences (its parts, segments.cut)
+    translated and put back in its text, in LibreTranslate's shape or ours (each text's "sentences" beside it)."""
 
-    single: bool
-    alternatives: int
-    lines: tuple[int, ...] = ()  # per text of "q"; () : one line each
+    parts: tuple[Parts, ...]  # per text of the request
+    libre: bool = True
+    single: bool = False  # "q" (or "text") is one text, not a list
+    alternatives: int = 0
+    html: bool = False
+    detected: dict[str, Any] | None = None  # source "auto": the language found (Detector.rank)
 
     def field_of(self, i: int) -> str:
-        """Where our i-th text came from: "q", or "q[J]" of a list, with its line where "q" held several."""
-        counts = self.lines or (1,) * (i + 1)
-        j = next(j for j, end in enumerate(accumulate(counts)) if i < end)
-        line = f" (line {i - sum(counts[:j]) + 1})" if counts[j] > 1 else ""
-        return ("q" if self.single else f"q[{j}]") + line
+        """Where our i-th text came from: "q", "q[J]", "text" or "texts[J]", and which of its sentences it is."""
+        for j, parts in enumerate(self.parts):
+            if i < len(parts) // 2:
+                name = ("q" if self.libre else "text") if self.single else f"{'q' if self.libre else 'texts'}[{j}]"
+                return name + (f" (sentence {i + 1})" if len(parts) > 3 else "")
+            i -= len(parts) // 2
+        raise IndexError(i)
 
     def answer(self, translations: list[dict[str, Any]]) -> dict[str, Any]:
-        """Our answer's translations in LibreTranslate's shape."""
-        texts, others, at = [], [], 0
-        for n in self.lines or (1,) * len(translations):
-            mine = translations[at : at + n]
-            at += n
-            texts.append("\n".join(t["text"] for t in mine))
-            alternatives = [[h["text"] for h in t.get("nbest", [])[1:]] for t in mine]  # per line
-            others.append(["\n".join(line[j] for line in alternatives) for j in range(min(map(len, alternatives)))])
-        body: dict[str, Any] = {"translatedText": texts[0] if self.single else texts}
+        """Our answer's translations (one per sentence) in the request's shape."""
+        at, texts, others, warnings, ours = 0, [], [], [], []
+        for parts in self.parts:
+            mine, at = translations[at : at + len(parts) // 2], at + len(parts) // 2
+            texts.append(joined(parts, [t["text"] for t in mine], html=self.html))
+            ours.append({"text": texts[-1], "sentences": mine})
+            warnings.append("; ".join(t["warning"] for t in mine if "warning" in t) or None)
+            hypotheses = [[h["text"] for h in t.get("nbest", [])[1:]] for t in mine]  # each sentence's others
+            n = min(map(len, hypotheses), default=0)
+            others.append([joined(parts, [h[j] for h in hypotheses], html=self.html) for j in range(n)])
+        if not self.libre:
+            return {"translations": ours}
+        one = (lambda values: values[0]) if self.single else (lambda values: values)
+        body: dict[str, Any] = {"translatedText": one(texts)}
         if self.alternatives:
-            body["alternatives"] = others[0] if self.single else others
+            body["alternatives"] = one(others)
+        if self.detected:
+            body["detectedLanguage"] = one([self.detected] * len(texts))
+        if any(warnings):  # LibreTranslate has none: a sentence cut to the model's positions is said here
+            body["warning"] = one(warnings)
         return body
 
 
 # A /translate body read (Server.parse): its texts encoded, its batcher key (model name, search settings), the
-# sentences' lengths, and what a LibreTranslate body asks of its answer (None for ours)
-Parsed = tuple[list[Sentence], tuple[str, SearchConfig], list[int], LibreRequest | None]
+# sentences' lengths, and how its answer is shaped (None: ours, as searched)
+Parsed = tuple[list[Sentence], tuple[str, SearchConfig], list[int], Shape | None]
 
 
-def shaped(libre: LibreRequest | None, answer: dict[str, Any], seconds: float) -> dict[str, Any]:
+def shaped(shape: Shape | None, answer: dict[str, Any], seconds: float) -> dict[str, Any]:
     """The answer to a /translate request: ours with its seconds, or in LibreTranslate's shape."""
-    return libre.answer(answer["translations"]) if libre else {**answer, "seconds": round(seconds, 4)}
+    if shape is None or not shape.libre:
+        return {**(shape.answer(answer["translations"]) if shape else answer), "seconds": round(seconds, 4)}
+    return shape.answer(answer["translations"])
 
 
 def is_libretranslate(payload: Any) -> bool:
@@ -103,44 +121,65 @@ def form_kind(headers: Mapping[str, str] | None, body: bytes) -> str | None:
     return None
 
 
-def read_body(body: bytes, headers: Mapping[str, str] | None, read_json: Callable[[bytes], Any]) -> Any:
-    """The body's fields: a form's (either kind), else JSON by `read_json`."""
+def read_body(
+    body: bytes, headers: Mapping[str, str] | None, read_json: Callable[[bytes], Any], query: str = ""
+) -> Any:
+    """The request's fields: JSON by `read_json`, or, as LibreTranslate reads them, the query string's and a form's
+    (either kind; none for an empty body, which deep-translator sends); DataError names what is wrong."""
     kind = form_kind(headers, body)
+    if kind is None and body.strip():
+        return read_json(body)
+    pairs = form_pairs(query.encode(), "query string")
     if kind == "multipart":
-        return multipart_fields(body, (headers or {})["content-type"])
-    return form_fields(body) if kind == "urlencoded" else read_json(body)
+        pairs += multipart_pairs(body, (headers or {})["content-type"])
+    elif body:
+        pairs += form_pairs(body, "form body")
+    fields = collected(pairs)
+    if "q" not in fields:
+        raise DataError('the form (or query string) has no "q": give the text as "q" (LibreTranslate\'s), or JSON')
+    return fields
 
 
 def read(
-    body: bytes, headers: Mapping[str, str] | None, key: str | Keys | None, read_json: Callable[[bytes], Any]
+    body: bytes,
+    headers: Mapping[str, str] | None,
+    key: str | Keys | None,
+    read_json: Callable[[bytes], Any],
+    query: str = "",
 ) -> tuple[Any, bool]:
-    """A /translate body read (a form, or JSON by `read_json`), and whether the request carries the server's API
-    key (always, when it has none): in its Authorization header, or in a LibreTranslate body's api_key, where that
-    API's clients send it (compared the same way). Without the key in the header, a body that cannot be read is
-    answered 401 (payload None), as it was before its body was looked at, not 400 with the reason."""
+    """A /translate or /detect request's fields (`read_body`), and whether it carries the server's API key (always,
+    when it has none): in its Authorization header, or in a LibreTranslate body's api_key, where that API's clients
+    send it (compared the same way). Without the key in the header, a body that cannot be read is answered 401
+    (payload None), as it was before its body was looked at, not 400 with the reason; a LibreTranslate body gets
+    LibreTranslate's answers (RequestError): 403 for a wrong api_key, 400 without one."""
     if authorized((headers or {}).get("authorization"), key):
-        return read_body(body, headers, read_json), True
+        return read_body(body, headers, read_json, query), True
     try:
-        payload = read_body(body, headers, read_json)
+        payload = read_body(body, headers, read_json, query)
     except Exception:  # read_json's own error or the forms' DataError: what to do is to send the key
         return None, False
     given = payload.get("api_key") if is_libretranslate(payload) else None
-    return payload, isinstance(given, str) and authorized(f"Bearer {given}", key)
+    if isinstance(given, str) and authorized(f"Bearer {given}", key):
+        return payload, True
+    if given is not None:
+        raise RequestError(403, "Invalid API key: the api_key is not this server's key")
+    if is_libretranslate(payload) and "authorization" not in (headers or {}):
+        raise RequestError(400, "Please contact the server operator to get an API key: send it as api_key")
+    return payload, False
 
 
-def form_fields(body: bytes) -> dict[str, Any]:
-    """A form-encoded body's fields (a repeated "q" is a list of texts); DataError names what is wrong."""
+def form_pairs(text: bytes, what: str) -> list[tuple[str, str]]:
+    """A form-encoded body's (or query string's, `what`) (name, value) pairs; DataError names what is wrong."""
     try:
-        pairs = parse_qsl(body.decode("utf-8"), keep_blank_values=True, strict_parsing=bool(body), errors="strict")
+        return parse_qsl(text.decode("utf-8"), keep_blank_values=True, strict_parsing=bool(text), errors="strict")
     except UnicodeDecodeError as e:
-        raise DataError(f"the form body is not valid UTF-8 (byte {e.start})") from None
+        raise DataError(f"the {what} is not valid UTF-8 (byte {e.start})") from None
     except ValueError as e:
-        raise DataError(f"the form body cannot be read: {e}") from None
-    return collected(pairs)
+        raise DataError(f"the {what} cannot be read: {e}") from None
 
 
-def multipart_fields(body: bytes, content_type: str) -> dict[str, Any]:
-    """A multipart/form-data body's fields (`curl -F q=...`; files are refused), as `form_fields`'."""
+def multipart_pairs(body: bytes, content_type: str) -> list[tuple[str, str]]:
+    """A multipart/form-data body's (name, value) pairs (`curl -F q=...`; files are refused), as `form_pairs`'."""
     head = b"Content-Type: " + content_type.encode("latin-1", "replace") + b"\r\n\r\n"
     message = BytesParser(policy=HTTP).parsebytes(head + body)
     if not message.is_multipart():
@@ -156,7 +195,7 @@ def multipart_fields(body: bytes, content_type: str) -> dict[str, Any]:
             pairs.append((name, value))
         except (UnicodeDecodeError, LookupError):
             raise DataError(f"the form field {name!r} is not valid UTF-8") from None
-    return collected(pairs)
+    return pairs
 
 
 def collected(pairs: list[tuple[str, str]]) -> dict[str, Any]:
@@ -171,14 +210,19 @@ def collected(pairs: list[tuple[str, str]]) -> dict[str, Any]:
             fields[name] = value
     if fields.get("alternatives", "").isdigit():  # a form has only strings
         fields["alternatives"] = int(fields["alternatives"])
+    if fields.get("split_sentences") in ("true", "false"):
+        fields["split_sentences"] = fields["split_sentences"] == "true"
     return fields
 
 
-def translate_body(payload: Any, info: dict[str, Any]) -> tuple[Any, LibreRequest | None]:
-    """A LibreTranslate body checked against the checkpoint (`info`, ServedModel.info) and turned into ours, and
-    what it asks of its answer; DataError names the field that does not fit. Any other body is left as it is."""
+def translate_body(
+    payload: Any, info: dict[str, Any], detected: dict[str, Any] | None = None
+) -> tuple[Any, Shape | None]:
+    """A LibreTranslate body checked against the checkpoint (`info`, ServedModel.info) and turned into ours of its
+    sentences, and how its answer is shaped (`detected`: source "auto"'s language, detect.py); DataError names
+    the field that does not fit. Ours is left as it is unless it asks for "split_sentences"."""
     if not is_libretranslate(payload):
-        return payload, None
+        return split_ours(payload, info)
     if info["task"] != "translation":
         raise DataError('this server parses; LibreTranslate\'s "q" body translates: send {"texts": [...]} instead')
     unknown = sorted(set(payload) - set(FIELDS))
@@ -200,17 +244,50 @@ def translate_body(payload: Any, info: dict[str, Any]) -> tuple[Any, LibreReques
                 f'"{side}" is {given!r}; this server translates {info["source_lang"]} to {info["target_lang"]}'
                 + (' (source may be "auto")' if side == "source" else "")
             )
-    text_format = payload.get("format", "text")
-    if text_format != "text":
-        raise DataError(f'"format" is {text_format!r}; this server translates "text" only')
+    text_format = payload.get("format") or "text"
+    if text_format not in ("text", "html"):
+        raise DataError(f'"format" is {text_format!r}; this server translates "text" or "html"')
     alternatives = payload.get("alternatives", 0)
     if not isinstance(alternatives, int) or isinstance(alternatives, bool) or alternatives < 0:
         raise DataError(f'"alternatives" must be a whole number >= 0, not {alternatives!r}')
-    lines = [LINE_BREAK.split(text) for text in texts]  # LibreTranslate translates text of several lines
-    ours: dict[str, Any] = {"texts": [line for text in lines for line in text]}
+    split = payload.get("split_sentences", True)
+    if not isinstance(split, bool):
+        raise DataError(f'"split_sentences" must be true or false, not {split!r}')
+    language = info["source_lang"] or "en" if payload["source"] == "auto" else payload["source"]
+    parts = tuple(cut(text, language, sentences=split, html=text_format == "html") for text in texts)
+    ours: dict[str, Any] = {"texts": sentences_of(parts, "q")}
     if alternatives:  # as many hypotheses as asked, from a beam at least as wide (the caps bound both)
         ours |= {"nbest": alternatives + 1, "beam": max(alternatives + 1, info["search"]["beam"])}
-    return ours, LibreRequest(single, alternatives, tuple(len(text) for text in lines))
+    return ours, Shape(parts, single=single, alternatives=alternatives, html=text_format == "html", detected=detected)
+
+
+def split_ours(payload: Any, info: dict[str, Any]) -> tuple[Any, Shape | None]:
+    """Our body, its texts cut into sentences where it asks for "split_sentences": true (else as it is)."""
+    if not isinstance(payload, dict):
+        return payload, None  # request_texts says what it must be
+    split = payload.pop("split_sentences", False)
+    if not isinstance(split, bool):
+        raise DataError(f'"split_sentences" must be true or false, not {split!r}')
+    texts = [payload.get("text")] if "text" in payload else payload.get("texts")
+    if not split or ("text" in payload) == ("texts" in payload) or not isinstance(texts, list):
+        return payload, None  # request_texts says what is wrong with the texts
+    if not all(isinstance(text, str) for text in texts):
+        return payload, None
+    if given := [name for name in ("prefix", "constraints") if name in payload]:  # a text's own, not a sentence's
+        raise DataError(f"\"split_sentences\" cannot take {given[0]!r}: it is a whole text's, not a sentence's")
+    parts = tuple(cut(text, info["source_lang"] or "en", sentences=True) for text in texts)
+    ours = {k: v for k, v in payload.items() if k not in ("text", "texts")}
+    return {**ours, "texts": sentences_of(parts, "text" if "text" in payload else "texts")}, Shape(
+        parts, libre=False, single="text" in payload
+    )
+
+
+def sentences_of(parts: tuple[Parts, ...], field: str) -> list[str]:
+    """The sentences to translate of every text's parts; DataError where there are none."""
+    sentences = [sentence for text in parts for sentence in text[1::2]]
+    if not sentences:
+        raise DataError(f'"{field}" holds no text to translate')
+    return sentences
 
 
 def languages_route(infos: list[dict[str, Any]]) -> Callable[[Request], Awaitable[Response]]:
@@ -221,12 +298,35 @@ def languages_route(infos: list[dict[str, Any]]) -> Callable[[Request], Awaitabl
         for language in languages(info):
             known = merged.setdefault(language["code"], {**language, "targets": []})
             known["targets"] += [t for t in language["targets"] if t not in known["targets"]]
-    listed = list(merged.values())
+    return answering(list(merged.values()))
+
+
+def answering(value: Any) -> Callable[[Request], Awaitable[Response]]:
+    """An endpoint that answers `value`, made once, as JSON."""
 
     async def endpoint(request: Request) -> Response:
-        return JSONResponse(listed)
+        return JSONResponse(value)
 
     return endpoint
+
+
+def frontend_settings(infos: list[dict[str, Any]], key_required: bool) -> dict[str, Any]:
+    """GET /frontend/settings: what LibreTranslate's web front end asks of its server, LibreTranslate's defaults
+    but for the key, the default model's text limit and its target language (no files, no suggestions)."""
+    target = next((i["target_lang"] for i in infos if i["task"] == "translation" and i["target_lang"]), "en")
+    return {
+        "charLimit": infos[0]["max_input_chars"],
+        "frontendTimeout": 500,
+        "apiKeys": key_required,
+        "keyRequired": key_required,
+        "suggestions": False,
+        "filesTranslation": False,
+        "supportedFilesFormat": [],
+        "language": {
+            "source": {"code": "auto", "name": "Auto Detect"},
+            "target": {"code": target, "name": NAMES.get(target, target)},
+        },
+    }
 
 
 def languages(info: dict[str, Any]) -> list[dict[str, Any]]:
