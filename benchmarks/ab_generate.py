@@ -60,12 +60,16 @@ class Version:
         config: ModuleType = importlib.import_module(f"{package}.config")
         self.translator, _ = translate.load_translator(path, torch.device("cpu"), None)
         self.translate = translate.translate
+        self.request = getattr(translate, "SearchRequest", None)  # a revision before it took positional settings
         self.cfg = config.SearchConfig(**FORCED_SEARCH)
         self.seconds: list[float] = []
 
     def run(self, sources: list) -> list[list[int]]:
         start = time.perf_counter()
-        results = self.translate(self.translator, sources, self.cfg, 10**9, BATCH)
+        if self.request is None:
+            results = self.translate(self.translator, sources, self.cfg, 10**9, BATCH)
+        else:
+            results = self.translate(self.translator, self.request(sources, self.cfg, 10**9, BATCH))
         self.seconds.append(time.perf_counter() - start)
         return [hyps[0].tokens for hyps in results]
 

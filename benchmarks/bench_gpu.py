@@ -55,7 +55,7 @@ from nmt_cli.data.dataset import ParallelDataset  # noqa: E402
 from nmt_cli.data.preprocess import file_checksums, preprocess  # noqa: E402
 from nmt_cli.data.vocab import Vocab  # noqa: E402
 from nmt_cli.runtime import choose_attention_backends  # noqa: E402
-from nmt_cli.search.translate import Translator, translate, translate_steps  # noqa: E402
+from nmt_cli.search.translate import SearchRequest, Translator, translate, translate_steps  # noqa: E402
 from nmt_cli.train.epoch_plan import EpochPlan, plan_epoch  # noqa: E402
 
 PEAK_BF16_TFLOPS = {
@@ -361,7 +361,9 @@ def bench_generation(args, data_dir: Path, device: torch.device, peak: float) ->
                 continue
             slots = None if search == "default" else slot_search_for(True, search == "graphs", device)
             translator = Translator(model, vocab, device, amp, slots=slots)
-            translate(translator, sources[:200], cfg, max_tokens, batch_size)  # warm-up (and first captures)
+            translate(
+                translator, SearchRequest(sources[:200], cfg, max_tokens, batch_size)
+            )  # warm-up (and first captures)
             if device.type == "cuda":
                 torch.cuda.synchronize()
             start = time.perf_counter()
@@ -381,7 +383,7 @@ def bench_generation(args, data_dir: Path, device: torch.device, peak: float) ->
 
 def translate_counting_steps(translator, sources, cfg, max_tokens, batch_size):
     """translate(), and the decoder steps it ran (translate_steps yields once a step)."""
-    steps, n_steps = translate_steps(translator, sources, cfg, max_tokens, batch_size), 0
+    steps, n_steps = translate_steps(translator, SearchRequest(sources, cfg, max_tokens, batch_size)), 0
     while True:
         try:
             next(steps)

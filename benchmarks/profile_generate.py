@@ -58,7 +58,7 @@ from nmt_cli.data.dataset import ParallelDataset  # noqa: E402
 from nmt_cli.data.vocab import BOS, EOS, UNK, Vocab  # noqa: E402
 from nmt_cli.model.linear import ONEDNN_AVAILABLE, pack_for_cpu_inference  # noqa: E402
 from nmt_cli.model.transformer import Transformer, build_model  # noqa: E402
-from nmt_cli.search.translate import Translator, load_translator, translate  # noqa: E402
+from nmt_cli.search.translate import SearchRequest, Translator, load_translator, translate  # noqa: E402
 
 FORCED = SearchConfig(**FORCED_SEARCH)
 CROSS = "cross K/V"  # the search's cross-attention keys and values, projected once per sentence (init_cache)
@@ -217,12 +217,12 @@ def ct2_runner(
 
 def nmt_runner(translator: Translator, sources: list[np.ndarray], counters: Counters) -> Callable[[], float]:
     """A function that times `translate` of `sources` as the benchmark runs it, counting into `counters`."""
-    translate(translator, sources[:BATCH], FORCED, 10**9, BATCH)  # oneDNN builds its kernels
+    translate(translator, SearchRequest(sources[:BATCH], FORCED, 10**9, BATCH))  # oneDNN builds its kernels
 
     def run() -> float:
         undo = instrument(translator, counters, label=False)
         start = time.perf_counter()
-        translate(translator, sources, FORCED, 10**9, BATCH)
+        translate(translator, SearchRequest(sources, FORCED, 10**9, BATCH))
         seconds = time.perf_counter() - start
         undo()
         return seconds
@@ -262,7 +262,7 @@ def profile(shape: str, n_sentences: int, repeat: int) -> dict[str, object]:
     profiled = Counters()
     undo = instrument(translator, profiled, label=True)
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
-        translate(translator, sources, FORCED, 10**9, BATCH)
+        translate(translator, SearchRequest(sources, FORCED, 10**9, BATCH))
     undo()
     groups: dict[str, float] = collections.defaultdict(float)
     for event in prof.events():  # the searches' operators, by group; those under init_cache as CROSS

@@ -58,7 +58,7 @@ from nmt_cli.config import SearchConfig
 from nmt_cli.data.batching import batch_by_tokens
 from nmt_cli.runtime import AMP_DTYPES, choose_attention_backends
 from nmt_cli.search.slots import slot_search_for
-from nmt_cli.search.translate import Translator, translate_steps
+from nmt_cli.search.translate import SearchRequest, Translator, translate_steps
 from nmt_cli.train.epoch_plan import EpochPlan, plan_epoch
 from nmt_cli.train.trainer import Trainer
 
@@ -199,7 +199,7 @@ def run_window(
 ) -> float:
     """Translate `batch` (one batch of `sizes`: max_tokens, batch_size) up to resumption first + n; the wall seconds
     of the last n, the device finished, recorded by `prof` where given. The rest of the batch is not searched."""
-    steps = translate_steps(translator, batch, cfg, *sizes)
+    steps = translate_steps(translator, SearchRequest(batch, cfg, *sizes))
     for _ in range(first):
         next(steps)
     synchronize(translator.device)

@@ -41,6 +41,7 @@ import statistics
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -50,7 +51,7 @@ from common import MULTI30K
 
 from nmt_cli.config import ServeConfig
 from nmt_cli.runtime import AMP_DTYPES, set_threads
-from nmt_cli.search.translate import Translator, load_translator, translate
+from nmt_cli.search.translate import SearchRequest, Translator, load_translator, translate
 from nmt_cli.serve.app import Limits, make_app
 from nmt_cli.serve.batcher import Batcher
 from nmt_cli.serve.models import Models, key_of
@@ -85,7 +86,8 @@ def load(args: argparse.Namespace, config: ServeConfig) -> tuple[ServedModel, Tr
         served = ServedModel(config, {"beam": args.beam})
         # the precision generate and serve choose (the checkpoint's on CUDA)
         translator, _ = load_translator(args.path, torch.device(args.device), AMP_DTYPES[served.precision])
-        translator.slots = served.slots  # the server's search (--fixed-slots), so that the ways compare alike
+        # the server's search (--fixed-slots), so that the ways compare alike
+        translator = replace(translator, slots=served.searcher.inference.slots)
         return served, translator
 
     return alone(both)
@@ -109,7 +111,7 @@ def one_at_a_time(args: argparse.Namespace, lines: list[str]) -> None:
     def loop() -> None:
         with torch.inference_mode():
             for src in sources:
-                translate(translator, [src], cfg, served.max_tokens)
+                translate(translator, SearchRequest([src], cfg, served.max_tokens))
 
     def through_batcher() -> None:
         batcher, key = started(served, config)
@@ -167,12 +169,12 @@ def many_clients(args: argparse.Namespace, lines: list[str]) -> None:
 
     def sorted_batches() -> None:
         with torch.inference_mode():
-            translate(translator, sources, cfg, served.max_tokens, n)
+            translate(translator, SearchRequest(sources, cfg, served.max_tokens, n))
 
     def arrival_batches() -> None:
         with torch.inference_mode():
             for i in range(0, len(sources), n):
-                translate(translator, sources[i : i + n], cfg, served.max_tokens)
+                translate(translator, SearchRequest(sources[i : i + n], cfg, served.max_tokens))
 
     latencies: list[float] = []  # of each request (seconds)
 

@@ -20,7 +20,7 @@ from nmt_cli.commands.train import prepare, train
 from nmt_cli.config import ARCHITECTURES, SearchConfig
 from nmt_cli.data.dataset import ParallelDataset
 from nmt_cli.runtime import choose_attention_backends
-from nmt_cli.search.translate import Translator, load_translator, translate
+from nmt_cli.search.translate import SearchRequest, Translator, load_translator, translate
 from nmt_cli.train.epoch_plan import plan_epoch
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
@@ -131,8 +131,8 @@ def test_beam_search_on_cuda_returns_the_cpus_hypotheses(tiny_checkpoint, toy_da
     cuda, _ = load_translator(tiny_checkpoint, torch.device("cuda"), None)
     torch.backends.cuda.matmul.allow_tf32 = False  # exact fp32 for the comparison
     try:
-        on_cpu = translate(cpu, sources, SearchConfig(beam=4), 1000)
-        on_cuda = translate(cuda, sources, SearchConfig(beam=4), 1000)
+        on_cpu = translate(cpu, SearchRequest(sources, SearchConfig(beam=4), 1000))
+        on_cuda = translate(cuda, SearchRequest(sources, SearchConfig(beam=4), 1000))
     finally:
         torch.backends.cuda.matmul.allow_tf32 = True
     assert [h[0].tokens for h in on_cuda] == [h[0].tokens for h in on_cpu]
@@ -143,12 +143,12 @@ def test_beam_search_on_cuda_returns_the_cpus_hypotheses(tiny_checkpoint, toy_da
 def cuda_syncs(translator, sources, n):
     """Host synchronisations of translating `sources` in exactly n + 1 steps (one batch), after a warm-up."""
     cfg = SearchConfig(beam=4, max_len_a=0, max_len_b=n, min_len=n)
-    translate(translator, sources, cfg, 10000)
+    translate(translator, SearchRequest(sources, cfg, 10000))
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("warn")
     try:
         with pytest.warns(UserWarning) as record:
-            translate(translator, sources, cfg, 10000)
+            translate(translator, SearchRequest(sources, cfg, 10000))
     finally:
         torch.cuda.set_sync_debug_mode("default")
     return len([w for w in record if "synchroniz" in str(w.message)])
@@ -186,7 +186,7 @@ def test_training_and_beam_search_run_no_cudnn_attention(toy_data_bin, tmp_path)
     with torch.profiler.profile(activities=activities) as prof:
         trainer.train_step(batches[1:2])
         trainer.model.eval()
-        translate(translator, sources, SearchConfig(beam=4, max_len_a=0, max_len_b=3, min_len=3), 1000)
+        translate(translator, SearchRequest(sources, SearchConfig(beam=4, max_len_a=0, max_len_b=3, min_len=3), 1000))
         torch.cuda.synchronize()
     names = {e.name for e in prof.events()}
     assert any("scaled_dot_product_attention" in n for n in names)  # the profile saw attention run
@@ -233,7 +233,7 @@ def test_fixed_slots_and_cuda_graphs_return_the_beam_searchs_hypotheses(trained_
     cuda, _ = load_translator(trained_copy_checkpoint, torch.device("cuda"), None)
     torch.backends.cuda.matmul.allow_tf32 = False  # exact fp32 for the comparison
     try:
-        want = translate(cuda, sources, SearchConfig(beam=4, nbest=2), 60)
+        want = translate(cuda, SearchRequest(sources, SearchConfig(beam=4, nbest=2), 60))
         assert len({len(hyps[0].tokens) for hyps in want}) > 3  # sentences finish at different steps
         for graphs in (False, True):
             slots = slot_search_for(True, graphs, cuda.device)
@@ -241,7 +241,7 @@ def test_fixed_slots_and_cuda_graphs_return_the_beam_searchs_hypotheses(trained_
             fixed = Translator(cuda.model, cuda.vocab, cuda.device, slots=slots)
             captures = []
             for _ in range(2):
-                got = translate(fixed, sources, SearchConfig(beam=4, nbest=2), 60)
+                got = translate(fixed, SearchRequest(sources, SearchConfig(beam=4, nbest=2), 60))
                 differ = [
                     i for i, (a, b) in enumerate(zip(want, got)) if [h.tokens for h in a] != [h.tokens for h in b]
                 ]
@@ -262,7 +262,7 @@ def test_cuda_graphs_make_one_host_synchronisation_per_step(tiny_checkpoint, toy
     sources = [ParallelDataset(toy_data_bin, "test").src[i] for i in range(30)]
     choose_attention_backends(torch.device("cuda"), False)
     translator, _ = load_translator(tiny_checkpoint, torch.device("cuda"), torch.bfloat16)
-    translator.slots = slot_search_for(True, True, translator.device)
+    translator = replace(translator, slots=slot_search_for(True, True, translator.device))
     short, long = cuda_syncs(translator, sources, 10), cuda_syncs(translator, sources, 20)
     assert long - short == 10, (short, long)
 

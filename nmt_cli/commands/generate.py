@@ -11,11 +11,13 @@ import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
 from contextlib import ExitStack
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Any, TextIO
 
 import numpy as np
+import torch
 
 from nmt_cli.commands.parse_trees import check_parse_request, generate_trees
 from nmt_cli.commands.side_lines import (
@@ -25,7 +27,7 @@ from nmt_cli.commands.side_lines import (
     open_input,
     open_with_side_files,
     read_lines,
-    rules_for,
+    rules_beside,
     shard_range,
 )
 from nmt_cli.config import GenerateConfig, SearchConfig
@@ -37,10 +39,16 @@ from nmt_cli.flags import changed_flags
 from nmt_cli.runtime import set_threads
 from nmt_cli.search.forced import add_alignments, alignment_layer
 from nmt_cli.search.hypothesis import NOTHING_FOUND, Hypothesis, hypothesis_record
-from nmt_cli.search.lexical import check_search
+from nmt_cli.search.rules import OPTIONS, SentenceRules
 from nmt_cli.search.settings import available_memory, search_batch_size
-from nmt_cli.search.slots import slot_search_for
-from nmt_cli.search.translate import Summary, Translator, open_for_inference, sampling_generator, translate
+from nmt_cli.search.translate import (
+    SearchRequest,
+    Summary,
+    Translator,
+    open_for_inference,
+    sampling_generator,
+    translate,
+)
 
 # Sentences of a DATA_DIR split translated (and written) at a time: memory bounded and output steady on a
 # training set of millions (distillation, back-translation) instead of every hypothesis held to the end.
@@ -52,6 +60,7 @@ logger = logging.getLogger(__name__)
 Aligner = Callable[[Sequence[np.ndarray], Sequence[Sequence[Hypothesis]]], None]
 # The sentences a batch of sources of up to N pieces may hold (settings.search_batch_size).
 BatchSize = Callable[[int], int]
+Results = list[list[Hypothesis]]  # each source's hypotheses
 
 
 def resolve_shard(cfg: GenerateConfig) -> tuple[int, int]:
@@ -76,31 +85,16 @@ def generate(cfg: GenerateConfig, search_overrides: dict[str, Any] | None = None
         saved.check_same_data(data_dir, meta, load_vocab(data_dir, meta).model_bytes)
     if saved.is_parser:
         check_parse_request(cfg)
-    if cfg.constraints_file is not None:
-        check_search(search, "--constraints-file")
+    for rule in (o for o in OPTIONS if o.name in dict(cfg.rule_files)):
+        if problem := rule.problem(search, cfg.path if saved.is_parser else None):
+            raise ConfigError(f"{rule.file_option} {problem}")
     translator = inference.translator()
-    translator.slots = slot_search_for(cfg.fixed_slots, cfg.cuda_graphs, translator.device)
     # a batch's sentences: --batch-size, lowered so that its rows fit in the memory the search has before it starts
     have = available_memory(translator.device)
     batch_size = partial(search_batch_size, search, inference.bounds, batch_size=cfg.batch_size, have=have)
-    align = aligner(cfg, translator, min(m.config.decoder_layers for m in inference.members))
-    fmt = cfg.output_format or ("fairseq" if cfg.data_dir else "plain")
     with ExitStack() as stack:
         out = open_output(cfg, stack, num_shards, shard_id)
-        if cfg.data_dir is not None:
-            summary = generate_split(
-                translator,
-                data_dir=Path(cfg.data_dir),
-                subset=cfg.gen_subset,
-                shard=(num_shards, shard_id),
-                search=search,
-                max_tokens=cfg.max_tokens,
-                batch_size=batch_size,
-                fmt=fmt,
-                out=out,
-                align=align,
-            )
-        elif saved.is_parser:  # one bracketed tree per input line (nmt_cli/parsing)
+        if saved.is_parser:  # one bracketed tree per input line (nmt_cli/parsing)
             raw_lines, first_line, _ = open_input(cfg.input, stack, num_shards, shard_id)
             name = input_name(cfg)
             lines = read_lines(raw_lines, buffer_size_of(cfg), name, first_line)
@@ -109,11 +103,15 @@ def generate(cfg: GenerateConfig, search_overrides: dict[str, Any] | None = None
                 leaves=saved.tree_leaves, source=(name, first_line),
             )  # fmt: skip
         else:
-            lines, sides = open_with_side_files(cfg, stack, num_shards, shard_id)
-            summary = generate_text(
-                translator, lines, search=search, max_tokens=cfg.max_tokens, batch_size=batch_size, fmt=fmt, out=out,
-                align=align, constraints=sides.get("--constraints-file"), prefixes=sides.get("--prefix-file"),
-            )  # fmt: skip
+            align = aligner(cfg, translator, min(m.config.decoder_layers for m in inference.members))
+            fmt = cfg.output_format or ("fairseq" if cfg.data_dir else "plain")
+            generator = sampling_generator(search, translator.device)  # one for every chunk
+            run = Run(translator, search, cfg.max_tokens, batch_size, align, generator, fmt, out)
+            if cfg.data_dir is not None:
+                generate_split(run, Path(cfg.data_dir), cfg.gen_subset, (num_shards, shard_id))
+            else:
+                generate_text(run, *open_with_side_files(cfg, stack, num_shards, shard_id))
+            summary = run.summary
     log_summary(summary, search)
     return summary
 
@@ -154,10 +152,8 @@ def check_request(cfg: GenerateConfig) -> tuple[int, int]:
         )
     if cfg.input not in (None, "-"):
         require_file(Path(cfg.input), "--input")
-    if cfg.constraints_file is not None and cfg.input is None:
-        raise ConfigError("--constraints-file is line-aligned with --input FILE|-; translate the text with --input")
-    if cfg.prefix_file is not None and cfg.input is None:
-        raise ConfigError("--prefix-file gives one prefix per line of --input FILE|-; it does not go with DATA_DIR")
+    for rule in (o for o in OPTIONS if o.name in dict(cfg.rule_files) and cfg.input is None):
+        raise ConfigError(f"{rule.file_option} is line-aligned with --input FILE|-, not DATA_DIR: {rule.line}")
     if cfg.input == "-" and sys.stdin is None:
         raise DataError("--input -: stdin is closed; pipe text in or give --input FILE")
     return num_shards, shard_id
@@ -227,75 +223,65 @@ def format_record(
     return "\n".join(lines)
 
 
-def generate_split(
-    translator: Translator,
-    *,
-    data_dir: Path,
-    subset: str,
-    shard: tuple[int, int],
-    search: SearchConfig,
-    max_tokens: int,
-    batch_size: BatchSize,
-    fmt: str,
-    out: TextIO,
-    align: Aligner | None = None,
-) -> Summary:
-    """Translate a binarized split (or one contiguous shard of it) SPLIT_CHUNK sentences at a time; write
-    records in input order (aligned to their sources by `align` when given)."""
-    from nmt_cli.data.dataset import ParallelDataset
+@dataclass
+class Run:
+    """How each chunk of a run is translated and written: the translator, its search settings and the batches'
+    bounds, the aligner (--print-alignment), the one sampling generator of every chunk, the output and its format;
+    and what the chunks so far took."""
 
-    data = ParallelDataset(data_dir, subset)
-    ids = shard_range(len(data), *shard)
-    summary = Summary()
-    generator = sampling_generator(search, translator.device)  # one for every chunk
-    for first in range(0, len(ids), SPLIT_CHUNK):  # a test set is one chunk; a training set (distillation) many
-        chunk = ids[first : first + SPLIT_CHUNK]
+    translator: Translator
+    search: SearchConfig
+    max_tokens: int
+    batch_size: BatchSize
+    align: Aligner | None
+    generator: torch.Generator | None
+    fmt: str
+    out: TextIO
+    summary: Summary = field(default_factory=Summary)
+
+    def translate(self, sources: list[np.ndarray], first_id: int, rules: tuple[SentenceRules, ...] = ()) -> Results:
+        """A chunk's results (aligned to their sources where asked), from sentence number `first_id` on."""
         start = time.perf_counter()
-        sources = [data.src[i] for i in chunk]
-        results = translate(translator, sources, search, max_tokens, batch_size(longest(sources)), generator)
-        if align is not None:
-            align(sources, results)
-        summary.add(results, time.perf_counter() - start)
-        for i, hyps in zip(chunk, results):
-            source, reference = translator.vocab.decode(data.src[i]), translator.vocab.decode(data.tgt[i])
-            print(format_record(i, hyps, translator.vocab, fmt, source, reference), file=out)
-        out.flush()
-    return summary
-
-
-def generate_text(
-    translator: Translator,
-    chunks: Iterable[list[str]],
-    *,
-    search: SearchConfig,
-    max_tokens: int,
-    batch_size: BatchSize,
-    fmt: str,
-    out: TextIO,
-    align: Aligner | None = None,
-    constraints: SideLines | None = None,
-    prefixes: SideLines | None = None,
-) -> Summary:
-    """Translate raw text with the checkpoint's own sentencepiece model, one buffer (chunk) at a time (aligned to
-    their sources by `align` when given); with `constraints` (--constraints-file), each line's output contains its
-    phrases, and with `prefixes` (--prefix-file) it begins with its line of them."""
-    summary = Summary()
-    first_id = 0
-    generator = sampling_generator(search, translator.device)  # one for every chunk
-    for chunk in chunks:
-        start = time.perf_counter()
-        sources = translator.vocab.encode_arrays(chunk)
-        rules = rules_for(constraints, prefixes, translator, sources, search)
-        results = translate(translator, sources, search, max_tokens, batch_size(longest(sources)), generator, rules)
-        if align is not None:
-            align(sources, results)
-        summary.add(results, time.perf_counter() - start)
+        request = SearchRequest(sources, self.search, self.max_tokens, self.batch_size(longest(sources)), rules=rules)
+        results = translate(self.translator, request, generator=self.generator)
+        if self.align is not None:
+            self.align(sources, results)
+        self.summary.add(results, time.perf_counter() - start)
         if missed := [str(first_id + j) for j, hyps in enumerate(results) if not hyps[0].found]:
             logger.warning("sentence %s: %s", ", ".join(missed), NOTHING_FOUND)
-        for j, hyps in enumerate(results):
-            print(
-                format_record(first_id + j, hyps, translator.vocab, fmt, chunk[j] if fmt != "plain" else None), file=out
-            )
-        out.flush()
+        return results
+
+    def write(self, records: Iterable[str]) -> None:
+        for record in records:
+            print(record, file=self.out)
+        self.out.flush()
+
+
+def generate_split(run: Run, data_dir: Path, subset: str, shard: tuple[int, int]) -> None:
+    """Translate a binarized split (or one contiguous shard of it) SPLIT_CHUNK sentences at a time; write
+    records in input order."""
+    from nmt_cli.data.dataset import ParallelDataset
+
+    data, vocab = ParallelDataset(data_dir, subset), run.translator.vocab
+    ids = shard_range(len(data), *shard)
+    for first in range(0, len(ids), SPLIT_CHUNK):  # a test set is one chunk; a training set (distillation) many
+        chunk = ids[first : first + SPLIT_CHUNK]
+        results = run.translate([data.src[i] for i in chunk], chunk.start)
+        run.write(
+            format_record(i, hyps, vocab, run.fmt, vocab.decode(data.src[i]), vocab.decode(data.tgt[i]))
+            for i, hyps in zip(chunk, results)
+        )
+
+
+def generate_text(run: Run, chunks: Iterable[list[str]], sides: dict[str, SideLines]) -> None:
+    """Translate raw text with the checkpoint's own sentencepiece model, one buffer (chunk) at a time, each line
+    following its rules: its lines of the side files `sides` (--NAME-file by the rule's name, search/rules.py)."""
+    first_id, vocab = 0, run.translator.vocab
+    for chunk in chunks:
+        sources = vocab.encode_arrays(chunk)
+        results = run.translate(sources, first_id, rules_beside(sides, run.translator, sources, run.search))
+        run.write(
+            format_record(first_id + j, hyps, vocab, run.fmt, chunk[j] if run.fmt != "plain" else None)
+            for j, hyps in enumerate(results)
+        )
         first_id += len(chunk)
-    return summary

@@ -23,15 +23,11 @@ def check_parse_request(cfg: GenerateConfig) -> None:
             f"{cfg.path} is a parsing model: give the sentences with --input FILE|- "
             "(one tokenised sentence per line), not a DATA_DIR"
         )
-    if cfg.prefix_file is not None:
-        raise ConfigError(f"{cfg.path} is a parsing model: a tree follows its sentence's words; drop --prefix-file")
     if cfg.output_format not in (None, "plain"):
         raise ConfigError(
             f"{cfg.path} is a parsing model; it writes one tree per line "
             f"(--output-format plain), not {cfg.output_format}"
         )
-    if cfg.constraints_file is not None:
-        raise ConfigError(f"{cfg.path} is a parsing model; its trees take no --constraints-file")
 
 
 def generate_trees(

@@ -1,8 +1,8 @@
-"""Input lines, and the files of one line per input line read beside them (`nmt generate --prefix-file`,
-`--constraints-file`; score-pairs' --target beside --source): each file opened and read once, its lines decoded and
-checked as they come (`text_lines`), a line of each side file with each input line (`read_beside`), so that stdin,
-pipes, FIFOs and process substitution stream together as files do and a file that ends first is named at its line;
-and each chunk's side lines turned into what the search follows (search/prefix.py, search/lexical.py)."""
+"""Input lines, and the files of one line per input line read beside them (`nmt generate`'s --NAME-file of each
+per-sentence decoding option, search/rules.py; score-pairs' --target beside --source): each file opened and read
+once, its lines decoded and checked as they come (`text_lines`), a line of each side file with each input line
+(`read_beside`), so that stdin, pipes, FIFOs and process substitution stream together as files do and a file that
+ends first is named at its line; and each chunk's side lines read as its sentences' rules (`rules_beside`)."""
 
 from __future__ import annotations
 
@@ -17,14 +17,8 @@ import numpy as np
 from nmt_cli.config import GenerateConfig, SearchConfig
 from nmt_cli.data import BOM, raw_text_problem
 from nmt_cli.errors import DataError
-from nmt_cli.search.constraint import ConstraintSource, all_of
-from nmt_cli.search.lexical import LexicalConstraints, check_with_prefixes, checked_phrases
-from nmt_cli.search.prefix import checked_prefixes, prefix_source
+from nmt_cli.search.rules import OPTIONS, SentenceRules, read_rules
 from nmt_cli.search.translate import Translator
-
-# What each file gives for one input line, as its errors say it.
-PREFIX_LINE = "one prefix line (an empty one for none) per input line"
-CONSTRAINT_LINE = "one line of tab-separated constraints (an empty one for none) per input line"
 
 
 @dataclass
@@ -33,7 +27,7 @@ class SideLines:
 
     option: str  # "--prefix-file"
     name: str  # the file
-    what: str  # what it gives (PREFIX_LINE, CONSTRAINT_LINE)
+    what: str  # what it gives, as its errors say it
     lines: Iterator[str]
     first_line: int = 1  # the file's line number of its first line
     pending: list[str] = field(default_factory=list)  # read beside input lines, not yet taken
@@ -85,23 +79,22 @@ def buffer_size_of(cfg: GenerateConfig) -> int:
 def open_with_side_files(
     cfg: GenerateConfig, stack: ExitStack, num_shards: int, shard_id: int
 ) -> tuple[Iterator[list[str]], dict[str, SideLines]]:
-    """--input's chunks of lines, each line read with its line of --prefix-file and --constraints-file (each file
-    opened and read once: pipes and FIFOs work as files do), and those files' SideLines by option.
+    """--input's chunks of lines, each line read with its line of every --NAME-file given (each file opened and read
+    once: pipes and FIFOs work as files do), and those files' SideLines by the rule's name (search/rules.py).
 
     Raises:
         DataError: a sharded input and a side file of other line counts (both read whole to take the shard).
     """
     raw_lines, first_line, n_lines = open_input(cfg.input, stack, num_shards, shard_id)
-    name, sides = input_name(cfg), {}
-    for option, path, what in (
-        ("--prefix-file", cfg.prefix_file, PREFIX_LINE),
-        ("--constraints-file", cfg.constraints_file, CONSTRAINT_LINE),
-    ):
-        if path is not None:
-            raw_side, first, n_side = open_input(path, stack, num_shards, shard_id)
-            if n_side != n_lines:
-                raise DataError(f"{option} {path} has {n_side} lines and --input {name} has {n_lines}; give {what}")
-            sides[option] = SideLines(option, path, what, text_lines(raw_side, path, first), first)
+    name, files, sides = input_name(cfg), dict(cfg.rule_files), {}
+    for rule in (o for o in OPTIONS if o.name in files):
+        path = files[rule.name]
+        raw_side, first, n_side = open_input(path, stack, num_shards, shard_id)
+        if n_side != n_lines:
+            raise DataError(
+                f"{rule.file_option} {path} has {n_side} lines and --input {name} has {n_lines}; give {rule.line}"
+            )
+        sides[rule.name] = SideLines(rule.file_option, path, rule.line, text_lines(raw_side, path, first), first)
     lines = read_beside(text_lines(raw_lines, name, first_line), list(sides.values()), f"--input {name}", first_line)
     return in_chunks(lines, buffer_size_of(cfg)), sides
 
@@ -170,29 +163,22 @@ def shard_range(n: int, num_shards: int, shard_id: int) -> range:
     return range(n * shard_id // num_shards, n * (shard_id + 1) // num_shards)
 
 
-def rules_for(
-    constraints: SideLines | None,
-    prefixes: SideLines | None,
-    translator: Translator,
-    sources: Sequence[np.ndarray],
-    search: SearchConfig,
-) -> ConstraintSource | None:
-    """What the next input lines' (`sources`) searches follow: their lexical constraints (tab-separated target
-    phrases) and prefixes, each checked against its source, and both together (check_with_prefixes); None where
-    neither file is given.
+def rules_beside(
+    sides: dict[str, SideLines], translator: Translator, sources: Sequence[np.ndarray], search: SearchConfig
+) -> tuple[SentenceRules, ...]:
+    """The rules of the next input lines (`sources`, searched with `search`) from their lines of the side files
+    (by the rule's name: search/rules.py's `read_rules`; none without side files).
 
     Raises:
-        DataError: a phrase is empty, or a line's rules cannot fit its output (`FILE:LINE: ...`).
+        DataError: `FILE:LINE: ...` for a line whose rules cannot fit its output.
     """
+    if not sides:
+        return ()
+    values, where = {}, {}
+    for rule in (o for o in OPTIONS if o.name in sides):
+        texts, where[rule.name] = sides[rule.name].take(len(sources))
+        values[rule.name] = [rule.value(text) for text in texts]
     src_lens, max_positions = [len(s) for s in sources], translator.model.max_positions
-    phrases, encoded = None, None
-    if constraints is not None:
-        texts, where = constraints.take(len(sources))
-        phrase_lists = [text.split("\t") if text else [] for text in texts]
-        phrases = checked_phrases(translator.vocab, phrase_lists, src_lens, search, max_positions, where)
-    if prefixes is not None:
-        texts, where = prefixes.take(len(sources))
-        encoded = checked_prefixes(translator.vocab, texts, src_lens, search, max_positions, where)
-    if phrases is not None and encoded is not None:
-        check_with_prefixes(phrases, encoded, src_lens, search, max_positions, where)  # named by the prefix's line
-    return all_of(None if phrases is None else LexicalConstraints(phrases), prefix_source(encoded or []))
+    return read_rules(
+        translator.vocab, values, src_lens=src_lens, search=search, max_positions=max_positions, where=where
+    )

@@ -94,12 +94,6 @@ class GenerateConfig(SearchingConfig):
     )
     gen_subset: str = flag("test", "Split of DATA_DIR to translate.")
     input: str | None = flag(None, "Raw text file to translate, or - for stdin (instead of DATA_DIR).")
-    prefix_file: str | None = flag(
-        None,
-        "Target prefixes, one line per --input line (an empty line: none): each translation begins with its line's "
-        "text (whole words), forced and scored.",
-        path="file",
-    )
     buffer_size: int | None = flag(
         None,
         "Lines read at a time with --input [default: 1000; 1 when stdin is a terminal, so that each line "
@@ -132,11 +126,8 @@ class GenerateConfig(SearchingConfig):
     batch_size: int = flag(0, "Also cap sentences per batch (0: no cap).", min=0)
     num_shards: int = flag(1, "Split the input into contiguous shards.", min=1)
     shard_id: int = flag(0, "Which shard to translate.", min=0)
-    constraints_file: str | None = flag(
-        None,
-        "With --input: one line per input line of tab-separated target phrases every output must contain "
-        "(lexically constrained beam search; an empty line for none).",
-        path="file",
+    rule_files: tuple[tuple[str, str], ...] = flag(
+        (), "Each per-sentence rule's --NAME-file given, as (NAME, FILE) (search/rules.py's OPTIONS).", cli=False
     )
 
     def __post_init__(self) -> None:

@@ -56,6 +56,8 @@ class TreeState:
 class TreeConstraint:
     """Token classes of a vocabulary; `mask` and `advance` work on any number of rows at once."""
 
+    rank_candidates = None  # beam search takes the best candidates by score
+
     def __init__(self, token_class: Tensor) -> None:
         self.token_class = token_class  # [V] long: OTHER, OPEN, CLOSE_CLASS, LEAF or END
 

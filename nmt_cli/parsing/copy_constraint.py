@@ -60,6 +60,8 @@ class CopyState:
 class CopyingTreeConstraint:
     """`TreeConstraint` for one batch of sentences whose words the output copies; same interface."""
 
+    rank_candidates = None  # beam search takes the best candidates by score
+
     def __init__(
         self, base: TreeConstraint, pieces: Tensor, n_pieces: Tensor, word_start: Tensor, ahead: bool = False
     ) -> None:

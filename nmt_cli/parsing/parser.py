@@ -44,7 +44,7 @@ from nmt_cli.parsing.linearize import (
 )
 from nmt_cli.parsing.tree import Tree
 from nmt_cli.search.beam import StillWanted, max_lengths
-from nmt_cli.search.translate import Translator, subset, translate
+from nmt_cli.search.translate import SearchRequest, Translator, subset, translate
 
 logger = logging.getLogger(__name__)
 
@@ -257,9 +257,8 @@ class TreeParser:
                 todo.append(i)
         constraints = self.constraints([len(kept[i]) for i in todo])
         wanted = None if still_wanted is None else subset(still_wanted, np.array(todo, dtype=np.int64))
-        results = translate(
-            translator, [sources[i] for i in todo], cfg, max_tokens, batch_size, generator, constraints, wanted
-        )
+        request = SearchRequest([sources[i] for i in todo], cfg, max_tokens, batch_size, constraints=constraints)
+        results = translate(translator, request, generator=generator, still_wanted=wanted)
         for i, hyps in zip(todo, results):
             try:  # (copied pieces are no tree tokens)
                 tree = delinearize([self.tokens_of[t] for t in hyps[0].tokens if self.tokens_of[t]], kept[i])

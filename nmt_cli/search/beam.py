@@ -328,10 +328,7 @@ def beam_steps(
     if constraint is not None:
         assert n_leaves is not None, "a constraint needs n_leaves"
         constraint_state = constraint.start(per_beam(n_leaves.to(device), k))
-    # An optional hook of the constraint, rank_candidates(state, beam scores [B, K], log_probs [B*K, V], the top 2K
-    # (scores, beams, tokens)) -> the candidates [B, C] in the order the beam takes them: EOS ones among the first
-    # K finish, the first K others survive (dynamic beam allocation, search/lexical.py).
-    rank = getattr(constraint, "rank_candidates", None)
+    rank = None if constraint is None else constraint.rank_candidates
     unwanted = None if still_wanted is None else Unwanted(still_wanted, device)
     for step in range(n_steps):
         log_probs, cache = model.decode_step(prev, cache)  # [B*K, V]

@@ -6,7 +6,7 @@ rows (sentences x beams, sentence-major), V vocabulary, B sentences of a batch, 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol, TypeVar
 
 import numpy as np
@@ -14,6 +14,10 @@ import torch
 from torch import Tensor
 
 State = TypeVar("State", bound="ConstraintState")
+Candidates = tuple[Tensor, Tensor, Tensor]  # scores, beams, tokens [B, C]: a beam search step's candidates
+# (the constraint's state, beam scores [B, K], log-probs [B*K, V], the top 2K candidates) -> the candidates [B, C] in
+# the order the beam takes them: EOS ones among the first K finish, the first K others survive (search/beam.py)
+Ranker = Callable[[Any, Tensor, Tensor, Candidates], Candidates]
 
 
 class ConstraintState(Protocol):
@@ -35,6 +39,12 @@ class Constraint(Protocol[State]):
 
     def advance(self, state: State, tokens: Tensor) -> State:
         """The state after each row's chosen token [N]."""
+        ...
+
+    @property
+    def rank_candidates(self) -> Ranker | None:
+        """Beam search's choice and order of each step's candidates (lexical constraints' beam allocation), or
+        None: the best by score."""
         ...
 
 
@@ -67,14 +77,13 @@ class Constraints:
 
     def __init__(self, parts: Sequence[Constraint[Any]], n_leaves: Sequence[Tensor]) -> None:
         self.parts, self.n_leaves = tuple(parts), tuple(n_leaves)
-        # Beam search asks its constraint for `rank_candidates` (lexical constraints' beam allocation, beam.py):
-        # the one part that has it ranks, on its own state; a second one could not share the beam's order.
-        ranking = [i for i, part in enumerate(self.parts) if hasattr(part, "rank_candidates")]
-        assert len(ranking) <= 1, "one constraint at most chooses the beam's candidates"
-        if ranking:
-            ranked = ranking[0]
-            rank = self.parts[ranked].rank_candidates  # type: ignore[attr-defined]
-            self.rank_candidates = lambda state, *args: rank(state.parts[ranked], *args)
+        # The one part that ranks the beam's candidates ranks them, on its own state; a second could not share it.
+        rankers = [(i, part.rank_candidates) for i, part in enumerate(self.parts) if part.rank_candidates is not None]
+        assert len(rankers) <= 1, "one constraint at most chooses the beam's candidates"
+        self.rank_candidates: Ranker | None = None
+        if rankers:
+            (i, rank), *_ = rankers
+            self.rank_candidates = lambda state, *args: rank(state.parts[i], *args)
 
     def start(self, n_leaves: Tensor) -> ConstraintsState:
         rows = n_leaves  # [N] each row's sentence in the batch

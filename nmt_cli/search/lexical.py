@@ -37,7 +37,7 @@ from torch import Tensor
 
 from nmt_cli.config import SearchConfig
 from nmt_cli.data.vocab import EOS, PAD, UNK, Vocab
-from nmt_cli.errors import ConfigError, DataError
+from nmt_cli.errors import DataError
 from nmt_cli.search.beam import max_lengths
 from nmt_cli.search.ngram import repeated_ngram
 
@@ -226,24 +226,6 @@ class LexicalConstraints:
 
     phrases: Sequence[Phrases]
 
-    @classmethod
-    def of_text(
-        cls,
-        vocab: Vocab,
-        lines: Sequence[Sequence[str]],
-        sources: Sequence[np.ndarray],
-        search: SearchConfig,
-        max_positions: int,
-    ) -> LexicalConstraints:
-        """From each source's phrases as raw text, encoded and checked to fit its output (`checked_phrases`; a
-        DataError names `constraints[i]`, or a number of lines other than the sources')."""
-        if len(lines) != len(sources):
-            raise DataError(f"{len(lines)} lists of constraints for {len(sources)} sources; give one per source")
-        if (bad := next((i for i, line in enumerate(lines) if isinstance(line, str)), None)) is not None:
-            raise TypeError(f"constraints[{bad}] is a string; give each source a list of phrases ([] for none)")
-        where = [f"constraints[{i}]" for i in range(len(lines))]
-        return cls(checked_phrases(vocab, lines, [len(s) for s in sources], search, max_positions, where))
-
     def for_batch(self, src: Tensor, src_lens: Tensor, ids: np.ndarray) -> tuple[LexicalConstraint, Tensor]:
         return LexicalConstraint([self.phrases[i] for i in ids], src.device), torch.zeros(len(ids), dtype=torch.long)
 
@@ -289,7 +271,7 @@ def checked_phrases(
 ) -> list[list[list[int]]]:
     """Each line's phrases encoded (`encode_phrases`) and checked to fit the output of its source of src_lens[i]
     pieces (`check_fits`; a source longer than the model's positions counted as the search cuts it): what
-    generate's --constraints-file, serve's "constraints" and `LexicalConstraints.of_text` share."""
+    generate's --constraints-file, serve's "constraints" and the Python API share (search/rules.py)."""
     phrases = encode_phrases(vocab, lines, where)
     check_fits(phrases, [min(n, max_positions - 1) for n in src_lens], search, max_positions, where)
     if n := search.no_repeat_ngram_size:
@@ -358,9 +340,3 @@ def pieces_needed(phrases: Phrases, written: list[int]) -> int:
     unmet = [list(p) for p in phrases if not contains(written, p)]
     matched = [max((j for j in range(len(p)) if j == 0 or written[-j:] == p[:j]), default=0) for p in unmet]
     return sum(map(len, unmet)) - max(matched, default=0)
-
-
-def check_search(search: SearchConfig, option: str) -> None:
-    """Constraints steer beam search (and greedy, --beam 1); sampling draws its tokens and is refused."""
-    if search.sampling:
-        raise ConfigError(f"{option} needs beam search; sampling cannot take constraints")

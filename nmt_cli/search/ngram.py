@@ -32,6 +32,8 @@ class NoRepeatNgram:
     """Bans every token that would complete an n-gram of `size` tokens the row has already generated; also its
     own ConstraintSource (the same rules for every batch)."""
 
+    rank_candidates = None  # beam search takes the best candidates by score
+
     def __init__(self, size: int) -> None:
         assert size >= 1, "an n-gram has at least one token"
         self.size = size

@@ -42,6 +42,8 @@ class PrefixState:
 class PrefixConstraint:
     """Forces each sentence's prefix, token by token, from the first step."""
 
+    rank_candidates = None  # beam search takes the best candidates by score
+
     def __init__(self, tokens: Tensor, lengths: Tensor) -> None:
         self.tokens = tokens  # [B, P] on the device
         self.lengths = lengths  # [B]
@@ -67,7 +69,7 @@ class PrefixConstraint:
 class PrefixSource:
     """The prefixes of the sources given to `translate` (one each, in order; empty: none), as a ConstraintSource."""
 
-    def __init__(self, prefixes: Sequence[np.ndarray]) -> None:
+    def __init__(self, prefixes: Sequence[Sequence[int] | np.ndarray]) -> None:
         self.prefixes = [np.asarray(p, dtype=np.int64) for p in prefixes]
 
     def for_batch(self, src: Tensor, src_lens: Tensor, ids: np.ndarray) -> tuple[PrefixConstraint, Tensor]:
@@ -81,7 +83,7 @@ class PrefixSource:
         return constraint, torch.zeros(len(ids), dtype=torch.long, device=src.device)
 
 
-def prefix_source(prefixes: Sequence[np.ndarray]) -> PrefixSource | None:
+def prefix_source(prefixes: Sequence[Sequence[int] | np.ndarray]) -> PrefixSource | None:
     """The ConstraintSource of these prefixes, or None when every one is empty (the search is then today's)."""
     return PrefixSource(prefixes) if any(len(p) for p in prefixes) else None
 
@@ -108,21 +110,6 @@ def prefix_problem(prefix: np.ndarray, src_len: int, cfg: SearchConfig, max_posi
     if n and repeated_ngram(prefix.tolist(), n) is not None:
         return f"repeats an n-gram of {n} pieces, which --no-repeat-ngram-size {n} forbids; shorten it or raise N"
     return None
-
-
-def checked_prefix_source(
-    vocab: Vocab, texts: Sequence[str], sources: Sequence[np.ndarray], cfg: SearchConfig, max_positions: int
-) -> PrefixSource | None:
-    """The ConstraintSource of one prefix text per source (Python API: `translate(..., constraints=...)`).
-
-    Raises:
-        DataError: `prefix I: ...` for a prefix that cannot begin its source's output (`prefix_problem`), or a
-            number of texts other than the sources'.
-    """
-    if len(texts) != len(sources):
-        raise DataError(f"{len(texts)} prefixes for {len(sources)} sources; give one (or '') per source")
-    where = [f"prefix {i}" for i in range(len(texts))]
-    return prefix_source(checked_prefixes(vocab, texts, [len(s) for s in sources], cfg, max_positions, where))
 
 
 def checked_prefixes(

@@ -20,6 +20,7 @@ from torch import Tensor
 
 from nmt_cli.checkpoint import SavedModel, read_saved_model
 from nmt_cli.config import InferenceConfig, SearchConfig, ensemble_weights
+from nmt_cli.config.inference import SearchingConfig
 from nmt_cli.data.batching import batch_by_tokens, pad_sources
 from nmt_cli.data.vocab import PAD, Vocab
 from nmt_cli.errors import ConfigError
@@ -39,18 +40,19 @@ from nmt_cli.search.constraint import ConstraintSource, all_of
 from nmt_cli.search.ensemble import Ensemble, check_members, ensemble_bounds, member_paths, member_weights
 from nmt_cli.search.greedy import greedy_steps
 from nmt_cli.search.hypothesis import Hypothesis
-from nmt_cli.search.ngram import no_repeat_ngrams
+from nmt_cli.search.rules import SentenceRules, rules_source
 from nmt_cli.search.settings import SearchBounds, generation_precision, search_bounds, search_settings
-from nmt_cli.search.slots import SlotSearch, applies, slot_steps
+from nmt_cli.search.slots import SlotSearch, applies, slot_search_for, slot_steps
 from nmt_cli.steps import R, Steps, to_the_end
 
 logger = logging.getLogger(__name__)
 
 
-@dataclass
+@dataclass(frozen=True)
 class Translator:
     """Everything a search needs: the model (or an ensemble of them), its vocabulary, and where and how to run.
-    `slots`: plain beam searches run over fixed slots (search/slots.py, `slot_search_for`); None: beam.py's."""
+    `slots`: plain beam searches run over fixed slots (search/slots.py, chosen by `slot_search_for` where the
+    Translator is built: `Inference.translator`); None: beam.py's."""
 
     model: Transformer | Ensemble
     vocab: Vocab
@@ -73,6 +75,7 @@ class Inference:
     bounds: SearchBounds  # what each request's search settings must fit (serve checks them per request)
     others: tuple[SavedModel, ...] = ()  # an ensemble's other checkpoints (search/ensemble.py)
     weights: tuple[float, ...] = (1.0,)  # one per member, summing to 1
+    slots: SlotSearch | None = None  # how a plain beam search runs (--fixed-slots, --cuda-graphs)
     _translator: Translator | None = field(default=None, repr=False)
 
     @property
@@ -90,11 +93,9 @@ class Inference:
         vocabulary."""
         if self._translator is None:
             amp_dtype = AMP_DTYPES[self.precision]
-            if not self.others:
-                self._translator = translator_from(self.saved, self.device, amp_dtype, self.quantize)
-            else:
-                models = [inference_model(m, self.device, amp_dtype, self.quantize) for m in self.members]
-                self._translator = Translator(Ensemble(models, self.weights), self.saved.vocab, self.device, amp_dtype)
+            models = [inference_model(m, self.device, amp_dtype, self.quantize) for m in self.members]
+            model = models[0] if not self.others else Ensemble(models, self.weights)
+            self._translator = Translator(model, self.saved.vocab, self.device, amp_dtype, self.slots)
             # the models hold their own copies
             self.saved, self.others = self.saved.without_weights(), tuple(m.without_weights() for m in self.others)
         return self._translator
@@ -103,7 +104,8 @@ class Inference:
 def open_for_inference(cfg: InferenceConfig, search_overrides: dict[str, Any], *, local_rank: int = 0) -> Inference:
     """Read the checkpoint cfg.path once, for generate and serve: the device (GPU `local_rank` under torchrun) and
     its attention kernels, the precision (--precision, else the checkpoint's on CUDA), and the checkpoint's
-    search settings with `search_overrides` (search/settings.py refuses those the search would ignore).
+    search settings with `search_overrides` (search/settings.py refuses those the search would ignore), and for
+    the commands that search, how a plain beam search runs (`slot_search_for`).
 
     cfg.path A.pt:B.pt names an ensemble (search/ensemble.py), weighted by cfg.weights: its checkpoints must share
     the vocabulary, languages and task (CheckpointError naming both files); the first one's training precision
@@ -118,7 +120,8 @@ def open_for_inference(cfg: InferenceConfig, search_overrides: dict[str, Any], *
     precision = generation_precision(cfg.precision, device, saved.train_precision)
     bounds = ensemble_bounds([search_bounds(m.config, device, precision) for m in members])
     search = search_settings(cfg.path, saved.search, search_overrides, saved.is_parser, bounds)
-    return Inference(saved, device, precision, cfg.quantize, search, bounds, tuple(members[1:]), weights)
+    slots = slot_search_for(cfg.fixed_slots, cfg.cuda_graphs, device) if isinstance(cfg, SearchingConfig) else None
+    return Inference(saved, device, precision, cfg.quantize, search, bounds, tuple(members[1:]), weights, slots)
 
 
 def load_translator(
@@ -126,25 +129,15 @@ def load_translator(
 ) -> tuple[Translator, SavedModel]:
     """The Translator of a checkpoint file, with what else it holds (tests and benchmarks)."""
     saved = read_saved_model(path)
-    return translator_from(saved, device, amp_dtype, quantize), saved
-
-
-def translator_from(
-    saved: SavedModel, device: torch.device, amp_dtype: torch.dtype | None, quantize: str | None = None
-) -> Translator:
-    """The Translator of a read checkpoint.
-
-    On CPU in float32, and in bf16 where the CPU has bf16 instructions, the linear layers are packed for oneDNN;
-    quantize="int8" (CPU, float32 only) makes them dynamic int8 ones instead.
-    """
-    return Translator(inference_model(saved, device, amp_dtype, quantize), saved.vocab, device, amp_dtype)
+    return Translator(inference_model(saved, device, amp_dtype, quantize), saved.vocab, device, amp_dtype), saved
 
 
 def inference_model(
     saved: SavedModel, device: torch.device, amp_dtype: torch.dtype | None, quantize: str | None
 ) -> Transformer:
-    """The model of a read checkpoint, moved to `device` and packed or quantised (`translator_from`): a single
-    model's, or each member's of an ensemble."""
+    """The model of a read checkpoint (a single model's, or each member's of an ensemble), moved to `device`. On
+    CPU in float32, and in bf16 where the CPU has bf16 instructions, the linear layers are packed for oneDNN;
+    quantize="int8" (CPU, float32 only) makes them dynamic int8 ones instead."""
     if quantize is not None and (device.type != "cpu" or amp_dtype is not None):
         raise ConfigError(f"--quantize {quantize} runs on the CPU in fp32; use --device cpu and --precision fp32")
     model = saved.model().to(device)
@@ -183,46 +176,47 @@ def batch_steps(
     translator: Translator,
     sources: Sequence[np.ndarray],
     cfg: SearchConfig,
+    *,
+    rules: ConstraintSource | None,
+    ids: np.ndarray,
     generator: torch.Generator | None,
-    constraints: ConstraintSource | None = None,
-    ids: np.ndarray | None = None,
-    still_wanted: StillWanted | None = None,
-    on_done: OnDone | None = None,
+    still_wanted: StillWanted | None,
+    on_done: OnDone | None,
 ) -> Steps[list[list[Hypothesis]]]:
-    """Search one batch, one decoder step per resumption (the encoder a layer per resumption before them). The
-    caller runs each resumption in `search_context`: serve's worker interleaves the steps of two batches on one
-    thread, and a context held open across a pause would leak into the other's."""
-    n, n_pieces = len(sources), translator.vocab.n_outputs  # never a tag (Vocab.tags) nor a padding row
+    """Search one batch, the sources `ids` of a call, one decoder step per resumption (the encoder a layer per
+    resumption before them), following `rules` (the call's). The caller runs each resumption in
+    `search_context`: serve's worker interleaves the steps of two batches on one thread, and a context held open
+    across a pause would leak into the other's."""
+    n, n_pieces, model = len(sources), translator.vocab.n_outputs, translator.model  # n_outputs: never a tag
     src, src_pad_mask, src_lens = source_batch(sources, translator.device)
-    rules: dict[str, Any] = {} if still_wanted is None else {"still_wanted": still_wanted}
-    constraints = all_of(constraints, no_repeat_ngrams(cfg))
-    if constraints is not None:
-        batch_ids = np.arange(n) if ids is None else ids
-        rules["constraint"], rules["n_leaves"] = constraints.for_batch(src, src_lens, batch_ids)
-    over_slots = translator.slots is not None and applies(cfg, constraints is not None)
+    constraint, n_leaves = (None, None) if rules is None else rules.for_batch(src, src_lens, ids)
     # A layer of the encoder per resumption: serve's worker runs another batch's steps between the layers of a
     # batch of long sentences instead of waiting for its whole encoder.
-    enc = yield from translator.model.encode_steps(src, src_pad_mask)
+    enc = yield from model.encode_steps(src, src_pad_mask)
     if cfg.sampling or cfg.beam == 1:
-        if cfg.nbest > 1:  # independent samples: repeat each sentence nbest times
+        if cfg.nbest > 1:  # independent samples: each sentence nbest times in a row
             rep = torch.arange(n).repeat_interleave(cfg.nbest)
-            enc = enc.select(rep.to(translator.device))
-            if still_wanted is not None:
-                rules["still_wanted"] = repeated(still_wanted, cfg.nbest)
-            if constraints is not None:  # each sentence's rules for each of its samples
-                rules["n_leaves"] = rules["n_leaves"][rep.to(rules["n_leaves"].device)]
-            hyps = yield from greedy_steps(translator.model, enc, src_lens[rep], cfg, generator, n_pieces, **rules)
-            return [[h[0] for h in hyps[i * cfg.nbest : (i + 1) * cfg.nbest]] for i in range(n)]
-        return (yield from greedy_steps(translator.model, enc, src_lens, cfg, generator, n_pieces, **rules))
-    if over_slots:
-        assert translator.slots is not None
-        graphs, model = translator.slots.graphs, translator.model
+            enc, src_lens = enc.select(rep.to(translator.device)), src_lens[rep]
+            n_leaves = None if n_leaves is None else n_leaves[rep.to(n_leaves.device)]
+            still_wanted = None if still_wanted is None else repeated(still_wanted, cfg.nbest)
+        hyps = yield from greedy_steps(
+            model, enc, src_lens, cfg, generator, n_pieces, constraint=constraint, n_leaves=n_leaves,
+            still_wanted=still_wanted,
+        )  # fmt: skip
+        return [[h[0] for h in hyps[i * cfg.nbest : (i + 1) * cfg.nbest]] for i in range(n)]
+    if translator.slots is not None and applies(cfg, rules is not None):
+        graphs = translator.slots.graphs
         return (
             yield from slot_steps(
                 model, enc, src_lens, cfg, n_pieces, graphs=graphs, still_wanted=still_wanted, on_done=on_done
             )
         )
-    return (yield from beam_steps(translator.model, enc, src_lens, cfg, n_pieces, **rules, on_done=on_done))
+    return (
+        yield from beam_steps(
+            model, enc, src_lens, cfg, n_pieces, constraint=constraint, n_leaves=n_leaves, still_wanted=still_wanted,
+            on_done=on_done,
+        )
+    )  # fmt: skip
 
 
 def source_batch(sources: Sequence[np.ndarray], device: torch.device) -> tuple[Tensor, Tensor | None, Tensor]:
@@ -261,25 +255,34 @@ def sampling_generator(cfg: SearchConfig, device: torch.device) -> torch.Generat
     return torch.Generator(device=device).manual_seed(cfg.seed) if cfg.sampling else None
 
 
+@dataclass(frozen=True)
+class SearchRequest:
+    """One call of the search driver (`translate_steps`): the sources (token ids, no EOS) and their search settings;
+    the batches' bounds (max_tokens source tokens, batch_size sentences, 0: no cap); each source's decoding rules
+    (search/rules.py: one SentenceRules per source, or none), and a task's own ConstraintSource (a parser's trees,
+    search/constraint.py), followed with them and with cfg.no_repeat_ngram_size's ban (search/ngram.py)."""
+
+    sources: Sequence[np.ndarray]
+    search: SearchConfig
+    max_tokens: int
+    batch_size: int = 0
+    rules: Sequence[SentenceRules] = ()
+    constraints: ConstraintSource | None = None
+
+
 def translate_steps(
     translator: Translator,
-    sources: Sequence[np.ndarray],
-    cfg: SearchConfig,
-    max_tokens: int,
-    batch_size: int = 0,
+    request: SearchRequest,
+    *,
     generator: torch.Generator | None = None,
-    constraints: ConstraintSource | None = None,
     still_wanted: StillWanted | None = None,
     on_done: OnDone | None = None,
 ) -> Steps[list[list[Hypothesis]]]:
-    """Translate token-id sequences (no EOS), one decoder step per resumption (serve's worker hands it one batch
-    and interleaves it with another); results come back in input order. `constraints`: the rules of a
-    constrained search (a parser's trees, target prefixes: search/prefix.py, lexical constraints:
-    search/lexical.py; several composed with constraint.all_of), asked for each batch, with
-    cfg.no_repeat_ngram_size's ban (search/ngram.py) added. `still_wanted`: one answer per source, asked once a
-    step (search/beam.py's StillWanted); a sentence no longer wanted leaves its batch at the next step, a batch of
-    none wanted is not searched, and their results (empty or partial) are to be discarded. `on_done`: told a
-    source's index and results as soon as its beam search finishes it (search/beam.py's OnDone), before its batch
+    """Translate the request's sources, one decoder step per resumption (serve's worker hands it one batch and
+    interleaves it with another); results come back in input order. `still_wanted`: one answer per source, asked
+    once a step (search/beam.py's StillWanted); a sentence no longer wanted leaves its batch at the next step, a
+    batch of none wanted is not searched, and their results (empty or partial) are to be discarded. `on_done`: told
+    a source's index and results as soon as its beam search finishes it (search/beam.py's OnDone), before its batch
     ends; the results returned hold every source's, told or not.
 
     Empty sources get an empty hypothesis without running the model; sources longer than the
@@ -287,19 +290,39 @@ def translate_steps(
     with cfg.seed here: a caller translating in chunks passes one generator for them all
     (`sampling_generator`), so that no two chunks draw the same random numbers.
     """
-    limit = translator.model.max_positions - 1
-    n_cut = sum(len(s) > limit for s in sources)
+    cfg, limit = request.search, translator.model.max_positions - 1
+    n_cut = sum(len(s) > limit for s in request.sources)
     if n_cut:
         logger.warning("%d input(s) longer than the model's %d positions were truncated", n_cut, limit)
-    sources = [s[:limit] for s in sources]
+    sources = [s[:limit] for s in request.sources]
     lengths = np.array([len(s) for s in sources], dtype=np.int64)
     # An empty input gets --nbest empty hypotheses, as every other input gets --nbest: outputs read in groups
     # of N stay aligned.
     results: list[list[Hypothesis]] = [[Hypothesis([], 0.0, []) for _ in range(cfg.nbest)] for _ in sources]
     generator = generator or sampling_generator(cfg, translator.device)
+    warn_short(lengths[lengths > 0], cfg, translator.model.max_positions)
+    rules = all_of(request.constraints, rules_source(request.rules, cfg))
     nonempty = np.flatnonzero(lengths > 0)
-    allowed = max_lengths(torch.from_numpy(lengths[nonempty]), cfg, translator.model.max_positions).numpy()
-    n_short = int(np.count_nonzero(allowed < cfg.min_len))
+    budget = max(request.max_tokens, int(lengths.max(initial=0)) + 1)  # every sentence fits: none is skipped
+    batches, _ = batch_by_tokens(lengths[nonempty], lengths[nonempty], budget, None, request.batch_size)
+    for batch in batches:
+        ids = nonempty[batch]
+        wanted = None if still_wanted is None else subset(still_wanted, ids)
+        if wanted is not None and not any(wanted()):
+            continue
+        steps = batch_steps(
+            translator, [sources[i] for i in ids], cfg, rules=rules, ids=ids, generator=generator, still_wanted=wanted,
+            on_done=None if on_done is None else partial(tell_source, on_done, ids),
+        )  # fmt: skip
+        hyps_of = yield from each_step_in(lambda: search_context(translator), steps)
+        for i, hyps in zip(ids, hyps_of):
+            results[i] = hyps
+    return results
+
+
+def warn_short(lengths: np.ndarray, cfg: SearchConfig, max_positions: int) -> None:
+    """Warn of the sources of these lengths whose outputs may hold fewer than --min-len pieces."""
+    n_short = int(np.count_nonzero(max_lengths(torch.from_numpy(lengths), cfg, max_positions).numpy() < cfg.min_len))
     if n_short:
         logger.warning(
             "%d input(s) allow fewer than --min-len %d pieces (--max-len-a/--max-len-b or the model's positions); "
@@ -307,20 +330,6 @@ def translate_steps(
             n_short,
             cfg.min_len,
         )
-    budget = max(max_tokens, int(lengths.max(initial=0)) + 1)  # every sentence fits: none is skipped
-    batches, _ = batch_by_tokens(lengths[nonempty], lengths[nonempty], budget, None, batch_size)
-    for batch in batches:
-        ids = nonempty[batch]
-        wanted = None if still_wanted is None else subset(still_wanted, ids)
-        if wanted is not None and not any(wanted()):
-            continue
-        told = None if on_done is None else partial(tell_source, on_done, ids)
-        batch_sources = [sources[i] for i in ids]
-        steps = batch_steps(translator, batch_sources, cfg, generator, constraints, ids, wanted, told)
-        hyps_of = yield from each_step_in(lambda: search_context(translator), steps)
-        for i, hyps in zip(ids, hyps_of):
-            results[i] = hyps
-    return results
 
 
 translate = to_the_end(translate_steps)

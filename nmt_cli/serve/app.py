@@ -54,7 +54,7 @@ from nmt_cli.errors import NmtError
 from nmt_cli.serve import libretranslate
 from nmt_cli.serve.access import AccessLog, authorized, bearer_key, cors
 from nmt_cli.serve.batcher import Batcher
-from nmt_cli.serve.body import RequestError, read_json, request_constraints, request_prefixes, request_texts
+from nmt_cli.serve.body import RequestError, read_json, request_rules, request_texts
 from nmt_cli.serve.clients import ClientBusy, ClientLoad
 from nmt_cli.serve.detect import Detector
 from nmt_cli.serve.keys import Keys
@@ -65,7 +65,7 @@ from nmt_cli.serve.models import Models, key_of, model_of
 from nmt_cli.serve.openapi import openapi_json
 from nmt_cli.serve.page import PAGE
 from nmt_cli.serve.queued import QueueFull, Stopping
-from nmt_cli.serve.rules import Sentence
+from nmt_cli.serve.request import Sentence
 from nmt_cli.serve.served_model import ServedModel
 from nmt_cli.serve.waiting import RETRY_AFTER, Abort, Aborted, body_of, outcome
 
@@ -187,9 +187,7 @@ class Server:
             n = len(texts)
             # errors name a text by the request's own field for it: "text" (ours, of one), "q", "q[J] (sentence K)"
             names = [libre.field_of(i) for i in range(n)] if libre else ["text"] if one else None
-            search, sentences = model.served.reader.read(
-                texts, fields, request_constraints(payload, n), request_prefixes(payload, n), names
-            )
+            search, sentences = model.served.reader.read(texts, fields, request_rules(payload, n), names)
         except NmtError as e:
             raise RequestError(400, str(e)) from None
         return sentences, key_of(model, search), [model.served.reader.length(s) for s in sentences], libre

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import replace
 from functools import partial
 from typing import Any
 
@@ -26,19 +25,18 @@ from nmt_cli.parsing.parser import TreeParser
 from nmt_cli.search.beam import StillWanted
 from nmt_cli.search.forced import add_alignments, alignment_layer
 from nmt_cli.search.hypothesis import NOTHING_FOUND, Hypothesis, hypothesis_record
-from nmt_cli.search.slots import SlotSearch
-from nmt_cli.search.translate import Inference, Translator, sampling_generator, translate_steps
+from nmt_cli.search.translate import Inference, SearchRequest, Translator, sampling_generator, translate_steps
 from nmt_cli.serve.caps import longest_output
 from nmt_cli.serve.queued import Answer
-from nmt_cli.serve.rules import Sentence, decoding_rules
+from nmt_cli.serve.request import Sentence
 from nmt_cli.steps import Steps
 
 
 class BatchSearch:
     """A served model's translator, built by the worker thread on first use, and its search of a batch."""
 
-    def __init__(self, inference: Inference, *, slots: SlotSearch | None, max_tokens: int) -> None:
-        self.inference, self.slots, self.max_tokens = inference, slots, max_tokens
+    def __init__(self, inference: Inference, *, max_tokens: int) -> None:
+        self.inference, self.max_tokens = inference, max_tokens
         self.device, self.vocab = inference.device, inference.saved.vocab
         self.max_positions = inference.max_positions
         self.threads = torch.get_num_threads()  # as set_threads left it in the main thread
@@ -65,7 +63,7 @@ class BatchSearch:
         """The model and its vocabulary, built by the worker thread (the warm-up) on first use."""
         if self._translator is None:
             saved = self.inference.saved
-            self._translator = replace(self.inference.translator(), slots=self.slots)  # lets the checkpoint go
+            self._translator = self.inference.translator()  # lets the checkpoint go
             self.parser = TreeParser.of(self._translator, saved.tree_leaves) if saved.is_parser else None
         return self._translator
 
@@ -88,14 +86,14 @@ class BatchSearch:
             answers: list[dict[str, Any] | None] = [{"text": "" if tree is None else str(tree)} for tree in trees]
         else:
             ids = [s.ids for s in sentences]
-            rules = decoding_rules(sentences)
             early = (
                 partial(self.tell, answer, search)
                 if answer is not None and self.answers_early and not any(s.alignment for s in sentences)
                 else None
             )
+            request = SearchRequest(ids, search, self.max_tokens, rules=[s.rules for s in sentences])
             results = yield from translate_steps(
-                translator, ids, search, self.max_tokens, 0, generator, rules, still_wanted, early
+                translator, request, generator=generator, still_wanted=still_wanted, on_done=early
             )
             self.align(sentences, results)
             answers = [translation(hyps, search.nbest, self.vocab) for hyps in results]

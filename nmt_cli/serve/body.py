@@ -1,6 +1,6 @@
 """A request body read as JSON (strict UTF-8, JSON's own numbers, bounded nesting), RequestError: what the
 server answers a request it refuses with (app.py turns it into a JSON error), the body's texts, and its fields that
-give one value per text (`constraints`, `prefix`)."""
+give one value per text (the per-sentence decoding rules: search/rules.py's OPTIONS)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 from nmt_cli.errors import DataError
+from nmt_cli.search.rules import OPTIONS
 
 MAX_INT_DIGITS = 4300  # Python's default limit on converting a string to an int
 
@@ -60,14 +61,16 @@ def json_kind(value: Any) -> str:
     return kinds.get(type(value), type(value).__name__)
 
 
-def request_constraints(payload: dict[str, Any], n_texts: int) -> list[list[str]] | None:
-    """A /translate body's `constraints`, one list of target phrases per text (None without the field)."""
-    return per_text(payload, "constraints", n_texts, ("a list of strings", "lists of strings"), is_phrase_list)
-
-
-def request_prefixes(payload: dict[str, Any], n_texts: int) -> list[str] | None:
-    """A /translate body's `prefix`, one string per text ("" for none; None without the field)."""
-    return per_text(payload, "prefix", n_texts, ("a string", "strings"), lambda value: isinstance(value, str))
+def request_rules(payload: dict[str, Any], n_texts: int) -> dict[str, list[Any]]:
+    """A /translate body's per-sentence decoding rules (search/rules.py's OPTIONS: `prefix`, a string per text, ""
+    for none; `constraints`, a list of target phrases per text), by the fields given."""
+    rules = {}
+    for option in OPTIONS:
+        kind = ("a list of strings", "lists of strings") if option.phrases else ("a string", "strings")
+        values = per_text(payload, option.name, n_texts, kind, is_phrase_list if option.phrases else is_text)
+        if values is not None:
+            rules[option.name] = values
+    return rules
 
 
 def per_text(
@@ -92,8 +95,12 @@ def per_text(
 
 
 def is_phrase_list(value: Any) -> bool:
-    """A text's constraints: a list of strings."""
+    """A text's phrases: a list of strings."""
     return isinstance(value, list) and all(isinstance(phrase, str) for phrase in value)
+
+
+def is_text(value: Any) -> bool:
+    return isinstance(value, str)
 
 
 def request_texts(payload: Any, max_sentences: int) -> tuple[list[str], dict[str, Any]]:

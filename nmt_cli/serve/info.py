@@ -9,13 +9,12 @@ from typing import Any
 from nmt_cli import __version__
 from nmt_cli.checkpoint import SavedModel
 from nmt_cli.config import ServeConfig
-from nmt_cli.search.slots import SlotSearch
 from nmt_cli.search.translate import Inference
 from nmt_cli.serve.caps import Caps
 
 
-def model_info(inference: Inference, cfg: ServeConfig, caps: Caps, slots: SlotSearch | None) -> dict[str, Any]:
-    """/info of the model `inference` opened with `cfg`, capped by `caps`, searching over `slots` (or not)."""
+def model_info(inference: Inference, cfg: ServeConfig, caps: Caps) -> dict[str, Any]:
+    """/info of the model `inference` opened with `cfg`, capped by `caps`."""
     saved = inference.saved
     return {
         "source_lang": saved.source_lang,
@@ -31,8 +30,8 @@ def model_info(inference: Inference, cfg: ServeConfig, caps: Caps, slots: SlotSe
         "device": str(inference.device),
         "precision": inference.precision,
         "quantize": cfg.quantize,
-        "fixed_slots": slots is not None,
-        "cuda_graphs": slots is not None and slots.graphs is not None,
+        "fixed_slots": inference.slots is not None,
+        "cuda_graphs": inference.slots is not None and inference.slots.graphs is not None,
         "max_batch_tokens": cfg.max_batch_tokens,
         "max_wait_ms": cfg.max_wait_ms,
         "max_request_sentences": cfg.max_request_sentences,

@@ -35,7 +35,7 @@ from nmt_cli.errors import DataError
 from nmt_cli.serve.access import authorized
 from nmt_cli.serve.body import RequestError
 from nmt_cli.serve.keys import Keys
-from nmt_cli.serve.rules import Sentence
+from nmt_cli.serve.request import Sentence
 from nmt_cli.serve.segments import Parts, cut, joined
 
 FIELDS = ("q", "source", "target", "format", "api_key", "alternatives", "split_sentences")

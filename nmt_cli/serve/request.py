@@ -1,7 +1,7 @@
 """A request read for one served model: its search fields checked as generate checks its options (search/settings.py)
 and against the server's caps (caps.py), and its texts checked and encoded with the checkpoint's sentencepiece
-model (a parser's as treebank words), with the decoding rules it asks for (rules.py). Every error names the
-request's own field (`beam`, `texts[2]`, `prefix[0]`), and is a 400."""
+model (a parser's as treebank words), with the decoding rules it asks for (search/rules.py, as generate reads
+them). Every error names the request's own field (`beam`, `texts[2]`, `prefix[0]`), and is a 400."""
 
 from __future__ import annotations
 
@@ -16,14 +16,25 @@ from nmt_cli.data import raw_text_problem
 from nmt_cli.data.vocab import Vocab
 from nmt_cli.errors import ConfigError, DataError
 from nmt_cli.parsing.parser import ptb_words
+from nmt_cli.search.rules import OPTIONS, SentenceRules, read_rules
 from nmt_cli.search.settings import SearchBounds, search_settings
 from nmt_cli.serve.caps import Caps, check_outputs, check_request, check_text_length, request_terms
-from nmt_cli.serve.rules import Sentence, sentence_rules
 
 SEARCH_TYPES = typing.get_type_hints(SearchConfig)
 SEARCH_FIELDS = tuple(f.name for f in fields(SearchConfig))
-# a request's fields beside its texts that set no search setting (rules.py's)
-NOT_SEARCH_FIELDS = ("prefix", "constraints")
+NOT_SEARCH_FIELDS = tuple(o.name for o in OPTIONS)  # a request's fields beside its texts that set no search setting
+
+
+@dataclass(frozen=True)
+class Sentence:
+    """One text of a request, encoded: its pieces (cut to the model's positions) and, for a parser, its words; and
+    the rules it is searched by."""
+
+    ids: np.ndarray
+    pieces: int  # before the cut
+    words: list[str] | None = None
+    alignment: str | None = None  # the request's "alignment": "hard" or "soft", or None for none
+    rules: SentenceRules = SentenceRules()  # its decoding rules (the request's `prefix`, `constraints`)
 
 
 @dataclass(frozen=True)
@@ -57,38 +68,31 @@ class RequestReader:
             raise ConfigError(request_terms(str(e))) from None
 
     def read(
-        self,
-        texts: list[str],
-        fields: dict[str, Any],
-        constraints: list[list[str]] | None = None,
-        prefixes: list[str] | None = None,
-        names: list[str] | None = None,
+        self, texts: list[str], fields: dict[str, Any], rules: dict[str, list[Any]], names: list[str] | None = None
     ) -> tuple[SearchConfig, list[Sentence]]:
         """A request's search settings (its search fields) and its texts prepared, each to be aligned as its
-        `alignment` field asks, to contain its `constraints` and to begin with its `prefix`; NmtError names a field
-        or text that does not fit (a text by `names`, the request's own field for it: `prepare`)."""
+        `alignment` field asks and to follow its `rules` (by name: body.py's `request_rules`); NmtError names a
+        field or text that does not fit (a text by `names`, the request's own field for it: `prepare`)."""
         alignment = fields.pop("alignment", None)
         if alignment not in (None, "hard", "soft"):
             raise DataError(f'"alignment" must be "hard" or "soft", not {alignment!r}')
         if alignment is not None and self.is_parser:
             raise DataError('"alignment": this server parses; alignments are of translations')
         search = self.search_config(fields)
-        prepared = self.prepare(texts, search, constraints, prefixes, names)
+        prepared = self.prepare(texts, search, rules, names)
         return search, [replace(s, alignment=alignment) for s in prepared]
 
     def prepare(
         self,
         texts: list[str],
         search: SearchConfig | None = None,
-        constraints: list[list[str]] | None = None,
-        prefixes: list[str] | None = None,
+        rules: dict[str, list[Any]] | None = None,
         names: list[str] | None = None,
     ) -> list[Sentence]:
         """Encode a request's texts with the checkpoint's sentencepiece model (a parser's as treebank words);
-        with the request's `search`, refuse a text whose output may run past --max-output-tokens. `constraints`:
-        each text's target phrases (`request_constraints`), which its output must contain; `prefixes`: one per
-        text ("" for none), which its output begins with (`request_prefixes`). `names`: how errors name each text,
-        the request's own field for it (`text`, `q[1] (line 2)`; default `texts[I]`)."""
+        with the request's `search`, refuse a text whose output may run past --max-output-tokens. `rules`: each
+        rule's values, one per text (search/rules.py's `read_rules`). `names`: how errors name each text, the
+        request's own field for it (`text`, `q[1] (line 2)`; default `texts[I]`)."""
         names = names or [f"texts[{i}]" for i in range(len(texts))]
         for name, text in zip(names, texts):
             check_text_length(name, text, self.caps)
@@ -101,14 +105,15 @@ class RequestReader:
             sentences = [Sentence(np.asarray(ids, dtype=np.int64), len(ids), w) for ids, w in zip(encoded, words)]
         if search is not None:
             check_outputs(search, [self.length(s) for s in sentences], self.caps, names)
-        if self.is_parser and constraints is not None:
-            raise DataError("constraints: this server runs a parsing model; its trees take no constraints")
-        if self.is_parser and prefixes is not None:
-            raise DataError(f"prefix: {self.path} is a parsing model; a tree follows its sentence's words")
+        if not rules:
+            return sentences
         search = search or self.search
-        return sentence_rules(
-            sentences, search, self.vocab, self.max_positions, constraints=constraints, prefixes=prefixes
-        )
+        for option in (o for o in OPTIONS if o.name in rules):
+            if problem := option.problem(search, self.path if self.is_parser else None):
+                raise DataError(f"{option.name} {problem}")
+        src_lens = [s.pieces for s in sentences]
+        read = read_rules(self.vocab, rules, src_lens=src_lens, search=search, max_positions=self.max_positions)
+        return [replace(sentence, rules=r) for sentence, r in zip(sentences, read)]
 
     def length(self, sentence: Sentence) -> int:
         """The pieces the search sees (a parser's sentence without words is not searched)."""

@@ -1,7 +1,7 @@
 """What `nmt serve` translates with: a checkpoint (or an ensemble's, `A.pt:B.pt`) opened as `nmt generate` opens
 it (search/translate.py's `open_for_inference`), the settings every request starts from and the caps on them, and
-the model's jobs: reading a request (request.py, its decoding rules in rules.py), /info (info.py), and the batcher
-worker's search of a batch (batch_search.py).
+the model's jobs: reading a request (request.py, its decoding rules read by search/rules.py), /info (info.py),
+and the batcher worker's search of a batch (batch_search.py).
 """
 
 from __future__ import annotations
@@ -9,7 +9,6 @@ from __future__ import annotations
 from typing import Any
 
 from nmt_cli.config import ServeConfig
-from nmt_cli.search.slots import slot_search_for
 from nmt_cli.search.translate import open_for_inference
 from nmt_cli.serve.batch_search import BatchSearch
 from nmt_cli.serve.caps import Caps, check_server
@@ -31,12 +30,11 @@ class ServedModel:
         self.max_tokens = cfg.max_batch_tokens
         self.caps = Caps.of(cfg, self.search, inference.max_positions)
         check_server(self.search, self.caps)
-        self.slots = slot_search_for(cfg.fixed_slots, cfg.cuda_graphs, self.device)  # as generate's --fixed-slots
-        self.info = model_info(inference, cfg, self.caps, self.slots)
+        self.info = model_info(inference, cfg, self.caps)
         self.reader = RequestReader(
             cfg.path, self.search, inference.bounds, self.caps, saved.vocab, inference.max_positions, saved.is_parser
         )
-        self.searcher = BatchSearch(inference, slots=self.slots, max_tokens=cfg.max_batch_tokens)
+        self.searcher = BatchSearch(inference, max_tokens=cfg.max_batch_tokens)
 
     def warm_up(self) -> None:
         """Build the model in the worker thread, then run one sentence through it, so that the first request

@@ -12,7 +12,7 @@ import torch
 from nmt_cli.data.batching import batch_by_tokens, collate
 from nmt_cli.metrics import sacrebleu_score
 from nmt_cli.model.transformer import Transformer
-from nmt_cli.search.translate import Translator, translate
+from nmt_cli.search.translate import SearchRequest, Translator, translate
 from nmt_cli.signals import Deferred, Interrupted
 from nmt_cli.train.distributed import all_reduce_sum
 from nmt_cli.train.loss import TranslationLoss
@@ -91,7 +91,8 @@ def evaluate_bleu(trainer: Trainer, model: Transformer, signals: Deferred) -> fl
             with signals.abandonable():
                 translator = Translator(model, vocab, device, trainer.amp_dtype)
                 sources = [data.src[i] for i in range(len(data))]
-                hyps = translate(translator, sources, trainer.search_cfg, trainer.cfg.eval_bleu_max_tokens)
+                request = SearchRequest(sources, trainer.search_cfg, trainer.cfg.eval_bleu_max_tokens)
+                hyps = translate(translator, request)
                 refs = [vocab.decode(data.tgt[i]) for i in range(len(data))]
                 score[0] = sacrebleu_score([vocab.decode(h[0].tokens) for h in hyps], [refs]).score
         except Interrupted:

@@ -32,7 +32,7 @@ from nmt_cli.config import (
     ExportConfig,
     SearchConfig,  # noqa: E402
 )
-from nmt_cli.search.translate import load_translator, translate  # noqa: E402
+from nmt_cli.search.translate import SearchRequest, load_translator, translate  # noqa: E402
 
 SCORE_TOL = 1e-3  # nats, summed over a sentence: different float32 kernels, same arithmetic
 BEAM = 4
@@ -53,7 +53,7 @@ def sentences(toy_corpus) -> list[str]:
 def nmt_results(checkpoint: Path, vocab_lines: list[str], cfg: SearchConfig):
     translator, _ = load_translator(checkpoint, torch.device("cpu"), None)
     sources = translator.vocab.encode_arrays(vocab_lines)
-    hyps = translate(translator, sources, cfg, max_tokens=4000)
+    hyps = translate(translator, SearchRequest(sources, cfg, 4000))
     return [translator.vocab.pieces(h[0].tokens) for h in hyps], [h[0].score for h in hyps], translator.vocab
 
 

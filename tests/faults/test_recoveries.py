@@ -20,7 +20,7 @@ from nmt_cli.data.dataset import load_vocab
 from nmt_cli.files import atomic_write_text, run_lock
 from nmt_cli.model.transformer import build_model
 from nmt_cli.search.beam import constrain
-from nmt_cli.search.translate import Translator, translate
+from nmt_cli.search.translate import SearchRequest, Translator, translate
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -107,7 +107,7 @@ def test_search_never_emits_vocabulary_padding_ids(toy_data_bin):
     translator = Translator(model, vocab, torch.device("cpu"))
     sources = [np.array(vocab.encode(["1 2 3"])[0])]
     for cfg in (SearchConfig(beam=3), SearchConfig(beam=1), SearchConfig(sampling=True, beam=1, seed=1)):
-        hyps = translate(translator, sources, cfg, 256)
+        hyps = translate(translator, SearchRequest(sources, cfg, 256))
         assert all(t < vocab.n_pieces for t in hyps[0][0].tokens), (cfg, hyps[0][0].tokens)
 
 

@@ -10,7 +10,7 @@ from nmt_cli.config import SearchConfig
 from nmt_cli.errors import ConfigError
 from nmt_cli.model import quantize as quantize_module
 from nmt_cli.model.quantize import Int8Linear, int8_engine, quantize_for_cpu_inference
-from nmt_cli.search.translate import load_translator, translate
+from nmt_cli.search.translate import SearchRequest, load_translator, translate
 
 pytestmark = [
     pytest.mark.skipif(
@@ -80,7 +80,7 @@ def test_generate_int8_translates_like_float32(trained_copy_checkpoint, toy_corp
     for quantize in (None, "int8"):
         translator, _ = load_translator(trained_copy_checkpoint, torch.device("cpu"), None, quantize)
         sources = translator.vocab.encode_arrays(lines)
-        results.append(translate(translator, sources, cfg, max_tokens=4000))
+        results.append(translate(translator, SearchRequest(sources, cfg, 4000)))
     # int8 keeps no float32 copy of the weights: the model holds int8 linears only, and the checkpoint is
     # memory-mapped (checkpoint.load_checkpoint), its tensors read once into the model and not kept.
     assert not any(isinstance(m, nn.Linear) for m in translator.model.modules())

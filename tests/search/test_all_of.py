@@ -23,6 +23,8 @@ class Rows:
 class Recording:
     """A ConstraintSource and Constraint that bans one token and records what it is given."""
 
+    rank_candidates = None
+
     def __init__(self, n_leaves, banned):
         self.n_leaves, self.banned, self.started, self.advanced = n_leaves, banned, None, []
 

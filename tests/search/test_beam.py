@@ -12,7 +12,7 @@ from nmt_cli.model.cache import DecoderCache, append_step
 from nmt_cli.model.transformer import EncoderOut
 from nmt_cli.search.beam import BeamState, beam_search, candidate_block, length_penalty, top_candidates
 from nmt_cli.search.greedy import greedy_search
-from nmt_cli.search.translate import Translator, translate
+from nmt_cli.search.translate import SearchRequest, Translator, translate
 
 pytestmark = pytest.mark.usefixtures("cpu_matmul_route")  # both CPU matmul routes on every machine (conftest.py)
 
@@ -153,9 +153,9 @@ def test_sentence_translates_the_same_alone_and_in_a_batch(tiny_model, toy_data_
     g = np.random.default_rng(0)
     sources = [g.integers(4, 24, n) for n in (3, 9, 1, 6, 12, 2)]
     cfg = SearchConfig(beam=beam, max_len_a=1.0, max_len_b=4, nbest=beam)
-    together = translate(translator, sources, cfg, max_tokens=1000)
+    together = translate(translator, SearchRequest(sources, cfg, 1000))
     for src, hyps in zip(sources, together):
-        alone = translate(translator, [src], cfg, max_tokens=1000)[0]
+        alone = translate(translator, SearchRequest([src], cfg, 1000))[0]
         assert [h.tokens for h in alone] == [h.tokens for h in hyps]
         assert [h.score for h in alone] == pytest.approx([h.score for h in hyps], abs=1e-4)
 
@@ -165,7 +165,7 @@ def test_forced_length(tiny_model, toy_data_bin):
 
     translator = Translator(tiny_model, load_vocab(toy_data_bin), torch.device("cpu"))
     cfg = SearchConfig(beam=4, min_len=7, max_len_a=0, max_len_b=7)
-    for hyps in translate(translator, [np.array([5, 6, 7]), np.array([8])], cfg, max_tokens=100):
+    for hyps in translate(translator, SearchRequest([np.array([5, 6, 7]), np.array([8])], cfg, 100)):
         assert len(hyps[0].tokens) == 7
 
 
@@ -175,8 +175,8 @@ def test_sampling_is_seeded(tiny_model, toy_data_bin):
     translator = Translator(tiny_model, load_vocab(toy_data_bin), torch.device("cpu"))
     src = [np.array([5, 6, 7, 8])] * 4
     cfg = SearchConfig(sampling=True, sampling_topk=5, sampling_topp=0.9, temperature=1.5, beam=1, seed=3)
-    a = [h[0].tokens for h in translate(translator, src, cfg, 100)]
-    b = [h[0].tokens for h in translate(translator, src, cfg, 100)]
+    a = [h[0].tokens for h in translate(translator, SearchRequest(src, cfg, 100))]
+    b = [h[0].tokens for h in translate(translator, SearchRequest(src, cfg, 100))]
     assert a == b and len({tuple(x) for x in a}) > 1
 
 
@@ -207,8 +207,8 @@ def test_packed_cpu_model_translates_the_same(tiny_model, toy_data_bin):
     sources = [g.integers(4, 24, n) for n in (3, 9, 1, 6)]
     cfg = SearchConfig(beam=3, max_len_a=1.0, max_len_b=4, nbest=3)
     vocab = load_vocab(toy_data_bin)
-    a = translate(Translator(tiny_model, vocab, torch.device("cpu")), sources, cfg, 1000)
-    b = translate(Translator(packed, vocab, torch.device("cpu")), sources, cfg, 1000)
+    a = translate(Translator(tiny_model, vocab, torch.device("cpu")), SearchRequest(sources, cfg, 1000))
+    b = translate(Translator(packed, vocab, torch.device("cpu")), SearchRequest(sources, cfg, 1000))
     for x, y in zip(a, b):
         assert [h.tokens for h in x] == [h.tokens for h in y]
         assert [h.score for h in x] == pytest.approx([h.score for h in y], abs=1e-4)
@@ -231,7 +231,7 @@ def test_bf16_packed_cpu_model_translates_as_autocast_does(trained_copy_checkpoi
     lines = (toy_corpus / "test.src").read_text().splitlines()
     sources = saved.vocab.encode_arrays(lines)
     cfg = SearchConfig(beam=4, nbest=2)
-    a, b = translate(autocast, sources, cfg, 4000), translate(packed, sources, cfg, 4000)
+    a, b = translate(autocast, SearchRequest(sources, cfg, 4000)), translate(packed, SearchRequest(sources, cfg, 4000))
     # all 30 sentences' 2 best agreed on an Intel Xeon with AMX; a rounding apart may still tip a near tie elsewhere
     assert sum([h.tokens for h in x] == [h.tokens for h in y] for x, y in zip(a, b)) >= 0.9 * len(a)
     for x, y in zip(a, b):

@@ -12,7 +12,7 @@ from nmt_cli.config import InferenceConfig, SearchConfig
 from nmt_cli.data.dataset import ParallelDataset
 from nmt_cli.search.lexical import LexicalConstraints
 from nmt_cli.search.prefix import prefix_source
-from nmt_cli.search.translate import load_translator, open_for_inference, translate
+from nmt_cli.search.translate import SearchRequest, load_translator, open_for_inference, translate
 
 pytestmark = pytest.mark.usefixtures("cpu_matmul_route")  # both CPU matmul routes on every machine (conftest.py)
 
@@ -33,7 +33,7 @@ def syncs_and_steps(translator, sources, cfg, constraints=None):
     translator.model.decode_step = lambda *a: steps.append(1) or decode_step(*a)
     try:
         with SyncLog() as log:
-            translate(translator, sources, cfg, 10000, constraints=constraints)
+            translate(translator, SearchRequest(sources, cfg, 10000, constraints=constraints))
     finally:
         del translator.model.decode_step
     return Counter((call, where.rsplit(" in ", 1)[1]) for call, where in log.syncs), len(steps)

@@ -20,7 +20,7 @@ from nmt_cli.model.transformer import Transformer, build_model
 from nmt_cli.search.ensemble import Ensemble, check_members
 from nmt_cli.search.forced import add_alignments, forced_scores
 from nmt_cli.search.settings import search_bounds
-from nmt_cli.search.translate import load_translator, open_for_inference, translate
+from nmt_cli.search.translate import SearchRequest, load_translator, open_for_inference, translate
 
 pytestmark = pytest.mark.usefixtures("cpu_matmul_route")  # both CPU matmul routes on every machine (conftest.py)
 
@@ -68,8 +68,8 @@ def test_one_checkpoint_is_the_model_itself(tiny_checkpoint, toy_data_bin):
         assert type(inference.translator().model) is Transformer
     single, _ = load_translator(tiny_checkpoint, torch.device("cpu"), None)
     cfg = SearchConfig(beam=3, nbest=2)
-    a = translate(inference.translator(), sources(toy_data_bin), cfg, 1000)
-    b = translate(single, sources(toy_data_bin), cfg, 1000)
+    a = translate(inference.translator(), SearchRequest(sources(toy_data_bin), cfg, 1000))
+    b = translate(single, SearchRequest(sources(toy_data_bin), cfg, 1000))
     assert [[(h.tokens, h.score, h.positional_scores) for h in x] for x in a] == [
         [(h.tokens, h.score, h.positional_scores) for h in x] for x in b
     ]
@@ -89,8 +89,8 @@ def test_two_copies_of_a_checkpoint_translate_as_it_does(tiny_checkpoint, toy_da
     ensemble = inference.translator()
     assert isinstance(ensemble.model, Ensemble) and ensemble.model.weights == (0.5, 0.5)
     single, _ = load_translator(tiny_checkpoint, torch.device("cpu"), None)
-    a = translate(ensemble, sources(toy_data_bin), cfg, 1000)
-    b = translate(single, sources(toy_data_bin), cfg, 1000)
+    a = translate(ensemble, SearchRequest(sources(toy_data_bin), cfg, 1000))
+    b = translate(single, SearchRequest(sources(toy_data_bin), cfg, 1000))
     for x, y in zip(a, b):
         assert [h.tokens for h in x] == [h.tokens for h in y]
         assert [h.score for h in x] == pytest.approx([h.score for h in y], abs=1e-5)
@@ -106,7 +106,8 @@ def test_every_member_is_quantised_as_one_model_is(tiny_checkpoint, toy_data_bin
     single, _ = load_translator(tiny_checkpoint, torch.device("cpu"), None, "int8")
     cfg = SearchConfig(beam=3)
     for x, y in zip(
-        translate(ensemble, sources(toy_data_bin), cfg, 1000), translate(single, sources(toy_data_bin), cfg, 1000)
+        translate(ensemble, SearchRequest(sources(toy_data_bin), cfg, 1000)),
+        translate(single, SearchRequest(sources(toy_data_bin), cfg, 1000)),
     ):
         assert x[0].tokens == y[0].tokens and x[0].score == pytest.approx(y[0].score, abs=1e-5)
 
@@ -227,7 +228,7 @@ def test_an_ensembles_hypotheses_score_their_search_scores_and_align(tiny_checkp
     translator = opened(f"{tiny_checkpoint}:{noisy}:{shaped}", weights="0.5,0.3,0.2").translator()
     search = replace(translator_search(tiny_checkpoint), beam=4, nbest=2, max_len_b=8)
     srcs = sources(toy_data_bin)
-    results = translate(translator, srcs, search, max_tokens=64)
+    results = translate(translator, SearchRequest(srcs, search, 64))
     pairs = [(s, h) for s, hyps in zip(srcs, results) for h in hyps if h.tokens]
     scored = forced_scores(translator, [s for s, _ in pairs], [np.array(h.tokens) for _, h in pairs], search, 64)
     for (_, h), p in zip(pairs, scored):

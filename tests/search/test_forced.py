@@ -11,7 +11,7 @@ from nmt_cli.data.vocab import BOS, EOS, PAD, UNK
 from nmt_cli.errors import ConfigError
 from nmt_cli.model.transformer import AttentionWeights
 from nmt_cli.search.forced import add_alignments, alignment_layer, forced_scores, pair_batches
-from nmt_cli.search.translate import load_translator, translate
+from nmt_cli.search.translate import SearchRequest, load_translator, translate
 
 pytestmark = pytest.mark.usefixtures("cpu_matmul_route")  # both CPU matmul routes on every machine (conftest.py)
 
@@ -35,7 +35,7 @@ def test_search_hypotheses_score_their_search_scores(opened, style, unkpen):
     translator, saved = opened
     search = replace(saved.search, beam=4, nbest=4, lenpen=1.3, lenpen_style=style, unkpen=unkpen, max_len_b=8)
     sources = random_sources(translator, 36, seed=1)
-    results = translate(translator, sources, search, max_tokens=64)
+    results = translate(translator, SearchRequest(sources, search, 64))
     pairs = [(s, h) for s, hyps in zip(sources, results) for h in hyps]
     scored = forced_scores(translator, [s for s, _ in pairs], [np.array(h.tokens) for _, h in pairs], search, 64)
     assert len(scored) == len(pairs) == 36 * 4
@@ -75,7 +75,7 @@ def test_alignments_one_source_piece_per_target_token(opened, hard):
     translator, saved = opened
     search = replace(saved.search, beam=3, nbest=2, max_len_b=6)
     sources = random_sources(translator, 20, seed=4) + [np.zeros(0, dtype=np.int64)]
-    results = translate(translator, sources, search, max_tokens=64)
+    results = translate(translator, SearchRequest(sources, search, 64))
     add_alignments(translator, sources, results, hard=hard, layer=0, max_tokens=64)
     for src, hyps in zip(sources, results):
         for h in hyps:
@@ -100,7 +100,7 @@ def test_alignment_is_the_layer_attention_of_the_model_alone(opened):
     translator, saved = opened
     model = translator.model
     sources = random_sources(translator, 8, seed=5)
-    results = translate(translator, sources, replace(saved.search, beam=2, max_len_b=6), max_tokens=64)
+    results = translate(translator, SearchRequest(sources, replace(saved.search, beam=2, max_len_b=6), 64))
     add_alignments(translator, sources, results, hard=True, layer=1, max_tokens=64)
     for src, (h,) in zip(sources, results):
         if not h.tokens:

@@ -12,7 +12,7 @@ from nmt_cli.cli import cli
 from nmt_cli.config import SearchConfig
 from nmt_cli.data.batching import pad_sources
 from nmt_cli.data.dataset import load_vocab
-from nmt_cli.errors import ConfigError, DataError
+from nmt_cli.errors import DataError
 from nmt_cli.search.constraint import all_of
 from nmt_cli.search.hypothesis import hypothesis_record
 from nmt_cli.search.lexical import (
@@ -20,15 +20,14 @@ from nmt_cli.search.lexical import (
     LexicalConstraints,
     borders,
     check_fits,
-    check_search,
     check_with_prefixes,
     checked_phrases,
     encode_phrases,
     pieces_needed,
     without_duplicates,
 )
-from nmt_cli.search.prefix import prefix_source
-from nmt_cli.search.translate import Translator, load_translator, translate
+from nmt_cli.search.rules import OPTIONS, SentenceRules, read_rules, rules_source
+from nmt_cli.search.translate import SearchRequest, Translator, load_translator, translate
 
 pytestmark = pytest.mark.usefixtures("cpu_matmul_route")  # both CPU matmul routes on every machine (conftest.py)
 
@@ -53,7 +52,7 @@ def translator(tiny_model, toy_data_bin):
 def test_every_output_contains_its_phrases(translator, beam, nbest):
     sources, phrases = random_case(200, beam + nbest, translator.vocab.n_pieces)
     cfg = SearchConfig(beam=beam, nbest=nbest, max_len_a=1.0, max_len_b=9)
-    results = translate(translator, sources, cfg, 1000, constraints=LexicalConstraints(phrases))
+    results = translate(translator, SearchRequest(sources, cfg, 1000, constraints=LexicalConstraints(phrases)))
     assert [len(hyps) for hyps in results] == [nbest] * len(sources)
     for hyps, sentence in zip(results, phrases):
         for h in hyps:
@@ -69,7 +68,9 @@ def test_phrases_that_fill_the_whole_output_are_forced(translator):
         group = [i for i, s in enumerate(phrases) if sum(map(len, s)) == need]
         cfg = SearchConfig(beam=4, max_len_a=0, max_len_b=need)
         cases = LexicalConstraints([phrases[i] for i in group])
-        for hyps, i in zip(translate(translator, [sources[i] for i in group], cfg, 1000, constraints=cases), group):
+        for hyps, i in zip(
+            translate(translator, SearchRequest([sources[i] for i in group], cfg, 1000, constraints=cases)), group
+        ):
             assert len(hyps[0].tokens) <= need
             assert all(contains(hyps[0].tokens, p) for p in phrases[i])
 
@@ -77,8 +78,10 @@ def test_phrases_that_fill_the_whole_output_are_forced(translator):
 def test_no_phrases_is_plain_beam_search_bit_for_bit(translator):
     sources, _ = random_case(40, 3, translator.vocab.n_pieces)
     cfg = SearchConfig(beam=4, nbest=2, max_len_a=1.0, max_len_b=5)
-    plain = translate(translator, sources, cfg, 1000)
-    unconstrained = translate(translator, sources, cfg, 1000, constraints=LexicalConstraints([[]] * len(sources)))
+    plain = translate(translator, SearchRequest(sources, cfg, 1000))
+    unconstrained = translate(
+        translator, SearchRequest(sources, cfg, 1000, constraints=LexicalConstraints([[]] * len(sources)))
+    )
     assert [[(h.tokens, h.score, h.positional_scores) for h in hyps] for hyps in unconstrained] == [
         [(h.tokens, h.score, h.positional_scores) for h in hyps] for hyps in plain
     ]
@@ -89,10 +92,11 @@ def test_a_phrase_the_output_holds_anyway_changes_nothing(trained_copy_checkpoin
     lines = (toy_corpus / "test.src").read_text().splitlines()[:30]
     sources = [np.asarray(ids) for ids in translator.vocab.encode(lines)]
     cfg = SearchConfig(beam=4)
-    plain = [hyps[0].tokens for hyps in translate(translator, sources, cfg, 1000)]
+    plain = [hyps[0].tokens for hyps in translate(translator, SearchRequest(sources, cfg, 1000))]
     phrases = [[out[len(out) // 2 : len(out) // 2 + 2]] if out else [] for out in plain]
     constrained = [
-        hyps[0].tokens for hyps in translate(translator, sources, cfg, 1000, constraints=LexicalConstraints(phrases))
+        hyps[0].tokens
+        for hyps in translate(translator, SearchRequest(sources, cfg, 1000, constraints=LexicalConstraints(phrases)))
     ]
     assert all(contains(out, p) for out, sentence in zip(constrained, phrases) for p in sentence)
     # The banks share the beam, so a sentence may keep fewer hypotheses that hold the phrase than plain beam
@@ -123,16 +127,16 @@ def test_refusals(toy_data_bin):
         encode_phrases(vocab, [["\u4e2d"]], ["c.txt:1"])
     assert encode_phrases(vocab, [["1 2", "1 2"], []], ["a", "b"]) == [[vocab.encode(["1 2"])[0]], []]
     sources, fits = [np.array([4, 5]), np.array([6])], SearchConfig(max_len_a=0, max_len_b=5)
-    assert LexicalConstraints.of_text(vocab, [["1 2", "3"], []], sources, fits, 64).phrases == [
-        vocab.encode(["1 2", "3"]),
-        [],
+    assert [r.phrases for r in from_text(vocab, [["1 2", "3"], []], sources, fits)] == [
+        tuple(map(tuple, vocab.encode(["1 2", "3"]))),
+        (),
     ]
     with pytest.raises(DataError, match=r"constraints\[1\]: constraint 1 is empty"):
-        LexicalConstraints.of_text(vocab, [[], [" "]], sources, fits, 64)
+        from_text(vocab, [[], [" "]], sources, fits)
     with pytest.raises(DataError, match=r"constraints\[1\]: the constraints take \d+ pieces, but this output may"):
-        LexicalConstraints.of_text(vocab, [[], ["1 2 3", "4 5 6"]], sources, fits, 64)
-    with pytest.raises(DataError, match=r"1 lists of constraints for 2 sources"):
-        LexicalConstraints.of_text(vocab, [["1"]], sources, fits, 64)
+        from_text(vocab, [[], ["1 2 3", "4 5 6"]], sources, fits)
+    with pytest.raises(DataError, match=r"1 values of constraints for 2 sources"):
+        from_text(vocab, [["1"]], sources, fits)
     cfg = SearchConfig(max_len_a=0, max_len_b=3)
     check_fits([[[4, 5], [6]]], [2], cfg, 64, ["c.txt:1"])
     with pytest.raises(DataError, match=r"c.txt:1: the constraints take 4 pieces, but this output may have 3"):
@@ -141,8 +145,16 @@ def test_refusals(toy_data_bin):
         check_fits([[[4] * 9]], [2], SearchConfig(max_len_b=100), 8, ["c.txt:1"])  # not "raise --max-len-b"
     with pytest.raises(DataError, match=r"c.txt:1: the input line is empty"):
         check_fits([[[4]]], [0], cfg, 64, ["c.txt:1"])
-    with pytest.raises(ConfigError, match="sampling"):
-        check_search(SearchConfig(sampling=True, beam=1), "--constraints-file")
+    constraints = next(o for o in OPTIONS if o.name == "constraints")
+    assert "sampling" in constraints.problem(SearchConfig(sampling=True, beam=1), None)
+    assert constraints.problem(SearchConfig(beam=1), None) is None
+
+
+def from_text(vocab, lines, sources, search):
+    """The Python API's constraints: search/rules.py's read_rules from raw text (one list of phrases per source)."""
+    return read_rules(
+        vocab, {"constraints": lines}, src_lens=[len(s) for s in sources], search=search, max_positions=64
+    )
 
 
 def test_phrases_inside_another_are_dropped_and_a_repeated_ngram_refused(toy_data_bin):
@@ -157,7 +169,7 @@ def test_phrases_inside_another_are_dropped_and_a_repeated_ngram_refused(toy_dat
     with pytest.raises(DataError, match=r"c.txt:1: a constraint repeats an n-gram of 2 pieces"):
         checked_phrases(vocab, [["4 4 4"]], [2], SearchConfig(max_len_b=9, no_repeat_ngram_size=2), 64, ["c.txt:1"])
     with pytest.raises(TypeError, match=r"constraints\[0\] is a string"):
-        LexicalConstraints.of_text(vocab, ["3"], [np.array([4])], fits, 64)
+        from_text(vocab, ["3"], [np.array([4])], fits)
 
 
 def test_pieces_needed_is_the_search_s_own_count():
@@ -193,11 +205,13 @@ def test_a_search_that_finds_fewer_hypotheses_than_asked_returns_those(translato
     greedy search no longer fails on them."""
     sources, _ = random_case(20, 3, translator.vocab.n_pieces)
     cfg = SearchConfig(beam=beam, nbest=min(3, beam), max_len_a=0, max_len_b=3)
-    results = translate(translator, sources, cfg, 1000, constraints=LexicalConstraints([[[5, 6, 7]]] * 20))
+    results = translate(
+        translator, SearchRequest(sources, cfg, 1000, constraints=LexicalConstraints([[[5, 6, 7]]] * 20))
+    )
     assert all(len(hyps) == 1 and hyps[0].tokens == [5, 6, 7] and hyps[0].found for hyps in results)
     banned = SearchConfig(beam=beam, nbest=min(3, beam), max_len_b=9, no_repeat_ngram_size=2)
     rules = all_of(LexicalConstraints([[[5, 5, 5]]] * 20))
-    results = translate(translator, sources, banned, 1000, constraints=rules)
+    results = translate(translator, SearchRequest(sources, banned, 1000, constraints=rules))
     assert all(len(hyps) == 1 and not hyps[0].found and hyps[0].tokens == [] for hyps in results)
     assert json.loads(json.dumps(hypothesis_record(results[0][0], translator.vocab)))["score"] is None
 
@@ -311,9 +325,9 @@ def test_phrases_compose_with_a_prefix_and_the_ngram_ban(translator, beam):
     g = np.random.default_rng(12)
     prefixes = [g.integers(4, translator.vocab.n_pieces, g.integers(0, 3)) for _ in sources]
     cfg = SearchConfig(beam=beam, nbest=beam, max_len_a=1.0, max_len_b=12)
-    rules = all_of(LexicalConstraints(phrases), prefix_source(prefixes))
-    assert getattr(rules.for_batch(*batch_of(sources[:2]))[0], "rank_candidates", None) is not None
-    results = translate(translator, sources, cfg, 1000, constraints=rules)
+    rules = [SentenceRules(tuple(p), tuple(map(tuple, ph))) for p, ph in zip(prefixes, phrases)]
+    assert rules_source(rules, cfg).for_batch(*batch_of(sources[:2]))[0].rank_candidates is not None
+    results = translate(translator, SearchRequest(sources, cfg, 1000, rules=rules))
     for hyps, sentence, prefix in zip(results, phrases, prefixes):
         for h in hyps:
             assert h.tokens[: len(prefix)] == prefix.tolist(), (h.tokens, prefix)

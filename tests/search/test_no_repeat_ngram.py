@@ -13,7 +13,7 @@ from nmt_cli.data.vocab import EOS
 from nmt_cli.errors import ConfigError
 from nmt_cli.search.ngram import NoRepeatNgram, no_repeat_ngrams, repeated_ngram
 from nmt_cli.search.settings import search_settings
-from nmt_cli.search.translate import Translator, translate
+from nmt_cli.search.translate import SearchRequest, Translator, translate
 
 pytestmark = pytest.mark.usefixtures("cpu_matmul_route")  # both CPU matmul routes on every machine (conftest.py)
 
@@ -39,10 +39,10 @@ def translator(tiny_model, toy_data_bin):
 def test_no_output_repeats_an_ngram(translator, how, size):
     sources = random_sources(100, seed=size)
     base = SearchConfig(max_len_a=1.5, max_len_b=12, **SETTINGS[how])
-    plain = translate(translator, sources, base, max_tokens=2000)
+    plain = translate(translator, SearchRequest(sources, base, 2000))
     assert any(repeated_ngram(h.tokens, size) for hyps in plain for h in hyps)  # the model does repeat
     cfg = SearchConfig(max_len_a=1.5, max_len_b=12, no_repeat_ngram_size=size, **SETTINGS[how])
-    results = translate(translator, sources, cfg, max_tokens=2000)
+    results = translate(translator, SearchRequest(sources, cfg, 2000))
     for hyps in results:
         assert len(hyps) == cfg.nbest
         for h in hyps:
@@ -57,8 +57,8 @@ def test_a_ban_that_bans_nothing_searches_as_before(translator, how):
     assert no_repeat_ngrams(SearchConfig()) is None
     sources = random_sources(20)
     cfg = SearchConfig(max_len_a=1.5, max_len_b=12, **SETTINGS[how])
-    a = translate(translator, sources, cfg, max_tokens=2000)
-    b = translate(translator, sources, replace(cfg, no_repeat_ngram_size=40), max_tokens=2000)
+    a = translate(translator, SearchRequest(sources, cfg, 2000))
+    b = translate(translator, SearchRequest(sources, replace(cfg, no_repeat_ngram_size=40), 2000))
     assert [[(h.tokens, h.score, h.positional_scores) for h in hyps] for hyps in a] == [
         [(h.tokens, h.score, h.positional_scores) for h in hyps] for hyps in b
     ]

@@ -13,8 +13,9 @@ from nmt_cli.data.vocab import BOS, UNK
 from nmt_cli.errors import DataError
 from nmt_cli.search.beam import length_penalty
 from nmt_cli.search.ngram import repeated_ngram
-from nmt_cli.search.prefix import PrefixSource, checked_prefix_source, prefix_problem, prefix_source
-from nmt_cli.search.translate import Translator, translate
+from nmt_cli.search.prefix import PrefixSource, prefix_problem, prefix_source
+from nmt_cli.search.rules import SentenceRules, read_rules
+from nmt_cli.search.translate import SearchRequest, Translator, translate
 
 pytestmark = pytest.mark.usefixtures("cpu_matmul_route")  # both CPU matmul routes on every machine (conftest.py)
 
@@ -45,8 +46,8 @@ def sources_and_prefixes(translator, n, seed=0, empty_every=3):
 def test_every_output_begins_with_its_prefix(translator, how):
     sources, prefixes = sources_and_prefixes(translator, 30)
     cfg = SearchConfig(max_len_a=1.0, max_len_b=6, **SETTINGS[how])
-    results = translate(translator, sources, cfg, max_tokens=2000, constraints=prefix_source(prefixes))
-    plain = translate(translator, sources, cfg, max_tokens=2000)
+    results = translate(translator, SearchRequest(sources, cfg, 2000, constraints=prefix_source(prefixes)))
+    plain = translate(translator, SearchRequest(sources, cfg, 2000))
     assert sum(hyps[0].tokens[: len(p)] != p.tolist() for hyps, p in zip(plain, prefixes)) > 10  # not by chance
     for hyps, prefix in zip(results, prefixes):
         assert len(hyps) == cfg.nbest
@@ -71,7 +72,7 @@ def test_the_prefix_is_scored(translator, how):
     sources, prefixes = sources_and_prefixes(translator, 8, seed=1, empty_every=100)
     cfg = SearchConfig(max_len_a=1.0, max_len_b=6, lenpen=0.6, **SETTINGS[how])
     with torch.inference_mode():
-        results = translate(translator, sources, cfg, max_tokens=2000, constraints=prefix_source(prefixes))
+        results = translate(translator, SearchRequest(sources, cfg, 2000, constraints=prefix_source(prefixes)))
         for src, prefix, hyps in zip(sources, prefixes, results):
             for h in hyps:
                 steps = model_log_probs(translator.model, np.append(src, 3), prefix.tolist())
@@ -88,8 +89,8 @@ def test_sentences_without_a_prefix_search_as_before(translator, how):
     cfg = SearchConfig(max_len_a=1.0, max_len_b=6, **SETTINGS[how])
     # Sampling draws for every row, so its rows without a prefix keep their numbers only where all have none.
     mixed = PrefixSource([p[:0] for p in prefixes] if cfg.sampling else prefixes)
-    a = translate(translator, sources, cfg, max_tokens=2000, constraints=mixed)
-    b = translate(translator, sources, cfg, max_tokens=2000)
+    a = translate(translator, SearchRequest(sources, cfg, 2000, constraints=mixed))
+    b = translate(translator, SearchRequest(sources, cfg, 2000))
     for i, (x, y) in enumerate(zip(a, b)):
         if cfg.sampling or not len(prefixes[i]):
             assert [(h.tokens, h.score, h.positional_scores) for h in x] == [
@@ -102,7 +103,7 @@ def test_prefix_and_no_repeated_ngrams_compose(translator, how):
     sources, prefixes = sources_and_prefixes(translator, 30, seed=3)
     prefixes = [p if repeated_ngram(p.tolist(), 2) is None else p[:1] for p in prefixes]
     cfg = SearchConfig(max_len_a=1.0, max_len_b=8, no_repeat_ngram_size=2, **SETTINGS[how])
-    results = translate(translator, sources, cfg, max_tokens=2000, constraints=prefix_source(prefixes))
+    results = translate(translator, SearchRequest(sources, cfg, 2000, constraints=prefix_source(prefixes)))
     for hyps, prefix in zip(results, prefixes):
         for h in hyps:
             assert h.tokens[: len(prefix)] == prefix.tolist()
@@ -122,17 +123,24 @@ def test_prefix_problems():
     assert prefix_problem(np.array([5, 6, 6, 5]), 5, repeats, 64) is None
 
 
-def test_checked_prefix_source(translator):
+def test_prefixes_from_text(translator):
+    """The Python API's prefixes: search/rules.py's read_rules from raw text, checked as generate and serve check
+    them, into the request's rules."""
     sources = [np.array([5, 6]), np.array([7])]
     cfg = SearchConfig(max_len_a=0, max_len_b=3)
-    assert checked_prefix_source(translator.vocab, ["", ""], sources, cfg, 64) is None
-    source = checked_prefix_source(translator.vocab, ["1 2", ""], sources, cfg, 64)
-    results = translate(translator, sources, cfg, 100, constraints=source)
+
+    def read(texts):
+        return read_rules(translator.vocab, {"prefix": texts}, src_lens=[2, 1], search=cfg, max_positions=64)
+
+    assert read(["", ""]) == (SentenceRules(), SentenceRules())
+    results = translate(translator, SearchRequest(sources, cfg, 100, rules=read(["1 2", ""])))
     assert translator.vocab.decode(results[0][0].tokens).startswith("1 2")
-    with pytest.raises(DataError, match=r"prefix 1: the prefix has \d+ pieces, more than the 3 "):
-        checked_prefix_source(translator.vocab, ["", "1 2 3 4"], sources, cfg, 64)
-    with pytest.raises(DataError, match="1 prefixes for 2 sources"):
-        checked_prefix_source(translator.vocab, [""], sources, cfg, 64)
+    with pytest.raises(DataError, match=r"prefix\[1\]: the prefix has \d+ pieces, more than the 3 "):
+        read(["", "1 2 3 4"])
+    with pytest.raises(DataError, match="1 values of prefix for 2 sources"):
+        read([""])
+    with pytest.raises(DataError, match=r"prefix\[0\]: the prefix holds a line break"):
+        read(["1\n2", ""])
 
 
 def test_generate_prefix_file(tiny_checkpoint, tmp_path):
@@ -177,4 +185,4 @@ def test_generate_prefix_file_stdin_and_errors(tiny_checkpoint, tmp_path):
     r = nmt(*common, "--input", src, "--max-len-a", 0, "--max-len-b", 3)
     assert r.exit_code == 1 and f"error: {prefix}:1: the prefix has " in r.stderr, r.output
     r = nmt("generate", "--path", tiny_checkpoint, "--prefix-file", prefix, tmp_path)
-    assert r.exit_code == 1 and "--prefix-file gives one prefix per line of --input" in r.stderr, r.output
+    assert r.exit_code == 1 and "--prefix-file is line-aligned with --input" in r.stderr, r.output

@@ -19,7 +19,7 @@ from nmt_cli.search.graphs import StepGraphs
 from nmt_cli.search.prefix import prefix_source
 from nmt_cli.search.slot_state import SlotState
 from nmt_cli.search.slots import Slots, SlotSearch, slot_search, slot_search_for
-from nmt_cli.search.translate import Translator, load_translator, translate, translate_steps
+from nmt_cli.search.translate import SearchRequest, Translator, load_translator, translate, translate_steps
 
 pytestmark = pytest.mark.usefixtures("cpu_matmul_route")  # both CPU matmul routes on every machine (conftest.py)
 
@@ -64,10 +64,10 @@ def copy_translator(trained_copy_checkpoint, cpu_matmul_route):
 @pytest.mark.parametrize("cfg", SETTINGS, ids=range(len(SETTINGS)))
 def test_fixed_slots_translate_as_the_beam_search_does(copy_translator, toy_data_bin, cfg):
     sources = sources_of(toy_data_bin)
-    expected = translate(copy_translator, sources, cfg, max_tokens=120)  # several batches
+    expected = translate(copy_translator, SearchRequest(sources, cfg, 120))  # several batches
     for slots in (SlotSearch(), SlotSearch(StepGraphs(eager_capture))):
         fixed = Translator(copy_translator.model, copy_translator.vocab, copy_translator.device, slots=slots)
-        got = translate(fixed, sources, cfg, max_tokens=120)
+        got = translate(fixed, SearchRequest(sources, cfg, 120))
         assert_same(expected, got)
 
 
@@ -113,7 +113,7 @@ def test_finished_sentences_move_to_fewer_slots(copy_translator, moves, graphs):
 
 def test_the_outputs_end_at_different_steps(copy_translator, toy_data_bin):
     """The rows above test what they claim: in one batch some sentences finish before others."""
-    results = translate(copy_translator, sources_of(toy_data_bin), SETTINGS[0], max_tokens=10_000)
+    results = translate(copy_translator, SearchRequest(sources_of(toy_data_bin), SETTINGS[0], 10_000))
     assert len({len(hyps[0].tokens) for hyps in results}) > 3
 
 
@@ -152,11 +152,11 @@ def test_an_ensemble_over_fixed_slots(copy_translator, trained_copy_checkpoint, 
     ensemble = Ensemble([copy_translator.model, other], [0.7, 0.3])
     plain = Translator(ensemble, copy_translator.vocab, torch.device("cpu"))
     sources, cfg = sources_of(toy_data_bin, 8), SearchConfig(beam=4, nbest=2)
-    expected = translate(plain, sources, cfg, max_tokens=10_000)
+    expected = translate(plain, SearchRequest(sources, cfg, 10_000))
     for slots in (SlotSearch(), SlotSearch(StepGraphs(eager_capture))):
         fixed = Translator(ensemble, copy_translator.vocab, torch.device("cpu"), slots=slots)
         moves.clear()
-        assert_same(expected, translate(fixed, sources, cfg, max_tokens=10_000))
+        assert_same(expected, translate(fixed, SearchRequest(sources, cfg, 10_000)))
         assert moves  # its batch moved to fewer slots
 
 
@@ -171,7 +171,7 @@ def test_fixed_slots_wait_for_the_device_once_a_step(copy_translator, toy_data_b
     for cfg in (SearchConfig(beam=4, max_len_a=0, max_len_b=10, min_len=10), SearchConfig(beam=4)):
         slot_steps_taken.clear()
         with SyncLog() as log:
-            translate(translator, sources, cfg, 10_000)
+            translate(translator, SearchRequest(sources, cfg, 10_000))
         n_steps = len(slot_steps_taken)
         syncs = Counter((call, where.rsplit(" in ", 1)[1]) for call, where in log.syncs)
         steps = "captured_steps" if graphs else "slot_steps"  # the search loop of each
@@ -187,11 +187,11 @@ def test_other_searches_keep_the_beam_search(copy_translator, toy_data_bin, slot
     translator = Translator(copy_translator.model, copy_translator.vocab, torch.device("cpu"), slots=SlotSearch())
     sources = sources_of(toy_data_bin, 6)
     prefixes = prefix_source([s[:2] for s in sources])
-    translate(translator, sources, SearchConfig(beam=4), 10_000, constraints=prefixes)
+    translate(translator, SearchRequest(sources, SearchConfig(beam=4), 10_000, constraints=prefixes))
     for cfg in (SearchConfig(beam=4, no_repeat_ngram_size=2), SearchConfig(beam=1), SearchConfig(sampling=True)):
-        translate(translator, sources, cfg, 10_000)
+        translate(translator, SearchRequest(sources, cfg, 10_000))
     assert calls == []
-    translate(translator, sources, SearchConfig(beam=4), 10_000)
+    translate(translator, SearchRequest(sources, SearchConfig(beam=4), 10_000))
     assert calls
 
 
@@ -209,7 +209,9 @@ def test_a_sentence_is_told_as_it_finishes_as_the_beam_search_tells_it(copy_tran
 
     def told_by(translator):
         told, steps = [], [0]
-        search = translate_steps(translator, sources, cfg, 10_000, on_done=lambda i, h: told.append((i, steps[0], h)))
+        search = translate_steps(
+            translator, SearchRequest(sources, cfg, 10_000), on_done=lambda i, h: told.append((i, steps[0], h))
+        )
         while True:
             try:
                 next(search)
@@ -234,15 +236,13 @@ def test_sentences_no_longer_wanted_stop_over_fixed_slots(copy_translator, toy_d
     # weights (the checkpoint is trained where the test runs, so where free lengths end differs between CPUs)
     n, cfg = len(sources), SearchConfig(beam=4, nbest=2, max_len_a=0, max_len_b=12, min_len=12)
     fixed = with_slots(copy_translator, graphs)
-    alone = translate(fixed, sources, cfg, 10_000)
+    alone = translate(fixed, SearchRequest(sources, cfg, 10_000))
     n_steps = len(slot_steps_taken)
     slot_steps_taken.clear()
     gone = {1, 4}
     stopped = translate(
         fixed,
-        sources,
-        cfg,
-        10_000,
+        SearchRequest(sources, cfg, 10_000),
         still_wanted=lambda: [len(slot_steps_taken) <= 2 or i not in gone for i in range(n)],
     )
     others = [i for i in range(len(sources)) if i not in gone]
@@ -250,7 +250,7 @@ def test_sentences_no_longer_wanted_stop_over_fixed_slots(copy_translator, toy_d
     assert not all(len(h) == cfg.nbest and h == alone[i] for i, h in enumerate(stopped) if i in gone)
     assert len(slot_steps_taken) == n_steps  # the others run to their end
     slot_steps_taken.clear()
-    translate(fixed, sources, cfg, 10_000, still_wanted=lambda: [len(slot_steps_taken) <= 2] * n)
+    translate(fixed, SearchRequest(sources, cfg, 10_000), still_wanted=lambda: [len(slot_steps_taken) <= 2] * n)
     assert len(slot_steps_taken) == 3 < n_steps
 
 
@@ -289,8 +289,9 @@ def test_under_bf16_autocast(tiny_model, toy_data_bin):
 
     vocab, cpu = load_vocab(toy_data_bin), torch.device("cpu")
     sources, cfg = sources_of(toy_data_bin, 6), SearchConfig(beam=4, max_len_b=8, nbest=2)
-    expected = translate(Translator(tiny_model, vocab, cpu, torch.bfloat16), sources, cfg, 10_000)
+    expected = translate(Translator(tiny_model, vocab, cpu, torch.bfloat16), SearchRequest(sources, cfg, 10_000))
     for slots in (SlotSearch(), SlotSearch(StepGraphs(eager_capture))):
         assert_same(
-            expected, translate(Translator(tiny_model, vocab, cpu, torch.bfloat16, slots), sources, cfg, 10_000)
+            expected,
+            translate(Translator(tiny_model, vocab, cpu, torch.bfloat16, slots), SearchRequest(sources, cfg, 10_000)),
         )

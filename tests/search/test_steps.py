@@ -7,7 +7,7 @@ import torch
 
 from nmt_cli.config import SearchConfig
 from nmt_cli.data.dataset import load_vocab
-from nmt_cli.search.translate import Translator, translate, translate_steps
+from nmt_cli.search.translate import SearchRequest, Translator, translate, translate_steps
 
 pytestmark = pytest.mark.usefixtures("cpu_matmul_route")  # both CPU matmul routes on every machine (conftest.py)
 
@@ -53,11 +53,14 @@ def test_two_searches_resumed_in_turn_get_what_each_gets_alone(tiny_model, toy_d
     vocab = load_vocab(toy_data_bin)
     fp32 = Translator(tiny_model, vocab, torch.device("cpu"))
     bf16 = Translator(tiny_model, vocab, torch.device("cpu"), torch.bfloat16)
-    alone = [translate(fp32, SOURCES, cfg, 1000), translate(bf16, OTHERS, cfg, 1000)]
-    together, steps = in_turn(translate_steps(fp32, SOURCES, cfg, 1000), translate_steps(bf16, OTHERS, cfg, 1000))
+    alone = [translate(fp32, SearchRequest(SOURCES, cfg, 1000)), translate(bf16, SearchRequest(OTHERS, cfg, 1000))]
+    together, steps = in_turn(
+        translate_steps(fp32, SearchRequest(SOURCES, cfg, 1000)),
+        translate_steps(bf16, SearchRequest(OTHERS, cfg, 1000)),
+    )
     assert together == alone
     assert min(steps) > 1  # both ran step by step, interleaved
-    assert alone[0] != translate(bf16, SOURCES, cfg, 1000)  # the precision shows in the hypotheses
+    assert alone[0] != translate(bf16, SearchRequest(SOURCES, cfg, 1000))  # the precision shows in the hypotheses
 
 
 def test_the_encoder_runs_a_layer_per_resumption(tiny_model, toy_data_bin):
@@ -66,8 +69,8 @@ def test_the_encoder_runs_a_layer_per_resumption(tiny_model, toy_data_bin):
     vocab = load_vocab(toy_data_bin)
     translator = Translator(tiny_model, vocab, torch.device("cpu"))
     cfg = SearchConfig(beam=2, min_len=3, max_len_a=0, max_len_b=3)  # exactly 3 tokens and EOS: 4 decoder steps
-    results, steps = in_turn(translate_steps(translator, SOURCES, cfg, 1000))
-    assert results == [translate(translator, SOURCES, cfg, 1000)]
+    results, steps = in_turn(translate_steps(translator, SearchRequest(SOURCES, cfg, 1000)))
+    assert results == [translate(translator, SearchRequest(SOURCES, cfg, 1000))]
     assert steps == [len(tiny_model.encoder) + 3]  # a pause after each layer and each step but the last
     src = torch.tensor([[5, 6, 7, 2], [8, 9, 2, 1]])
     with torch.inference_mode():
@@ -87,9 +90,11 @@ def test_a_sentence_is_told_as_it_finishes_with_the_hypotheses_the_search_return
     sources = [np.arange(4, 4 + n) for n in (1, 3, 6, 9)]
     cfg = SearchConfig(beam=3, nbest=2, min_len=1, max_len_a=1, max_len_b=1)  # at most 2, 4, 7 and 10 pieces
     told, steps = [], [0]
-    search = translate_steps(translator, sources, cfg, 1000, on_done=lambda i, hyps: told.append((i, steps[0], hyps)))
+    search = translate_steps(
+        translator, SearchRequest(sources, cfg, 1000), on_done=lambda i, hyps: told.append((i, steps[0], hyps))
+    )
     results = counting(search, steps)
-    assert results == translate(translator, sources, cfg, 1000)
+    assert results == translate(translator, SearchRequest(sources, cfg, 1000))
     assert [i for i, _, _ in told] == sorted({i for i, _, _ in told})  # each once, the shortest first here
     assert all(hyps == results[i] for i, _, hyps in told)
     assert told and told[0][0] == 0 and told[0][1] < steps[0] - 3  # the one-piece source, well before the end

@@ -10,7 +10,7 @@ from host_syncs import SyncLog
 
 from nmt_cli.config import SearchConfig
 from nmt_cli.data.dataset import load_vocab
-from nmt_cli.search.translate import Translator, translate
+from nmt_cli.search.translate import SearchRequest, Translator, translate
 
 pytestmark = pytest.mark.usefixtures("cpu_matmul_route")  # both CPU matmul routes on every machine (conftest.py)
 
@@ -44,11 +44,11 @@ CONFIGS = {
 def test_a_sentence_no_longer_wanted_leaves_without_changing_the_others(counted, name):
     translator, rows = counted
     cfg = CONFIGS[name]
-    alone = translate(translator, SOURCES, cfg, max_tokens=1000)
+    alone = translate(translator, SearchRequest(SOURCES, cfg, 1000))
     full_rows = list(rows)
     rows.clear()
     k = 1
-    stopped = translate(translator, SOURCES, cfg, 1000, still_wanted=unwanted_after(rows, 2, {k}))
+    stopped = translate(translator, SearchRequest(SOURCES, cfg, 1000), still_wanted=unwanted_after(rows, 2, {k}))
     for i, (a, b) in enumerate(zip(alone, stopped)):
         if i == k:
             continue
@@ -64,14 +64,18 @@ def test_a_sentence_no_longer_wanted_leaves_without_changing_the_others(counted,
 def test_a_batch_of_sentences_no_longer_wanted_stops_at_the_next_step(counted, name):
     translator, rows = counted
     every = set(range(len(SOURCES)))
-    results = translate(translator, SOURCES, CONFIGS[name], 1000, still_wanted=unwanted_after(rows, 2, every))
+    results = translate(
+        translator, SearchRequest(SOURCES, CONFIGS[name], 1000), still_wanted=unwanted_after(rows, 2, every)
+    )
     assert len(rows) == 3  # forced to 11 steps, stopped after the third
     assert len(results) == len(SOURCES)
 
 
 def test_a_batch_no_longer_wanted_before_it_starts_is_not_searched(counted):
     translator, rows = counted
-    results = translate(translator, SOURCES, CONFIGS["beam"], 1000, still_wanted=lambda: [False] * len(SOURCES))
+    results = translate(
+        translator, SearchRequest(SOURCES, CONFIGS["beam"], 1000), still_wanted=lambda: [False] * len(SOURCES)
+    )
     assert rows == [] and len(results) == len(SOURCES)
 
 
@@ -80,11 +84,11 @@ def test_asking_still_wanted_adds_no_wait_for_the_device(counted):
     translator, rows = counted
     cfg = CONFIGS["beam"]
     with SyncLog() as log:
-        translate(translator, SOURCES, cfg, 1000)
+        translate(translator, SearchRequest(SOURCES, cfg, 1000))
     plain = Counter(call for call, _ in log.syncs)
     steps = len(rows)
     rows.clear()
     with SyncLog() as log:
-        translate(translator, SOURCES, cfg, 1000, still_wanted=unwanted_after(rows, 2, {0, 3}))
+        translate(translator, SearchRequest(SOURCES, cfg, 1000), still_wanted=unwanted_after(rows, 2, {0, 3}))
     assert len(rows) == steps
     assert Counter(call for call, _ in log.syncs) == plain

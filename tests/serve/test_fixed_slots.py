@@ -79,9 +79,9 @@ def served_models(ckpt, graphs):
     models = Models.open(ServeConfig(path=str(ckpt), device="cpu", threads=1, fixed_slots=True), {})
     served = models.default.served
     if graphs:
-        served.searcher.slots = SlotSearch(StepGraphs(eager_capture))  # before the worker builds the translator
+        served.searcher.inference.slots = SlotSearch(StepGraphs(eager_capture))  # before the translator is built
     served.warm_up()
-    assert served.searcher.translator.slots is served.searcher.slots
+    assert served.searcher.translator.slots is served.searcher.inference.slots
     return models, served
 
 
@@ -115,12 +115,12 @@ def test_two_batches_stepped_in_turn_hold_captures_of_their_own(trained_copy_che
     key = key_of(models.default, served.search)
     batches = [SENTENCES[:4], SENTENCES[4:]]
     alone = [run_to_end(models.run(key, served.reader.prepare(b), lambda: [True] * 4, None)) for b in batches]
-    n_captures = served.searcher.slots.graphs.n_captures
+    n_captures = served.searcher.inference.slots.graphs.n_captures
     runs = [models.run(key, served.reader.prepare(b), lambda: [True] * 4, None) for b in batches]
     results, _ = in_turn(*runs)
     assert results == alone
-    assert served.searcher.slots.graphs.n_captures > n_captures  # the second batch's own
-    assert not any(c.held for copies in served.searcher.slots.graphs.graphs.values() for c in copies)
+    assert served.searcher.inference.slots.graphs.n_captures > n_captures  # the second batch's own
+    assert not any(c.held for copies in served.searcher.inference.slots.graphs.graphs.values() for c in copies)
 
 
 def test_the_cli_takes_generates_flags():
@@ -144,7 +144,7 @@ def test_cuda_graphs_serve_what_the_default_search_serves(trained_copy_checkpoin
         assert served.info["cuda_graphs"] is True and served.searcher.answers_early
         plain.default.served.warm_up()
         served.warm_up()
-        n_captures = served.searcher.slots.graphs.n_captures
+        n_captures = served.searcher.inference.slots.graphs.n_captures
         batches = [SENTENCES[:4], SENTENCES[4:]]
         runs = [
             m.run(
@@ -157,7 +157,7 @@ def test_cuda_graphs_serve_what_the_default_search_serves(trained_copy_checkpoin
         got, _ = in_turn(*runs[2:])
         assert [[a["text"] for a in batch] for batch in got] == [[a["text"] for a in batch] for batch in want]
         assert (
-            served.searcher.slots.graphs.n_captures >= n_captures + 2
+            served.searcher.inference.slots.graphs.n_captures >= n_captures + 2
         )  # a bucket's capture for each of the two batches
     finally:
         torch.backends.cuda.matmul.allow_tf32 = True
