@@ -303,9 +303,9 @@ DROPOUTS = ("dropout", "attention_dropout", "activation_dropout")
 
 
 def shape_differences(saved: ModelConfig, wanted: ModelConfig) -> list[str]:
-    """The fields, dropouts aside, in which two model configs differ: `name=saved (options say wanted)`."""
+    """The fields, dropouts aside, in which two model configs differ: `name=saved against wanted`."""
     return [
-        f"{f.name}={getattr(saved, f.name)!r} (options say {getattr(wanted, f.name)!r})"
+        f"{f.name}={getattr(saved, f.name)!r} against {getattr(wanted, f.name)!r}"
         for f in fields(ModelConfig)
         if f.name not in DROPOUTS and getattr(saved, f.name) != getattr(wanted, f.name)
     ]
@@ -347,7 +347,11 @@ class SavedModel:
 
 def read_saved_model(path: Path) -> SavedModel:
     """The checkpoint at `path`, loaded and checked (`load_checkpoint`), as translating reads it."""
-    ckpt = load_checkpoint(path)
+    return saved_model(load_checkpoint(path), path)
+
+
+def saved_model(ckpt: dict[str, Any], path: Path) -> SavedModel:
+    """A loaded checkpoint (`load_checkpoint`'s) as translating reads it."""
     return SavedModel(
         path=path,
         config=model_config_of(ckpt, path),
@@ -363,6 +367,26 @@ def read_saved_model(path: Path) -> SavedModel:
         averaged_from=tuple(ckpt.get("averaged_from", ())),
         averaged_updates=tuple(ckpt.get("averaged_updates", ())),
     )
+
+
+def mismatch(first: SavedModel, other: SavedModel, *, same_shape: bool = False) -> str | None:
+    """Whether two checkpoints fit together, decided here once: what keeps them from translating alike (an
+    ensemble's members, search/ensemble.py: another sentencepiece model, vocabulary, languages or direction, or
+    task) or, `same_shape`, from being averaged (commands/average.py: also another model shape, dropouts aside),
+    said to follow "A and B"; None where they fit."""
+    if spm_fingerprint(other.vocab.model_bytes) != spm_fingerprint(first.vocab.model_bytes):
+        return "have different sentencepiece models"
+    if other.config.vocab_size != first.config.vocab_size:
+        return f"have vocabularies of {first.config.vocab_size} and {other.config.vocab_size} entries"
+    if (first.source_lang, first.target_lang) != (other.source_lang, other.target_lang):
+        return f"translate {first.source_lang}->{first.target_lang} and {other.source_lang}->{other.target_lang}"
+    if first.is_parser != other.is_parser:
+        return "do different tasks (parsing and translation)"
+    if first.tree_leaves != other.tree_leaves:
+        return f"parse with --tree-leaves {first.tree_leaves} and {other.tree_leaves}"
+    if same_shape and (diff := shape_differences(first.config, other.config)):
+        return f"hold models of other shapes ({', '.join(diff)})"
+    return None
 
 
 def numbered_checkpoints(directory: Path) -> list[Path]:

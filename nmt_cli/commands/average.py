@@ -17,10 +17,10 @@ from nmt_cli.checkpoint import (
     MODEL_KEYS,
     TRAINING_KEYS,
     load_checkpoint,
-    model_config_of,
+    mismatch,
     numbered_checkpoints,
     save_checkpoint,
-    shape_differences,
+    saved_model,
     translated_weights,
 )
 from nmt_cli.errors import CheckpointError, ConfigError
@@ -38,15 +38,6 @@ def average(inputs: list[Path], num_update_checkpoints: int | None, output: Path
     logger.info("averaged %d checkpoints into %s: %s", len(paths), output, ", ".join(p.name for p in paths))
 
 
-TASK_KEYS = ("source_lang", "target_lang", "target_format", "tree_leaves")
-
-
-def _task_in_words(task: tuple) -> str:
-    """(source_lang, target_lang, target_format, tree_leaves) in words, e.g. "en->de" or "words->ptb-tree (pos)"."""
-    source, target, target_format, leaves = task
-    return f"{source}->{target}" + (f" as {target_format} ({leaves})" if target_format not in (None, "text") else "")
-
-
 def average_checkpoints(paths: list[Path]) -> dict[str, Any]:
     """Average the weights of several checkpoints of one model (float32 or wider accumulation).
 
@@ -55,33 +46,23 @@ def average_checkpoints(paths: list[Path]) -> dict[str, Any]:
     if not paths:
         raise CheckpointError("no checkpoints to average")
     first = load_checkpoint(paths[0])
-    first_weights = translated_weights(first)  # the moving average where a run kept one (--ema-decay)
+    first_saved = saved_model(first, paths[0])
+    first_weights = first_saved.weights  # the moving average where a run kept one (--ema-decay)
     sums = {k: v.double() if v.is_floating_point() else v.clone() for k, v in first_weights.items()}
-    by_update = {first.get("update"): [paths[0]]}  # to refuse the same weights twice
-    updates = [first.get("update")]  # each input's, in order: what the average is of (serve's /info says it)
+    by_update = {first_saved.update: [paths[0]]}  # to refuse the same weights twice
+    updates = [first_saved.update]  # each input's, in order: what the average is of (serve's /info says it)
     for path in paths[1:]:
-        ckpt = load_checkpoint(path)
-        weights = translated_weights(ckpt)
-        if shape_differences(model_config_of(first, paths[0]), model_config_of(ckpt, path)):
+        saved = saved_model(load_checkpoint(path), path)
+        if problem := mismatch(first_saved, saved, same_shape=True):
             raise CheckpointError(
-                f"{path} has another model config than {paths[0]}; only checkpoints of one model can be averaged"
+                f"{paths[0]} and {path} {problem}; only checkpoints of one model (its vocabulary, languages, task "
+                "and shape) can be averaged"
             )
-        if bytes(ckpt["spm_model"]) != bytes(first["spm_model"]):
-            raise CheckpointError(
-                f"{path} has another sentencepiece model than {paths[0]}; only checkpoints of one vocabulary "
-                "can be averaged"
-            )
-        task, first_task = (tuple(c.get(k) for k in TASK_KEYS) for c in (ckpt, first))
-        if task != first_task:
-            raise CheckpointError(
-                f"{path} was trained for {_task_in_words(task)}, {paths[0]} for {_task_in_words(first_task)}; "
-                "only checkpoints of one task can be averaged"
-            )
+        weights, update = saved.weights, saved.update
         if set(weights) != set(sums):
             raise CheckpointError(f"{path} has other parameter names than {paths[0]}")
         # checkpoint_last.pt is also the newest checkpoint_<update>.pt: given both, that update would count twice
         # (the earlier one is loaded again, memory-mapped, only then: no input stays mapped while averaging)
-        update = ckpt.get("update")
         for other in by_update.setdefault(update, []):
             others = translated_weights(load_checkpoint(other))
             if all(torch.equal(v, others[k]) for k, v in weights.items()):

@@ -306,7 +306,7 @@ def check_resumable(ckpt: dict[str, Any], model_cfg: ModelConfig, cfg: TrainConf
     diff = shape_differences(saved_model, model_cfg)
     if diff:
         raise CheckpointError(
-            f"{path} holds a model of another shape: {', '.join(diff)}; "
+            f"{path} holds a model of another shape than the options': {', '.join(diff)}; "
             "use another --save-dir or the same model options"
         )
     saved_train = ckpt.get("train_config", {})

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from torch import Tensor
 
-from nmt_cli.checkpoint import SavedModel, spm_fingerprint
+from nmt_cli.checkpoint import SavedModel, mismatch
 from nmt_cli.errors import CheckpointError, ConfigError
 from nmt_cli.model.cache import DecoderCache
 from nmt_cli.model.slots import SlotCache
@@ -168,27 +168,15 @@ def member_weights(weights: tuple[float, ...] | None, paths: Sequence[Path]) -> 
 
 
 def check_members(members: Sequence[SavedModel]) -> None:
-    """Refuse an ensemble whose members do not translate alike: another sentencepiece model, other languages or
-    direction, or another task (a parser beside a translation model, or parsers of other --tree-leaves); the
-    CheckpointError names both files. Members may differ in shape."""
-    first = members[0]
+    """Refuse an ensemble whose members do not translate alike (checkpoint.mismatch: another sentencepiece model,
+    other languages or direction, or another task); the CheckpointError names both files. Members may differ in
+    shape."""
     for other in members[1:]:
-        if spm_fingerprint(other.vocab.model_bytes) != spm_fingerprint(first.vocab.model_bytes):
-            problem = "have different sentencepiece models"
-        elif other.config.vocab_size != first.config.vocab_size:
-            problem = f"have vocabularies of {first.config.vocab_size} and {other.config.vocab_size} entries"
-        elif (first.source_lang, first.target_lang) != (other.source_lang, other.target_lang):
-            problem = f"translate {first.source_lang}->{first.target_lang} and {other.source_lang}->{other.target_lang}"
-        elif first.is_parser != other.is_parser:
-            problem = "do different tasks (parsing and translation)"
-        elif first.tree_leaves != other.tree_leaves:
-            problem = f"parse with --tree-leaves {first.tree_leaves} and {other.tree_leaves}"
-        else:
-            continue
-        raise CheckpointError(
-            f"{first.path} and {other.path} {problem}; an ensemble's checkpoints must share the vocabulary, "
-            "the languages and the task"
-        )
+        if problem := mismatch(members[0], other):
+            raise CheckpointError(
+                f"{members[0].path} and {other.path} {problem}; an ensemble's checkpoints must share the vocabulary, "
+                "the languages and the task"
+            )
 
 
 def ensemble_bounds(members: Sequence[SearchBounds]) -> SearchBounds:

@@ -40,13 +40,13 @@ CASES = [
         "average-checkpoints-of-another-vocabulary",
         train_on("other"),
         "average-checkpoints --inputs {w}/run/checkpoint_last.pt {w}/run-other/checkpoint_last.pt --output {w}/a.pt",
-        "has another sentencepiece model than",
+        "have different sentencepiece models",
     ),
     (
         "average-checkpoints-of-the-other-direction",
         train_on("reversed", reversed_data),
         "average-checkpoints --inputs {w}/run/checkpoint_last.pt {w}/run-reversed/checkpoint_last.pt --output {w}/a.pt",
-        "was trained for tgt->src",
+        "translate src->tgt and tgt->src",
     ),
     (
         "average-files-with-num-update-checkpoints",
