@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import sys
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from datetime import datetime
 from typing import Any
 
 from rich.console import Console
@@ -36,14 +38,35 @@ def setup_logging(quiet: bool = False, progress: bool = True) -> None:
     level = logging.WARNING if quiet else logging.INFO
     handler: logging.Handler
     if console.is_terminal:
-        handler = RichHandler(console=console, show_path=False, show_time=True, markup=False, log_time_format="[%X]")
+        handler = RichHandler(
+            console=console, show_path=False, show_time=True, markup=False, log_time_format="[%Y-%m-%d %X]"
+        )
     else:
         handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%H:%M:%S"))
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%Y-%m-%d %H:%M:%S"))
     root = logging.getLogger("nmt_cli")
     root.handlers[:] = [handler]
     root.setLevel(level)
     root.propagate = False
+
+
+class JsonLines(logging.Formatter):
+    """A record as one line of JSON: its time (ISO 8601, with the date and the local zone), level, logger and
+    message, and the fields it carries as `extra={"fields": {...}}` (the access log's)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        time = datetime.fromtimestamp(record.created).astimezone().isoformat(timespec="milliseconds")
+        line = {"time": time, "level": record.levelname, "logger": record.name, "message": record.getMessage()}
+        if record.exc_info:
+            line["exception"] = self.formatException(record.exc_info)
+        return json.dumps(line | getattr(record, "fields", {}))
+
+
+def log_json_lines() -> None:
+    """Every record from now on as a line of JSON on stderr (`serve --log-format json`), for a log collector."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonLines())
+    logging.getLogger("nmt_cli").handlers[:] = [handler]
 
 
 def print_error(message: str) -> None:

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from nmt_cli.config import ServeConfig
 from nmt_cli.errors import ConfigError, NmtError
-from nmt_cli.log import print_error
+from nmt_cli.log import log_json_lines, print_error
 from nmt_cli.runtime import set_threads, usable_cores
 from nmt_cli.serve.keys import Keys
 from nmt_cli.signals import Interrupted
@@ -88,6 +88,8 @@ def serve(cfg: ServeConfig, search_overrides: dict[str, Any]) -> None:
     from nmt_cli.serve.limits import RateLimit
     from nmt_cli.serve.models import Models
 
+    if cfg.log_format == "json":
+        log_json_lines()
     key, key_source = api_key(cfg)  # refused before the model is loaded
     origins = cors_origins(cfg.cors_origin)
     limits = Limits(cfg.max_request_sentences, cfg.timeout, cfg.max_body_bytes, key, origins, cfg.max_client_sentences)

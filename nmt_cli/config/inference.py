@@ -204,6 +204,11 @@ class ServeConfig(SearchingConfig):
         "and --forwarded-allow-ips trusts it].",
         min=1,
     )
+    log_format: str = flag(
+        "text",
+        "json: each log record (each request's too) as a line of JSON, for a log collector.",
+        choices=("text", "json"),
+    )
     req_limit: int | None = flag(
         None,
         "Requests a client (its API key's id in --api-key-file, else its address) may send a minute, as "

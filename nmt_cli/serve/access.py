@@ -103,15 +103,20 @@ class AccessLog:
         finally:
             path = scope["path"]
             if path not in PROBES or (status >= 400 and (path, status) != ("/ready", 503)):  # 503: not warm yet
-                client = scope.get("client")
-                sentences = state.get("sentences")
+                client, method, where = scope.get("client"), printable(scope["method"]), printable(path)
+                sentences, ms = state.get("sentences"), (time.perf_counter() - start) * 1000
+                who = printable(client[0]) if client else "-"
+                fields = {"request_id": rid, "client": who, "key_id": state.get("key_id"), "model": state.get("model")}
+                fields |= {"method": method, "path": where, "status": status, "sentences": sentences}
+                fields |= {"tokens": state.get("tokens"), "latency_ms": round(ms, 1)}  # for --log-format json
                 access_log.info(
                     "%s %s %s %d %s%.1f ms id=%s",
-                    printable(client[0]) if client else "-",
-                    printable(scope["method"]),
-                    printable(path),
+                    who,
+                    method,
+                    where,
                     status,
                     "" if sentences is None else f"{sentences} sentences ",
-                    (time.perf_counter() - start) * 1000,
+                    ms,
                     rid,
+                    extra={"fields": fields},
                 )

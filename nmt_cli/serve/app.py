@@ -136,12 +136,14 @@ class Server:
             body = await body_of(request, max_bytes=limits.max_body_bytes, timeout=limits.timeout, abort=self.aborted)
             # the client of the limits over time: its key's id where keys are, else its address
             key = bearer_key(request.headers.get("authorization"), limits.api_key) if limits.api_key else None
-            client = request.state.key_id = key.id if key else request.client.host if request.client else "unknown"
+            request.state.key_id = key.id if key else None  # for the access log
+            client = key.id if key else request.client.host if request.client else "unknown"
             parse = partial(self.parse, body, request.headers, request.url.query, client, key.rate if key else None)
             # A large body's JSON and sentencepiece encoding take long enough to stall every other request
             parsed = await run_in_threadpool(parse) if len(body) > OFFLOAD_BYTES else parse()
             n_sentences = request.state.sentences = len(parsed[0])
-            model = model_of(parsed[1])
+            model = request.state.model = model_of(parsed[1])
+            request.state.tokens = sum(parsed[2])  # source pieces, for the access log
             answer = await self.answer(request, *parsed[:3], start)
         except RequestError as e:
             self.answered(e.status, n_sentences, time.perf_counter() - start, model)

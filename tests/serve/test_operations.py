@@ -2,6 +2,7 @@
 
 import http.client
 import json
+import re
 
 import pytest
 
@@ -78,3 +79,23 @@ def test_a_rotated_key_file_takes_effect_without_a_restart(tmp_path, tiny_checkp
         server.wait()
     assert before == [200, 401]
     assert after == [401, 200, 429]
+
+
+def test_log_format_json_writes_lines_a_collector_parses(tmp_path, tiny_checkpoint):
+    (tmp_path / "keys").write_text("s3cret-key team-a\n")
+    server, port, lines = start_server(tiny_checkpoint, "--log-format", "json", "--api-key-file", tmp_path / "keys")
+    try:
+        wait_ready(port)
+        call(port, "POST", "/translate", "s3cret-key", {"texts": ["1 2 3", "4 5"]})
+        call(port, "POST", "/translate", "wrong", {"text": "1"})
+    finally:
+        server.terminate()
+        server.wait(timeout=60)
+    text = "".join(lines) + server.stderr.read()
+    records = [json.loads(line) for line in text.splitlines()]  # every line, start-up and shutdown included
+    assert all(re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}[+-]\d\d:\d\d", r["time"]) for r in records)
+    access = [r for r in records if r.get("path") == "/translate"]
+    assert [(r["status"], r["key_id"], r["sentences"]) for r in access] == [(200, "team-a", 2), (401, None, 0)]
+    assert access[0]["model"] == "src-tgt" and access[0]["tokens"] > 0 and access[0]["latency_ms"] > 0
+    assert access[0]["client"] == "127.0.0.1" and access[0]["request_id"] and access[0]["level"] == "INFO"
+    assert "s3cret-key" not in text
