@@ -110,7 +110,7 @@ def serve(cfg: ServeConfig, search_overrides: dict[str, Any]) -> None:
     config = uvicorn.Config(
         app, log_level="warning", access_log=False, lifespan="on", forwarded_allow_ips=cfg.forwarded_allow_ips
     )
-    server = DrainingServer(config, app.state.server, cfg.drain_timeout)
+    server = DrainingServer(config, app.state.server, cfg.drain_timeout, cfg.drain_grace)
     host, port = sock.getsockname()[:2]
     logger.info(
         "serving %s on http://%s:%d (%s, %s, batches of %d tokens, waiting %g ms)",

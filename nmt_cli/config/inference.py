@@ -184,6 +184,12 @@ class ServeConfig(SearchingConfig):
         "gets 503 (a second signal ends the wait at once).",
         min=0,
     )
+    drain_grace: float = flag(
+        0.0,
+        "At SIGTERM, seconds /ready answers 503 while requests are still served, so that a load balancer stops "
+        "sending new ones before the drain (--drain-timeout) begins.",
+        min=0,
+    )
     max_body_bytes: int = flag(8 << 20, "Bytes a request body may hold; a longer one gets 413 unread.", min=1)
     api_key: str | None = flag(None, "Key a client sends as `Authorization: Bearer KEY` (seen in process lists).")
     api_key_file: str | None = flag(

@@ -104,6 +104,7 @@ class Server:
         self.detector = Detector([model.served.info for model in models])
         self.open_requests = 0  # /translate requests not yet answered
         self.draining = False  # set by `drain`: the server is shutting down
+        self.unready = False  # set at a stop signal: /ready answers 503 (--drain-grace)
         self.answered_in_drain: Counter[int] = Counter()  # the status of each request answered since
         self.aborted_requests = 0  # of them, those answered 503 by `abort`
         self.aborted = Abort()  # set by `abort`: every open request is answered 503 at once
@@ -245,7 +246,7 @@ class Server:
         return JSONResponse({"status": "ok"})
 
     async def ready_check(self, request: Request) -> Response:
-        ready = self.batcher.ready.is_set()
+        ready = self.batcher.ready.is_set() and not self.unready
         return JSONResponse({"ready": ready}, status_code=200 if ready else 503)
 
     async def info(self, request: Request) -> Response:

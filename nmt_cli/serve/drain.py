@@ -1,12 +1,13 @@
 """uvicorn's server with `nmt serve`'s shutdown: a drain bounded by --drain-timeout.
 
-At the first SIGTERM, SIGINT or SIGHUP the server stops accepting connections, closes the idle ones, and lets the
-requests already open (their bodies still arriving, queued, or being searched) be answered, until none is left
-or `drain_timeout` seconds have passed. At that deadline, or at a second signal, every request still open is
-answered 503 {"error": "the server is shutting down ..."} and its queued sentences are dropped; connections
-still open then (a client that stopped sending) are closed. uvicorn's own shutdown waits for every connection
-without a bound (a client half-way through its body would hold the server forever), and at a second Ctrl-C
-cancels the open requests (a plain-text 500 and CancelledError tracebacks).
+At the first SIGTERM, SIGINT or SIGHUP, /ready answers 503 for `drain_grace` seconds while every request is still
+served (a load balancer's readiness probe takes the server out meanwhile); then the server stops accepting
+connections, closes the idle ones, and lets the requests already open (their bodies still arriving, queued, or being
+searched) be answered, until none is left or `drain_timeout` seconds have passed. At that deadline, or at a second
+signal, every request still open is answered 503 {"error": "the server is shutting down ..."} and its queued
+sentences are dropped; connections still open then (a client that stopped sending) are closed. uvicorn's own
+shutdown waits for every connection without a bound (a client half-way through its body would hold the server
+forever), and at a second Ctrl-C cancels the open requests (a plain-text 500 and CancelledError tracebacks).
 
 `DrainingServer.drain` records what the drain did: the signal that started it, the status of each request
 answered since, and how many got 503 because the drain was cut short (the command exits non-zero then).
@@ -70,9 +71,9 @@ class Drain:
 class DrainingServer(uvicorn.Server):
     """A uvicorn Server whose shutdown drains the app's open requests within `drain_timeout` seconds."""
 
-    def __init__(self, config: uvicorn.Config, app: App, drain_timeout: float) -> None:
+    def __init__(self, config: uvicorn.Config, app: App, drain_timeout: float, drain_grace: float = 0.0) -> None:
         super().__init__(config)
-        self.app, self.drain_timeout = app, drain_timeout
+        self.app, self.drain_timeout, self.drain_grace = app, drain_timeout, drain_grace
         self.drain = Drain()
 
     @contextlib.contextmanager
@@ -98,6 +99,12 @@ class DrainingServer(uvicorn.Server):
             self.force_exit = True
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        if self.drain_grace:  # a second signal ends it
+            self.app.unready = True
+            logger.info("%s: /ready answers 503 for --drain-grace %g s", self.drain.signal_name, self.drain_grace)
+            end = time.monotonic() + self.drain_grace
+            while not self.force_exit and time.monotonic() < end:
+                await asyncio.sleep(POLL)
         started = time.monotonic()
         for server in self.servers:  # stop accepting
             server.close()

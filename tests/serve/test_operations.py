@@ -3,6 +3,8 @@
 import http.client
 import json
 import re
+import signal
+import time
 
 import pytest
 
@@ -99,3 +101,22 @@ def test_log_format_json_writes_lines_a_collector_parses(tmp_path, tiny_checkpoi
     assert access[0]["model"] == "src-tgt" and access[0]["tokens"] > 0 and access[0]["latency_ms"] > 0
     assert access[0]["client"] == "127.0.0.1" and access[0]["request_id"] and access[0]["level"] == "INFO"
     assert "s3cret-key" not in text
+
+
+def test_after_sigterm_ready_says_503_for_the_grace_while_requests_are_answered(tiny_checkpoint):
+    server, port, _ = start_server(tiny_checkpoint, "--drain-grace", "30")
+    try:
+        wait_ready(port)
+        server.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 20
+        while call(port, "GET", "/ready")[0] != 503:  # the signal handled
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        status, body = call(port, "POST", "/translate", body={"text": "1 2 3"})  # sent within the grace
+        health = call(port, "GET", "/health")[0]
+        server.send_signal(signal.SIGTERM)  # a second signal ends the grace: the drain, then the exit
+        assert server.wait(timeout=30) == 0
+    finally:
+        server.kill()
+        server.wait()
+    assert status == 200 and json.loads(body)["translations"] and health == 200
