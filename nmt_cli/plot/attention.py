@@ -122,10 +122,8 @@ def greedy_output(
             "sentence"
         )
     translator = Translator(model, vocab, src.device)
-    constraint, n_leaves = (
-        TreeParser.of(translator, leaves).constraints([len(words)]).for_batch(src, src_lens, np.arange(1))
-    )
-    hyps = greedy_search(model, enc, src_lens, cfg, None, vocab.n_pieces, constraint=constraint, n_leaves=n_leaves)
+    rules = TreeParser.of(translator, leaves).constraints([len(words)]).for_batch(src, src_lens, np.arange(1))
+    hyps = greedy_search(model, enc, src_lens, cfg, None, vocab.n_pieces, rules=rules)
     return hyps[0][0].tokens
 
 

@@ -10,16 +10,14 @@ Stopping rule: a sentence stops once it has K finished hypotheses, or when it re
 maximum length max_len = a * |x| + b (|x| source pieces without EOS), where EOS is forced.
 This is fairseq's rule; with K = 1 it is exactly greedy search.
 
-The host waits for the device once per step, to learn how many sentences are done (`beam_search`);
-everything else is decided on the device, or on the host from what it already knows (the lengths).
-An optional `constraint` (parsing/constraint.py, search/lexical.py) masks log-probs before the top-k and follows
-the beams; one that has `rank_candidates` (lexical constraints) also chooses and orders each step's candidates.
-An optional `still_wanted` (serve's requests that timed out or went away) is asked on the host once a step;
-a sentence no longer wanted leaves the batch as a finished one does, and the batch stops when none is wanted.
-An optional `on_done` (serve) is told a sentence's results as it finishes: its client is answered while the
-longer sentences are still searched (one more host read on such steps).
-`beam_steps` is the search as a generator that yields after each decoder step (serve's worker interleaves
-batches by step); `beam_search` runs it to its end.
+The host waits for the device once per step, to learn how many sentences are done; everything else is decided
+on the device, or on the host from what it already knows (the lengths). An optional `constraint` (search/
+constraint.py) masks log-probs before the top-k and follows the beams, and may choose and order each step's
+candidates (`rank_candidates`: lexical constraints). An optional `still_wanted` (serve's requests that timed out or
+went away) is asked on the host once a step: a sentence no longer wanted leaves the batch as a finished one does.
+An optional `on_done` (serve) is told a sentence's results as it finishes (one more host read on such steps).
+`beam_steps` yields after each decoder step (serve's worker interleaves batches by step); `beam_search` runs it
+to its end.
 """
 
 from __future__ import annotations
@@ -35,7 +33,7 @@ from torch import Tensor
 from nmt_cli.config import SearchConfig
 from nmt_cli.data.vocab import BOS, EOS, PAD, UNK
 from nmt_cli.runtime import to_device_async
-from nmt_cli.search.constraint import Constraint
+from nmt_cli.search.constraint import Followed
 from nmt_cli.search.hypothesis import Hypothesis, nothing_found
 from nmt_cli.search.searchable import SearchEncoderOut, SearchModel
 from nmt_cli.steps import Steps, to_the_end  # a search is stepped work (serve's worker interleaves)
@@ -80,20 +78,23 @@ def length_penalty(length: int, alpha: float, style: str) -> float:
 def max_lengths(src_lens: Tensor, cfg: SearchConfig, max_positions: int) -> Tensor:
     """[B] the longest output (without EOS) allowed for each sentence: a * |x| + b, within the model's positions.
 
-    a and b are first capped at max_positions (exact: a >= 0, b >= 0 and |x| is 0 or at least 1), so that
-    absurd values (--max-len-b 10**30, --max-len-a 1e300) reach the model's limit instead of overflowing the
-    int64 conversion, which had raised or wrapped round to a negative length and so to 1 piece."""
+    a and b are first capped at max_positions (exact: a >= 0, b >= 0 and |x| is 0 or at least 1), so that absurd
+    values (--max-len-b 10**30) reach the model's limit instead of overflowing the int64 conversion."""
     a, b = min(cfg.max_len_a, max_positions), min(cfg.max_len_b, max_positions)
     return (src_lens.double() * a + b).long().clamp(min=1, max=max_positions - 1)
 
 
+def length_limits(
+    src_lens: Tensor, cfg: SearchConfig, max_positions: int, device: torch.device
+) -> tuple[Tensor, int, int]:
+    """[B0] each sentence's longest output (`max_lengths`) on `device`, the steps of the longest (EOS included),
+    and the first step at which a row may reach its maximum: known on the host (translate's lengths are there)."""
+    host = max_lengths(src_lens.cpu(), cfg, max_positions).numpy()
+    return torch.from_numpy(host).to(device), int(host.max()) + 1, int(host.min())
+
+
 def constrain(
-    log_probs: Tensor,
-    step: int,
-    max_len: Tensor,
-    cfg: SearchConfig,
-    n_pieces: int | None = None,
-    may_reach_max: bool = True,
+    log_probs: Tensor, step: int, max_len: Tensor, cfg: SearchConfig, n_pieces: int | None, may_reach_max: bool
 ) -> Tensor:
     """Never PAD or BOS, nor the embedding table's padding rows (ids >= n_pieces, no sentencepiece piece);
     no EOS before min_len; only EOS at max_len, min_len or not (max_len is the hard limit, as in greedy
@@ -267,6 +268,12 @@ class Unwanted:
         return self.on_device
 
 
+def tell(on_done: OnDone, fin: Finished, nbest: int, ids: Tensor) -> None:
+    """Tell `on_done` the results of the sentences `ids` [n] of the call."""
+    for i, hyps in zip(ids.tolist(), collect(fin, nbest, ids)):
+        on_done(i, hyps)
+
+
 def start(b0: int, k: int, n_steps: int, device: torch.device) -> tuple[BeamState, Finished]:
     """Empty hypotheses; only beam 0 of each sentence is live at first (the others score -inf)."""
     scores = torch.full((b0, k), NEG_INF, device=device)
@@ -295,39 +302,22 @@ def beam_steps(
     cfg: SearchConfig,
     n_pieces: int | None = None,
     *,
-    constraint: Constraint[Any] | None = None,
-    n_leaves: Tensor | None = None,
+    rules: Followed | None = None,
     still_wanted: StillWanted | None = None,
     on_done: OnDone | None = None,
 ) -> Steps[list[list[Hypothesis]]]:
-    """Translate a batch of encoded sentences, one decoder step per resumption (`beam_search` runs it to its end).
-
-    Args:
-        model: the Transformer (in eval mode), or an Ensemble of them (search/ensemble.py).
-        enc: encoder output for B0 sentences.
-        src_lens: [B0] source lengths without EOS.
-        cfg: beam size, length penalty, length limits, nbest.
-        n_pieces: the vocabulary's real size; ids from here to V are embedding padding, never output.
-        constraint: optional rules (search/constraint.py; a parser's tree), with n_leaves [B0] per sentence.
-        still_wanted: optional, asked once a step (see StillWanted); the sentences no longer wanted leave the
-            batch at that step, and their hypotheses (those finished by then, or none) are to be discarded.
-        on_done: optional, told each sentence's results at its step (OnDone), but at the batch's last step.
-
-    Returns:
-        For each sentence, `cfg.nbest` hypotheses, best first.
-    """
+    """Translate the B0 sentences `enc` of the model (a Transformer or an Ensemble; src_lens [B0] without EOS), one
+    decoder step per resumption, never writing ids from `n_pieces` on (embedding padding); each sentence's
+    `cfg.nbest` hypotheses, best first. `rules`: the constraint the beams follow (search/constraint.py) and
+    n_leaves [B0]. `still_wanted` (StillWanted): the sentences no longer wanted leave the batch at that step, their
+    hypotheses to be discarded. `on_done` (OnDone): told each sentence's results at its step, but at the last."""
     k, device, b0 = cfg.beam, enc.memory.device, enc.memory.shape[0]
-    host_max_len = max_lengths(src_lens.cpu(), cfg, model.max_positions)  # [B0]; translate's lengths are on the host
-    max_len = host_max_len.to(device)
-    n_steps, first_max = int(host_max_len.numpy().max()) + 1, int(host_max_len.numpy().min())
-    state, fin = start(b0, k, n_steps, device)
-    row_max_len = per_beam(max_len, k)  # [B*K]
+    max_len, n_steps, first_max = length_limits(src_lens, cfg, model.max_positions, device)
+    (state, fin), row_max_len = start(b0, k, n_steps, device), per_beam(max_len, k)  # row_max_len: [B*K]
     cache = model.init_cache(enc, 1)  # all beams start equal: step 0 runs once per sentence
     prev = torch.full((b0,), BOS, dtype=torch.long, device=device)
-    constraint_state: Any = None
-    if constraint is not None:
-        assert n_leaves is not None, "a constraint needs n_leaves"
-        constraint_state = constraint.start(per_beam(n_leaves.to(device), k))
+    constraint = None if rules is None else rules[0]
+    constraint_state: Any = None if rules is None else rules[0].start(per_beam(rules[1].to(device), k))
     rank = None if constraint is None else constraint.rank_candidates
     unwanted = None if still_wanted is None else Unwanted(still_wanted, device)
     for step in range(n_steps):
@@ -338,11 +328,11 @@ def beam_steps(
         log_probs = constrain(log_probs, step, row_max_len, cfg, n_pieces, may_reach_max=step >= first_max)
         if constraint is not None:
             log_probs = constraint.mask(log_probs, constraint_state, step, row_max_len)
-        scores, beams, tokens = top_candidates(state.scores, log_probs)
+        top = top_candidates(state.scores, log_probs)
         if rank is not None:  # the constraint's own choice and order of candidates (search/lexical.py)
-            scores, beams, tokens = rank(constraint_state, state.scores, log_probs, (scores, beams, tokens))
-        finish(state, fin, scores, beams, tokens, log_probs, step, cfg)
-        state, rows = survive(state, scores, beams, tokens, log_probs, in_order=rank is not None)
+            top = rank(constraint_state, state.scores, log_probs, top)
+        finish(state, fin, *top, log_probs, step, cfg)
+        state, rows = survive(state, *top, log_probs, in_order=rank is not None)
         done = finished = fin.count[state.sent_ids] >= k  # [B]
         if unwanted is not None and (gone := unwanted.update()) is not None:
             done = done | gone[state.sent_ids]  # they leave with the finished ones, counted in the same host sync
@@ -350,9 +340,7 @@ def beam_steps(
         if n_done == b:
             break
         if n_done and on_done is not None:
-            ids = state.sent_ids[finished]
-            for i, hyps in zip(ids.tolist(), collect(fin, cfg.nbest, ids)):
-                on_done(i, hyps)
+            tell(on_done, fin, cfg.nbest, state.sent_ids[finished])
         if n_done:  # finished sentences leave the batch; keep: the others, in order
             keep = torch.argsort(done.to(torch.uint8), stable=True)[: b - n_done]
             rows = rows.view(-1, k)[keep].view(-1)

@@ -48,6 +48,9 @@ class Constraint(Protocol[State]):
         ...
 
 
+Followed = tuple[Constraint[Any], Tensor]  # a batch's constraint and each sentence's n_leaves [B] (`for_batch`)
+
+
 class ConstraintSource(Protocol):
     """What a constrained search asks of its caller for each batch: the Constraint to follow and each sentence's
     number of leaves [B] (the length the constraint aims at; a constraint that aims at no length ignores it). The
@@ -56,7 +59,7 @@ class ConstraintSource(Protocol):
     src: [B, S] the batch's padded sources on the device (EOS included); src_lens: [B] their lengths without EOS,
     on the host; ids: [B] the batch's sentences as indices into the `sources` given to `translate`."""
 
-    def for_batch(self, src: Tensor, src_lens: Tensor, ids: np.ndarray) -> tuple[Constraint[Any], Tensor]: ...
+    def for_batch(self, src: Tensor, src_lens: Tensor, ids: np.ndarray) -> Followed: ...
 
 
 class ConstraintsState:

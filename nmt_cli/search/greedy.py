@@ -17,7 +17,7 @@ from torch import Tensor
 from nmt_cli.config import SearchConfig
 from nmt_cli.data.vocab import BOS, EOS, PAD, UNK
 from nmt_cli.search.beam import StillWanted, Unwanted
-from nmt_cli.search.constraint import Constraint
+from nmt_cli.search.constraint import Followed
 from nmt_cli.search.hypothesis import Hypothesis, nothing_found
 from nmt_cli.search.searchable import SearchEncoderOut, SearchModel
 from nmt_cli.steps import Steps, to_the_end
@@ -49,15 +49,14 @@ def greedy_steps(
     generator: torch.Generator | None = None,
     n_pieces: int | None = None,
     *,
-    constraint: Constraint[Any] | None = None,
-    n_leaves: Tensor | None = None,
+    rules: Followed | None = None,
     still_wanted: StillWanted | None = None,
 ) -> Steps[list[list[Hypothesis]]]:
     """Pick the most likely token each step (or sample one with cfg.sampling) until EOS or max length, one decoder
     step per resumption (`greedy_search` runs it to its end).
 
-    Ids from `n_pieces` on (the embedding table's padding rows) are never chosen. An optional `constraint`
-    (parsing/constraint.py) masks the log-probs first (n_leaves [B] per sentence).
+    Ids from `n_pieces` on (the embedding table's padding rows) are never chosen. Optional `rules`: a constraint
+    (search/constraint.py) that masks the log-probs first, and n_leaves [B].
     """
     b, device = enc.memory.shape[0], enc.memory.device
     limits = [min(max(int(n * cfg.max_len_a + cfg.max_len_b), 1), model.max_positions - 1) for n in src_lens.tolist()]
@@ -66,10 +65,8 @@ def greedy_steps(
     prev = torch.full((b,), BOS, dtype=torch.long, device=device)
     tokens, scores = [], []
     done = torch.zeros(b, dtype=torch.bool, device=device)
-    constraint_state: Any = None
-    if constraint is not None:
-        assert n_leaves is not None, "a constraint needs n_leaves"
-        constraint_state = constraint.start(n_leaves.to(device))
+    constraint = None if rules is None else rules[0]
+    constraint_state: Any = None if rules is None else rules[0].start(rules[1].to(device))
     unwanted = None if still_wanted is None else Unwanted(still_wanted, device)
     for step in range(max(limits) + 1):
         log_probs, cache = model.decode_step(prev, cache)

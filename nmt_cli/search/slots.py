@@ -47,10 +47,12 @@ from nmt_cli.search.beam import (
     constrain,
     finish,
     keep_sentences,
+    length_limits,
     max_lengths,
     per_beam,
     start,
     survive,
+    tell,
     top_candidates,
 )
 from nmt_cli.search.graphs import CudaCapture, SlotModel, StepGraphs, bucket_of, sentence_bucket
@@ -97,19 +99,12 @@ def slot_steps(
     on_done: OnDone | None = None,
 ) -> Steps[list[list[Hypothesis]]]:
     """Translate a batch of encoded sentences over fixed slots, one decoder step per resumption: beam.py's
-    `beam_steps` without constraints (the same arguments, `still_wanted` and `on_done` as there; `graphs`: replay
-    captured steps, CUDA).
-
-    Returns:
-        For each of the B0 sentences, `cfg.nbest` hypotheses, best first.
-    """
+    `beam_steps` without rules (the same arguments and results; `graphs`: replay captured steps, CUDA)."""
     if graphs is not None:
         return (yield from captured_steps(model, enc, src_lens, cfg, n_pieces, graphs, still_wanted, on_done))
     k, device, b0 = cfg.beam, enc.memory.device, enc.memory.shape[0]
-    host_max_len = max_lengths(src_lens.cpu(), cfg, model.max_positions)  # [B0]
-    n_steps, first_max = int(host_max_len.numpy().max()) + 1, int(host_max_len.numpy().min())
+    max_len, n_steps, first_max = length_limits(src_lens, cfg, model.max_positions, device)
     slots = Slots.open(model, enc, k)
-    max_len = host_max_len.to(device)
     state, fin = start(b0, k, n_steps, device)
     unwanted = None if still_wanted is None else Unwanted(still_wanted, device)
     early = None if on_done is None else Early.of(on_done, b0, b0, device)
@@ -119,9 +114,9 @@ def slot_steps(
     for step in range(n_steps):
         log_probs = slots.step(prev, rows, step)  # [N, V]
         log_probs = constrain(log_probs, step, row_max_len, cfg, n_pieces, may_reach_max=step >= first_max)
-        scores, beams, tokens = top_candidates(state.scores, log_probs)
-        finish(state, fin, scores, beams, tokens, log_probs, step, cfg)
-        state, rows = survive(state, scores, beams, tokens, log_probs)
+        top = top_candidates(state.scores, log_probs)
+        finish(state, fin, *top, log_probs, step, cfg)
+        state, rows = survive(state, *top, log_probs)
         done = finished = fin.count[state.sent_ids] >= k  # [B]
         if unwanted is not None and (gone := unwanted.update()) is not None:
             done = done | gone[state.sent_ids]  # masked with the finished ones, counted in the same host read
@@ -196,8 +191,7 @@ def captured_steps(
                 keep = torch.argsort(done.to(torch.uint8), stable=True)[:fewer]  # [B']
                 state.flush(fin)
                 moved_cache = captured.cache.select(keep, state.rows.view(-1, k)[keep].view(-1))
-                left = captured
-                moved = bucket._replace(rows=fewer * k)
+                left, moved = captured, bucket._replace(rows=fewer * k)
                 captured, batch = graphs.step_for(model, moved_cache, state.select(keep), moved, step + 1)
                 left.held = False
                 if early is not None:
@@ -237,8 +231,7 @@ class Early:
         ids = sent_ids[finished & self.told[sent_ids].logical_not()]  # the one more host read (its size)
         if ids.numel():
             self.told.index_fill_(0, ids, True)
-            for i, hyps in zip(ids.tolist(), collect(fin, nbest, ids)):
-                self.on_done(i, hyps)
+            tell(self.on_done, fin, nbest, ids)
 
 
 @dataclass

@@ -189,7 +189,7 @@ def batch_steps(
     across a pause would leak into the other's."""
     n, n_pieces, model = len(sources), translator.vocab.n_outputs, translator.model  # n_outputs: never a tag
     src, src_pad_mask, src_lens = source_batch(sources, translator.device)
-    constraint, n_leaves = (None, None) if rules is None else rules.for_batch(src, src_lens, ids)
+    followed = None if rules is None else rules.for_batch(src, src_lens, ids)
     # A layer of the encoder per resumption: serve's worker runs another batch's steps between the layers of a
     # batch of long sentences instead of waiting for its whole encoder.
     enc = yield from model.encode_steps(src, src_pad_mask)
@@ -197,11 +197,10 @@ def batch_steps(
         if cfg.nbest > 1:  # independent samples: each sentence nbest times in a row
             rep = torch.arange(n).repeat_interleave(cfg.nbest)
             enc, src_lens = enc.select(rep.to(translator.device)), src_lens[rep]
-            n_leaves = None if n_leaves is None else n_leaves[rep.to(n_leaves.device)]
+            followed = None if followed is None else (followed[0], followed[1][rep.to(followed[1].device)])
             still_wanted = None if still_wanted is None else repeated(still_wanted, cfg.nbest)
         hyps = yield from greedy_steps(
-            model, enc, src_lens, cfg, generator, n_pieces, constraint=constraint, n_leaves=n_leaves,
-            still_wanted=still_wanted,
+            model, enc, src_lens, cfg, generator, n_pieces, rules=followed, still_wanted=still_wanted,
         )  # fmt: skip
         return [[h[0] for h in hyps[i * cfg.nbest : (i + 1) * cfg.nbest]] for i in range(n)]
     if translator.slots is not None and applies(cfg, rules is not None):
@@ -213,8 +212,7 @@ def batch_steps(
         )
     return (
         yield from beam_steps(
-            model, enc, src_lens, cfg, n_pieces, constraint=constraint, n_leaves=n_leaves, still_wanted=still_wanted,
-            on_done=on_done,
+            model, enc, src_lens, cfg, n_pieces, rules=followed, still_wanted=still_wanted, on_done=on_done,
         )
     )  # fmt: skip
 

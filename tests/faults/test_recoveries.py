@@ -95,7 +95,7 @@ def test_a_save_dir_keeps_files_nmt_did_not_write(toy_data_bin, tmp_path):
 def test_search_never_emits_vocabulary_padding_ids(toy_data_bin):
     log_probs = torch.zeros(2, 32)
     log_probs[:, 30] = 5.0
-    out = constrain(log_probs, 1, torch.tensor([9, 9]), SearchConfig(), n_pieces=24)
+    out = constrain(log_probs, 1, torch.tensor([9, 9]), SearchConfig(), n_pieces=24, may_reach_max=True)
     assert torch.isinf(out[:, 24:]).all() and int(out.argmax(-1)[0]) < 24
 
     vocab = load_vocab(toy_data_bin)

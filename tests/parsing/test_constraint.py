@@ -103,9 +103,9 @@ def test_constrained_search_on_a_random_model_gives_trees(tiny_model, beam):
     cfg = SearchConfig(beam=beam, lenpen=0.3, max_len_a=1.0, max_len_b=8)
     src_lens = torch.full((5,), 6)
     if beam == 1:
-        hyps = greedy_search(tiny_model, enc, src_lens, cfg, constraint=constraint, n_leaves=n_leaves)
+        hyps = greedy_search(tiny_model, enc, src_lens, cfg, rules=(constraint, n_leaves))
     else:
-        hyps = beam_search(tiny_model, enc, src_lens, cfg, constraint=constraint, n_leaves=n_leaves)
+        hyps = beam_search(tiny_model, enc, src_lens, cfg, rules=(constraint, n_leaves))
     for n, h in zip(n_leaves.tolist(), hyps):
         tree = delinearize([PIECES[t] for t in h[0].tokens], [f"w{i}" for i in range(n)])
         assert tree.words() == [f"w{i}" for i in range(n)]

@@ -129,9 +129,9 @@ def test_search_on_a_random_model_copies_each_sentence(tiny_model, beam, ahead):
     enc = tiny_model.encode(src, src.eq(PAD))
     cfg = SearchConfig(beam=beam, lenpen=0.3, max_len_a=1.0, max_len_b=12)
     if beam == 1:
-        hyps = greedy_search(tiny_model, enc, src_lens, cfg, constraint=constraint, n_leaves=n_words)
+        hyps = greedy_search(tiny_model, enc, src_lens, cfg, rules=(constraint, n_words))
     else:
-        hyps = beam_search(tiny_model, enc, src_lens, cfg, constraint=constraint, n_leaves=n_words)
+        hyps = beam_search(tiny_model, enc, src_lens, cfg, rules=(constraint, n_words))
     for s, n, h in zip(sentences, n_words.tolist(), hyps):
         assert [t for t in h[0].tokens if t > 8 or t == UNK] == s
         assert sum(t in (7, 8) for t in h[0].tokens) == n

@@ -21,7 +21,7 @@ pytestmark = pytest.mark.usefixtures("cpu_matmul_route")  # both CPU matmul rout
 # on the host (`src_lens.cpu()`: translate passes them from the host, so on CUDA this copies nothing).
 # The twin does not see copies to the device: on CUDA a batch also sends its padded sources and its
 # maximum lengths there (tests/test_gpu.py allows for them).
-PER_BATCH = Counter({("cpu", "collect"): 4, ("cpu", "beam_steps"): 1})
+PER_BATCH = Counter({("cpu", "collect"): 4, ("cpu", "length_limits"): 1})
 # The one wait of a step: int(done.sum()), how many sentences are done (beam_steps).
 PER_STEP = ("__int__", "beam_steps")
 
