@@ -220,10 +220,12 @@ class Server:
     async def answer(
         self, request: Request, sentences: list[Sentence], key: tuple[str, Any], lengths: list[int], start: float
     ) -> dict:
+        # the client: its address (uvicorn's, from a trusted proxy's X-Forwarded-For), for its share of the worker
+        # (fair.py) and --max-client-sentences; the one API key every client sends tells none apart
         client = request.client.host if request.client else "unknown"
         try:
             self.clients.check(client, len(sentences))
-            future = self.batcher.submit(key, sentences, lengths)
+            future = self.batcher.submit(key, sentences, lengths, client)
         except ClientBusy as e:
             raise RequestError(429, str(e), RETRY_AFTER) from None
         except (QueueFull, Stopping) as e:

@@ -105,9 +105,10 @@ class BatchSearch:
         """`run`'s early answer of sentence i, from its hypotheses."""
         answer(i, translation(hyps, search.nbest, self.vocab))
 
-    def steps_bound(self, search: SearchConfig, pieces: int) -> int:
-        """The most decoder steps a sentence of `pieces` pieces may take: its longest output and EOS."""
-        return longest_output(search, pieces, self.max_positions) + 1
+    def cost(self, search: SearchConfig, pieces: int) -> int:
+        """The tokens the search of a sentence of `pieces` pieces may take: its rows (the beam, or the samples) at
+        each step of its longest output and EOS."""
+        return max(search.beam, search.nbest) * (longest_output(search, pieces, self.max_positions) + 1)
 
     def align(self, sentences: Sequence[Sentence], results: list[list[Hypothesis]]) -> None:
         """Align the hypotheses of the sentences whose request asked (generate's --print-alignment)."""

@@ -24,7 +24,8 @@ from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 from nmt_cli.errors import NmtError
-from nmt_cli.serve.policy import BatchPolicy, StepsBound
+from nmt_cli.serve.fair import Cost
+from nmt_cli.serve.policy import BatchPolicy
 from nmt_cli.serve.queued import Answer, Job, Queued, QueueFull, Running, Stopping, jobs_of, settle
 
 logger = logging.getLogger(__name__)
@@ -52,10 +53,10 @@ class Batcher:
         on_batch: OnBatch | None = None,
         on_step: OnStep | None = None,
         warm_up: Callable[[], Any] | None = None,
-        steps_bound: StepsBound | None = None,
+        cost: Cost | None = None,
     ) -> None:
         self.run, self.max_queue = run, max_queue
-        self.policy = BatchPolicy(max_tokens=max_tokens, max_wait=max_wait, steps_bound=steps_bound)
+        self.policy = BatchPolicy(max_tokens=max_tokens, max_wait=max_wait, cost=cost)
         self.worker_context, self.on_batch, self.on_step, self.warm_up = worker_context, on_batch, on_step, warm_up
         self.ready = threading.Event()  # set once the worker has warmed up (GET /ready)
         self.warmed = threading.Event()  # set once the warm-up has ended, well or not
@@ -98,10 +99,13 @@ class Batcher:
             self.policy.drop_cancelled()
             return len(self.policy)
 
-    def submit(self, key: Hashable, items: Sequence[Any], lengths: Sequence[int]) -> Future[list[Any]]:
-        """Queue a request's sentences; the Future gets their results in order (or the batch's exception). Raises
-        QueueFull where they would take the queue past `max_queue` sentences, Stopping once `stop` was called."""
-        job = Job(key, items, results=[None] * len(items), remaining=len(items))
+    def submit(
+        self, key: Hashable, items: Sequence[Any], lengths: Sequence[int], client: Hashable = None
+    ) -> Future[list[Any]]:
+        """Queue a request's sentences (of `client`; None: a client of its own); the Future gets their results in
+        order (or the batch's exception). Raises QueueFull where they would take the queue past `max_queue`
+        sentences, Stopping once `stop` was called."""
+        job = Job(key, items, client, results=[None] * len(items), remaining=len(items))
         if not items:
             job.future.set_result([])
             return job.future

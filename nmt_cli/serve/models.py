@@ -209,14 +209,14 @@ class Models:
             max_queue=max_queue,
             worker_context=self.worker_context,
             warm_up=self.warm_up,
-            steps_bound=self.steps_bound,
+            cost=self.cost,
         )
 
-    def steps_bound(self, key: Hashable, pieces: int) -> int:
-        """The batcher's steps_bound: the most steps a sentence of `pieces` may take with its key's model."""
+    def cost(self, key: Hashable, pieces: int) -> int:
+        """The batcher's cost: the tokens the search of a sentence of `pieces` may take with its key's model."""
         assert isinstance(key, tuple)
         name, search = key
-        return self.models[name].served.searcher.steps_bound(search, pieces)
+        return self.models[name].served.searcher.cost(search, pieces)
 
 
 def key_of(model: Model, search: SearchConfig) -> tuple[str, SearchConfig]:

@@ -3,7 +3,6 @@ how their results reach the requests' Futures (early answers included)."""
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable, Generator, Hashable, Sequence
 from concurrent.futures import Future, InvalidStateError
@@ -25,10 +24,12 @@ Answer = Callable[[int, Any], None]
 
 @dataclass(eq=False)
 class Job:
-    """One request's sentences (`items`, searched with the settings `key`) and the Future of their results."""
+    """One request's sentences (`items`, searched with the settings `key`) of a `client` (None: a client of its own,
+    the Job itself) and the Future of their results."""
 
     key: Hashable
     items: Sequence[Any]
+    client: Hashable = None
     future: Future[list[Any]] = field(default_factory=Future)
     results: list[Any] = field(default_factory=list)
     remaining: int = 0
@@ -36,6 +37,7 @@ class Job:
     over: bool = False  # its Future is done (answered, failed, timed out, cancelled): read once a step, without a lock
 
     def __post_init__(self) -> None:
+        self.client = self if self.client is None else self.client
         self.future.add_done_callback(self._over)
 
     def _over(self, _: Future[list[Any]]) -> None:
@@ -47,7 +49,7 @@ class Queued:
     job: Job
     index: int
     length: int  # source pieces, for the token budget; 0: an empty sentence (no search)
-    bound: float = math.inf  # the most steps its search may take (StepsBound; inf: unknown)
+    cost: int = 0  # the tokens its search may take (fair.py's Cost); 0: an empty sentence
     answered: bool = False
 
     def answer(self, result: Any) -> None:
@@ -72,15 +74,10 @@ class Running:
     seconds: float = 0.0
     started: float = field(default_factory=time.monotonic)
     arrived_at_early: int | None = None  # the batcher's sentences arrived when this batch first answered a request
-    end: float = field(init=False)  # the step by which every one of its sentences has ended at the latest
+    share: float = field(init=False)  # the tokens its sentences may cost per request (fair.py's Cost)
 
     def __post_init__(self) -> None:
-        self.end = max((q.bound for q in self.batch), default=0)
-
-    @property
-    def left(self) -> float:
-        """The most steps it may still take (inf: unknown)."""
-        return self.end - self.steps
+        self.share = sum(q.cost for q in self.batch) / len(jobs_of(self.batch))
 
     def still_wanted(self) -> list[bool]:
         """Per sentence, whether its request still waits for it (not answered, timed out, cancelled, or gone)."""
@@ -91,20 +88,6 @@ class Running:
         """No request waits for any of its sentences (all answered, timed out or gone): a batch that the others'
         shorter searches kept from its next step is dropped without one."""
         return all(q.job.over for q in self.batch)
-
-
-def without(queue: list[Queued], taken: list[Queued]) -> list[Queued]:
-    """The queue less the sentences taken from it."""
-    chosen = set(map(id, taken))
-    return [q for q in queue if id(q) not in chosen]
-
-
-def startable(queue: list[Queued], running: list[Running]) -> list[Queued]:
-    """The queued sentences a new batch may take: beside running batches, those of other requests. A request larger
-    than a batch searches its batches one after another, so that it never holds both slots and a short request
-    arriving meanwhile still starts beside it (batcher.py)."""
-    busy = {id(job) for r in running for job in jobs_of(r.batch)}
-    return [q for q in queue if id(q.job) not in busy] if busy else queue
 
 
 def jobs_of(batch: list[Queued]) -> list[Job]:

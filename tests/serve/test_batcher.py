@@ -281,10 +281,11 @@ def test_a_batch_is_counted_before_its_answers_go_out():
 
 
 def test_a_short_batch_admitted_while_a_long_one_runs_finishes_first():
-    """A batch that arrives while an expensive one is searched is taken at the next step and, having run the
-    fewest steps, searched until it ends: it is answered while the expensive one still runs, which then ends."""
+    """A batch that arrives while an expensive one is searched is taken at the next step and, costing its client
+    the least, searched until it ends: it is answered while the expensive one still runs, which then ends."""
     run = Recorder(delay=0.005, steps=lambda key: 400 if key == "long" else 3)
-    batcher = Batcher(run, max_tokens=1000, max_wait=0.0, max_queue=100)
+    costs = {"long": 400, "short": 3}
+    batcher = Batcher(run, max_tokens=1000, max_wait=0.0, max_queue=100, cost=lambda key, n: costs[key])
     batcher.start()
     long = submit(batcher, "long", ["x"])
     time.sleep(0.1)
@@ -301,35 +302,40 @@ def test_a_short_batch_admitted_while_a_long_one_runs_finishes_first():
 
 def test_at_most_two_batches_run_at_once_and_each_ends():
     run = Recorder(delay=0.002, steps=lambda key: 30)
-    batcher = Batcher(run, max_tokens=1000, max_wait=0.0, max_queue=100)
+    costs = {"a": 100, "b": 10, "c": 10, "d": 10}  # b, c and d pass a (costing 20 and more), one at a time
+    batcher = Batcher(run, max_tokens=1000, max_wait=0.0, max_queue=100, cost=lambda key, n: costs[key])
     futures = [submit(batcher, key, ["x"]) for key in "abcd"]  # one batch per key: four ready at once
     batcher.start()
     assert [f.result(timeout=10) for f in futures] == [[f"{key}:x"] for key in "abcd"]
     batcher.stop(timeout=10)
     assert run.most_running == 2
-    assert run.finished == ["a", "b", "c", "d"]
+    assert run.finished == ["b", "c", "d", "a"]  # the cheapest per client first
 
 
-def test_the_batch_that_has_run_the_fewest_steps_runs_next():
-    """Least attained service: two batches taken together alternate step by step; one queued later starts beside
-    the other only once that one has run past twice the usual steps (b's 2), then runs alone until it has had as
-    many steps, and then they alternate."""
-    run = Recorder(steps=lambda key: {"a": 6, "b": 2, "c": 6}[key])
-    batcher = Batcher(run, max_tokens=1000, max_wait=0.0, max_queue=100)
-    futures = [submit(batcher, key, ["x"]) for key in "abc"]
-    batcher.start()
-    assert [f.result(timeout=10) for f in futures] == [["a:x"], ["b:x"], ["c:x"]]
-    batcher.stop(timeout=10)
-    # a and b alternate, the older first on a tie; b ends at its third resumption, after a's third step; a runs
-    # alone until it has had 5 steps, more than twice b's 2; c, taken then with 0 steps, runs alone until it has 5,
-    # and then they alternate
-    assert run.trace == ["a", "b", "a", "b", "a", "a", "a", "c", "c", "c", "c", "c", "a", "c"]
-    assert run.finished == ["b", "a", "c"]
+def test_the_batch_that_costs_least_per_request_steps_next_then_the_one_that_has_run_the_fewest_steps():
+    from nmt_cli.serve.policy import BatchPolicy
+    from nmt_cli.serve.queued import Job, Queued, Running
+
+    def running(requests, steps):
+        """A batch of requests, each a list of its sentences' costs, that has run `steps` steps."""
+        jobs = [Job("k", ["x"] * len(costs)) for costs in requests]
+        r = Running(
+            [Queued(job, i, 1, cost) for job, costs in zip(jobs, requests) for i, cost in enumerate(costs)], iter(())
+        )
+        r.steps = steps
+        return r
+
+    big, light, lighter = running([[2056]], 3), running([[120]] * 4, 30), running([[100, 100]], 50)
+    assert lighter.share == 200 and light.share == 120 and big.share == 2056  # tokens per request
+    assert BatchPolicy.choose([big, light, lighter]) is light
+    ran_less = running([[120]] * 4, 10)
+    assert BatchPolicy.choose([light, ran_less]) is ran_less and BatchPolicy.choose([big, ran_less]) is ran_less
 
 
 def test_a_batch_that_fails_beside_a_running_one_fails_only_its_own_requests():
     run = Recorder(delay=0.005, fail_on="bad", steps=lambda key: 40 if key == "long" else 2)
-    batcher = Batcher(run, max_tokens=1000, max_wait=0.0, max_queue=100)
+    costs = {"long": 40, "other": 2}
+    batcher = Batcher(run, max_tokens=1000, max_wait=0.0, max_queue=100, cost=lambda key, n: costs[key])
     batcher.start()
     long = submit(batcher, "long", ["x"])
     time.sleep(0.05)
@@ -358,15 +364,16 @@ def test_a_batch_of_the_usual_length_is_not_joined_by_the_next_one():
 
 
 def test_a_batch_that_may_end_sooner_starts_at_once_and_runs_first():
-    """With steps bounds (a * |x| + b, known before the search): a batch bounded below what the running one may
-    still take starts beside it at once and runs first, before the running one has run past twice the usual."""
+    """With costs (a sentence's rows at each step of its longest output, known before the search): a batch that
+    costs its client less than half of what the running one costs its own starts beside it at once and runs first,
+    without waiting for the running one to end."""
     run = Recorder(delay=0.002, steps=lambda key: {"usual": 2, "long": 30, "short": 3}[key])
     bounds = {"usual": 3, "long": 40, "short": 4}
-    batcher = Batcher(run, max_tokens=1000, max_wait=0.0, max_queue=100, steps_bound=lambda key, n: bounds[key])
+    batcher = Batcher(run, max_tokens=1000, max_wait=0.0, max_queue=100, cost=lambda key, n: bounds[key])
     batcher.start()
     assert submit(batcher, "usual", ["x"]).result(timeout=5) == ["usual:x"]  # the usual batch: 2 steps
     long = submit(batcher, "long", ["x"])
-    while run.trace.count("long") < 2:  # running, and not yet past twice the usual steps
+    while run.trace.count("long") < 2:  # running
         time.sleep(0.001)
     short = submit(batcher, "short", ["x"])
     assert short.result(timeout=5) == ["short:x"] and not long.done()
@@ -374,8 +381,7 @@ def test_a_batch_that_may_end_sooner_starts_at_once_and_runs_first():
     batcher.stop(timeout=5)
     first_short = run.trace.index("short")
     assert run.trace[first_short : first_short + 3] == ["short"] * 3  # ran first, without a long step between
-    # started at once (the long batch at its 2nd or 3rd step), not once it had run past twice the usual 2 steps
-    assert run.trace.index("short") <= 5
+    assert run.trace.index("short") <= 5  # started at once, the long batch at its 2nd or 3rd step
 
 
 def test_a_request_larger_than_a_batch_leaves_the_second_slot_to_others():
@@ -383,7 +389,7 @@ def test_a_request_larger_than_a_batch_leaves_the_second_slot_to_others():
     short request arriving meanwhile takes the free slot at once (it had waited for one of the two to end)."""
     run = Recorder(delay=0.005, steps=lambda key: 40 if key == "long" else 3)
     bounds = {"long": 50, "short": 4}
-    batcher = Batcher(run, max_tokens=10, max_wait=0.0, max_queue=100, steps_bound=lambda key, n: bounds[key])
+    batcher = Batcher(run, max_tokens=10, max_wait=0.0, max_queue=100, cost=lambda key, n: bounds[key])
     batcher.start()
     long = submit(batcher, "long", ["aaaa"] * 4)  # 2 sentences of 4 pieces and EOS a batch: two batches
     while run.trace.count("long") < 3:

@@ -46,22 +46,27 @@ def test_tiny_mode_reports_throughput_and_latency_next_to_generate(trained_copy_
 @pytest.mark.slow  # as above, then two more load phases and two more servers
 def test_tiny_mode_with_an_adversary_and_two_thread_counts(trained_copy_checkpoint, tmp_path):
     """Over fixed slots (--fixed-slots): the adversary's plain beam searches run there, stopped by its timeout."""
-    options = ["--adversary", "--timeout", "2", "--max-output-tokens", "300", "--threads-compare", "1,0"]
-    report = bench_serve(trained_copy_checkpoint, tmp_path, *options, "--fixed-slots")
+    small = ["--max-input-chars", "2000", "--max-request-sentences", "16", "--timeout", "2"]  # the guide's beam, output
+    report = bench_serve(
+        trained_copy_checkpoint, tmp_path, "--adversary", *small, "--threads-compare", "1,0", "--fixed-slots"
+    )
     assert report["search"] == "fixed slots, eager" and report["differ from generate"] == "0"
-    caps = "--max-beam 8 --max-nbest 8 --max-output-tokens 300 --max-input-chars 2000 --max-request-sentences 16"
-    assert report["server caps"] == caps + " --timeout 2.0"
+    caps = "--max-beam 8 --max-output-tokens 256 --max-input-chars 2000 --max-request-sentences 16 --timeout 2.0"
+    assert report["server caps"] == caps
     # transformer_tiny's 256 positions bound the forced length below --max-output-tokens
     assert report["adversary request"] == "16 texts of 2000 chars, beam 8, nbest 8, min_len = max_len_b 255"
     answers = dict(reversed(part.split(" x ")) for part in report["adversary answers"].split(", "))
     assert set(answers) <= {"200", "504"} and sum(map(int, answers.values())) >= 1
     for condition in ("without adversary", "with adversary"):
         assert float(report[f"{condition} p99 ms"]) >= float(report[f"{condition} p50 ms"]) > 0
+        assert float(report[f"{condition} sent/s"]) > 0
     # a normal request may time out behind the adversary's batch (a figure, not a failure), not be refused
     assert report["without adversary not 200"] == "none"
     assert re.fullmatch(r"none|\d+ x 504", report["with adversary not 200"])
     ratio = float(report["with adversary p99 ms"]) / float(report["without adversary p99 ms"])
     assert float(report["p99 with / without"]) == pytest.approx(ratio, abs=0.01)
+    rate = float(report["with adversary sent/s"]) / float(report["without adversary sent/s"])
+    assert float(report["sent/s with / without"]) == pytest.approx(rate, abs=0.01)
     assert report["adversary phases differ"] == "0"
     for threads in ("1", "0"):
         assert float(report[f"threads {threads} sent/s"]) > 0
