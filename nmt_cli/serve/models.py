@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Hashable, Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -194,12 +193,6 @@ class Models:
                     f"--path {model.spec}: the model failed to translate a warm-up sentence: {type(e).__name__}: {e}"
                 ) from e
 
-    @contextmanager
-    def worker_context(self) -> Iterator[None]:
-        """The worker's settings: every model shares the threads set_threads gave the main thread."""
-        with self.default.served.searcher.worker_context():
-            yield
-
     def batcher(self, max_wait: float, max_queue: int) -> Batcher:
         """The one batcher (not started) of every model: its worker searches each batch with its key's model."""
         return Batcher(
@@ -207,7 +200,7 @@ class Models:
             max_tokens=self.default.served.max_tokens,
             max_wait=max_wait,
             max_queue=max_queue,
-            worker_context=self.worker_context,
+            worker_context=self.default.served.searcher.worker_context,  # every model's threads are alike
             warm_up=self.warm_up,
             cost=self.cost,
         )

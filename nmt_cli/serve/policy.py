@@ -1,26 +1,13 @@
-"""The batcher's scheduling policy (serve/batcher.py runs it): which queued sentences make the next batch and when,
-whether it may start beside the running ones, and which running batch the worker steps next. No thread and no
-lock here: the batcher holds its lock around every call. Clients share the worker fairly (fair.py: the queue by
-client, each batch filled by deficit round robin over tokens).
+"""The batcher's scheduling policy (serve/batcher.py runs it, holding its lock around every call): which queued
+sentences make the next batch and when (`due`: after the company it waits for), whether it may start beside the
+running ones (`may_start`), and which running batch the worker steps next (`choose`). Clients share the worker
+fairly: fair.py keeps the queue by client and fills each batch by deficit round robin over tokens.
 
-The next batch is built around the first queued sentence of the client whose turn it is, which waits for company:
-until as many sentences are queued as the last batch answered plus those that waited through it (its clients come
-back with their next ones moments after their answers), or `max_tokens` padded tokens are, or no sentence has
-arrived for `max_wait` (from the oldest arrival of its search settings, or the last batch's end when later).
-Company still arriving is waited for at most RETURN_SHARE of a usual batch's search time from that end: the
-clients come back one after another, as fast as the event loop answers and reads them, and a batch taken before
-they are back splits every later one. A lone client is never kept waiting. Empty sentences cost nothing and ride
-along.
-
-Up to MAX_RUNNING batches run (`may_start`), a request's batches one after another. Beside the running ones the
-next batch starts, without waiting, where each running batch costs at least PASS_FACTOR times as many tokens per
-request as the next batch's first sentence: a short batch that arrives while an expensive one runs (the largest
-beam and output the caps allow, or many sentences) starts at once, and batches of ordinary sentences do not split
-each other (what arrives while one runs waits for its end and batches together). Where one client's batches hold
-every slot, one more batch of another client starts beside them: a client never keeps the others waiting for one
-of its batches to end. The worker steps the running batch that costs the least per request (`choose`): the light
-requests' batch runs to its end, about as fast as alone, and the expensive one goes on in the time they leave
-(while they wait for company); then the one that has run the fewest steps (least attained service).
+Up to MAX_RUNNING batches run, a request's batches one after another. A short batch that arrives while an expensive
+one runs (the largest beam and output the caps allow, or many sentences) starts at once, is stepped first and ends
+about as fast as alone; the expensive one goes on in the time it leaves. Batches of ordinary sentences do not split
+each other: what arrives while one runs waits for its end and batches together. A client never keeps the others
+waiting for one of its batches to end: where its batches hold every slot, one more batch of another client starts.
 """
 
 from __future__ import annotations
@@ -89,8 +76,9 @@ class BatchPolicy:
         return PASS_FACTOR * first.cost <= min(r.share for r in running)
 
     def due(self, running: list[Running]) -> list[Queued] | float:
-        """The next batch, taken from the queue, once it is due (its company has come, or waiting for it is over);
-        else the seconds until it is due (inf: none is queued). From the oldest arrival or the last batch's end,
+        """The next batch, taken from the queue, once it is due (its company has come: as many sentences as expected,
+        `ended`, or `max_tokens` padded tokens; or waiting for it is over); else the seconds until it is due (inf:
+        none is queued). A lone client is never kept waiting. From the oldest arrival or the last batch's end,
         whichever is later: the clients that batch answered send their next sentences within moments; waiting for
         them beats running the few that queued during it, and once they are back (as many as expected) waiting gains
         nothing. Past max_wait only an idle worker waits, for the last batch's settings: beside a running batch
