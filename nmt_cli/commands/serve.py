@@ -1,9 +1,10 @@
-"""`nmt serve`: load the checkpoint, warm the model up, listen, and serve until SIGTERM or Ctrl-C.
+"""`nmt serve`: listen, load the checkpoints and warm the models up, and serve until SIGTERM or Ctrl-C.
 
 Starlette and uvicorn are the optional extra `nmt[serve]`, imported here so that their absence is one
-error line. Options that cannot work are refused before the server listens, in one error line (exit 1): those
-the configuration and the search settings check, and whatever the warm-up translation fails on (the worker
-builds the model and translates one sentence before the port is opened).
+error line. Options that cannot work are refused in one error line (exit 1): those the configuration checks
+before the server listens, and whatever loading or the warm-up translation fails on (the worker builds the model
+and translates one sentence) while it listens already, /health answering 200 and /ready 503 (serve/drain.py's
+Loading), for an orchestrator to see the process alive while it loads.
 
 On SIGTERM (or SIGINT) the server stops accepting connections and drains (serve/drain.py): the requests already
 open are answered, for --drain-timeout seconds at most; at that deadline, or at a second signal, those still
@@ -24,6 +25,7 @@ import re
 import signal
 import socket
 import sys
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -36,6 +38,9 @@ from nmt_cli.serve.keys import Keys
 from nmt_cli.signals import Interrupted
 
 if TYPE_CHECKING:
+    from starlette.applications import Starlette
+
+    from nmt_cli.serve.app import Limits
     from nmt_cli.serve.batcher import Batcher
 
 logger = logging.getLogger(__name__)
@@ -83,10 +88,9 @@ def serve(cfg: ServeConfig, search_overrides: dict[str, Any]) -> None:
     require_server_library()
     import uvicorn
 
-    from nmt_cli.serve.app import Limits, make_app
-    from nmt_cli.serve.drain import DrainingServer
+    from nmt_cli.serve.app import Limits
+    from nmt_cli.serve.drain import DrainingServer, Loading
     from nmt_cli.serve.limits import RateLimit
-    from nmt_cli.serve.models import Models
 
     if cfg.log_format == "json":
         log_json_lines()
@@ -97,34 +101,16 @@ def serve(cfg: ServeConfig, search_overrides: dict[str, Any]) -> None:
     limits.metrics_token = metrics[0]
     limits.rate = RateLimit(cfg.req_limit, cfg.char_limit_per_minute, cfg.req_limit_daily)
     threads_note = set_serving_threads(cfg.threads)
-    models = Models.open(cfg, search_overrides)
-    served = models.default.served
-    sock = listen(cfg.host, cfg.port)  # bound (a port in use is refused now), not yet listening
-    app = make_app(models, cfg.max_wait_ms / 1000, cfg.max_queue, limits)
-    try:
-        warm_up(app.state.server.batcher)
-    except BaseException:
-        sock.close()
-        raise
+    sock = listen(cfg.host, cfg.port)  # bound (a port in use is refused now), listening once the server runs
+    host, port = sock.getsockname()[:2]
+    url = f"http://{f'[{host}]' if ':' in host else host}:{port}"
+    loading = Loading()  # listens from now on: /health 200, /ready 503 until the models are loaded and warm
     # None: uvicorn's own default, $FORWARDED_ALLOW_IPS else the loopback addresses
     config = uvicorn.Config(
-        app, log_level="warning", access_log=False, lifespan="on", forwarded_allow_ips=cfg.forwarded_allow_ips
+        loading, log_level="warning", access_log=False, lifespan="off", forwarded_allow_ips=cfg.forwarded_allow_ips
     )
-    server = DrainingServer(config, app.state.server, cfg.drain_timeout, cfg.drain_grace)
-    host, port = sock.getsockname()[:2]
-    logger.info(
-        "serving %s on http://%s:%d (%s, %s, batches of %d tokens, waiting %g ms)",
-        ", ".join(
-            f"{m.spec} ({m.served.info['task']})" if len(models) == 1 else f"{m.name}: {m.served.path}" for m in models
-        ),
-        f"[{host}]" if ":" in host else host,
-        port,
-        served.device,
-        served.precision if cfg.quantize is None else cfg.quantize,
-        cfg.max_batch_tokens,
-        cfg.max_wait_ms,
-    )
-    logger.info("%s", threads_note)
+    server = DrainingServer(config, loading, cfg.drain_timeout, cfg.drain_grace)
+    logger.info("listening at %s while the models load; %s", url, threads_note)
     if key_source:
         logger.info("clients must send `Authorization: Bearer KEY` (the key from %s)", key_source)
     elif not ipaddress.ip_address(host).is_loopback:
@@ -133,8 +119,14 @@ def serve(cfg: ServeConfig, search_overrides: dict[str, Any]) -> None:
             "NMT_API_KEY, or put a proxy that authenticates in front (docs/guide.md)",
             host,
         )
+    opening = threading.Thread(target=loading.load, args=(lambda: open_app(cfg, search_overrides, limits, url), server))
+    opening.start()
     with quiet_exit_signals():
         server.run(sockets=[sock])
+        if loading.error is not None:
+            raise loading.error  # an option that could not work (one error line), or a bug
+        if loading.app is None:  # the models were still loading (the worker not yet started)
+            exit_now(Interrupted("stopped while the models loaded", server.drain.signum or signal.SIGTERM))
         drain = server.drain
         logger.info("%s", drain.summary())
     if drain.clean:
@@ -144,9 +136,34 @@ def serve(cfg: ServeConfig, search_overrides: dict[str, Any]) -> None:
         f"translations ({drain.cut_short or 'their connections were closed'})",
         drain.signum or signal.SIGTERM,
     )
-    if app.state.server.batcher.running:  # mid-batch: the interpreter's exit would abort in the worker's torch call
+    if (
+        loading.app.state.server.batcher.running
+    ):  # mid-batch: the interpreter's exit would abort in the worker's torch call
         exit_now(stopped)
     raise stopped
+
+
+def open_app(cfg: ServeConfig, search_overrides: dict[str, Any], limits: Limits, url: str) -> Starlette:
+    """The app serving the checkpoints, opened and warmed up (on a thread of its own, while the server listens)."""
+    from nmt_cli.serve.app import make_app
+    from nmt_cli.serve.models import Models
+
+    models = Models.open(cfg, search_overrides)
+    served = models.default.served
+    app = make_app(models, cfg.max_wait_ms / 1000, cfg.max_queue, limits)
+    warm_up(app.state.server.batcher)
+    logger.info(
+        "serving %s on %s (%s, %s, batches of %d tokens, waiting %g ms)",
+        ", ".join(
+            f"{m.spec} ({m.served.info['task']})" if len(models) == 1 else f"{m.name}: {m.served.path}" for m in models
+        ),
+        url,
+        served.device,
+        served.precision if cfg.quantize is None else cfg.quantize,
+        cfg.max_batch_tokens,
+        cfg.max_wait_ms,
+    )
+    return app
 
 
 def serving_threads(n_threads: int) -> int:

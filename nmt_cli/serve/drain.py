@@ -23,11 +23,14 @@ import socket
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from types import FrameType
 
 import uvicorn
+from starlette.applications import Starlette
+from starlette.responses import JSONResponse
+from starlette.types import Receive, Scope, Send
 
 from nmt_cli.serve.app import Server as App
 
@@ -68,13 +71,44 @@ class Drain:
         return f"stopped after {self.signal_name}: {said}"
 
 
+class Loading:
+    """The ASGI app the server listens with from the start: while the models load and warm up, /health answers 200,
+    /ready 503 and any other request 503 with Retry-After; then `app`, once set, answers everything."""
+
+    def __init__(self) -> None:
+        self.app: Starlette | None = None
+        self.error: BaseException | None = None  # what loading failed on
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self.app is not None:
+            await self.app(scope, receive, send)
+        elif scope["type"] == "http":
+            health, ready = scope["path"] == "/health", scope["path"] == "/ready"
+            body = (
+                {"status": "loading"} if health else {"ready": False} if ready else {"error": "the models are loading"}
+            )
+            await JSONResponse(body, 200 if health else 503, {"Retry-After": "1"})(scope, receive, send)
+
+    def load(self, open_app: Callable[[], Starlette], server: uvicorn.Server) -> None:
+        """Open the app (on a thread of its own); a failure stops the server, and `error` says what it was."""
+        try:
+            self.app = open_app()
+        except BaseException as e:
+            self.error, server.should_exit = e, True
+
+
 class DrainingServer(uvicorn.Server):
     """A uvicorn Server whose shutdown drains the app's open requests within `drain_timeout` seconds."""
 
-    def __init__(self, config: uvicorn.Config, app: App, drain_timeout: float, drain_grace: float = 0.0) -> None:
+    def __init__(self, config: uvicorn.Config, loading: Loading, drain_timeout: float, drain_grace: float) -> None:
         super().__init__(config)
-        self.app, self.drain_timeout, self.drain_grace = app, drain_timeout, drain_grace
+        self.loading, self.drain_timeout, self.drain_grace = loading, drain_timeout, drain_grace
         self.drain = Drain()
+
+    @property
+    def app(self) -> App:
+        assert self.loading.app is not None
+        return self.loading.app.state.server
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
@@ -99,6 +133,10 @@ class DrainingServer(uvicorn.Server):
             self.force_exit = True
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        if self.loading.app is None:  # stopped while the models load: nothing was taken
+            for server in self.servers:
+                server.close()
+            return
         if self.drain_grace:  # a second signal ends it
             self.app.unready = True
             logger.info("%s: /ready answers 503 for --drain-grace %g s", self.drain.signal_name, self.drain_grace)
@@ -140,7 +178,8 @@ class DrainingServer(uvicorn.Server):
                 transport.close()
                 self.drain.closed += 1
         self.drain.answered, self.drain.aborted = Counter(self.app.answered_in_drain), self.app.aborted_requests
-        await self.lifespan.shutdown()  # the worker ends: every queued sentence was answered or dropped
+        # the worker ends: every queued sentence was answered or dropped
+        await asyncio.get_running_loop().run_in_executor(None, self.app.batcher.stop, self.app.stop_wait)
 
     def _open(self) -> bool:
         return bool(self.app.open_requests or self.server_state.connections)

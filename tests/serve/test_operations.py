@@ -4,11 +4,13 @@ import http.client
 import json
 import re
 import signal
+import subprocess
+import sys
 import time
 
 import pytest
 
-from tests.serve.test_signals import start_server, wait_ready
+from tests.serve.test_signals import ROOT, start_server, wait_ready
 
 pytest.importorskip("uvicorn")
 
@@ -120,3 +122,44 @@ def test_after_sigterm_ready_says_503_for_the_grace_while_requests_are_answered(
         server.kill()
         server.wait()
     assert status == 200 and json.loads(body)["translations"] and health == 200
+
+
+def test_the_server_listens_while_the_model_loads(tmp_path, tiny_checkpoint):
+    """Loading held until the test releases it (Models.open waits for a file, in the server's process only)."""
+    release = tmp_path / "release"
+    start = (
+        "import sys, time; from nmt_cli.serve.models import Models; opened = Models.open.__func__\n"
+        "def held(cls, *args):\n"
+        f"    while not __import__('os').path.exists({str(release)!r}): time.sleep(0.01)\n"
+        "    return opened(cls, *args)\n"
+        "Models.open = classmethod(held); from nmt_cli.__main__ import main; sys.argv[0] = 'nmt'; main()"
+    )
+    log = tmp_path / "stderr"
+    with log.open("w") as stderr:
+        server = subprocess.Popen(
+            [sys.executable, "-c", start, "serve", "--path", tiny_checkpoint, "--port", "0", "--device", "cpu"],
+            cwd=ROOT,
+            stderr=stderr,
+        )
+    try:
+        deadline = time.monotonic() + 60
+        while not (found := re.search(r"listening at http://127\.0\.0\.1:(\d+)", log.read_text())):
+            assert server.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.02)
+        port = int(found.group(1))
+        while True:  # the socket listens once uvicorn runs, a moment after the line
+            try:
+                loading = [call(port, "GET", "/health"), call(port, "GET", "/ready"), call(port, "POST", "/translate")]
+                break
+            except ConnectionRefusedError:
+                assert time.monotonic() < deadline
+                time.sleep(0.02)
+        assert "serving" not in log.read_text()  # still loading
+        release.touch()
+        wait_ready(port)
+        translated = call(port, "POST", "/translate", body={"text": "1 2 3"})[0]
+    finally:
+        server.kill()
+        server.wait()
+    assert [status for status, _ in loading] == [200, 503, 503]
+    assert json.loads(loading[1][1]) == {"ready": False} and translated == 200
