@@ -17,12 +17,11 @@ from nmt_cli.checkpoint import (
     MODEL_KEYS,
     TRAINING_KEYS,
     load_checkpoint,
-    mismatch,
     numbered_checkpoints,
     save_checkpoint,
-    saved_model,
     translated_weights,
 )
+from nmt_cli.checkpoint.saved import mismatch, saved_model
 from nmt_cli.errors import CheckpointError, ConfigError
 from nmt_cli.files import TMP_SUFFIX, make_parent, remove_abandoned_temporaries
 

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from ctranslate2.specs import attention_spec, common_spec, transformer_spec
 
-from nmt_cli.checkpoint import read_saved_model
+from nmt_cli.checkpoint.saved import read_saved_model
 from nmt_cli.config import ModelConfig
 from nmt_cli.data.vocab import BOS, EOS, UNK, Vocab
 from nmt_cli.errors import ExportError

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from nmt_cli.checkpoint import read_saved_model
+from nmt_cli.checkpoint.saved import read_saved_model
 from nmt_cli.config import SearchConfig
 from nmt_cli.data.vocab import BOS, EOS, Vocab
 from nmt_cli.errors import ConfigError, DataError

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from torch import Tensor
 
-from nmt_cli.checkpoint import SavedModel, mismatch
+from nmt_cli.checkpoint.saved import SavedModel, mismatch
 from nmt_cli.errors import CheckpointError, ConfigError
 from nmt_cli.model.cache import DecoderCache
 from nmt_cli.model.slots import SlotCache

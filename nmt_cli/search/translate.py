@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from nmt_cli.checkpoint import SavedModel, read_saved_model
+from nmt_cli.checkpoint.saved import SavedModel, read_saved_model
 from nmt_cli.config import InferenceConfig, SearchConfig, ensemble_weights
 from nmt_cli.config.inference import SearchingConfig
 from nmt_cli.data.batching import batch_by_tokens, pad_sources

@@ -7,7 +7,7 @@ from dataclasses import asdict
 from typing import Any
 
 from nmt_cli import __version__
-from nmt_cli.checkpoint import SavedModel
+from nmt_cli.checkpoint.saved import SavedModel
 from nmt_cli.config import ServeConfig
 from nmt_cli.search.translate import Inference
 from nmt_cli.serve.caps import Caps

@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 from conftest import nmt
 
-from nmt_cli.checkpoint import read_saved_model
+from nmt_cli.checkpoint.saved import read_saved_model
 from nmt_cli.commands import generate as generate_module
 from nmt_cli.commands import score_pairs as score_pairs_module
 from nmt_cli.search.settings import pass_memory, search_bounds, search_memory
@@ -31,12 +31,12 @@ def bounds_and_longest(ckpt: Path, lines: list[str]):
 
 
 def batch_sizes(monkeypatch, module, function: str, position: int) -> list[int]:
-    """The batch_size each call of module.function is given (its argument at `position`)."""
+    """The batch_size each call of module.function is given (its argument at `position`, or its SearchRequest's)."""
     seen: list[int] = []
     original = getattr(module, function)
 
     def recorded(*args, **kwargs):
-        seen.append(args[position])
+        seen.append(args[position] if position < len(args) else args[1].batch_size)
         return original(*args, **kwargs)
 
     monkeypatch.setattr(module, function, recorded)
@@ -54,7 +54,7 @@ def test_generate_splits_a_batch_so_that_its_rows_fit(trained_copy_checkpoint, t
     saved, bounds, longest = bounds_and_longest(tiny_checkpoint, SOURCES)
     need = search_memory(replace(saved.search, beam=4, nbest=2), bounds, longest)
     monkeypatch.setattr(generate_module, "available_memory", lambda device: 3 * need + 1)  # three sentences' rows
-    seen = batch_sizes(monkeypatch, generate_module, "translate", 4)
+    seen = batch_sizes(monkeypatch, generate_module, "translate", 2)  # the request's
     split = nmt(*words)
     assert split.exit_code == 0, split.output
     assert seen == [3] and split.stdout == whole.stdout

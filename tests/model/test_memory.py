@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from nmt_cli.allocator import release_pages
-from nmt_cli.checkpoint import model_around_weights
+from nmt_cli.checkpoint.saved import model_around_weights
 from nmt_cli.model.transformer import build_model
 
 pytestmark = pytest.mark.usefixtures("cpu_matmul_route")  # both CPU matmul routes on every machine (conftest.py)

@@ -9,7 +9,7 @@ import pytest
 import torch
 from conftest import nmt
 
-from nmt_cli.checkpoint import read_saved_model
+from nmt_cli.checkpoint.saved import read_saved_model
 from nmt_cli.config import InferenceConfig, PreprocessConfig, SearchConfig, model_config
 from nmt_cli.data.batching import pad_sources
 from nmt_cli.data.dataset import SPM_FILE, ParallelDataset

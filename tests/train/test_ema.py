@@ -7,7 +7,8 @@ import pytest
 import torch
 from conftest import TINY, nmt, tiny_train_config
 
-from nmt_cli.checkpoint import load_checkpoint, read_saved_model
+from nmt_cli.checkpoint import load_checkpoint
+from nmt_cli.checkpoint.saved import read_saved_model
 from nmt_cli.commands.average import average_checkpoints
 from nmt_cli.config import ARCHITECTURES, SearchConfig
 from nmt_cli.signals import Deferred
