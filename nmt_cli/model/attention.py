@@ -1,16 +1,13 @@
 """Multi-head scaled dot-product attention (paper §3.2) on top of F.scaled_dot_product_attention.
 
-Shapes: B batch, K beam, N rows (B or B*K), S source length, T target length, D d_model,
-H heads, Dk key size per head (D / H unless `key_dim` is given: Table 3 row B), Dh = D / H value
-size per head. Masks passed to attention are boolean and True where attention is *allowed*, as SDPA
-takes them, or (the decoder's incremental step) float and added to the scores: 0 where allowed, -inf
-at padding, made once per batch by `attention_bias()`. Padding masks elsewhere in nmt are True at
-padding and are converted once, in `attention_mask()`.
+Shapes: B batch, K beam, N rows (B or B*K), S source length, T target length, D d_model, H heads, Dk key size per
+head (D / H unless `key_dim` is given: Table 3 row B), Dh = D / H value size per head. Masks passed to attention are
+True where attention is *allowed*, as SDPA takes them (`attention_mask()` converts nmt's padding masks, True at
+padding, once), or float scores to add (the incremental step's, `attention_bias()`, once per batch).
 
-Attention weights on request: pass a list as `record` to `SelfAttention.forward` or `CrossAttention.forward`
-and that call computes softmax(QK^T/sqrt(Dk)) explicitly (`attend_explicit`), uses those weights for its
-output and appends them ([N, H, Tq, Tk]) to the list. Without `record` attention runs as `attend` chooses.
-"""
+Attention weights on request: a list given as `record` to `SelfAttention.forward` or `CrossAttention.forward` makes
+the call compute softmax(QK^T/sqrt(Dk)) explicitly (`attend_explicit`), use those weights for its output and append
+them ([N, H, Tq, Tk]) to the list."""
 
 from __future__ import annotations
 

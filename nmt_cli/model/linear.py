@@ -1,23 +1,17 @@
 """Float32 matrix products on CPU through oneDNN instead of the BLAS that `torch.matmul` calls.
 
-PyTorch's CPU float32 matmul goes to MKL, and MKL picks its kernels by CPU vendor: on AMD's AVX-512
-CPUs it runs AVX2 code. oneDNN picks kernels by instruction set and runs AVX-512 code there, faster on
-the training shapes, forward, input gradient and weight gradient alike, with float32 arithmetic throughout
-(`benchmarks/bench_matmul.py`; figures in benchmarks/record/cpu.md). On a CPU without AVX-512 both libraries
-run AVX2 code, MKL's is the faster, and this route is off (`_ONEDNN`). On Intel's AVX-512 CPUs MKL runs its
-AVX-512 code and is the faster in float32 too, so there only bfloat16 products take this route (`_DTYPES`).
+MKL picks its kernels by CPU vendor and runs AVX2 code on AMD's AVX-512 CPUs; oneDNN picks them by instruction set
+and runs AVX-512 code there, faster on the training shapes, forward and both gradients, in float32 throughout
+(`benchmarks/bench_matmul.py`). Without AVX-512 MKL's AVX2 code is the faster and this route is off (`_ONEDNN`); on
+Intel's AVX-512 CPUs MKL is the faster in float32 too, so there only bfloat16 products take it (`_DTYPES`).
 
-oneDNN builds (JIT-compiles) a kernel for each new shape, and building one for every batch's row
-count fragments the heap until the process holds far more memory than it uses, and keeps growing
-(peak RSS in `benchmarks/bench_train.py`). So row counts are padded with zero
-rows to a multiple of ROWS (to a power of two below it): a few dozen shapes, built once and kept in
-oneDNN's cache (cli/__init__.py sets its capacity).
+oneDNN builds a kernel for each new shape, and one for every batch's row count fragments the heap until the process
+keeps growing (`benchmarks/bench_train.py`): row counts are padded with zero rows to a multiple of ROWS (a power of
+two below it), a few dozen shapes kept in oneDNN's cache (cli/__init__.py sets its capacity).
 
-`matmul_nt(a, b)` is `a @ b.T` by that route; `Linear` is `nn.Linear` whose forward and backward use
-it. Anywhere else (CUDA, autocast, other dtypes, a torch without oneDNN) both are plain PyTorch.
-For translation on CPU, `pack_for_cpu_inference` swaps the model's linears for `PackedLinear`s,
-whose weights oneDNN reorders once (on AVX2-only CPUs the products no wider out than in keep MKL).
-"""
+`matmul_nt(a, b)` is `a @ b.T` by that route; `Linear` is `nn.Linear` whose forward and backward use it. Anywhere
+else (CUDA, autocast, other dtypes, a torch without oneDNN) both are plain PyTorch. For translation on CPU,
+`pack_for_cpu_inference` swaps the model's linears for `PackedLinear`s, whose weights oneDNN reorders once."""
 
 from __future__ import annotations
 

@@ -1,15 +1,9 @@
-"""Dynamic int8 linear layers for CPU translation (`nmt generate --quantize int8`).
-
-Weights are quantized once, per output channel, to int8 and packed for PyTorch's int8 kernels: oneDNN's on
-CPUs with AMX, whose int8 tiles it uses, fbgemm's elsewhere (x86, AVX2/AVX-512 VNNI; `int8_engine`).
-Activations are quantized per call, per tensor, from their own min/max, and the product comes
-back in float32 with the bias added. Everything else (embeddings, LayerNorm, attention's own
-products, softmax) stays float32. Every projection of the model gains from int8, the output projection
-(D x V) most, so all of them are swapped (`benchmarks/bench_generate.py --precisions int8`; figures in
-benchmarks/record/cpu.md).
-The float32 weights are not kept: int8 translation holds a quarter of the linear weights' memory, and
-a memory-mapped checkpoint's float32 pages are given back layer by layer as they are quantized.
-"""
+"""Dynamic int8 linear layers for CPU translation (`nmt generate --quantize int8`): weights quantized once, per output
+channel, and packed for PyTorch's int8 kernels (oneDNN's on CPUs with AMX, fbgemm's elsewhere: `int8_engine`);
+activations quantized per call, per tensor, from their own min/max; the product back in float32 with the bias
+added. Everything else stays float32. Every projection gains from int8, the output projection most, so all are
+swapped (`benchmarks/bench_generate.py --precisions int8`). The float32 weights are not kept: a memory-mapped
+checkpoint's pages are given back layer by layer as they are quantized."""
 
 from __future__ import annotations
 

@@ -1,23 +1,16 @@
 """The decoder's state over fixed slots: every row keeps its place, and each layer's self-attention keys and values
 live in buffers preallocated to the batch's longest output, written in place at the step's position
-(`Transformer.decode_slots`).
+(`Transformer.decode_slots`), so that a step can be captured once as a CUDA graph and replayed.
 
 Shapes: B sentences, K beams, N = B*K rows (row = sentence * K + beam), H heads, L preallocated positions,
 S source length, Dk key size and Dh value size per head.
 
-No tensor of a step changes shape or address between steps: each row's position is a device tensor (`step`, [N]),
-beams are reordered by copying within the same buffers, and each row's positions not yet written are masked.
-Rows not searching are parked at position 0 (`park`), so that no position past the buffers is ever written. A step
-reads and reorders a window of the buffers' first positions, enough for the step's own (`Transformer.decode_slots`'s
-`window`), so that a step captured for each window does not pay at step 10 for the positions that step 100 needs.
-That is what lets a step be captured once as a CUDA graph and replayed. A step run eagerly has no need of fixed
-shapes, and the buffers would cost it strided products and copies over their first positions: it runs
-`decode_step` over its growing cache instead.
-
-As sentences finish, their rows are masked; once few enough are left, the live ones move to a cache of fewer
-slots (`select`: new buffers of the same L positions), which is then loaded (`load`) into the buffers of the
-step captured for that smaller shape, so that each shape's step is still captured once and replayed.
-"""
+No tensor of a step changes shape or address: each row's position is a device tensor (`step`, [N]), beams are
+reordered by copying within the buffers, positions not yet written are masked, and rows not searching are parked
+at position 0 (`park`). A step reads and reorders a window of the first positions, enough for its own
+(`decode_slots`' `window`). A step run eagerly needs no fixed shapes: it runs `decode_step` over its growing cache.
+Once few sentences are left, the live ones move to a cache of fewer slots (`select`), loaded (`load`) into the
+buffers of the step captured for that smaller shape."""
 
 from __future__ import annotations
 

@@ -13,13 +13,9 @@ only if the tree can still be finished in time (each leaf and each open bracket 
     CLOSE  depth >= 1, last token not OPEN (no empty constituent), depth >= 2 or leaves_left == 0
     EOS    root opened and depth == 0 (so every leaf is placed)
 
-MAX_OPEN_RUN (8) bounds chains like `(S (S (NP (NP (NP ...`: no tree of the treebank sample opens more
-than 6 brackets in a row, and without the bound an undertrained model's search can fill the whole length budget
-(|x| + 300) with them, which makes its search very slow.
-
-If M >= |x| + 2 at the start, some token is always allowed, and at t = M only EOS is: the search
-cannot produce a malformed tree or one with another number of leaves.
-"""
+MAX_OPEN_RUN (8) bounds chains like `(S (S (NP (NP ...` (the treebank opens at most 6 in a row), which an
+undertrained model's search could otherwise fill its length budget with. If M >= |x| + 2 at the start, some token
+is always allowed, and at t = M only EOS is: no malformed tree, nor one with another number of leaves."""
 
 from __future__ import annotations
 

@@ -1,22 +1,16 @@
 """The tree constraint for targets that spell their words (`--tree-leaves words`): each leaf is the word's
-own sentencepiece pieces, copied from the input, then its POS tag, as in `(S (NP ▁The DT ▁c at NN ) ...`.
-
-Why: with tags alone the decoder must count the leaves it has written to know which word the next tag is
-for, and find that word among the input's pieces by position; from a few thousand trees it did not learn
-to, and tagged as if the input were not there. A decoder that has just written `▁c at` tags the word in
-its own input, and finds the next word by content (the piece after the last one it copied).
+own sentencepiece pieces, copied from the input, then its POS tag, as in `(S (NP ▁The DT ▁c at NN ) ...`: a
+decoder that has just written `▁c at` tags the word in its own input, and finds the next word by content, where
+with tags alone it must count the leaves it wrote.
 
 The search may start the next word wherever the plain constraint (constraint.py) allows a leaf; a started
 word's next piece is then the only choice, and after its last piece only a tag is.
 
 `--tree-leaves words-ahead` writes each word right after the previous tag (the first at the start):
-`▁The (S (NP DT ▁c at NN ▁sits ) (VP VBZ ▁. ) . )`. The brackets between two words are then chosen having
-read the second (whether `cat` ends the NP depends on `sits`), as a shift-reduce parser looks one word
-ahead; the copy is no choice at all (every piece is forced, probability 1). From the treebank sample's 3k
-trees it doubled F1 (recipes/ptb_parsing/README.md).
+`▁The (S (NP DT ▁c at NN ▁sits ) (VP VBZ ▁. ) . )`, so that the brackets between two words are chosen having read
+the second, as a shift-reduce parser looks one word ahead (recipes/ptb_parsing/README.md).
 
-Shapes: B sentences, N rows (sentences x beams), S pieces per sentence, V vocabulary.
-"""
+Shapes: B sentences, N rows (sentences x beams), S pieces per sentence, V vocabulary."""
 
 from __future__ import annotations
 

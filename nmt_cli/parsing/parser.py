@@ -1,19 +1,14 @@
 """A parsing checkpoint's search: sentences in, bracketed trees out (`TreeParser`; generate, serve and plot
 attention all parse through it).
 
-Each sentence is split on whitespace into words written as the treebank writes them (brackets as
--LRB- -RRB- -LSB- -RSB- -LCB- -RCB-, also inside a word: `ptb_words`, which keeps the output's brackets
-balanced); the words are encoded with the checkpoint's sentencepiece model, searched under the tree
-constraint (constraint.py) with exactly as many leaves as words, and the best hypothesis is turned back
-into a tree holding those words (`(TOP ...)`, EVALB's gold format); punctuation words, the escaped
-brackets among them, get their fixed tag (linearize.tag_punctuation). An empty line gives an empty line.
+Each sentence is split on whitespace into words written as the treebank writes them (`ptb_words`: brackets
+escaped, also inside a word), encoded with the checkpoint's sentencepiece model, searched under the tree constraint
+(constraint.py) with as many leaves as words, and the best hypothesis is turned back into a tree of those words
+(`(TOP ...)`, EVALB's gold format), punctuation given its fixed tag. An empty line gives an empty line.
 
-A word that sentencepiece's normalisation removes entirely (U+200B zero-width space, a U+FEFF byte-order mark
-in mid-file, other format characters) has no pieces: the model never sees it, and with it counted as a leaf
-the tree's leaves and the source's words disagree (the copying constraint finds no tree at all). Such words are
-left out of the search and put back into the tree as `(XX word)` leaves beside the word before them, so that
-the tree still has a leaf per input word, as EVALB needs; the run warns with the lines that held them.
-"""
+A word that sentencepiece's normalisation removes entirely (U+200B, a mid-file U+FEFF, other format characters) has
+no pieces: it is left out of the search and put back as an `(XX word)` leaf beside the word before it, so that the
+tree keeps a leaf per input word, as EVALB needs; the run warns with the lines that held them."""
 
 from __future__ import annotations
 
@@ -130,33 +125,17 @@ class ParseNotes:
 
     def warn(self, name: str) -> None:
         """Log each kind of note once, naming `name`'s lines (the numbers `add` gave)."""
-        if self.no_pieces:
-            logger.warning(
-                "%s: word(s) that normalise to nothing (such as U+200B zero-width space or a U+FEFF byte-order "
-                "mark) were left out of the search; each got an (XX word) leaf beside the word before it (a line of "
-                "such words only: the flat (S ...) tree)",
-                line_list(name, self.no_pieces),
-            )
-        if self.too_long:
-            logger.warning(
-                "%d sentence(s) had no tree within the maximum length (--max-len-a/--max-len-b or the "
-                "model's positions); they got a flat (S ...) tree (%s)",
-                len(self.too_long),
-                line_list(name, self.too_long),
-            )
-        if self.split:
-            logger.warning(
-                "%d sentence(s) hold a word that sentencepiece splits into several (a character its normalisation "
-                "turns into a space); a tree copies one word per word, so they got a flat (S ...) tree (%s)",
-                len(self.split),
-                line_list(name, self.split),
-            )
-        if self.invalid:
-            logger.warning(
-                "%d sentence(s) got no well-formed tree from the search; they got a flat (S ...) tree (%s)",
-                len(self.invalid),
-                line_list(name, self.invalid),
-            )
+        for lines, what in (
+            (self.no_pieces, "hold word(s) that normalise to nothing (such as U+200B zero-width space or a U+FEFF "
+             "byte-order mark), left out of the search: each got an (XX word) leaf beside the word before it"),
+            (self.too_long, "had no tree within the maximum length (--max-len-a/--max-len-b or the model's "
+             "positions): a flat (S ...) tree"),
+            (self.split, "hold a word that sentencepiece splits into several (a character its normalisation turns "
+             "into a space); a tree copies one word per word: a flat (S ...) tree"),
+            (self.invalid, "got no well-formed tree from the search: a flat (S ...) tree"),
+        ):  # fmt: skip
+            if lines:
+                logger.warning("%d sentence(s) %s (%s)", len(lines), what, line_list(name, lines))
 
 
 def line_list(name: str, lines: Sequence[int], shown: int = 10) -> str:

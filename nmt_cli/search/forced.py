@@ -1,15 +1,10 @@
 """Teacher-forced passes: the decoder run over a given target (BOS + target -> target + EOS) for every position at
 once, one encoder and one decoder pass per batch. `forced_scores` scores given (source, target) pairs with the
-search's own conventions (`nmt score-pairs`); `add_alignments` aligns the search's outputs to their sources by
-one decoder layer's encoder-decoder attention averaged over heads (`nmt generate --print-alignment`), after the
-search, which it leaves unchanged.
+search's own conventions (`nmt score-pairs`: a hypothesis the search produced scores its search score, fp32 within
+1e-4); `add_alignments` aligns the search's outputs to their sources by one decoder layer's encoder-decoder
+attention averaged over heads (`nmt generate --print-alignment`).
 
-A hypothesis the search produced scores its own search score (to float tolerance; fp32 within 1e-4): the search's
-score is the sum of the model's log-probs of its tokens and EOS, less --unkpen per unknown piece, divided by the
-length penalty of its length with EOS, and a teacher-forced pass computes the same log-probs in one pass.
-
-Shapes: B pairs in a batch, S source length with EOS, T target length with EOS, D d_model, H heads, V vocabulary.
-"""
+Shapes: B pairs in a batch, S source length with EOS, T target length with EOS, D d_model, H heads, V vocabulary."""
 
 from __future__ import annotations
 

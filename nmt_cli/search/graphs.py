@@ -1,30 +1,20 @@
 """CUDA graphs of the fixed-slot search step (search/slots.py): the decoder step and the search's bookkeeping
 (search/slot_state.py's `search_step`) are captured once per bucket and replayed for every later step of every
-batch of that bucket, so that the host launches one graph a step and reads one number, instead of launching the
-step's few hundred kernels.
+batch of that bucket: the host launches one graph a step and reads one number.
 
 A bucket is the step's shapes: rows (B*K, sentences rounded up to a power of two up to 64, beyond to a multiple
 of 64), the self-attention positions (the longest output + 1, rounded up to a multiple of 64, within the model's
-positions) and the source length (rounded up to a multiple of 64). Batches of one bucket share one captured step:
-their cross-attention keys and values and their search state are loaded into the bucket's own buffers, whose
-addresses the graph holds. A batch whose sentences finish moves to the smaller buckets of the same positions and
-source length (search/slots.py), its state so far loaded into theirs, or captured over when the bucket is new. At
-most `max_graphs` buckets are kept (the least recently used one is dropped), so capture is paid once per bucket in
-use and memory stays bounded.
-
-Within a bucket, a step reads (and reorders) only a window of the self-attention positions: its own position + 1
-rounded up to a multiple of WINDOW_STEP. Each window is captured the first time a step needs it, over the same
-buffers (the state is put back after the capture's warm-up run), so the attention and the beams' reorder of step
-10 cost a quarter of those of step 100 of a bucket of 128 positions (on an H200, bf16, transformer_base, batches of
-16,000 source tokens: the attention and the reorder over all of them took 2.9 of a step's 5.3 ms of kernels). All
-captures share one memory pool: a step's tensors live within its replay, and replays never overlap.
+positions) and the source length (rounded up to a multiple of 64). Batches of one bucket share one captured step,
+their state loaded into the bucket's own buffers, whose addresses the graph holds; a batch whose sentences finish
+moves to the smaller buckets of its positions and source length. At most `max_graphs` buckets are kept (the least
+recently used dropped). Within a bucket, a step reads (and reorders) only a window of the positions, its own + 1
+rounded up to WINDOW_STEP, each window captured when a step first needs it, over the same buffers. All captures
+share one memory pool: a step's tensors live within its replay, and replays never overlap.
 
 A batch holds its bucket's captured step from `step_for` until it moves or ends (`Captured.held`): serve's worker
-steps two batches in turn, and a second batch of a bucket whose step is held gets a capture of its own, kept beside
-the first (a bucket has as many as the batches of it that ever searched at once).
+steps two batches in turn, and a second batch of the bucket gets a capture of its own.
 
-Everything here but `CudaCapture` is plain Python over a `Capture` function, which tests replace on the CPU.
-"""
+Everything here but `CudaCapture` is plain Python over a `Capture` function, which tests replace on the CPU."""
 
 from __future__ import annotations
 

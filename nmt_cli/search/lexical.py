@@ -5,26 +5,16 @@ Hu et al. 2019).
 Shapes: B sentences of a batch, K beam, N rows (sentences x beams), P phrases of the batch's most constrained
 sentence, L pieces of its longest phrase, C candidates of a sentence, V vocabulary.
 
-A phrase is met when its pieces occur contiguously in the output; phrases are met in any order, may overlap,
-and a phrase given twice needs one occurrence. Each row follows every unmet phrase's longest matched prefix
-(`pos`) with the phrase's own KMP automaton, so that a broken partial match falls back exactly as far as the
-pieces allow. `need`, the pieces still to write, is the unmet phrases' total length less the longest matched
-prefix among them: writing the next piece of that phrase lowers it by one at least.
+A phrase is met when its pieces occur contiguously in the output, in any order, overlapping or not. Each row
+follows every unmet phrase's longest matched prefix (`pos`) with the phrase's KMP automaton. `need`, the pieces
+still to write, is the unmet phrases' total length less the longest matched prefix among them. `mask` allows EOS
+only once all are met, and no piece after which `need` exceeds the positions left, so that the last positions are
+forced; a sentence whose phrases cannot fit its maximum length is refused up front (`check_fits`).
 
-`LexicalConstraint.mask` makes every output satisfy its phrases: EOS only once all are met, and no piece after
-which `need` exceeds the positions left before the row's maximum length, so that when they are equal the
-phrase's next piece is forced. A sentence whose phrases need more pieces than its maximum length allows is
-refused up front (`check_fits`): its output cannot satisfy them, and a longer output than asked for is not
-what the user set --max-len-a/--max-len-b for.
-
-`rank_candidates` is beam search's dynamic beam allocation (search/beam.py calls it when the constraint has
-it): the candidates of a sentence are its top 2K, the pieces of each beam that advance an unmet phrase and
-each beam's best piece; they are grouped in banks by constraint pieces met and the beam is dealt across the
-banks round-robin, the best of each bank first, the bank with most met first in each round. An EOS candidate
-(it meets every phrase) finishes when it is among the first K so dealt, or among the K best by score, where
-plain beam search would finish it: the banks then do not keep the model's own translation from finishing
-when it holds the phrases anyway.
-"""
+`rank_candidates` is the dynamic beam allocation: a sentence's candidates (its top 2K, the pieces of each beam that
+advance an unmet phrase, each beam's best piece) are grouped in banks by constraint pieces met and the beam is dealt
+across the banks round-robin, each bank's best first. An EOS candidate finishes when it is among the first K so
+dealt, or among the K best by score, as plain beam search would finish it."""
 
 from __future__ import annotations
 

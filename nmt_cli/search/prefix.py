@@ -1,15 +1,11 @@
 """Target prefixes (`nmt generate --prefix-file`, serve's `prefix`, as fairseq's --prefix-size and CTranslate2's
-target_prefix): each output begins with its sentence's given pieces. A Constraint (search/constraint.py) that
-beam search, greedy search and sampling follow: while a row is inside its prefix, every token but the prefix's
-next one is banned, so the prefix is forced and scored (its log-probs count in the hypothesis' score), and the
-search goes on freely after it. The output is the whole translation, prefix included.
-
-A prefix is raw text encoded with the checkpoint's sentencepiece model on its own, so it should end on a word
-boundary (whole words): a prefix cut inside a word may split into other pieces than the full translation would.
+target_prefix): each output begins with its sentence's given pieces, forced and scored (a row inside its prefix may
+write only the prefix's next token), the search going on freely after it. A prefix is raw text encoded on its own,
+so it should end on a word boundary: a prefix cut inside a word may split into other pieces than the full
+translation would.
 
 Shapes: B sentences of a batch, N rows (sentences x beams, sentence-major), V vocabulary, P the batch's longest
-prefix.
-"""
+prefix."""
 
 from __future__ import annotations
 

@@ -2,16 +2,12 @@
 settings with the options given (refusing those the search would ignore, and search sizes that cannot fit in
 the device's memory), and the precision to search in.
 
-The memory bound (`search_memory`, `available_memory`, `search_batch_size`): one sentence searched with --beam K
-(or, sampling, --nbest N samples: one row each) holds per row the decoder's cached self-attention keys and values
-of every layer for each step, the step's log-probs over the vocabulary, and the tokens and scores of its alive and
-finished hypotheses, counted at the longest output its length allows (a * |x| + b pieces, within the model's
-positions). A batch's rows are its sentences times that: generate (and score-pairs, by `pass_memory`) lowers each
-batch's sentences to what fits in the memory available to the search (free device memory on CUDA, the system's
-available memory on the CPU, within `ulimit -v`), and sizes for which even one sentence cannot fit are refused with
-one line naming the option, where the search had died in the allocator: a one-piece sentence's when the settings
-are read, each input's longest when its batch is made.
-"""
+The memory bound (`search_memory`, `search_batch_size`): each row of a search (a beam, or a sample) holds the
+decoder's cached keys and values of every layer for each step, the step's log-probs and its hypotheses' tokens and
+scores, counted at the longest output its length allows. generate (and score-pairs, by `pass_memory`) lowers each
+batch's sentences to what fits in the memory available (`available_memory`), and refuses, with one line naming the
+option, sizes for which even one sentence cannot fit: a one-piece sentence's when the settings are read, each
+input's longest when its batch is made."""
 
 from __future__ import annotations
 

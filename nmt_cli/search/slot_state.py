@@ -1,23 +1,17 @@
 """The beam search's state over fixed slots, all on the device in buffers of fixed shapes, and the whole search step
 over it (`search_step`): the decoder step, the candidates, the finished and the surviving hypotheses and the count
-of sentences still searching. With CUDA graphs (search/graphs.py) that step is one captured graph: the host replays
-it and reads one number a step, where beam.py's bookkeeping launched about 90 kernels a step after the decoder's
-graph (on an H200, batches of 32 sentences: 0.5 of a step's 1.5 ms).
+of sentences still searching, one captured graph with CUDA graphs (search/graphs.py): the host replays it and reads
+one number a step.
 
-It is beam.py's search (`constrain`, `top_candidates`, `finish`, `survive`), rewritten so that nothing in a step
-changes a shape or depends on the step's number on the host:
-- each row's hypothesis so far is a row of `tokens` [N, L], its token of step t written at position t;
-- the finished hypotheses are held by slot (`fin`: Finished of B slots), and copied into the call's, which is
-  indexed by the call's sentences, when a batch moves to fewer slots, tells finished sentences early, or ends
-  (`flush`);
-- the step number is the cache's `step` tensor, a position for each row, and a finished sentence's rows are
-  parked at 0;
-- the minimum length, the unknown-piece penalty and the length penalties (a table by length, [L + 1]) are tensors
-  loaded with the batch, so batches of other settings replay the same graph.
+It is beam.py's search (`constrain`, `top_candidates`, `finish`, `survive`) with nothing that changes a shape or
+depends on the step's number on the host: each row's hypothesis is a row of `tokens` [N, L], step t written at
+position t; the finished hypotheses are held by slot (`fin`) and copied into the call's (`flush`) when a batch
+moves, tells sentences early, or ends; the step number is the cache's `step` tensor, a finished sentence's rows
+parked at 0; the minimum length, the unknown-piece penalty and the length penalties (a table by length) are tensors
+loaded with the batch, so batches of other settings replay the same graph.
 
 Shapes: B sentences in the slots, K beams, N = B*K rows (row = slot * K + beam), L the bucket's positions (at least
-the longest output + 1), V vocabulary.
-"""
+the longest output + 1), V vocabulary."""
 
 from __future__ import annotations
 

@@ -1,31 +1,19 @@
-"""Beam search over fixed slots: the same search as beam.py's `beam_search` (the same candidates, finishing rule,
-length penalty and results), with every sentence's K rows kept in place while it searches.
+"""Beam search over fixed slots: beam.py's search (the same candidates, finishing rule, length penalty and results),
+with every sentence's K rows kept in place while it searches, finished ones masked (their beams score -inf), where
+beam.py drops them and changes its shapes every step. With CUDA graphs (search/graphs.py, `captured_steps`) the
+whole step, the decoder's over preallocated buffers (model/slots.py) and the bookkeeping over a state of fixed
+shapes (search/slot_state.py), is captured once per bucket and replayed; eagerly (`Slots`) the decoder step is the
+model's `decode_step` and the bookkeeping beam.py's.
 
-Today's search (beam.py) drops finished sentences from the batch at every step, so shapes change every step.
-Here a finished sentence's rows stay, masked (their beams score -inf, so none of their candidates finishes or
-survives). With CUDA graphs (search/graphs.py, `captured_steps`) the whole search step, the decoder's over
-preallocated buffers (model/slots.py) and the search's bookkeeping over a state of fixed shapes
-(search/slot_state.py), is captured once per bucket and replayed. Eagerly (`Slots`) the decoder step is the model's
-`decode_step`, without fixed buffers, and the bookkeeping beam.py's.
-
-A batch shrinks a bounded number of times: with graphs, once the live sentences' bucket holds at most half of its
-sentences, the live sentences' state (their keys and values, cross-attention keys, values and bias, beams, scores
-and finished hypotheses) moves to that bucket, finished ones filling the slots it has beyond, and the search goes
-on there: at most log2(B) moves a batch, shapes fixed between moves, and each bucket's step still captured once
-and replayed (the moved state is loaded into its buffers). Eagerly (`Slots.fewer`), the live sentences move once
-they fit in three quarters of the slots; the finished hypotheses stay indexed by sentence and are not moved.
-
-The host reads the device once a step: the number of sentences still searching, which says both whether the
-batch is done and whether it shrinks. As in beam.py, serve's `still_wanted` is asked once a step (a sentence no
-longer wanted is masked as a finished one is, and the batch stops when none is wanted), and `on_done` is told each
-sentence's results at the step it finishes (one more host read on such steps, as in beam.py).
+A batch shrinks a bounded number of times: with graphs, once the live sentences fit in half of their bucket, their
+state moves to the smaller bucket (at most log2(B) moves, shapes fixed between them); eagerly (`Slots.fewer`), once
+they fit in three quarters of the slots. The host reads the device once a step (the sentences still searching);
+`still_wanted` and `on_done` work as in beam.py.
 
 Shapes: B0 sentences in the call, B >= B0 sentences searched (a graph's bucket may add copies of the first
 sentence, done from the start; fewer once the batch shrinks), K beam, N = B*K rows, V vocabulary.
 
-Only a plain beam search runs here (`applies`); constraints, prefixes, lexical constraints, n-gram bans,
-sampling and greedy search (beam 1) keep beam.py's search.
-"""
+Only a plain beam search runs here (`applies`): rules, sampling and greedy search (beam 1) keep beam.py's."""
 
 from __future__ import annotations
 

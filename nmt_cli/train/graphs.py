@@ -1,45 +1,28 @@
 """CUDA graphs of the training step (`nmt train --cuda-graphs`): a batch's forward, loss and backward are captured
-once per batch shape and replayed for every later batch of that shape, so that the host launches one graph instead
-of the step's thousand kernels and casts. --bucket-shapes (data/batching.py) makes the shapes few and repeating.
+once per batch shape and replayed for every later batch of that shape (the host launches one graph instead of the
+step's thousand kernels); --bucket-shapes (data/batching.py) makes the shapes few and repeating.
 
 How the captured step keeps the eager step's numbers:
 
-- Static buffers per shape. A shape is (sentences, source length, target length, whether the source is padded: a
-  CUDA batch without padding has no mask, so that attention may take SDPA's Flash kernel, train/prefetch.py, and its
-  graph holds that route as the eager step takes it). Its batches are copied into the shape's input buffers (source,
-  source padding mask, target in and out) before each replay; the graph writes the loss and NLL sums into output
-  buffers made before capture, which the trainer reads after the replay in stream order.
-- A fixed-shape loss. The eager step selects the real target positions (a data-dependent row count); the graph
-  scores every position of the padded batch with PAD ignored by the loss (TranslationLoss.fixed_shape: no gradient,
-  nothing summed), so it also runs the output projection and the loss over the target padding of the bucket (the
-  share `nmt train --bucket-shapes` logs at its start, source and target together). The Triton loss
-  (train/triton_loss.py) is capturable: it neither syncs the host nor allocates per call beyond shapes.
-- Gradients. Every parameter's .grad exists (zeros) before the first capture, so the captured backward accumulates
-  into those tensors, which outlive every graph; the trainer zeroes them in place between updates (never
-  set_to_none, which would leave the graphs writing into freed memory). Several batches of an update (the group,
-  --update-freq) accumulate there as eagerly, whichever of them replay and which run eagerly.
-- Warm-up. As PyTorch's whole-network capture asks, each shape's step runs eagerly WARM_UP_RUNS times on a side
-  stream before its capture (lazy initialisations, the Triton kernel's compilation, stay out of the graph). Those
-  runs accumulate into throwaway gradients, and every random stream is put back after them, so the warm-up changes
-  neither the update nor the dropout masks that follow: a replay draws its dropout from the generator as the eager
-  step would (CUDA graphs advance the Philox offset by the graph's whole use per replay). Captures are logged.
-- Memory. All shapes' graphs share one memory pool. That is safe here because nothing allocated in the pool
-  outlives its capture: inputs, outputs and gradients are allocated outside it, and every tensor made inside a
-  step (activations, the autograd graph, the loss's chunks) is freed within that step. Each replay therefore only
-  uses the pool as scratch it writes before it reads, and replays run one at a time on one stream. The pool then
-  peaks at the largest shape's activations, as the eager step does, instead of the sum over shapes that private
-  pools would hold, so no cap on the number of graphs is needed.
-- Refusals (one ConfigError each; the device and ranks here in `check_cuda_graphs`, the rest TrainConfig's): off
-  CUDA (the flag is CUDA's, and ignoring it would hide a run on the wrong device); without --bucket-shapes, which
-  is not implied because it changes the batches, so --cuda-graphs alone would train other numbers than the eager
-  run it replaces; with several ranks (DDP's all-reduce hooks inside a graph are out of scope for now); with
-  --compile (both take over the step); with fp16 (GradScaler's scale and overflow checks are decided on the host;
-  fp32 and bf16 only). A shape whose warm-up or capture runs out of memory trains eagerly from then on, with one
-  warning.
+- Static buffers per shape: (sentences, source length, target length, whether the source is padded: an unpadded
+  CUDA batch has no mask, train/prefetch.py). A batch is copied into its shape's input buffers before each replay;
+  the graph writes the loss and NLL sums into output buffers the trainer reads after the replay.
+- A fixed-shape loss: every position of the padded batch is scored, PAD ignored (TranslationLoss.fixed_shape), where
+  the eager step selects the real positions; the Triton loss (train/triton_loss.py) neither syncs nor allocates.
+- Gradients: every parameter's .grad exists before the first capture, so the captured backward accumulates into
+  tensors that outlive every graph; the trainer zeroes them in place (never set_to_none). The batches of an update
+  (--update-freq) accumulate there whichever of them replay.
+- Warm-up: each shape's step runs eagerly WARM_UP_RUNS times on a side stream before its capture, into throwaway
+  gradients, with every random stream put back after them: the warm-up changes neither the update nor the dropout
+  masks (a replay draws from the generator as the eager step would).
+- Memory: all shapes' graphs share one pool, safe because nothing allocated in it outlives its capture (inputs,
+  outputs and gradients live outside it) and replays run one at a time: the pool peaks at the largest shape's
+  activations, as the eager step does.
+- Refusals (`check_cuda_graphs` and TrainConfig): off CUDA, without --bucket-shapes, with several ranks, with
+  --compile, with fp16. A shape whose warm-up or capture runs out of memory trains eagerly, with one warning.
 
 Everything here but `cuda_capture` and `cuda_warm_up` is plain Python over a `Capture` and a `WarmUp` function,
-which tests replace on the CPU.
-"""
+which tests replace on the CPU."""
 
 from __future__ import annotations
 

@@ -1,22 +1,14 @@
 """Label-smoothed cross-entropy (paper §5.4) fused with the output projection.
 
-The target distribution is (1 - eps) * one_hot(y) + eps / V. The function takes the decoder's hidden
-states at the M real target positions and the output weight, and walks over the rows in chunks:
-each chunk's logits are computed, turned into the loss and into their gradient
-softmax(z) - (1 - eps) * one_hot(y) - eps / V, and folded into the gradients of the hidden states
-and of the weight right away. The full [M, V] logits never exist, which on CPU more than halves the
-time the loss takes and saves the memory on GPU.
+The target distribution is (1 - eps) * one_hot(y) + eps / V. The decoder's hidden states at the M real target
+positions are walked in chunks: each chunk's logits are computed, turned into the loss and their gradient
+softmax(z) - (1 - eps) * one_hot(y) - eps / V, and folded into the gradients of the hidden states and of the weight
+right away, so that the full [M, V] logits never exist.
 
-Chunks are sized for the device. On CPU: 16 MB of float32 logits (2^22 elements), small enough to stay
-near the caches; with the weight gradient summed in the transposed [D, V] layout (below), smaller chunks
-are no faster and larger ones slower (`benchmarks/profile_step.py`, `bench_train.py`).
-On CUDA: as large as memory comfortably allows (a 3k-token micro-batch at a 37k vocabulary is one
-chunk), since every chunk re-reads and re-writes the float32 [V, D] weight gradient.
-
-The softmax's element-wise passes over a chunk's logits (`_softmax_blocks`) are PyTorch operations on CPU and
-one Triton kernel on CUDA (train/triton_loss.py), which reads the bf16 logits twice instead of about ten
-float32 passes; the same sums in float32, so the two routes agree to float32 rounding.
-"""
+Chunks are sized for the device: on CPU 2^22 float32 logits, near the caches (`benchmarks/profile_step.py`); on
+CUDA as large as memory comfortably allows, since every chunk re-reads the float32 [V, D] weight gradient. The
+softmax's element-wise passes (`_softmax_blocks`) are PyTorch operations on CPU and one Triton kernel on CUDA
+(train/triton_loss.py), the same sums in float32, so the two routes agree to float32 rounding."""
 
 from __future__ import annotations
 

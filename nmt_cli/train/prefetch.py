@@ -1,15 +1,12 @@
-"""Training batches prepared ahead of the loop: collated, and on CUDA pinned, by a background thread.
+"""Training batches prepared ahead of the loop: collated, and on CUDA pinned, by a background thread that keeps up
+to `depth` of them in a queue, so that the GPU does not wait on the host's padding and copying. It changes nothing
+about which batches are trained on or in what order: the trainer tells it where the loop stands (`plan`) and takes
+what it asks for (`get`); a request off the plan (a new epoch, a resume, a test's own batches) is collated inline
+and the thread restarted.
 
-The thread walks the epoch's batch order from where the loop stands and keeps up to `depth` prepared
-batches in a queue, so the GPU does not wait on the host's padding and copying between micro-batches.
-It changes nothing about which batches are trained on or in what order: the trainer tells it where the
-loop stands (`plan`), takes what it asks for (`get`), and a request off the plan (a new epoch, a resume,
-a test calling train_step with its own batches) is collated inline and the thread restarted.
-
-On CUDA a batch also gets, on the host, what would otherwise cost a device synchronisation: the flat
-positions of its real target tokens (`tgt_index`, for the loss) and, when no sentence is padded, no
-source padding mask at all (so SDPA may choose its Flash kernel).
-"""
+On CUDA a batch also gets, on the host, what would otherwise cost a device synchronisation: the flat positions of
+its real target tokens (`tgt_index`, for the loss) and, when no sentence is padded, no source padding mask at all
+(so SDPA may choose its Flash kernel)."""
 
 from __future__ import annotations
 

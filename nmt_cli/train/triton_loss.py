@@ -1,18 +1,13 @@
 """The label-smoothed loss's softmax passes as one Triton kernel: the CUDA route of train/loss.py.
 
-Given a chunk's logits z [n, V] (bf16 under autocast, else float32) and gold ids t [n], one program per row
-reads the row once for its maximum, its sum of exponentials (both online, in float32) and its sum, and, when a
-gradient is wanted, a second time to write softmax(z) - (1 - eps) * one_hot(t) - eps / V over z in its own
-dtype. PyTorch's element-wise passes read and write the [n, V] logits about ten times in float32 (a float32
-copy, mean, max, subtract, exp, sum, divide, subtract, scatter, copy back: a large share of a transformer_base
-update's GPU time, `benchmarks/profile_gpu.py`, benchmarks/gpu-runs/2026-11-26-h200).
-The forward and the backward are one kernel because
-loss.py folds the gradient into the hidden states' and weight's gradients at once and never keeps the logits.
+Given a chunk's logits z [n, V] (bf16 under autocast, else float32) and gold ids t [n], one program per row reads
+the row once for its maximum, its sum of exponentials (both online, in float32) and its sum, and, when a gradient is
+wanted, a second time to write softmax(z) - (1 - eps) * one_hot(t) - eps / V over z in its own dtype, where
+PyTorch's element-wise passes read and write the logits about ten times (`benchmarks/profile_gpu.py`). Forward and
+backward are one kernel because loss.py folds the gradient in at once and never keeps the logits.
 
-Rows whose target is `ignore_index` add nothing to the sums and get a zero gradient. This module imports
-triton (in every CUDA build of PyTorch); loss.py imports it only for logits on CUDA. With TRITON_INTERPRET=1
-set before the import, the kernel runs on CPU tensors (tests/train/test_triton_loss.py).
-"""
+Rows whose target is `ignore_index` add nothing and get a zero gradient. loss.py imports this module only for logits
+on CUDA; with TRITON_INTERPRET=1 set before the import, the kernel runs on CPU tensors (tests)."""
 
 from __future__ import annotations
 

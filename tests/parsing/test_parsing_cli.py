@@ -110,7 +110,8 @@ def test_words_that_normalise_to_nothing_get_a_leaf_and_a_warning_naming_their_l
     result = CliRunner().invoke(cli, args)
     assert result.exit_code == 0, result.output
     assert "no tree within the maximum length" not in result.output
-    assert f"{root / 'zw.words'} lines 1, 2, 4: word(s) that normalise to nothing" in result.output
+    assert "3 sentence(s) hold word(s) that normalise to nothing" in result.output
+    assert f"({root / 'zw.words'} lines 1, 2, 4)" in result.output
     from nmt_cli.parsing.parser import flat_tree
     from nmt_cli.parsing.tree import parse_tree
 
@@ -332,7 +333,9 @@ def test_a_parser_that_copies_its_words_writes_trees_over_the_input(tmp_path, le
     expected = ["The cat sits on the mat .", "Dogs \u200b bark", "zebras , unseen -LRB- words -RRB-"]  # z: <unk>
     assert [parse_tree(line).words() for line in lines] == [e.split() for e in expected]
     assert (
-        "no tree within the maximum length" not in result.output and "line 2: word(s) that normalise" in result.output
+        "no tree within the maximum length" not in result.output
+        and "word(s) that normalise to nothing" in result.output
+        and "line 2)" in result.output
     )
     from nmt_cli.parsing.parser import flat_tree
 
@@ -353,5 +356,5 @@ def test_words_without_pieces_go_back_beside_the_word_before_them_and_the_warnin
     notes.add(ParseNotes(no_pieces=list(range(11))), 100)
     with caplog.at_level("WARNING"):
         notes.warn("in.txt")
-    assert "in.txt lines 5, 7, 100, 101, 102, 103, 104, 105, 106, 107 and 3 more: word(s)" in caplog.text
+    assert "(in.txt lines 5, 7, 100, 101, 102, 103, 104, 105, 106, 107 and 3 more)" in caplog.text
     assert "1 sentence(s) had no tree within the maximum length" in caplog.text and "(in.txt line 6)" in caplog.text
