@@ -11,8 +11,8 @@ open are answered, for --drain-timeout seconds at most; at that deadline, or at 
 open get a JSON 503. The log's last line says what was answered. Exit status 0 when every open request got its
 own answer, 128 + the signal (143 for SIGTERM, 130 for SIGINT) with one error line when some got 503.
 
-The API key comes from --api-key (visible in process lists: for trials), --api-key-file (its first line), or the
-environment variable NMT_API_KEY, in that order of precedence; giving both flags is an error.
+The API key comes from --api-key (visible in process lists: for trials), --api-key-file (one key or several, a
+line each: serve/keys.py), or the environment variable NMT_API_KEY, in that order; giving both flags is an error.
 """
 
 from __future__ import annotations
@@ -243,13 +243,10 @@ def exit_now(stopped: Interrupted) -> NoReturn:
 
 
 def warm_up(batcher: Batcher) -> None:
-    """Start the worker and wait for its warm-up translation; what it failed on is one error line."""
+    """Start the worker and wait for its warm-up translation (on the loading thread: a signal stops the server, which
+    exits without waiting); what it failed on is one error line."""
     batcher.start()
-    try:
-        while not batcher.warmed.wait(0.1):  # a short wait: Ctrl-C is handled between them
-            pass
-    except KeyboardInterrupt:
-        raise Interrupted("interrupted while the model warmed up", signal.SIGINT) from None
+    batcher.warmed.wait()
     error = batcher.warm_up_error
     if error is None:
         return

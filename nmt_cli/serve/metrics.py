@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import resource
 import threading
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -145,11 +144,9 @@ class Metrics:
 
 PROCESS = (  # prometheus_client's process collector's names and help texts
     ("process_cpu_seconds_total", "counter", "Total user and system CPU time spent in seconds."),
-    ("process_virtual_memory_bytes", "gauge", "Virtual memory size in bytes."),
     ("process_resident_memory_bytes", "gauge", "Resident memory size in bytes."),
     ("process_start_time_seconds", "gauge", "Start time of the process since unix epoch in seconds."),
     ("process_open_fds", "gauge", "Number of open file descriptors."),
-    ("process_max_fds", "gauge", "Maximum number of open file descriptors."),
 )
 
 
@@ -162,11 +159,9 @@ def process_lines() -> list[str]:
         stat = Path("/proc/self/stat").read_text().rpartition(")")[2].split()  # from the 3rd field on: its state
         boot = next(int(line[6:]) for line in Path("/proc/stat").read_text().splitlines() if line[:6] == "btime ")
         values += [
-            int(stat[20]),
             int(stat[21]) * os.sysconf("SC_PAGE_SIZE"),
             boot + int(stat[19]) / os.sysconf("SC_CLK_TCK"),
             len(os.listdir("/proc/self/fd")),
-            resource.getrlimit(resource.RLIMIT_NOFILE)[0],
         ]
     return [
         line
