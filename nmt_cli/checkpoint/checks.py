@@ -21,6 +21,15 @@ def _is_int(value: Any, least: int = 0) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= least
 
 
+def _ints(values: Any) -> bool:
+    return all(_is_int(v) for v in values)
+
+
+def _numbers(value: Any) -> bool:
+    """A state_dict of tensors and numbers."""
+    return isinstance(value, dict) and all(isinstance(v, torch.Tensor) or _is_number(v) for v in value.values())
+
+
 def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
@@ -110,55 +119,26 @@ class FieldCheck:
     def rng(self, streams: Any) -> None:
         """Every rank's random streams, as runtime.set_rng_state puts them back."""
         self.expect(isinstance(streams, list) and len(streams) > 0, "rng", streams, "a list of random states by rank")
-        torch_size = torch.get_rng_state().numel()
         for rank, rng in enumerate(streams):
             field = f"rng[{rank}]"
-            self.expect(
-                isinstance(rng, dict) and {"python", "numpy", "torch"} <= set(rng),
-                field,
-                rng,
-                "a dict with python, numpy and torch states",
-            )
-            python = rng["python"]
-            self.expect(
-                isinstance(python, tuple)
-                and len(python) == 3
-                and isinstance(python[1], tuple)
-                and all(_is_int(x) for x in python[1]),
-                f"{field}.python",
-                python,
-                "random.getstate()'s (version, tuple of ints, gauss)",
-            )
-            numpy = rng["numpy"]
-            self.expect(
-                isinstance(numpy, list)
-                and len(numpy) == 5
-                and numpy[0] == "MT19937"
-                and isinstance(numpy[1], list)
-                and all(_is_int(x) for x in numpy[1])
-                and _is_int(numpy[2])
-                and _is_int(numpy[3])
-                and _is_number(numpy[4]),
-                f"{field}.numpy",
-                numpy,
-                "NumPy's legacy MT19937 state, a list of 5",
-            )
-            self.tensor(rng["torch"], f"{field}.torch", torch.uint8, torch_size)
+            ok = isinstance(rng, dict) and {"python", "numpy", "torch"} <= set(rng)
+            self.expect(ok, field, rng, "a dict with python, numpy and torch states")
+            python, numpy = rng["python"], rng["numpy"]
+            ok = isinstance(python, tuple) and len(python) == 3 and isinstance(python[1], tuple) and _ints(python[1])
+            self.expect(ok, f"{field}.python", python, "random.getstate()'s (version, tuple of ints, gauss)")
+            ok = isinstance(numpy, list) and len(numpy) == 5 and numpy[0] == "MT19937" and isinstance(numpy[1], list)
+            ok = ok and _ints([*numpy[1], numpy[2], numpy[3]]) and _is_number(numpy[4])
+            self.expect(ok, f"{field}.numpy", numpy, "NumPy's legacy MT19937 state, a list of 5")
+            self.tensor(rng["torch"], f"{field}.torch", torch.uint8, torch.get_rng_state().numel())
             if "dropout" in rng:
                 dropout = rng["dropout"]
-                inner = dropout.get("state") if isinstance(dropout, dict) else None
-                self.expect(
-                    isinstance(dropout, dict)
-                    and dropout.get("bit_generator") == "PCG64"
-                    and isinstance(inner, dict)
-                    and _is_int(inner.get("state"))
-                    and _is_int(inner.get("inc"))
-                    and _is_int(dropout.get("has_uint32"))
-                    and _is_int(dropout.get("uinteger")),
-                    f"{field}.dropout",
-                    dropout,
-                    "a PCG64 state",
+                state: Any = dropout if isinstance(dropout, dict) else {}
+                inner = state.get("state") if isinstance(state.get("state"), dict) else {}
+                ok = state.get("bit_generator") == "PCG64" and inner != {}
+                ok = ok and _ints(
+                    [inner.get("state"), inner.get("inc"), state.get("has_uint32"), state.get("uinteger")]
                 )
+                self.expect(ok, f"{field}.dropout", dropout, "a PCG64 state")
             if "cuda" in rng:
                 self.expect(isinstance(rng["cuda"], list), f"{field}.cuda", rng["cuda"], "a list of CUDA states")
                 for i, cuda in enumerate(rng["cuda"]):
@@ -166,50 +146,28 @@ class FieldCheck:
 
     def optimizer(self, saved: Any) -> None:
         """Adam's state_dict: its moments by parameter id, and the parameter groups naming those ids."""
-        self.expect(
-            isinstance(saved, dict) and {"state", "param_groups"} <= set(saved),
-            "optimizer",
-            saved,
-            "an optimizer state_dict (state and param_groups)",
-        )
+        ok = isinstance(saved, dict) and {"state", "param_groups"} <= set(saved)
+        self.expect(ok, "optimizer", saved, "an optimizer state_dict (state and param_groups)")
         groups = saved["param_groups"]
-        self.expect(
-            isinstance(groups, list) and all(isinstance(g, dict) for g in groups),
-            "optimizer.param_groups",
-            groups,
-            "a list of dicts",
-        )
+        ok = isinstance(groups, list) and all(isinstance(g, dict) for g in groups)
+        self.expect(ok, "optimizer.param_groups", groups, "a list of dicts")
         ids: set[int] = set()
         for i, group in enumerate(groups):
             params = group.get("params")
-            self.expect(
-                isinstance(params, list) and all(_is_int(p) for p in params),
-                f"optimizer.param_groups[{i}].params",
-                params,
-                "a list of parameter ids",
-            )
+            ok = isinstance(params, list) and _ints(params)
+            self.expect(ok, f"optimizer.param_groups[{i}].params", params, "a list of parameter ids")
             ids.update(params)
         moments = saved["state"]
         self.expect(isinstance(moments, dict), "optimizer.state", moments, "a dict by parameter id")
         for key, value in moments.items():
             self.expect(key in ids, f"optimizer.state[{key!r}]", key, "the id of a parameter in param_groups")
-            self.expect(
-                isinstance(value, dict) and all(isinstance(v, torch.Tensor) or _is_number(v) for v in value.values()),
-                f"optimizer.state[{key!r}]",
-                value,
-                "a dict of tensors",
-            )
+            self.expect(_numbers(value), f"optimizer.state[{key!r}]", value, "a dict of tensors")
 
     def training(self, ckpt: dict[str, Any]) -> None:
         """The training keys, which resume reads (train/state.py)."""
         self.optimizer(ckpt["optimizer"])
         scaler = ckpt["grad_scaler"]
-        self.expect(
-            isinstance(scaler, dict) and all(isinstance(v, torch.Tensor) or _is_number(v) for v in scaler.values()),
-            "grad_scaler",
-            scaler,
-            "a loss scaler's state_dict (a dict of numbers), empty without fp16",
-        )
+        self.expect(_numbers(scaler), "grad_scaler", scaler, "a loss scaler's state_dict (numbers), empty without fp16")
         self.expect(isinstance(ckpt["scheduler"], dict), "scheduler", ckpt["scheduler"], "a dict")
         self.expect(_is_int(ckpt["world_size"], least=1), "world_size", ckpt["world_size"], "a whole number >= 1")
         counters = ckpt["train_state"]
@@ -229,9 +187,8 @@ def check_fields(ckpt: dict[str, Any], path: Path) -> None:
     for key, cls in (("train_config", TrainConfig), ("search_config", SearchConfig)):
         if key in ckpt:
             check.config(ckpt, key, cls)
-    check.expect(
-        isinstance(ckpt["spm_model"], bytes), "spm_model", ckpt["spm_model"], "the sentencepiece model's bytes"
-    )
+    spm = ckpt["spm_model"]
+    check.expect(isinstance(spm, bytes), "spm_model", spm, "the sentencepiece model's bytes")
     for key in ("nmt_version", "source_lang", "target_lang", "target_format", "tree_leaves"):
         value = ckpt.get(key)
         check.expect(value is None or isinstance(value, str), key, value, "a string")
@@ -246,20 +203,11 @@ def check_fields(ckpt: dict[str, Any], path: Path) -> None:
     check.expect(isinstance(ema, dict) and set(ema) == set(weights), "ema", ema, "a dict by the names of 'model'")
     for name, tensor in ema.items():
         check.expect(isinstance(tensor, torch.Tensor), f"ema[{name!r}]", tensor, "a tensor")
-    averaged = ckpt.get("averaged_from", [])
-    check.expect(
-        isinstance(averaged, list) and all(isinstance(p, str) for p in averaged),
-        "averaged_from",
-        averaged,
-        "a list of paths",
-    )
-    updates = ckpt.get("averaged_updates", [])
-    check.expect(
-        isinstance(updates, list) and all(u is None or _is_int(u, 0) for u in updates),
-        "averaged_updates",
-        updates,
-        "a list of whole numbers >= 0",
-    )
+    averaged, updates = ckpt.get("averaged_from", []), ckpt.get("averaged_updates", [])
+    ok = isinstance(averaged, list) and all(isinstance(p, str) for p in averaged)
+    check.expect(ok, "averaged_from", averaged, "a list of paths")
+    ok = isinstance(updates, list) and all(u is None or _is_int(u, 0) for u in updates)
+    check.expect(ok, "averaged_updates", updates, "a list of whole numbers >= 0")
 
 
 def check_training_fields(ckpt: dict[str, Any], path: Path) -> None:
