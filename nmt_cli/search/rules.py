@@ -33,14 +33,18 @@ class RuleOption:
 
     name: str
     noun: str  # what one value is called in errors
+    what: str  # what the values do, for generate's --help and serve's /openapi.json
     line: str  # what a line of --NAME-file gives
-    help: str  # generate's --help of --NAME-file
     phrases: bool  # a value is a list of phrases (a line of --NAME-file: tab-separated), else one text
     sampling: bool  # sampling follows it too (else beam search alone, greedy --beam 1 included)
 
     @property
     def file_option(self) -> str:
         return f"--{self.name}-file"
+
+    @property
+    def help(self) -> str:
+        return f"{self.what[:1].upper()}{self.what[1:]}; with --input, {self.line}."
 
     def value(self, line: str) -> str | list[str]:
         """A line of --NAME-file as the option's value."""
@@ -60,18 +64,16 @@ OPTIONS = (
     RuleOption(
         "prefix",
         "prefix",
+        "target prefixes: each translation begins with its text (whole words), forced and scored",
         "one prefix line (an empty one for none) per input line",
-        "Target prefixes, one line per --input line (an empty line: none): each translation begins with its line's "
-        "text (whole words), forced and scored.",
         phrases=False,
         sampling=True,
     ),
     RuleOption(
         "constraints",
         "constraint",
+        "target phrases every translation contains (lexically constrained beam search)",
         "one line of tab-separated constraints (an empty one for none) per input line",
-        "With --input: one line per input line of tab-separated target phrases every output must contain "
-        "(lexically constrained beam search; an empty line for none).",
         phrases=True,
         sampling=False,
     ),

@@ -32,6 +32,7 @@ from starlette.responses import JSONResponse, Response
 
 from nmt_cli.config import SearchConfig
 from nmt_cli.errors import DataError
+from nmt_cli.search.rules import OPTIONS
 from nmt_cli.serve.access import authorized
 from nmt_cli.serve.body import RequestError
 from nmt_cli.serve.keys import Keys
@@ -273,7 +274,7 @@ def split_ours(payload: Any, info: dict[str, Any]) -> tuple[Any, Shape | None]:
         return payload, None  # request_texts says what is wrong with the texts
     if not all(isinstance(text, str) for text in texts):
         return payload, None
-    if given := [name for name in ("prefix", "constraints") if name in payload]:  # a text's own, not a sentence's
+    if given := [o.name for o in OPTIONS if o.name in payload]:  # a text's own, not a sentence's
         raise DataError(f"\"split_sentences\" cannot take {given[0]!r}: it is a whole text's, not a sentence's")
     parts = tuple(cut(text, info["source_lang"] or "en", sentences=True) for text in texts)
     ours = {k: v for k, v in payload.items() if k not in ("text", "texts")}

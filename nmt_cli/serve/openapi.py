@@ -11,6 +11,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from nmt_cli import __version__
+from nmt_cli.search.rules import OPTIONS, RuleOption
 
 JSON = "application/json"
 FORM = "application/x-www-form-urlencoded"
@@ -40,6 +41,18 @@ ERRORS = {
     503: "the queue is full, or the server is shutting down or not ready (Retry-After)",
     504: "not done within --timeout",
 }
+
+
+def rule_schema(option: RuleOption) -> dict[str, Any]:
+    """A per-sentence decoding rule's field (search/rules.py): its value beside text, a list of them beside texts."""
+    one: dict[str, Any] = {"type": "array", "items": {"type": "string"}} if option.phrases else {"type": "string"}
+    kind = "a list of strings" if option.phrases else "a string"
+    return {
+        "description": f"{option.what}: {kind} beside text, one per text beside texts",
+        "anyOf": [one, {"type": "array", "items": one}],
+    }
+
+
 SEARCH = {
     "type": "object",
     "description": "any of generate's search settings by their field names (beam, nbest, lenpen, sampling, ...)",
@@ -60,15 +73,7 @@ SCHEMAS: dict[str, Any] = {
                     "text": {"type": "string"},
                     "texts": {"type": "array", "items": {"type": "string"}},
                     "model": {"type": "string", "description": "a model's name (/info's models) [default: the first]"},
-                    "constraints": {
-                        "type": "array",
-                        "description": "target phrases each translation contains (lexically constrained search): "
-                        "with text a list of strings, with texts one such list per text",
-                    },
-                    "prefix": {
-                        "description": "target prefixes: a string beside text, one string per text beside texts",
-                        "oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}],
-                    },
+                    **{o.name: rule_schema(o) for o in OPTIONS},
                 },
                 "oneOf": [{"required": ["text"]}, {"required": ["texts"]}],
             },
