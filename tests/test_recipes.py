@@ -234,7 +234,9 @@ def test_make_demo_runs_the_recipe_with_the_demo_settings(tmp_path):
     """`make demo` had trained the 60-minute recipe's model for 5 minutes: 81 updates and 3.15 sacreBLEU on an AMD
     Zen 3. Its own settings (2+2 layers, 4,000 pieces, small batches, short warm-up, one validation at the end, no
     averaging) reach the recipe, in a work directory of its own, and the full recipe keeps its settings."""
-    make = subprocess.run(["make", "-s", "-n", "demo"], cwd=ROOT, capture_output=True, text=True, timeout=30, check=True)
+    make = subprocess.run(
+        ["make", "-s", "-n", "demo"], cwd=ROOT, capture_output=True, text=True, timeout=30, check=True
+    )
     line = make.stdout[make.stdout.index("WORK_DIR=work/demo") :].split("bash ")[0].replace("\\\n", " ")
     settings = dict(word.split("=", 1) for word in line.split())
     assert settings["TRAIN_MINUTES"] == settings["SAVE_MINUTES"] == "5"
