@@ -148,7 +148,7 @@ def many_clients(args: argparse.Namespace, lines: list[str]) -> None:
     steps = [0]
 
     def counting(batcher: Batcher) -> Batcher:
-        batcher.on_batch = lambda key, sentences, requests: batches.append(sentences)
+        batcher.on_batch = lambda key, sentences, requests, waited: batches.append(sentences)
         batcher.on_step = lambda key, seconds: searching.__setitem__(0, searching[0] + seconds)
         run = batcher.run
 
