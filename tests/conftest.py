@@ -21,7 +21,6 @@ from nmt_cli.config import ARCHITECTURES, ModelConfig, PreprocessConfig, SearchC
 from nmt_cli.data.preprocess import preprocess
 from nmt_cli.model import linear as _linear
 from nmt_cli.model.transformer import build_model
-from nmt_cli.search.slots import Slots
 
 # CTranslate2's CPU backend for the export tests: MKL, whose int8 products are exact on every x86 CPU. On
 # AMD CPUs CTranslate2 4.8 picks oneDNN, whose uint8 x int8 products saturate without VNNI (AVX2 only): on
@@ -260,12 +259,11 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 @pytest.fixture
 def slot_steps_taken(monkeypatch):
-    """Counts the fixed-slot search's steps (Slots.step eagerly, Captured.step with graphs; a list that grows by one
-    each), in every thread (serve's worker too)."""
+    """Counts the fixed-slot search's steps (Captured.step; a list that grows by one each), in every thread (serve's
+    worker too)."""
     from nmt_cli.search.graphs import Captured
 
     calls = []
-    step, captured_step = Slots.step, Captured.step
-    monkeypatch.setattr(Slots, "step", lambda *a: calls.append(1) or step(*a))
+    captured_step = Captured.step
     monkeypatch.setattr(Captured, "step", lambda *a: calls.append(1) or captured_step(*a))
     return calls

@@ -237,7 +237,7 @@ def test_fixed_slots_and_cuda_graphs_return_the_beam_searchs_hypotheses(trained_
         assert len({len(hyps[0].tokens) for hyps in want}) > 3  # sentences finish at different steps
         for graphs in (False, True):
             slots = slot_search_for(True, graphs, cuda.device)
-            assert (slots.graphs is not None) == graphs
+            assert slots.cuda_graphs == graphs
             fixed = Translator(cuda.model, cuda.vocab, cuda.device, slots=slots)
             captures = []
             for _ in range(2):
@@ -248,7 +248,7 @@ def test_fixed_slots_and_cuda_graphs_return_the_beam_searchs_hypotheses(trained_
                 assert not differ, f"graphs={graphs}: sentences {differ} differ"
                 for a, b in zip(want, got):
                     assert max(abs(x.score - y.score) for x, y in zip(a, b)) < 1e-4
-                captures.append(0 if slots.graphs is None else slots.graphs.n_captures)
+                captures.append(slots.graphs.n_captures if graphs else 0)
             if graphs:  # the second pass replays the first one's captures (its few buckets all kept)
                 assert captures[0] == captures[1] > 0, captures
     finally:

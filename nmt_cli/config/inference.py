@@ -70,12 +70,12 @@ class SearchingConfig(InferenceConfig):
 
     fixed_slots: bool = flag(
         False,
-        "Beam search over fixed slots: a batch's sentences keep their rows (finished ones masked) until the live "
-        "ones fit in fewer, where they move, and with --cuda-graphs the decoder's keys and values fill buffers "
-        "sized to the batch's longest output, so no step between moves changes a shape; the same translations as "
-        "the default search. Only a plain beam search (--beam 2 or more) runs so; constraints, prefixes, "
-        "--no-repeat-ngram-size and sampling keep the default search. Off by default until its exactness "
-        "test passes on CUDA (on an H200 it searched 1.5-3.7x faster a step with --cuda-graphs).",
+        "Beam search over fixed slots, for CUDA graphs: a batch's sentences keep their rows (finished ones masked) "
+        "until the live ones fit in fewer, and the decoder's keys and values fill buffers sized to the batch's "
+        "longest output, so no step between moves changes a shape; the same translations as the default search. "
+        "Only a plain beam search (--beam 2 or more) runs so; constraints, prefixes, --no-repeat-ngram-size and "
+        "sampling keep the default search. Off by default until its exactness test passes on CUDA (on an H200 it "
+        "searched 1.5-3.7x faster a step); on the CPU it runs the same step without graphs, for no gain.",
     )
     cuda_graphs: bool = flag(
         True,

@@ -8,7 +8,7 @@ S source length, Dk key size and Dh value size per head.
 No tensor of a step changes shape or address: each row's position is a device tensor (`step`, [N]), beams are
 reordered by copying within the buffers, positions not yet written are masked, and rows not searching are parked
 at position 0 (`park`). A step reads and reorders a window of the first positions, enough for its own
-(`decode_slots`' `window`). A step run eagerly needs no fixed shapes: it runs `decode_step` over its growing cache.
+(`decode_slots`' `window`).
 Once few sentences are left, the live ones move to a cache of fewer slots (`select`), loaded (`load`) into the
 buffers of the step captured for that smaller shape."""
 

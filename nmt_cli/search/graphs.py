@@ -14,7 +14,8 @@ share one memory pool: a step's tensors live within its replay, and replays neve
 A batch holds its bucket's captured step from `step_for` until it moves or ends (`Captured.held`): serve's worker
 steps two batches in turn, and a second batch of the bucket gets a capture of its own.
 
-Everything here but `CudaCapture` is plain Python over a `Capture` function, which tests replace on the CPU."""
+Everything here but `CudaCapture` is plain Python over a `Capture` function: `run_eagerly` runs the same step
+without graphs."""
 
 from __future__ import annotations
 
@@ -61,15 +62,10 @@ class SlotCacheLike(Protocol):
 
 
 class SlotModel(Protocol):
-    """A model that steps over fixed slots (`init_slots`, `decode_slots`), and eagerly as beam.py steps it
-    (searchable.py's `init_cache`, `decode_step`): a Transformer (model/transformer.py) or an Ensemble
-    (ensemble.py)."""
+    """A model that steps over fixed slots (`init_slots`, `decode_slots`): a Transformer (model/transformer.py) or an
+    Ensemble (ensemble.py)."""
 
     max_positions: int
-
-    def init_cache(self, enc: Any, beam: int) -> Any: ...
-
-    def decode_step(self, prev_tokens: Tensor, cache: Any) -> tuple[Tensor, Any]: ...
 
     def init_slots(self, enc: Any, beam: int, *, n_positions: int, source_len: int) -> Any: ...
 
@@ -178,6 +174,11 @@ class StepGraphs:
             return self.capture(lambda: search_step(model, cache, state, window))
 
         return Captured(bucket, cache, state, capture, {})
+
+
+def run_eagerly(run: Callable[[], None]) -> Callable[[], None]:
+    """The `Capture` without CUDA graphs (the CPU, --no-cuda-graphs): a replay runs the step again."""
+    return run
 
 
 class CudaCapture:

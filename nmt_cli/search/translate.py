@@ -1,14 +1,13 @@
 """The search driver that `nmt generate`, `nmt serve`, training's BLEU validation and the parser share: open a
 checkpoint, or an ensemble's checkpoints (search/ensemble.py), for inference (`open_for_inference`: the one way
-generate and serve read them) into a Translator, batch token sequences by length, search each batch, and return
-results in input order. A parser plugs its tree constraint in through a `ConstraintSource` (search/constraint.py);
-the skeleton exists once."""
+generate and serve read them) into a Translator, and search a SearchRequest (`translate_steps`): its sources batched
+by length, each batch searched, results in input order."""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import AbstractContextManager, contextmanager
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -161,10 +160,10 @@ def search_context(translator: Translator) -> Iterator[None]:
         yield
 
 
-def each_step_in(context: Callable[[], AbstractContextManager[Any]], steps: Steps[R]) -> Steps[R]:
-    """`steps` with each resumption run inside a fresh `context()`."""
+def each_step_in(translator: Translator, steps: Steps[R]) -> Steps[R]:
+    """`steps` with each resumption run inside a fresh `search_context`."""
     while True:
-        with context():
+        with search_context(translator):
             try:
                 next(steps)
             except StopIteration as stop:
@@ -255,10 +254,9 @@ def sampling_generator(cfg: SearchConfig, device: torch.device) -> torch.Generat
 
 @dataclass(frozen=True)
 class SearchRequest:
-    """One call of the search driver (`translate_steps`): the sources (token ids, no EOS) and their search settings;
-    the batches' bounds (max_tokens source tokens, batch_size sentences, 0: no cap); each source's decoding rules
-    (search/rules.py: one SentenceRules per source, or none), and a task's own ConstraintSource (a parser's trees,
-    search/constraint.py), followed with them and with cfg.no_repeat_ngram_size's ban (search/ngram.py)."""
+    """One call of the search driver (`translate_steps`): the sources (token ids, no EOS), their search settings, the
+    batches' bounds (max_tokens source tokens, batch_size sentences, 0: no cap), each source's decoding rules
+    (search/rules.py, or none), and a task's own ConstraintSource (a parser's trees, search/constraint.py)."""
 
     sources: Sequence[np.ndarray]
     search: SearchConfig
@@ -276,18 +274,14 @@ def translate_steps(
     still_wanted: StillWanted | None = None,
     on_done: OnDone | None = None,
 ) -> Steps[list[list[Hypothesis]]]:
-    """Translate the request's sources, one decoder step per resumption (serve's worker hands it one batch and
-    interleaves it with another); results come back in input order. `still_wanted`: one answer per source, asked
-    once a step (search/beam.py's StillWanted); a sentence no longer wanted leaves its batch at the next step, a
-    batch of none wanted is not searched, and their results (empty or partial) are to be discarded. `on_done`: told
-    a source's index and results as soon as its beam search finishes it (search/beam.py's OnDone), before its batch
-    ends; the results returned hold every source's, told or not.
+    """Translate the request's sources, one decoder step per resumption (serve's worker interleaves two batches);
+    each source's results, in input order. `still_wanted` (StillWanted, one answer per source): a sentence no longer
+    wanted leaves its batch at the next step, a batch of none wanted is not searched, their results to be discarded.
+    `on_done` (OnDone): told a source's index and results as soon as its beam search finishes it.
 
-    Empty sources get an empty hypothesis without running the model; sources longer than the
-    model's positions are cut (with a warning). Sampling draws from `generator`, else from one seeded
-    with cfg.seed here: a caller translating in chunks passes one generator for them all
-    (`sampling_generator`), so that no two chunks draw the same random numbers.
-    """
+    Empty sources get empty hypotheses without running the model; sources longer than the model's positions are
+    cut (with a warning). Sampling draws from `generator` (a caller translating in chunks passes one for them all:
+    `sampling_generator`), else from one seeded with cfg.seed."""
     cfg, limit = request.search, translator.model.max_positions - 1
     n_cut = sum(len(s) > limit for s in request.sources)
     if n_cut:
@@ -312,7 +306,7 @@ def translate_steps(
             translator, [sources[i] for i in ids], cfg, rules=rules, ids=ids, generator=generator, still_wanted=wanted,
             on_done=None if on_done is None else partial(tell_source, on_done, ids),
         )  # fmt: skip
-        hyps_of = yield from each_step_in(lambda: search_context(translator), steps)
+        hyps_of = yield from each_step_in(translator, steps)
         for i, hyps in zip(ids, hyps_of):
             results[i] = hyps
     return results

@@ -69,7 +69,7 @@ def test_a_bucket_is_captured_once_and_reused(tiny_model):
     cfg = SearchConfig(beam=2, max_len_a=0.0, max_len_b=4, min_len=4)  # 5 steps a batch
     for lengths in ([3, 5, 2], [6, 1, 4, 2], [1]):  # buckets of 4, 4 and 1 sentences
         enc, lens = encoded(tiny_model, lengths)
-        want = slot_search(tiny_model, enc, lens, cfg)
+        want = beam_search(tiny_model, enc, lens, cfg)
         got = slot_search(tiny_model, enc, lens, cfg, graphs=graphs)
         assert [[h.tokens for h in hyps] for hyps in got] == [[h.tokens for h in hyps] for hyps in want]
         assert [h.score for hyps in got for h in hyps] == pytest.approx([h.score for hyps in want for h in hyps])
@@ -136,7 +136,7 @@ def test_batches_searched_in_turn_hold_captures_of_their_own(tiny_model):
     graphs = StepGraphs(capture)
     cfg = SearchConfig(beam=2, max_len_a=1.0, max_len_b=2, nbest=2)
     batches = [encoded(tiny_model, lengths, seed) for seed, lengths in enumerate(([3, 5, 2, 4], [6, 1, 4, 2]))]
-    want = [slot_search(tiny_model, enc, lens, cfg) for enc, lens in batches]
+    want = [beam_search(tiny_model, enc, lens, cfg) for enc, lens in batches]
     searches = [slot_steps(tiny_model, enc, lens, cfg, graphs=graphs) for enc, lens in batches]
     got: list = [None, None]
     while any(g is None for g in got):  # one step of each in turn
@@ -184,7 +184,7 @@ def test_a_step_reads_the_window_of_its_position_each_captured_when_first_needed
     graphs = StepGraphs(capture)
     cfg = SearchConfig(beam=4, max_len_a=0.0, max_len_b=50, min_len=50)  # 51 steps
     enc, lens = encoded(tiny_model, [3, 5, 2])
-    want = slot_search(tiny_model, enc, lens, cfg)
+    want = beam_search(tiny_model, enc, lens, cfg)
     monkeypatch.setattr(type(tiny_model), "decode_slots", recording)
     for _ in range(2):  # the second batch replays the first one's captures
         windows.clear()

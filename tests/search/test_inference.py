@@ -4,7 +4,7 @@ first use, and the checks generate and serve share."""
 import pytest
 from click.testing import CliRunner
 
-from nmt_cli import checkpoint
+from nmt_cli.checkpoint import saved
 from nmt_cli.cli import cli
 from nmt_cli.config import GenerateConfig, InferenceConfig, ServeConfig
 from nmt_cli.data import raw_text_problem
@@ -16,8 +16,8 @@ pytestmark = pytest.mark.usefixtures("cpu_matmul_route")  # both CPU matmul rout
 
 def test_generate_reads_the_checkpoint_once(tiny_checkpoint, tmp_path, monkeypatch):
     loads = []
-    load = checkpoint.load_checkpoint
-    monkeypatch.setattr(checkpoint, "load_checkpoint", lambda path: loads.append(path) or load(path))
+    load = saved.load_checkpoint
+    monkeypatch.setattr(saved, "load_checkpoint", lambda path: loads.append(path) or load(path))
     src = tmp_path / "in.txt"
     src.write_text("1 2 3\n4 5\n")
     r = CliRunner().invoke(cli, ["generate", "--path", str(tiny_checkpoint), "--input", str(src), "--device", "cpu"])

@@ -1,7 +1,7 @@
 """The beam search over fixed slots (search/slots.py) against beam.py's: the same hypotheses and scores for every
-search setting, on a single model and an ensemble, eagerly and through the captured-step bookkeeping
-(search/graphs.py, with a capture that runs the step eagerly), with batches that move to fewer slots as their
-sentences finish; one host read a step; the searches it leaves to beam.py."""
+search setting, on a single model and an ensemble, through the captured-step bookkeeping (search/graphs.py, with a
+capture that runs the step eagerly), with batches that move to fewer slots as their sentences finish; one host read
+a step; the searches it leaves to beam.py."""
 
 import json
 from collections import Counter
@@ -15,10 +15,10 @@ from nmt_cli.config import SearchConfig
 from nmt_cli.data.dataset import ParallelDataset
 from nmt_cli.search.beam import beam_search
 from nmt_cli.search.ensemble import Ensemble
-from nmt_cli.search.graphs import StepGraphs
+from nmt_cli.search.graphs import StepGraphs, run_eagerly
 from nmt_cli.search.prefix import prefix_source
 from nmt_cli.search.slot_state import SlotState
-from nmt_cli.search.slots import Slots, SlotSearch, slot_search, slot_search_for
+from nmt_cli.search.slots import SlotSearch, slot_search, slot_search_for
 from nmt_cli.search.translate import SearchRequest, Translator, load_translator, translate, translate_steps
 
 pytestmark = pytest.mark.usefixtures("cpu_matmul_route")  # both CPU matmul routes on every machine (conftest.py)
@@ -65,7 +65,7 @@ def copy_translator(trained_copy_checkpoint, cpu_matmul_route):
 def test_fixed_slots_translate_as_the_beam_search_does(copy_translator, toy_data_bin, cfg):
     sources = sources_of(toy_data_bin)
     expected = translate(copy_translator, SearchRequest(sources, cfg, 120))  # several batches
-    for slots in (SlotSearch(), SlotSearch(StepGraphs(eager_capture))):
+    for slots in (SlotSearch(StepGraphs(eager_capture)),):
         fixed = Translator(copy_translator.model, copy_translator.vocab, copy_translator.device, slots=slots)
         got = translate(fixed, SearchRequest(sources, cfg, 120))
         assert_same(expected, got)
@@ -73,29 +73,22 @@ def test_fixed_slots_translate_as_the_beam_search_does(copy_translator, toy_data
 
 @pytest.fixture
 def moves(monkeypatch):
-    """The sentence counts that batches' slots move to (eagerly Slots.shrink, with graphs SlotState.select), in
-    order."""
+    """The sentence counts that batches' slots move to (SlotState.select), in order."""
     counts = []
-    shrink, select = Slots.shrink, SlotState.select
-
-    def recording_shrink(self, keep, rows):
-        counts.append(keep.shape[0])
-        shrink(self, keep, rows)
+    select = SlotState.select
 
     def recording_select(self, keep):
         counts.append(keep.shape[0])
         return select(self, keep)
 
-    monkeypatch.setattr(Slots, "shrink", recording_shrink)
     monkeypatch.setattr(SlotState, "select", recording_select)
     return counts
 
 
-@pytest.mark.parametrize("graphs", [False, True])
-def test_finished_sentences_move_to_fewer_slots(copy_translator, moves, graphs):
-    """Sentences that finish at very different steps: the batch moves to fewer slots (eagerly the live sentences,
-    each time at most three quarters of the slots; with graphs their bucket, at most half of them, the bucket's
-    fill sentences and finished ones moved along), and the results stay beam.py's, nbest included."""
+def test_finished_sentences_move_to_fewer_slots(copy_translator, moves):
+    """Sentences that finish at very different steps: the batch moves to fewer slots (the live sentences' bucket, at
+    most half of them, the bucket's fill sentences and finished ones moved along), and the results stay beam.py's,
+    nbest included."""
     g = np.random.default_rng(3)
     sources = [g.integers(4, 20, n) for n in (1, 2, 2, 3, 4, 5, 6, 7, 9, 12, 16, 21, 26, 30)]  # 14: a bucket of 16
     enc, lens = encoded(copy_translator, sources)
@@ -103,12 +96,10 @@ def test_finished_sentences_move_to_fewer_slots(copy_translator, moves, graphs):
     for cfg in (SearchConfig(beam=4, nbest=3), SearchConfig(beam=3, lenpen=1.0, lenpen_style="fairseq", nbest=2)):
         moves.clear()
         want = beam_search(model, enc, lens, cfg, n_pieces)
-        step_graphs = StepGraphs(eager_capture) if graphs else None
-        assert_same(want, slot_search(model, enc, lens, cfg, n_pieces, graphs=step_graphs))
-        counts, most = [16 if graphs else 14, *moves], 0.5 if graphs else 0.75
-        assert len(moves) >= 2 and all(b <= most * a for a, b in zip(counts, counts[1:])), counts
-        if graphs:  # bucket sizes: powers of two
-            assert all(b & (b - 1) == 0 for b in moves), moves
+        assert_same(want, slot_search(model, enc, lens, cfg, n_pieces, graphs=StepGraphs(eager_capture)))
+        counts = [16, *moves]
+        assert len(moves) >= 2 and all(b <= 0.5 * a for a, b in zip(counts, counts[1:])), counts
+        assert all(b & (b - 1) == 0 for b in moves), moves  # bucket sizes: powers of two
 
 
 def test_the_outputs_end_at_different_steps(copy_translator, toy_data_bin):
@@ -117,8 +108,7 @@ def test_the_outputs_end_at_different_steps(copy_translator, toy_data_bin):
     assert len({len(hyps[0].tokens) for hyps in results}) > 3
 
 
-@pytest.mark.parametrize("graphs", [False, True])
-def test_beam_one_and_an_untrained_model(tiny_checkpoint, toy_data_bin, graphs):
+def test_beam_one_and_an_untrained_model(tiny_checkpoint, toy_data_bin):
     """Beam 1 (translate runs greedy search there: compared with beam_search itself) and outputs that run to their
     maximum length."""
     translator = load_translator(tiny_checkpoint, torch.device("cpu"), None)[0]
@@ -127,7 +117,7 @@ def test_beam_one_and_an_untrained_model(tiny_checkpoint, toy_data_bin, graphs):
         for source in (sources, sources[2:3]):
             enc, lens = encoded(translator, source)
             want = beam_search(translator.model, enc, lens, cfg, translator.vocab.n_pieces)
-            step_graphs = StepGraphs(eager_capture) if graphs else None
+            step_graphs = StepGraphs(eager_capture)
             got = slot_search(translator.model, enc, lens, cfg, translator.vocab.n_pieces, graphs=step_graphs)
             assert_same(want, got)
 
@@ -153,19 +143,18 @@ def test_an_ensemble_over_fixed_slots(copy_translator, trained_copy_checkpoint, 
     plain = Translator(ensemble, copy_translator.vocab, torch.device("cpu"))
     sources, cfg = sources_of(toy_data_bin, 8), SearchConfig(beam=4, nbest=2)
     expected = translate(plain, SearchRequest(sources, cfg, 10_000))
-    for slots in (SlotSearch(), SlotSearch(StepGraphs(eager_capture))):
+    for slots in (SlotSearch(StepGraphs(eager_capture)),):
         fixed = Translator(ensemble, copy_translator.vocab, torch.device("cpu"), slots=slots)
         moves.clear()
         assert_same(expected, translate(fixed, SearchRequest(sources, cfg, 10_000)))
         assert moves  # its batch moved to fewer slots
 
 
-@pytest.mark.parametrize("graphs", [False, True])
-def test_fixed_slots_wait_for_the_device_once_a_step(copy_translator, toy_data_bin, slot_steps_taken, graphs):
+def test_fixed_slots_wait_for_the_device_once_a_step(copy_translator, toy_data_bin, slot_steps_taken):
     """What beam.py's search waits for (tests/search/test_beam_syncs.py): collect's four copies and the source
     lengths once a batch, and one read a step (how many sentences are still searching), moves to fewer slots
     included."""
-    slots = SlotSearch(StepGraphs(eager_capture) if graphs else None)
+    slots = SlotSearch(StepGraphs(eager_capture))
     translator = Translator(copy_translator.model, copy_translator.vocab, torch.device("cpu"), slots=slots)
     sources = sources_of(toy_data_bin)
     for cfg in (SearchConfig(beam=4, max_len_a=0, max_len_b=10, min_len=10), SearchConfig(beam=4)):
@@ -174,9 +163,8 @@ def test_fixed_slots_wait_for_the_device_once_a_step(copy_translator, toy_data_b
             translate(translator, SearchRequest(sources, cfg, 10_000))
         n_steps = len(slot_steps_taken)
         syncs = Counter((call, where.rsplit(" in ", 1)[1]) for call, where in log.syncs)
-        steps = "captured_steps" if graphs else "slot_steps"  # the search loop of each
-        per_batch = Counter({("cpu", "collect"): 4, ("cpu", steps if graphs else "length_limits"): 1})
-        assert syncs == per_batch + Counter({("__int__", steps): n_steps}), syncs
+        per_batch = Counter({("cpu", "collect"): 4, ("cpu", "slot_steps"): 1})
+        assert syncs == per_batch + Counter({("__int__", "slot_steps"): n_steps}), syncs
         if cfg.min_len == 10:
             assert n_steps == 11
 
@@ -184,7 +172,9 @@ def test_fixed_slots_wait_for_the_device_once_a_step(copy_translator, toy_data_b
 def test_other_searches_keep_the_beam_search(copy_translator, toy_data_bin, slot_steps_taken):
     """Prefixes, the n-gram ban, sampling and beam 1 run beam.py's or greedy.py's search, as without slots."""
     calls = slot_steps_taken
-    translator = Translator(copy_translator.model, copy_translator.vocab, torch.device("cpu"), slots=SlotSearch())
+    translator = Translator(
+        copy_translator.model, copy_translator.vocab, torch.device("cpu"), slots=SlotSearch(StepGraphs(eager_capture))
+    )
     sources = sources_of(toy_data_bin, 6)
     prefixes = prefix_source([s[:2] for s in sources])
     translate(translator, SearchRequest(sources, SearchConfig(beam=4), 10_000, constraints=prefixes))
@@ -195,14 +185,13 @@ def test_other_searches_keep_the_beam_search(copy_translator, toy_data_bin, slot
     assert calls
 
 
-def with_slots(translator, graphs):
-    """The translator, searching over fixed slots (graphs: through the captured-step bookkeeping)."""
-    slots = SlotSearch(StepGraphs(eager_capture) if graphs else None)
+def with_slots(translator):
+    """The translator, searching over fixed slots."""
+    slots = SlotSearch(StepGraphs(eager_capture))
     return Translator(translator.model, translator.vocab, translator.device, slots=slots)
 
 
-@pytest.mark.parametrize("graphs", [False, True])
-def test_a_sentence_is_told_as_it_finishes_as_the_beam_search_tells_it(copy_translator, toy_data_bin, graphs):
+def test_a_sentence_is_told_as_it_finishes_as_the_beam_search_tells_it(copy_translator, toy_data_bin):
     """serve's early answers (`on_done`): each sentence that finishes before its batch's last step is told once, at
     the step beam.py's search tells it, with the hypotheses the search returns for it; a bucket's copies never."""
     sources, cfg = sources_of(toy_data_bin, 13), SearchConfig(beam=4, nbest=2)  # 15 sentences: a bucket of 16
@@ -220,22 +209,21 @@ def test_a_sentence_is_told_as_it_finishes_as_the_beam_search_tells_it(copy_tran
             steps[0] += 1
 
     want_told, want = told_by(copy_translator)
-    told, got = told_by(with_slots(copy_translator, graphs))
+    told, got = told_by(with_slots(copy_translator))
     assert_same(want, got)
     assert len(want_told) > 3
     assert [(i, step) for i, step, _ in told] == [(i, step) for i, step, _ in want_told]
     assert all(hyps == got[i] for i, _, hyps in told)
 
 
-@pytest.mark.parametrize("graphs", [False, True])
-def test_sentences_no_longer_wanted_stop_over_fixed_slots(copy_translator, toy_data_bin, slot_steps_taken, graphs):
+def test_sentences_no_longer_wanted_stop_over_fixed_slots(copy_translator, toy_data_bin, slot_steps_taken):
     """serve's `still_wanted`: a sentence no longer wanted stops at the next step without changing the others'
     results, and a batch of none wanted stops."""
     sources = sources_of(toy_data_bin, 6)
     # every hypothesis is 12 tokens long: the batch's length is the same whichever sentences stop, whatever the
     # weights (the checkpoint is trained where the test runs, so where free lengths end differs between CPUs)
     n, cfg = len(sources), SearchConfig(beam=4, nbest=2, max_len_a=0, max_len_b=12, min_len=12)
-    fixed = with_slots(copy_translator, graphs)
+    fixed = with_slots(copy_translator)
     alone = translate(fixed, SearchRequest(sources, cfg, 10_000))
     n_steps = len(slot_steps_taken)
     slot_steps_taken.clear()
@@ -257,9 +245,9 @@ def test_sentences_no_longer_wanted_stop_over_fixed_slots(copy_translator, toy_d
 def test_the_choice_of_search():
     cpu = torch.device("cpu")
     assert slot_search_for(False, True, cpu) is None  # beam.py's search unless asked
-    assert slot_search_for(True, True, cpu) == SlotSearch(graphs=None)  # never a CUDA call on the CPU
+    assert slot_search_for(True, True, cpu).graphs.capture is run_eagerly  # never a CUDA call on the CPU
     assert slot_search_for(False, True, torch.device("cuda")) is None
-    assert slot_search_for(True, False, torch.device("cuda")) == SlotSearch(graphs=None)
+    assert not slot_search_for(True, False, torch.device("cuda")).cuda_graphs
 
 
 def test_generate_with_fixed_slots_writes_what_the_default_search_writes(trained_copy_checkpoint, toy_corpus):
@@ -275,7 +263,7 @@ def test_generate_with_fixed_slots_writes_what_the_default_search_writes(trained
         assert r.exit_code == 0, r.output
         return [json.loads(line) for line in r.stdout.splitlines()]
 
-    default, fixed = generate(), generate("--fixed-slots", "--cuda-graphs")  # no CUDA: eager
+    default, fixed = generate(), generate("--fixed-slots", "--cuda-graphs")  # no CUDA: without graphs
     assert [[h["text"] for h in r["hypotheses"]] for r in fixed] == [
         [h["text"] for h in r["hypotheses"]] for r in default
     ]
@@ -290,7 +278,7 @@ def test_under_bf16_autocast(tiny_model, toy_data_bin):
     vocab, cpu = load_vocab(toy_data_bin), torch.device("cpu")
     sources, cfg = sources_of(toy_data_bin, 6), SearchConfig(beam=4, max_len_b=8, nbest=2)
     expected = translate(Translator(tiny_model, vocab, cpu, torch.bfloat16), SearchRequest(sources, cfg, 10_000))
-    for slots in (SlotSearch(), SlotSearch(StepGraphs(eager_capture))):
+    for slots in (SlotSearch(StepGraphs(eager_capture)),):
         assert_same(
             expected,
             translate(Translator(tiny_model, vocab, cpu, torch.bfloat16, slots), SearchRequest(sources, cfg, 10_000)),

@@ -10,11 +10,8 @@ from click.testing import CliRunner
 
 from nmt_cli.cli import cli
 from nmt_cli.config import ServeConfig
-from nmt_cli.search.graphs import StepGraphs
-from nmt_cli.search.slots import SlotSearch
 from nmt_cli.serve.models import Models, key_of
 from nmt_cli.steps import run_to_end
-from tests.search.test_slots import eager_capture
 from tests.search.test_steps import counting, in_turn
 from tests.serve.serving import SENTENCES, generate_jsonl, serving
 
@@ -44,7 +41,7 @@ def test_served_answers_over_fixed_slots_are_generates(trained_copy_checkpoint, 
     slot_steps_taken.clear()
     with serving(trained_copy_checkpoint, fixed_slots=True, search={"beam": 3, "nbest": 2}) as client:
         info = client.get("/info").json()
-        assert info["fixed_slots"] is True and info["cuda_graphs"] is False  # no CUDA: eager
+        assert info["fixed_slots"] is True and info["cuda_graphs"] is False  # no CUDA: no graphs
         slot_steps_taken.clear()  # the warm-up's
         assert_same(fixed, answers(client.post("/translate", json={"texts": SENTENCES})))
         assert slot_steps_taken  # the slot search ran the batch
@@ -74,19 +71,16 @@ def test_requests_the_slot_search_does_not_run_keep_the_default_search(trained_c
     assert [[t["text"] for t in ts] for ts in got] == [[t["text"] for t in ts] for ts in want]
 
 
-def served_models(ckpt, graphs):
-    """The Models of `nmt serve --fixed-slots`, warm; graphs: with the captured-step bookkeeping (eager capture)."""
+def served_models(ckpt):
+    """The Models of `nmt serve --fixed-slots`, warm (on the CPU: the captured step run without graphs)."""
     models = Models.open(ServeConfig(path=str(ckpt), device="cpu", threads=1, fixed_slots=True), {})
     served = models.default.served
-    if graphs:
-        served.searcher.inference.slots = SlotSearch(StepGraphs(eager_capture))  # before the translator is built
     served.warm_up()
     assert served.searcher.translator.slots is served.searcher.inference.slots
     return models, served
 
 
-@pytest.mark.parametrize("graphs", [False, True])
-def test_early_answers_over_fixed_slots(trained_copy_checkpoint, slot_steps_taken, graphs):
+def test_early_answers_over_fixed_slots(trained_copy_checkpoint, slot_steps_taken):
     """`answers_early` (a GPU's; forced here): the short sentence of a batch searched over fixed slots is answered
     before the long one's steps end, with the result the batch returns, which is the default search's."""
     texts = ["0", "1 2 3 4 5 6 7 8 9 1 2 3 4 5 6 7", "3 1"]  # the copy model answers each in its own length
@@ -95,7 +89,7 @@ def test_early_answers_over_fixed_slots(trained_copy_checkpoint, slot_steps_take
     want = run_to_end(
         plain.run(key_of(plain.default, plain_served.search), plain_served.reader.prepare(texts), None, None)
     )
-    models, served = served_models(trained_copy_checkpoint, graphs)
+    models, served = served_models(trained_copy_checkpoint)
     served.searcher.answers_early = True
     key, told, steps = key_of(models.default, served.search), [], [0]
     slot_steps_taken.clear()
@@ -111,7 +105,7 @@ def test_early_answers_over_fixed_slots(trained_copy_checkpoint, slot_steps_take
 def test_two_batches_stepped_in_turn_hold_captures_of_their_own(trained_copy_checkpoint):
     """The worker steps two batches in turn (serve/batcher.py): with graphs, two batches of one bucket each load
     their state into a capture of their own, and both answer as they do alone."""
-    models, served = served_models(trained_copy_checkpoint, graphs=True)
+    models, served = served_models(trained_copy_checkpoint)
     key = key_of(models.default, served.search)
     batches = [SENTENCES[:4], SENTENCES[4:]]
     alone = [run_to_end(models.run(key, served.reader.prepare(b), lambda: [True] * 4, None)) for b in batches]
