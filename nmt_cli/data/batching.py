@@ -13,7 +13,8 @@ adds is counted by `padding_stats`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
+from typing import Any
 
 import numpy as np
 import torch
@@ -35,23 +36,11 @@ class Batch:
     tgt_index: torch.Tensor | None = None  # [n_tgt_tokens] flat positions of those, when computed on the host
 
     def to(self, device: torch.device) -> Batch:
+        """The batch's tensors on `device` (a non-blocking copy to CUDA)."""
+        tensors = {f.name: getattr(self, f.name) for f in fields(self)}
         nb = device.type == "cuda"
-
-        def move(t: torch.Tensor) -> torch.Tensor:
-            return t.to(device, non_blocking=nb)
-
-        def move_optional(t: torch.Tensor | None) -> torch.Tensor | None:
-            return None if t is None else move(t)
-
-        return Batch(
-            self.ids,
-            move(self.src_tokens),
-            move_optional(self.src_pad_mask),
-            move(self.tgt_in),
-            move(self.tgt_out),
-            self.n_tgt_tokens,
-            move_optional(self.tgt_index),
-        )
+        moved: dict[str, Any] = {k: t.to(device, non_blocking=nb) for k, t in tensors.items() if torch.is_tensor(t)}
+        return replace(self, **moved)
 
 
 def batch_by_tokens(

@@ -3,22 +3,17 @@
 Shapes: B0 sentences in the call, B sentences still searching (B <= B0; finished ones leave the
 batch), K beam, V vocabulary, t tokens generated so far, L the longest allowed output + 1.
 
-Each step scores all K*V extensions of every sentence's beams and takes the top 2K candidates.
-Candidates ending in EOS that rank within the top K are finished (scored with the length
-penalty); the best K candidates that do not end in EOS stay alive.
-Stopping rule: a sentence stops once it has K finished hypotheses, or when it reaches its
-maximum length max_len = a * |x| + b (|x| source pieces without EOS), where EOS is forced.
-This is fairseq's rule; with K = 1 it is exactly greedy search.
+Each step scores all K*V extensions of every sentence's beams and takes the top 2K candidates: those ending in EOS
+that rank within the top K finish (scored with the length penalty), the best K others stay alive. A sentence stops
+once it has K finished hypotheses, or at its maximum length a * |x| + b (|x| source pieces), where EOS is forced:
+fairseq's rule, with K = 1 exactly greedy search.
 
-The host waits for the device once per step, to learn how many sentences are done; everything else is decided
-on the device, or on the host from what it already knows (the lengths). An optional `constraint` (search/
-constraint.py) masks log-probs before the top-k and follows the beams, and may choose and order each step's
-candidates (`rank_candidates`: lexical constraints). An optional `still_wanted` (serve's requests that timed out or
-went away) is asked on the host once a step: a sentence no longer wanted leaves the batch as a finished one does.
-An optional `on_done` (serve) is told a sentence's results as it finishes (one more host read on such steps).
+The host waits for the device once per step (how many sentences are done). An optional `constraint`
+(search/constraint.py) masks log-probs before the top-k, follows the beams, and may choose and order the candidates
+(`rank_candidates`); `still_wanted` (serve's requests that timed out or went away) is asked once a step, and a
+sentence no longer wanted leaves the batch; `on_done` (serve) is told a sentence's results as it finishes.
 `beam_steps` yields after each decoder step (serve's worker interleaves batches by step); `beam_search` runs it
-to its end.
-"""
+to its end."""
 
 from __future__ import annotations
 
@@ -156,14 +151,10 @@ def top_candidates(beam_scores: Tensor, log_probs: Tensor) -> tuple[Tensor, Tens
 
 
 def candidate_block(v: int) -> int:
-    """top_candidates' block width for a V-piece vocabulary: the largest power of two up to V / 128.
-
-    PyTorch's CPU top-k of k entries among n switches from a partial sort to nth_element below n = 64k,
-    several times slower at the cliff, and block maxima are a slow reduction unless the block is a power
-    of two (vectorized widths). With at least 128 blocks per beam the first top-k (2K of K * V / block)
-    stays on the partial sort, which makes the whole function faster at 8,000 and 32,000 pieces and no
-    slower at 37,000 (`benchmarks/profile_generate.py`, `ab_generate.py`).
-    """
+    """top_candidates' block width for a V-piece vocabulary: the largest power of two up to V / 128. PyTorch's CPU
+    top-k switches from a partial sort to a slower nth_element below n = 64k, and block maxima are a slow reduction
+    unless the block is a power of two: with at least 128 blocks per beam the first top-k stays on the partial sort
+    (`benchmarks/profile_generate.py`, `ab_generate.py`)."""
     return 1 << max((v // 128).bit_length() - 1, 0)
 
 

@@ -79,11 +79,9 @@ def slot_steps(
     still_wanted: StillWanted | None = None,
     on_done: OnDone | None = None,
 ) -> Steps[list[list[Hypothesis]]]:
-    """beam.py's `beam_steps` without rules over fixed slots (the same arguments and results), one decoder step per
-    resumption: each step the bucket's captured search step (search/slot_state.py's `search_step`, replayed), then
-    the host's decisions: stop, tell finished sentences (`on_done`), mask those no longer wanted, move to a smaller
-    bucket. The batch fills its bucket with copies of its first sentence, done from the start; the finished
-    hypotheses, held by slot, are copied into the call's as the batch moves, tells or ends."""
+    """beam.py's `beam_steps` without rules over fixed slots (the same arguments and results): each step the bucket's
+    captured search step (slot_state.py's `search_step`), then the host's decisions: stop, tell finished sentences,
+    mask those no longer wanted, move to a smaller bucket (the finished hypotheses, held by slot, copied then)."""
     k, device, b0 = cfg.beam, enc.memory.device, enc.memory.shape[0]
     host_max_len = max_lengths(src_lens.cpu(), cfg, model.max_positions)  # [B0]
     n_steps = int(host_max_len.numpy().max()) + 1
