@@ -62,6 +62,11 @@ class EnsembleSlotCache:
 
     members: list[SlotCache]
 
+    @property
+    def step(self) -> Tensor:
+        """[N] each row's position: the members step alike."""
+        return self.members[0].step
+
     def select(self, sentences: Tensor, rows: Tensor) -> EnsembleSlotCache:
         """Every member's cache of fewer slots (SlotCache.select)."""
         return EnsembleSlotCache([cache.select(sentences, rows) for cache in self.members])

@@ -131,8 +131,7 @@ def search_step(model: Any, cache: Any, state: SlotState, window: int) -> None:
     """One step of the beam search over the slots (beam.py's step, every shape fixed): the decoder step at the
     cache's position t (reading `window` positions), then the candidates, the finished and the surviving
     hypotheses, `done` and `n_live`. model: a SlotModel (search/graphs.py)."""
-    first = cache.members[0] if hasattr(cache, "members") else cache  # an ensemble's members step alike
-    step = first.step.clone()  # [N] each row's position, the one this step writes
+    step = cache.step.clone()  # [N] each row's position, the one this step writes
     log_probs = model.decode_slots(state.prev, state.rows, cache, window)  # [N, V]
     constrain(log_probs, step, state)
     b, k = state.scores.shape
