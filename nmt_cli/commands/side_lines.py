@@ -46,11 +46,7 @@ def read_beside(
     lines: Iterable[str], sides: Sequence[SideLines], input_name: str, first_line: int = 1
 ) -> Iterator[str]:
     """`lines`, the input's (`input_name`: "--input FILE"), each read with the next line of every side file, so that
-    files fed through pipes advance together.
-
-    Raises:
-        DataError: one file ends before another, named with the line the other has.
-    """
+    files fed through pipes advance together; DataError where one file ends before another, at the other's line."""
     number = first_line
     for line in lines:
         for side in sides:
@@ -80,11 +76,8 @@ def open_with_side_files(
     cfg: GenerateConfig, stack: ExitStack, num_shards: int, shard_id: int
 ) -> tuple[Iterator[list[str]], dict[str, SideLines]]:
     """--input's chunks of lines, each line read with its line of every --NAME-file given (each file opened and read
-    once: pipes and FIFOs work as files do), and those files' SideLines by the rule's name (search/rules.py).
-
-    Raises:
-        DataError: a sharded input and a side file of other line counts (both read whole to take the shard).
-    """
+    once), and those files' SideLines by the rule's name; DataError for a sharded input and a side file of other
+    line counts (both read whole to take the shard)."""
     raw_lines, first_line, n_lines = open_input(cfg.input, stack, num_shards, shard_id)
     name, files, sides = input_name(cfg), dict(cfg.rule_files), {}
     for rule in (o for o in OPTIONS if o.name in files):
@@ -126,13 +119,9 @@ def read_lines(
 
 
 def text_lines(stream: Iterable[bytes], name: str, first_line: int = 1, pieces: bool = False) -> Iterator[str]:
-    """The lines (newlines stripped), each decoded as strict UTF-8 and checked as it is read, so that a bad byte
-    stops the run before anything of its chunk is translated or written; `pieces`: lines of sentencepiece pieces
-    are wanted (data.raw_text_problem).
-
-    Raises:
-        DataError: `name:LINE: invalid UTF-8`, or a line serve would refuse too (data.raw_text_problem).
-    """
+    """The lines (newlines stripped), each decoded as strict UTF-8 and checked as it is read, so that a bad byte stops
+    the run before anything of its chunk is translated or written: DataError `name:LINE: invalid UTF-8`, or a line
+    serve would refuse too (data.raw_text_problem; `pieces`: lines of sentencepiece pieces are wanted)."""
     for number, raw in enumerate(stream, start=first_line):
         try:  # a line as `nmt score` reads one (data.split_lines): "\n" ends it, one "\r" before it is dropped
             text = raw.decode("utf-8").removesuffix("\n").removesuffix("\r")
@@ -166,12 +155,8 @@ def shard_range(n: int, num_shards: int, shard_id: int) -> range:
 def rules_beside(
     sides: dict[str, SideLines], translator: Translator, sources: Sequence[np.ndarray], search: SearchConfig
 ) -> tuple[SentenceRules, ...]:
-    """The rules of the next input lines (`sources`, searched with `search`) from their lines of the side files
-    (by the rule's name: search/rules.py's `read_rules`; none without side files).
-
-    Raises:
-        DataError: `FILE:LINE: ...` for a line whose rules cannot fit its output.
-    """
+    """The rules of the next input lines (`sources`) from their lines of the side files, by the rule's name
+    (search/rules.py's `read_rules`: DataError `FILE:LINE: ...`; none without side files)."""
     if not sides:
         return ()
     values, where = {}, {}

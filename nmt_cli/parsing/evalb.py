@@ -1,17 +1,11 @@
-"""Bracket scoring as EVALB does it (Sekine and Collins, 1997), with its COLLINS.prm settings by default.
+"""Bracket scoring as EVALB does it (Sekine and Collins, 1997), with its COLLINS.prm settings by default: per sentence,
+a preterminal with a delete label is removed with its word, other preterminals give the words and tags, every other
+bracket is a constituent over the words it spans (dropped when it spans none or has a delete label; function tags
+cut; ADVP = PRT), matched one to one by span and label. A sentence whose test tree has no words is skipped, one
+whose words differ from the gold's is an error; both count only in "Number of ... sentence", as in EVALB.
 
-Per sentence, each tree is read as EVALB reads it: a preterminal whose tag is a delete label is
-removed with its word; other preterminals give the words and tags; every other bracket is a
-constituent over the words it spans. Constituents spanning no word or labelled with a delete label
-are dropped, function tags are cut at the first '-' or '=', equivalent labels (ADVP = PRT) match.
-Gold and test constituents are matched one to one by span and label (multisets). A sentence whose
-test tree has no words is skipped; one whose words differ from the gold's, after deletion, is an
-error. Skipped and error sentences count in "Number of ... sentence" and nowhere else, as in EVALB.
-
-Two differences, both deliberate: the treebank's unlabelled outer bracket `( (S ...) )` is read as
-TOP (so deleted) instead of as a constituent labelled "", and scoring never stops after MAX_ERROR
-errors (EVALB exits); error sentences are listed instead.
-"""
+Two deliberate differences: the treebank's unlabelled outer bracket is read as TOP (deleted), and scoring never
+stops after MAX_ERROR errors (EVALB exits); error sentences are listed instead."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
-"""A tree as a token sequence for the decoder, and back.
-
-Linearisation (depth first): a constituent is its opening token `(LABEL`, its children, then `)`;
-a word is one leaf token. `(S (NP (DT The) (NN cat)) (VP (VBZ sits)) (. .))` becomes
+"""A tree as a token sequence for the decoder, and back. A constituent is its opening token `(LABEL`, its children, then
+`)`; a word is one leaf token. `(S (NP (DT The) (NN cat)) (VP (VBZ sits)) (. .))` becomes
 
     leaves="pos":   (S (NP DT NN ) (VP VBZ ) . )
     leaves="slot":  (S (NP XX XX ) (VP XX ) . )
@@ -9,12 +7,8 @@ a word is one leaf token. `(S (NP (DT The) (NN cat)) (VP (VBZ sits)) (. .))` bec
     leaves="words-ahead": as "pos"; each word's pieces right after the previous tag, the first word's at the
                     start: ▁The (S (NP DT ▁cat NN ▁sits ) (VP VBZ ▁. ) . )
 
-With "slot" every POS tag is the placeholder XX except the punctuation tags EVALB deletes
-(, : `` '' . and the brackets' -LRB- -RRB- and # $), which stay, so that the scorer removes the same words
-from both trees. Words are not tree tokens (with "words" they are copied pieces, dropped before
-`delinearize`): `delinearize` puts the input's own words back at the leaves, in order, as `(TAG word)`
-preterminals.
-"""
+With "slot" every POS tag is XX but the punctuation tags EVALB deletes, so that the scorer removes the same words
+from both trees. `delinearize` puts the input's own words back at the leaves, in order, as `(TAG word)`."""
 
 from __future__ import annotations
 

@@ -1,13 +1,10 @@
 """`nmt preprocess --target-format ptb-tree`: sentences in, linearised trees out, binarized like translation data.
 
-The target file holds one bracketed tree per line; the source file (the tree's words, one sentence
-per line) is optional and, when given, must match the tree's words exactly. Trees are cleaned
-(function tags, -NONE-, empty constituents; tree.clean) and linearised (linearize.py). Every tree
-token (`(NP`, `)`, a POS tag or XX) is a sentencepiece control symbol spelt `<TOKEN>` (linearize.token_piece):
-one id each, on the target side only, never produced when encoding text, and taking no string that text
-needs (spelt bare, `,` `.` `$` `#` `:` would be `<unk>` in every sentence). Sentencepiece is trained on
-the source words only (--character-coverage 1, the default, gives every character of them a piece).
-"""
+The target file holds one bracketed tree per line; the optional source file (its words) must match the trees'
+words. Trees are cleaned (tree.clean) and linearised (linearize.py). Every tree token (`(NP`, `)`, a tag or XX) is a
+sentencepiece control symbol spelt `<TOKEN>` (linearize.token_piece): one id each, never produced when encoding
+text. Sentencepiece is trained on the source words only (--character-coverage 1 gives each of their characters a
+piece)."""
 
 from __future__ import annotations
 

@@ -117,14 +117,10 @@ def top_candidates(beam_scores: Tensor, log_probs: Tensor) -> tuple[Tensor, Tens
     """The best 2K extensions of each sentence: the top 2K of its K*V totals, beam score + log-prob.
     beam_scores: [B, K] (a search state's `scores`), log_probs: [B*K, V] -> scores, beams, tokens: [B, 2K], best first.
 
-    On CPU by blocks of `candidate_block(V)` columns, without adding the beam scores to all K*V entries:
-    each of a sentence's 2K best totals lies in one of the 2K blocks (over its K beams) whose best total,
-    the block's maximum log-prob plus its beam's score, is highest, or in the last V % block columns,
-    always kept. So the top 2K are taken among those 2K * block + K * (V % block) candidates, for all
-    beams of a sentence at once: two top-k calls on B rows. On other devices, and for vocabularies under
-    512 pieces, the top 2K of all K*V totals. Equal totals may come in another order than one top-k over
-    all K*V would give.
-    """
+    On CPU by blocks of `candidate_block(V)` columns: each of a sentence's 2K best totals lies in one of the 2K blocks
+    whose best total (the block's maximum plus its beam's score) is highest, or in the last V % block columns, always
+    kept; so two top-k calls on B rows over those. Elsewhere, and under 512 pieces, the top 2K of all K*V totals.
+    Equal totals may come in another order than one top-k over all K*V would give."""
     b, k = beam_scores.shape
     rows, v = log_probs.shape
     n, block = min(2 * k, k * v), candidate_block(v)

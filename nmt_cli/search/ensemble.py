@@ -1,13 +1,9 @@
-"""Ensembles of checkpoints (`--path A.pt:B.pt`, fairseq's syntax): several models searched as one.
+"""Ensembles of checkpoints (`--path A.pt:B.pt`, fairseq's syntax): several models searched as one. An `Ensemble` offers
+the search what a Transformer offers it (searchable.py): every member's encoder output and decoder cache, and a
+`decode_step` that scores each row by the weighted average of the members' log-probabilities (`weights`, summing to
+1), as Marian does. The members share the vocabulary, languages and task (`check_members`) and may differ in shape.
 
-An `Ensemble` offers the search (beam.py, greedy.py, translate.py) what a Transformer offers it (searchable.py):
-`encode` gives every member's encoder output, `init_cache` every member's decoder cache, and `decode_step` steps
-each member on its own cache and scores each row by the weighted average of the members' log-probabilities
-(`weights`, summing to 1), as Marian does. The members share the vocabulary and languages (`check_members`) and
-may differ in shape. One checkpoint is no Ensemble: search/translate.py searches its Transformer itself.
-
-Shapes: B sentences, N rows (sentences times beams), V vocabulary.
-"""
+Shapes: B sentences, N rows (sentences times beams), V vocabulary."""
 
 from __future__ import annotations
 

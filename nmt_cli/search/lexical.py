@@ -222,12 +222,8 @@ class LexicalConstraints:
 
 def encode_phrases(vocab: Vocab, lines: Sequence[Sequence[str]], where: Sequence[str]) -> list[list[list[int]]]:
     """Each line's phrases (raw text) as piece ids, each encoded on its own; duplicates and phrases inside another
-    of the line dropped (met wherever that one is, they would only make the line seem longer than it is).
-
-    Raises:
-        DataError: naming `where[i]` (the file and line, or the request's field) for an empty phrase or one with
-            characters the vocabulary lacks (it would be met by an unknown piece, not by its text).
-    """
+    of the line dropped (met wherever that one is). DataError naming `where[i]` for an empty phrase or one with
+    characters the vocabulary lacks (an unknown piece would meet it, not its text)."""
     flat = [phrase for line in lines for phrase in line]
     encoded = iter(vocab.encode(flat)) if flat else iter([])
     out = []
@@ -277,13 +273,8 @@ def checked_phrases(
 def check_fits(
     phrases: Sequence[Phrases], src_lens: Sequence[int], search: SearchConfig, max_positions: int, where: Sequence[str]
 ) -> None:
-    """Refuse a sentence whose phrases need more pieces than its longest output holds (a * |x| + b within the
-    model's positions, |x| the source pieces the search sees), or an empty source with phrases (it is not
-    searched: its output is empty).
-
-    Raises:
-        DataError: naming `where[i]` and what to change.
-    """
+    """Refuse (DataError naming `where[i]`) a sentence whose phrases need more pieces than its longest output holds (a *
+    |x| + b within the model's positions), or an empty source with phrases (its output is empty)."""
     limits = max_lengths(torch.tensor(list(src_lens), dtype=torch.long), search, max_positions).tolist()
     for sentence, n, limit, name in zip(phrases, src_lens, limits, where):
         need = sum(len(p) for p in sentence)
@@ -306,13 +297,8 @@ def check_with_prefixes(
     max_positions: int,
     where: Sequence[str],
 ) -> None:
-    """Refuse a sentence whose prefix leaves its phrases too few positions: after each piece of the prefix, the
-    pieces still needed (`pieces_needed`, as `LexicalConstraint.mask` counts them) must fit in the positions left,
-    else the mask bans the prefix's own piece and no output keeps both (`check_fits` checks the phrases alone).
-
-    Raises:
-        DataError: naming `where[i]` and what to change.
-    """
+    """Refuse (DataError naming `where[i]`) a sentence whose prefix leaves its phrases too few positions: after each
+    piece of the prefix, the pieces still needed (`pieces_needed`, as `LexicalConstraint.mask` counts them) must fit."""
     limits = max_lengths(torch.tensor([min(n, max_positions - 1) for n in src_lens]), search, max_positions)
     for sentence, prefix, limit, name in zip(phrases, prefixes, limits.tolist(), where):
         for t in range(1, len(prefix) + 1 if sentence else 0):

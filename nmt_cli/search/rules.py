@@ -1,15 +1,9 @@
-"""A request's decoding rules beyond its search settings, built here once for generate (--prefix-file,
---constraints-file), serve (the `prefix` and `constraints` fields) and the Python API: the per-sentence options
-(`OPTIONS`), each source's values encoded with the checkpoint's sentencepiece model and checked to fit its output
-(`read_rules`: one `SentenceRules` per source), and a call's rules composed into what the search follows
-(`rules_source`, with --no-repeat-ngram-size's ban).
-
-A new per-sentence option is its rule (a module of search/ with its Constraint, ConstraintSource and check, as
-prefix.py), its option here (an entry of OPTIONS, a field of SentenceRules, a line each in `read_rules` and
-`rules_source`), its test and its paragraph of docs/guide.md: generate's --NAME-file, serve's NAME field and its
-schema follow from OPTIONS. The search's modules are imported where they are used: generate's --help reads OPTIONS
-without loading torch.
-"""
+"""A request's decoding rules beyond its search settings, built here once for generate (each --NAME-file), serve
+(each NAME field) and the Python API: the per-sentence options (`OPTIONS`), each source's values encoded and checked
+to fit its output (`read_rules`: one `SentenceRules` per source), and a call's rules composed into what the search
+follows (`rules_source`, with --no-repeat-ngram-size's ban). A new option is its rule (a module of search/, as
+prefix.py), its entry here (OPTIONS, a field of SentenceRules, a line each in `read_rules` and `rules_source`), its
+test and the guide. The search's modules are imported where used: generate's --help reads OPTIONS without torch."""
 
 from __future__ import annotations
 

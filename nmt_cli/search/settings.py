@@ -104,13 +104,9 @@ def batch_size_within(batch_size: int, need: int, have: int | None) -> int:
 def search_batch_size(
     search: SearchConfig, bounds: SearchBounds, longest: int, *, batch_size: int, have: int | None
 ) -> int:
-    """The sentences a batch of sources of up to `longest` pieces may hold: --batch-size (0: no cap) lowered so
-    that their rows (sentences x --beam, or x --nbest samples) fit in `have` bytes (`available_memory`, taken once
-    before the searches; None: unknown, no bound). generate and serve ask it of each batch of their input.
-
-    Raises:
-        ConfigError: even one such sentence cannot fit, naming --beam (--nbest) and --max-tokens.
-    """
+    """The sentences a batch of sources of up to `longest` pieces may hold: --batch-size (0: no cap) lowered so that
+    their rows (sentences x --beam, or x --nbest samples) fit in `have` bytes (`available_memory`, taken once before
+    the searches; None: no bound). ConfigError naming --beam (--nbest) where even one such sentence cannot fit."""
     need = search_memory(search, bounds, longest)
     if have is not None and need > have:
         option, rows = ("--nbest", search.nbest) if search.sampling else ("--beam", search.beam)
