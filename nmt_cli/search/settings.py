@@ -121,11 +121,6 @@ def search_batch_size(
     return batch_size_within(batch_size, need, have)
 
 
-def check_search_memory(search: SearchConfig, bounds: SearchBounds) -> None:
-    """Refuse a --beam (or, sampling, --nbest) whose search of even a one-piece sentence cannot fit."""
-    search_batch_size(search, bounds, 1, batch_size=0, have=available_memory(bounds.device))
-
-
 def size(n_bytes: int) -> str:
     """A memory size for an error line: GiB, or MiB below one GiB."""
     return f"{n_bytes / 2**30:,.1f} GiB" if n_bytes >= 2**30 else f"{n_bytes / 2**20:,.1f} MiB"
@@ -147,21 +142,18 @@ def search_settings(
             f"--sampling draws one token at a time, so --beam {search.beam} would be ignored; "
             f"for {search.beam} samples of each sentence give --nbest {search.beam}"
         )
-    if is_parser and search.min_len != saved.min_len:
-        raise ConfigError(
-            f"{path} is a parsing model: a tree's length follows its sentence's words, so --min-len "
-            f"{search.min_len} cannot apply; drop it"
-        )
-    if is_parser and search.no_repeat_ngram_size:
-        raise ConfigError(
-            f"{path} is a parsing model: a tree repeats its brackets and tags, so --no-repeat-ngram-size "
-            f"{search.no_repeat_ngram_size} cannot apply; drop it"
-        )
-    if is_parser and search.nbest > 1:
-        raise ConfigError(
-            f"{path} is a parsing model; it writes its best tree per sentence, not --nbest {search.nbest}"
-        )
-    check_search_memory(search, bounds)
+    ngram = search.no_repeat_ngram_size
+    for refused, why in (
+        (
+            search.min_len != saved.min_len,
+            f"a tree's length follows its sentence's words, so --min-len {search.min_len}",
+        ),
+        (ngram, f"a tree repeats its brackets and tags, so --no-repeat-ngram-size {ngram}"),
+        (search.nbest > 1, f"it writes its best tree per sentence, so --nbest {search.nbest}"),
+    ):
+        if is_parser and refused:
+            raise ConfigError(f"{path} is a parsing model: {why} cannot apply; drop it")
+    search_batch_size(search, bounds, 1, batch_size=0, have=available_memory(bounds.device))  # a one-piece sentence
     return search
 
 
