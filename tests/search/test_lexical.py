@@ -220,7 +220,11 @@ def generate(ckpt, *args, input=None):
     return CliRunner().invoke(cli, ["generate", "--path", str(ckpt), *map(str, args)], input=input)
 
 
-def test_generate_with_a_constraints_file(tiny_checkpoint, tmp_path):
+def test_generate_with_a_constraints_file(trained_copy_checkpoint, tmp_path):
+    """A file of constraints read beside the input: whole, a line at a time from stdin, and by shard (the trained
+    copy model: decisive beams, whose outputs do not flip between batches of other shapes, as the untrained one's
+    near-ties did)."""
+    tiny_checkpoint = trained_copy_checkpoint
     src, constraints = tmp_path / "in.txt", tmp_path / "constraints.txt"
     src.write_text("1 2 3\n4 5 6 7\n\n0 0\n")
     constraints.write_text("9 9\t8\n\n\n7\n")
