@@ -90,6 +90,20 @@ def write_copy_corpus(prefix: Path, n: int, seed: int, src: str = "src", tgt: st
     Path(f"{prefix}.{tgt}").write_text("\n".join(lines) + "\n")
 
 
+def two_corpora_bin(root: Path, tags: str) -> Path:
+    """clean (600 pairs) and bt (300) copy corpora and a valid split under root, preprocessed with `--tags tags`
+    into root/bin (the data of the tests of several named corpora)."""
+    write_copy_corpus(root / "clean", 600, seed=11)
+    write_copy_corpus(root / "bt", 300, seed=12)
+    write_copy_corpus(root / "valid", 20, seed=13)
+    result = nmt(
+        *("preprocess", "-s", "src", "-t", "tgt", "--trainpref", f"clean={root}/clean,bt={root}/bt"),
+        *("--validpref", root / "valid", "--destdir", root / "bin", "--vocab-size", 24, "--tags", tags),
+    )
+    assert result.exit_code == 0, result.output
+    return root / "bin"
+
+
 @pytest.fixture(scope="session")
 def toy_corpus(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("corpus")

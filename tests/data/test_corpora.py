@@ -5,7 +5,7 @@ import json
 
 import numpy as np
 import pytest
-from conftest import nmt, write_copy_corpus
+from conftest import nmt, two_corpora_bin
 
 from nmt_cli.data.batching import draw_batches, length_batches
 from nmt_cli.data.binarize import TokenArray
@@ -16,16 +16,7 @@ from nmt_cli.data.vocab import EOS, Vocab
 @pytest.fixture(scope="module")
 def two_corpora(tmp_path_factory):
     """clean (600 pairs) and bt (300) copy corpora, a valid split, preprocessed with the tag <BT>."""
-    root = tmp_path_factory.mktemp("corpora")
-    write_copy_corpus(root / "clean", 600, seed=11)
-    write_copy_corpus(root / "bt", 300, seed=12)
-    write_copy_corpus(root / "valid", 20, seed=13)
-    result = nmt(
-        *("preprocess", "-s", "src", "-t", "tgt", "--trainpref", f"clean={root}/clean,bt={root}/bt"),
-        *("--validpref", root / "valid", "--destdir", root / "bin", "--vocab-size", 24, "--tags", "<BT>,<FT>"),
-    )
-    assert result.exit_code == 0, result.output
-    return root / "bin"
+    return two_corpora_bin(tmp_path_factory.mktemp("corpora"), "<BT>,<FT>")
 
 
 def test_named_corpora_share_one_vocabulary_with_the_tags_last(two_corpora):

@@ -5,7 +5,7 @@ import json
 
 import pytest
 import torch
-from conftest import ONE_ROUTE, TINY, nmt, write_copy_corpus
+from conftest import ONE_ROUTE, TINY, nmt, two_corpora_bin
 
 from nmt_cli.checkpoint import load_checkpoint
 from nmt_cli.data.vocab import Vocab
@@ -16,16 +16,7 @@ pytestmark = pytest.mark.usefixtures("cpu_matmul_route")  # both CPU matmul rout
 @pytest.fixture(scope="module")
 def corpora_bin(tmp_path_factory):
     """clean (600 pairs) and bt (300) copy corpora and a valid split, preprocessed with the tag <BT>."""
-    root = tmp_path_factory.mktemp("corpora")
-    write_copy_corpus(root / "clean", 600, seed=11)
-    write_copy_corpus(root / "bt", 300, seed=12)
-    write_copy_corpus(root / "valid", 20, seed=13)
-    result = nmt(
-        *("preprocess", "-s", "src", "-t", "tgt", "--trainpref", f"clean={root}/clean,bt={root}/bt"),
-        *("--validpref", root / "valid", "--destdir", root / "bin", "--vocab-size", 24, "--tags", "<BT>"),
-    )
-    assert result.exit_code == 0, result.output
-    return root / "bin"
+    return two_corpora_bin(tmp_path_factory.mktemp("corpora"), "<BT>")
 
 
 def train(data, save, *args):
