@@ -99,7 +99,7 @@ def test_early_answers_over_fixed_slots(trained_copy_checkpoint, slot_steps_take
     results = counting(search, steps)
     assert slot_steps_taken and results == want
     assert sorted(i for i, _, _ in told) == [0, 2] and all(r == results[i] for i, _, r in told)
-    assert told[0][0] == 0 and told[0][1] < steps[0] - 5  # the one-digit text, well before the end
+    assert told[0][0] == 0 and told[0][1] < steps[0]  # the one-digit text, before the long one's steps end
 
 
 def test_two_batches_stepped_in_turn_hold_captures_of_their_own(trained_copy_checkpoint):
