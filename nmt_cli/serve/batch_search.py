@@ -25,6 +25,7 @@ from nmt_cli.parsing.parser import TreeParser
 from nmt_cli.search.beam import StillWanted
 from nmt_cli.search.forced import add_alignments, alignment_layer
 from nmt_cli.search.hypothesis import NOTHING_FOUND, Hypothesis, hypothesis_record
+from nmt_cli.search.settings import available_memory, search_batch_size
 from nmt_cli.search.translate import Inference, SearchRequest, Translator, sampling_generator, translate_steps
 from nmt_cli.serve.caps import longest_output
 from nmt_cli.serve.queued import Answer
@@ -80,9 +81,13 @@ class BatchSearch:
         beam search finishes it (`answers_early`), where no sentence asks for an alignment (computed per batch)."""
         translator = self.translator
         generator = sampling_generator(search, self.device)
+        # as generate: the batch's sentences split so that their rows fit in the memory the device has now
+        longest = max((len(s.ids) for s in sentences), default=1)
+        have = available_memory(self.device)
+        batch_size = search_batch_size(search, self.inference.bounds, longest, batch_size=0, have=have)
         if self.parser is not None:
             words = [s.words or [] for s in sentences]
-            trees, _ = self.parser.parse(words, search, self.max_tokens, 0, generator, still_wanted)
+            trees, _ = self.parser.parse(words, search, self.max_tokens, batch_size, generator, still_wanted)
             answers: list[dict[str, Any] | None] = [{"text": "" if tree is None else str(tree)} for tree in trees]
         else:
             ids = [s.ids for s in sentences]
@@ -91,7 +96,7 @@ class BatchSearch:
                 if answer is not None and self.answers_early and not any(s.alignment for s in sentences)
                 else None
             )
-            request = SearchRequest(ids, search, self.max_tokens, rules=[s.rules for s in sentences])
+            request = SearchRequest(ids, search, self.max_tokens, batch_size, rules=[s.rules for s in sentences])
             results = yield from translate_steps(
                 translator, request, generator=generator, still_wanted=still_wanted, on_done=early
             )

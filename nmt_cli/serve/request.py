@@ -17,7 +17,7 @@ from nmt_cli.data.vocab import Vocab
 from nmt_cli.errors import ConfigError, DataError
 from nmt_cli.parsing.parser import ptb_words
 from nmt_cli.search.rules import OPTIONS, SentenceRules, read_rules
-from nmt_cli.search.settings import SearchBounds, search_settings
+from nmt_cli.search.settings import SearchBounds, available_memory, search_batch_size, search_settings
 from nmt_cli.serve.caps import Caps, check_outputs, check_request, check_text_length, request_terms
 
 SEARCH_TYPES = typing.get_type_hints(SearchConfig)
@@ -105,6 +105,7 @@ class RequestReader:
             sentences = [Sentence(np.asarray(ids, dtype=np.int64), len(ids), w) for ids, w in zip(encoded, words)]
         if search is not None:
             check_outputs(search, [self.length(s) for s in sentences], self.caps, names)
+            self.check_memory(search, max((self.length(s) for s in sentences), default=1))
         if not rules:
             return sentences
         search = search or self.search
@@ -114,6 +115,14 @@ class RequestReader:
         src_lens = [s.pieces for s in sentences]
         read = read_rules(self.vocab, rules, src_lens=src_lens, search=search, max_positions=self.max_positions)
         return [replace(sentence, rules=r) for sentence, r in zip(sentences, read)]
+
+    def check_memory(self, search: SearchConfig, longest: int) -> None:
+        """ConfigError, in the request's words, where even one sentence of `longest` pieces cannot be searched with
+        `search` in the memory the device has now (the worker splits a batch down to one sentence)."""
+        try:
+            search_batch_size(search, self.bounds, longest, batch_size=0, have=available_memory(self.bounds.device))
+        except ConfigError as e:
+            raise ConfigError(request_terms(str(e))) from None
 
     def length(self, sentence: Sentence) -> int:
         """The pieces the search sees (a parser's sentence without words is not searched)."""

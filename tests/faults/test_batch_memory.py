@@ -12,13 +12,19 @@ import threading
 from dataclasses import replace
 from pathlib import Path
 
+import pytest
 import torch
 from conftest import nmt
 
 from nmt_cli.checkpoint.saved import read_saved_model
 from nmt_cli.commands import generate as generate_module
 from nmt_cli.commands import score_pairs as score_pairs_module
+from nmt_cli.config import ServeConfig
+from nmt_cli.errors import ConfigError
 from nmt_cli.search.settings import pass_memory, search_bounds, search_memory
+from nmt_cli.serve import batch_search, request
+from nmt_cli.serve.models import Models, key_of
+from nmt_cli.steps import run_to_end
 
 ROOT = Path(__file__).resolve().parents[2]
 SOURCES = ["1 2 3 4 5 6 7 8 9", "4 5", "6 7 8", "1", "2 3 4 5", "9 9 9 9 9 9", "0 1", "3 3 3"]
@@ -127,3 +133,27 @@ def test_a_beam_of_100000_on_20_sentences_is_refused_at_once_in_little_memory(to
     assert "--max-tokens" in err and err.rstrip().endswith("give a smaller --beam"), err
     assert usage.ru_maxrss * 1024 < 2**31, usage.ru_maxrss  # KiB: under 2 GiB
     assert usage.ru_utime + usage.ru_stime < 30, usage
+
+
+def test_serve_splits_a_batch_so_that_its_rows_fit(trained_copy_checkpoint, monkeypatch):
+    """The server's worker splits a batch as generate does, by the memory the device has when the batch starts."""
+    models = Models.open(ServeConfig(path=str(trained_copy_checkpoint), device="cpu", threads=1), {})
+    served = models.default.served
+    key = key_of(models.default, served.search)
+    whole = run_to_end(models.run(key, served.reader.prepare(SOURCES), None, None))
+    _, bounds, longest = bounds_and_longest(trained_copy_checkpoint, SOURCES)
+    need = search_memory(served.search, bounds, longest)
+    monkeypatch.setattr(batch_search, "available_memory", lambda device: 3 * need + 1)  # three sentences' rows
+    seen = batch_sizes(monkeypatch, batch_search, "translate_steps", 9)  # the request's
+    assert run_to_end(models.run(key, served.reader.prepare(SOURCES), None, None)) == whole and seen == [3]
+
+
+def test_serve_refuses_a_request_whose_longest_sentence_cannot_fit(tiny_checkpoint, monkeypatch):
+    """Refused when read, in the request's words (`beam`), before it reaches the worker."""
+    reader = Models.open(ServeConfig(path=str(tiny_checkpoint), device="cpu", threads=1), {}).default.served.reader
+    saved, bounds, longest = bounds_and_longest(tiny_checkpoint, SOURCES)
+    need = search_memory(replace(saved.search, beam=4), bounds, longest)
+    monkeypatch.setattr(request, "available_memory", lambda device: need - 1)
+    reader.read(SOURCES[1:2], {"beam": 4}, {})  # a shorter one fits
+    with pytest.raises(ConfigError, match=rf"^beam 4 cannot fit: searching even one sentence of {longest} pieces"):
+        reader.read(SOURCES, {"beam": 4}, {})
