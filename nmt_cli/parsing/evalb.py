@@ -17,10 +17,10 @@ from pathlib import Path
 from typing import Any
 
 from nmt_cli.errors import DataError
+from nmt_cli.parsing.tree import TOKEN
 
 logger = logging.getLogger(__name__)
 
-_TOKEN = re.compile(r"\(|\)|[^\s()]+")
 OK, ERROR, SKIP = 0, 1, 2
 
 
@@ -57,7 +57,7 @@ class Reading:
 
 def read_evalb(text: str, params: EvalbParams) -> Reading:
     """Read a line the way EVALB's read_line does."""
-    tokens = _TOKEN.findall(text)
+    tokens = TOKEN.findall(text)
     terminals: list[tuple[str, str]] = []
     brackets: list[tuple[int, int, str]] = []
     stack: list[int] = []

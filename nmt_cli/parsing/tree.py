@@ -13,7 +13,7 @@ from pathlib import Path
 
 from nmt_cli.errors import DataError
 
-_TOKEN = re.compile(r"\(|\)|[^\s()]+")
+TOKEN = re.compile(r"\(|\)|[^\s()]+")
 EMPTY_TAG = "-NONE-"
 MAX_DEPTH = 500  # nesting read from files (the treebank sample's deepest tree nests 30): clean and linearize recurse
 
@@ -66,7 +66,7 @@ class Tree:
 
 def parse_tree(text: str) -> Tree:
     """One bracketed tree; TreeSyntaxError says what is wrong (unbalanced, not a tree, empty)."""
-    tokens = _TOKEN.findall(text)
+    tokens = TOKEN.findall(text)
     if not tokens:
         raise TreeSyntaxError("empty line, expected a bracketed tree")
     if tokens[0] != "(":
@@ -160,18 +160,4 @@ def read_trees(path: Path) -> list[Tree]:
                 raise DataError(f"{path}:{n}: {e}") from None
             except UnicodeDecodeError:
                 raise DataError(f"{path}:{n}: invalid UTF-8") from None
-    return trees
-
-
-def split_mrg(text: str) -> list[str]:
-    """The trees of a treebank .mrg file (one tree over several lines each), one string per tree."""
-    trees, depth, current = [], 0, []
-    for tok in _TOKEN.findall(text):
-        current.append(tok)
-        depth += (tok == "(") - (tok == ")")
-        if depth == 0:
-            trees.append(" ".join(current).replace("( ", "(").replace(" )", ")"))
-            current = []
-    if current:
-        raise DataError("a tree in the .mrg text is not closed")
     return trees

@@ -68,7 +68,7 @@ run sh -c "nmt generate --path '$ckpt' --input '$WORK_DIR/valid.words' \
         > '$WORK_DIR/valid.hyp.tree.tmp' && mv '$WORK_DIR/valid.hyp.tree.tmp' '$WORK_DIR/valid.hyp.tree'"
 
 # 5. EVALB (COLLINS.prm) F1 of the model and of right-branching trees over the gold POS tags.
-run sh -c "'$PYTHON' -m nmt_cli.parsing.baseline '$WORK_DIR/valid.tree' > '$WORK_DIR/valid.baseline.tree'"
+run sh -c "'$PYTHON' '$here/baseline.py' '$WORK_DIR/valid.tree' > '$WORK_DIR/valid.baseline.tree'"
 # (through .tmp: a failed score leaves the previous report)
 run sh -c "nmt score --metric bracket-f1 --sys '$WORK_DIR/valid.hyp.tree' --ref '$WORK_DIR/valid.tree' --verbose \
     > '$WORK_DIR/evalb.txt.tmp' && mv '$WORK_DIR/evalb.txt.tmp' '$WORK_DIR/evalb.txt'"

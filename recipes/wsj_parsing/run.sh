@@ -49,7 +49,7 @@ for split in train:02:21 dev:22:22 test:23:23; do
             run cp "$DATA/$([ "$name" = train ] && echo train || echo valid).$kind" "$WORK_DIR/raw/$name.$kind"
         done
     else
-        run "$PYTHON" -m nmt_cli.parsing.treebank "$TREEBANK" "$first" "$last" "$WORK_DIR/raw/$name"
+        run "$PYTHON" "$here/treebank.py" "$TREEBANK" "$first" "$last" "$WORK_DIR/raw/$name"
     fi
 done
 

@@ -1,5 +1,6 @@
 """recipes/ptb_parsing in QUICK mode end to end, and recipes/wsj_parsing as a dry run."""
 
+import runpy
 import shutil
 import subprocess
 
@@ -61,8 +62,8 @@ def test_wsj_parsing_dry_run(tmp_path):
     )
     assert run.returncode == 0, run.stderr
     lines = run.stderr.splitlines()
-    assert any("nmt_cli.parsing.treebank /nonexistent/wsj 02 21" in line for line in lines)
-    assert any("treebank /nonexistent/wsj 23 23" in line for line in lines)
+    assert any("wsj_parsing/treebank.py /nonexistent/wsj 02 21" in line for line in lines)
+    assert any("treebank.py /nonexistent/wsj 23 23" in line for line in lines)
     train = next(line for line in lines if " train " in line)
     assert "--arch transformer_parse" in train
     assert any("--beam 21 --lenpen 0.3 --max-len-a 1 --max-len-b 300" in line for line in lines)
@@ -79,7 +80,7 @@ def test_wsj_parsing_smoke_runs_the_papers_model_on_the_sample(tmp_path):
     lines = run.stderr.splitlines()
     assert f"+ cp /sample/train.tree {tmp_path}/w/raw/train.tree" in lines
     assert f"+ cp /sample/valid.words {tmp_path}/w/raw/test.words" in lines
-    assert not any("nmt_cli.parsing.treebank" in line for line in lines)
+    assert not any("treebank.py" in line for line in lines)
     train = next(line for line in lines if " train " in line)
     assert "--arch transformer_parse" in train and "--max-update 600" in train
     assert "--save-interval-updates 100" in train
@@ -94,10 +95,16 @@ def test_wsj_parsing_needs_the_treebank(tmp_path):
     assert run.returncode == 1 and "set TREEBANK" in run.stderr
 
 
+def test_split_mrg():
+    split_mrg = runpy.run_path(str(ROOT / "recipes" / "wsj_parsing" / "treebank.py"))["split_mrg"]
+    text = "( (S \n  (NP (NN a))\n  (VP (VBZ b))) )\n( (FRAG (NN c)) )\n"
+    assert split_mrg(text) == ["((S (NP (NN a)) (VP (VBZ b))))", "((FRAG (NN c)))"]
+
+
 def test_treebank_conversion_is_whole_or_nothing(tmp_path):
     """A malformed tree in a later .mrg file had left the trees read so far as OUT.tree (which the recipe
     then took for the whole split), and a parse error was a traceback naming no file."""
-    from nmt_cli.parsing.treebank import main
+    main = runpy.run_path(str(ROOT / "recipes" / "wsj_parsing" / "treebank.py"))["main"]
 
     for section, text in (("02", "( (S (NN a) (NN b)) )\n"), ("03", "( (S (NN c)\n")):
         (tmp_path / "wsj" / section).mkdir(parents=True)

@@ -7,7 +7,7 @@ from conftest import SHARED_DATA
 
 from nmt_cli.errors import DataError
 from nmt_cli.parsing.linearize import SLOT, delinearize, linearize, tag_punctuation, with_top
-from nmt_cli.parsing.tree import TreeSyntaxError, clean, parse_tree, read_trees, split_mrg, strip_function_tag
+from nmt_cli.parsing.tree import TreeSyntaxError, clean, parse_tree, read_trees, strip_function_tag
 
 PTB = SHARED_DATA / "ptb-sample"
 needs_ptb = pytest.mark.skipif(not (PTB / "train.tree").exists(), reason=f"{PTB} is absent")
@@ -102,11 +102,6 @@ def test_round_trip_on_every_sample_tree():
             slot = linearize(cleaned, "slot")
             back = delinearize(slot, line.split())  # same brackets; tags are XX except punctuation
             assert linearize(back, "slot") == slot and set(back.tags()) <= kept
-
-
-def test_split_mrg():
-    text = "( (S \n  (NP (NN a))\n  (VP (VBZ b))) )\n( (FRAG (NN c)) )\n"
-    assert split_mrg(text) == ["((S (NP (NN a)) (VP (VBZ b))))", "((FRAG (NN c)))"]
 
 
 def test_punctuation_words_get_their_fixed_tag():

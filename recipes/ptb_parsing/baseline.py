@@ -1,6 +1,6 @@
 """The trivial baseline of the parsing recipes: right-branching trees over the gold POS tags.
 
-    python -m nmt_cli.parsing.baseline GOLD.tree > baseline.tree
+    python recipes/ptb_parsing/baseline.py GOLD.tree > baseline.tree
 
 Every sentence becomes (TOP (S (t1 w1) (S (t2 w2) ... (S (t_n-1 w_n-1) (t_n w_n))))), with the gold
 words and tags (-NONE- elements removed), so EVALB scores it with the same words as the gold.
@@ -26,7 +26,7 @@ def right_branching(tree: Tree) -> Tree:
 
 def main(argv: list[str]) -> int:
     if len(argv) != 1:
-        print("usage: python -m nmt_cli.parsing.baseline GOLD.tree > baseline.tree", file=sys.stderr)
+        print("usage: python recipes/ptb_parsing/baseline.py GOLD.tree > baseline.tree", file=sys.stderr)
         return 2
     for tree in read_trees(Path(argv[0])):
         cleaned = clean(tree)

@@ -1,6 +1,6 @@
 """WSJ sections of a local Penn Treebank copy as one tree per line (and their words), for recipes/wsj_parsing.
 
-    python -m nmt_cli.parsing.treebank TREEBANK_MRG_WSJ FIRST LAST OUT_PREFIX
+    python recipes/wsj_parsing/treebank.py TREEBANK_MRG_WSJ FIRST LAST OUT_PREFIX
 
 reads TREEBANK_MRG_WSJ/NN/wsj_NNxx.mrg for sections FIRST..LAST (e.g. 02 21) and writes
 OUT_PREFIX.tree (the trees as they are, one per line) and OUT_PREFIX.words (their words without
@@ -14,7 +14,21 @@ from pathlib import Path
 
 from nmt_cli.errors import DataError
 from nmt_cli.files import atomic_text_output
-from nmt_cli.parsing.tree import EMPTY_TAG, TreeSyntaxError, parse_tree, split_mrg
+from nmt_cli.parsing.tree import EMPTY_TAG, TOKEN, TreeSyntaxError, parse_tree
+
+
+def split_mrg(text: str) -> list[str]:
+    """The trees of a treebank .mrg file (one tree over several lines each), one string per tree."""
+    trees, depth, current = [], 0, []
+    for tok in TOKEN.findall(text):
+        current.append(tok)
+        depth += (tok == "(") - (tok == ")")
+        if depth == 0:
+            trees.append(" ".join(current).replace("( ", "(").replace(" )", ")"))
+            current = []
+    if current:
+        raise DataError("a tree in the .mrg text is not closed")
+    return trees
 
 
 def section_files(root: Path, first: int, last: int) -> list[Path]:
