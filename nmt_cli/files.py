@@ -1,10 +1,8 @@
-"""Files that are never left half-written: atomic writes through a sibling temporary, one-process locks on
-run directories, the clean-up of temporaries a killed run left behind, and checked paths.
+"""Files never left half-written: atomic writes through a sibling temporary, locks on run directories, the
+clean-up of temporaries a killed run left, and checked paths.
 
-Every writer here turns a full disk into one NmtError line, and SIGINT or SIGTERM during the write into a
-clean stop (`Interrupted`, signals.py), and removes its temporary; a file that existed before the write is untouched
-until the final rename. A temporary that SIGKILL left is removed by the next run that writes the same path, or
-by the next run that writes into its directory (`remove_abandoned_temporaries`: a live writer's is locked).
+Every writer turns a full disk into one NmtError line and SIGINT or SIGTERM into a clean stop (`Interrupted`),
+removes its temporary, and leaves an existing file untouched until the final rename.
 """
 
 from __future__ import annotations
@@ -40,10 +38,6 @@ class BusyError(NmtError):
     """Another nmt process holds the lock on a run directory."""
 
 
-def tmp_path_of(path: Path) -> Path:
-    return path.with_name(path.name + TMP_SUFFIX)
-
-
 def is_disk_full(error: BaseException) -> bool:
     """True when `error` or an exception it was raised from is ENOSPC (torch chains several on a full disk)."""
     return any(
@@ -72,11 +66,8 @@ def make_parent(path: Path, what: str) -> None:
 
 @contextmanager
 def _atomic_file(path: Path, mode: str, what: str, kept: str | None) -> Iterator[IO[Any]]:
-    """`path.tmp` opened in `mode` for the block; fsynced and renamed over `path` when the block succeeds.
-
-    A `path.tmp` a killed run left is replaced; SIGINT and SIGTERM in the block stop it cleanly.
-    """
-    tmp = tmp_path_of(path)
+    """`path.tmp` opened in `mode` for the block (replacing a killed run's); fsynced and renamed over `path`."""
+    tmp = path.with_name(path.name + TMP_SUFFIX)
     existed = path.exists()
     kept = kept or (f"the previous {what} is intact" if existed else "nothing was written")
     try:
@@ -102,15 +93,13 @@ def _atomic_file(path: Path, mode: str, what: str, kept: str | None) -> Iterator
 
 
 def remove_quietly(tmp: Path) -> None:
-    """Remove a temporary file a failed write leaves, if it can be: where the directory refuses it (read-only, the
-    reason the write failed) the write's own error is the one to report, not this one's."""
+    """Remove a failed write's temporary if it can be: where it cannot, the write's own error is the one to report."""
     with contextlib.suppress(OSError):
         tmp.unlink(missing_ok=True)
 
 
 def open_held(tmp: Path, mode: str) -> IO[Any]:
-    """`tmp` opened in `mode` and held with an flock until it is closed, so that `remove_abandoned_temporaries`
-    leaves it alone: opened again if a clean-up removed it between the open and the lock."""
+    """`tmp` opened in `mode`, flocked until closed so that `remove_abandoned_temporaries` leaves it alone."""
     while True:
         f = tmp.open(mode, encoding=None if "b" in mode else "utf-8")
         try:
@@ -126,8 +115,8 @@ def open_held(tmp: Path, mode: str) -> IO[Any]:
 
 
 def user_error(e: BaseException, where: str, kept: str, what: str = "") -> BaseException:
-    """What a failed write of `where` (a path, or an option and its path) raises: the signal that stopped it,
-    or a full disk or another OSError as one NmtError line; anything else (a bug) as it was."""
+    """What a failed write of `where` raises: the signal that stopped it, an OSError as one NmtError line, or
+    anything else (a bug) as it was."""
     stopped = interruption(e)
     if stopped is not None:
         return stopped
@@ -139,9 +128,7 @@ def user_error(e: BaseException, where: str, kept: str, what: str = "") -> BaseE
 
 
 def atomic_write(path: Path, write: Callable[[BinaryIO], object], what: str = "file", kept: str | None = None) -> None:
-    """Write `path` through `path.tmp`, fsync, then rename over it: readers see the old file or the new one.
-
-    `kept` ends the full-disk message (default: the previous file is intact, or nothing was written).
+    """Write `path` through `path.tmp`, fsync, then rename over it; `kept` ends the full-disk message.
 
     Raises:
         DiskFullError: the device is full; `path.tmp` is removed and an existing `path` is intact.
@@ -157,33 +144,14 @@ def atomic_write_text(path: Path, text: str, what: str = "file") -> None:
 
 @contextmanager
 def atomic_text_output(path: Path, what: str = "file") -> Iterator[TextIO]:
-    """A text file written as `path.tmp` and renamed to `path` when the block ends without an error.
-
-    On an error the temporary is removed (an existing `path` is left as it was); a full disk is a DiskFullError.
-    """
+    """A text file written as `path.tmp` and renamed to `path` when the block ends without an error."""
     with _atomic_file(path, "w", what, None) as f:
         yield cast(TextIO, f)
 
 
-def temp_dir_beside(path: Path, what: str) -> Path:
-    """A new private directory `.NAME.tmp-XXXX` beside `path` (its parents created) to build `path` in,
-    then publish with `rename_dir_into_place`; NmtError naming the option when it cannot be made.
-
-    `path` is resolved first: `.` or a symbolic link names the directory it stands for.
-    """
-    path = path.resolve()
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        return Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
-    except OSError as e:
-        raise NmtError(f"cannot write {what} {path}: {e.strerror}") from None
-
-
 def rename_dir_into_place(tmp: Path, path: Path) -> None:
-    """Rename a finished `temp_dir_beside` directory to `path`, with the mode a new directory gets under the
-    umask (mkdtemp makes it 0700). An existing `path` (empty, or an earlier result the caller has chosen to
-    replace) is moved aside first and removed only once the new one is in place, so that an interruption
-    leaves one of the two whole."""
+    """Rename a finished temporary directory to `path`, with the umask's mode (mkdtemp makes it 0700). An existing
+    `path` is moved aside and removed only once the new one is in place: an interruption leaves one whole."""
     umask = os.umask(0)
     os.umask(umask)
     tmp.chmod(0o777 & ~umask)
@@ -199,12 +167,9 @@ def rename_dir_into_place(tmp: Path, path: Path) -> None:
 
 @contextmanager
 def directory_in_place(path: Path, what: str, command: str) -> Iterator[Path]:
-    """A temporary directory beside `path` for the block to build `path` in, renamed to `path` when the block
-    succeeds (an earlier `path` the caller accepted to replace goes only then).
+    """A temporary directory beside `path` for the block to build `path` in, renamed to `path` when it succeeds.
 
-    One writer at a time: a lock beside `path` (`.NAME.lock`), under which the temporary directories of
-    killed runs (`.NAME.tmp-*`) are removed first. SIGINT and SIGTERM stop the block cleanly. On any error
-    the temporary directory is removed; a full disk is a DiskFullError.
+    One writer at a time: a lock beside `path` (`.NAME.lock`), under which killed runs' `.NAME.tmp-*` are removed.
     """
     try:
         path.resolve().parent.mkdir(parents=True, exist_ok=True)
@@ -221,7 +186,10 @@ def directory_in_place(path: Path, what: str, command: str) -> Iterator[Path]:
             # The signals are ours before the temporary directory exists: a SIGTERM just after mkdtemp would
             # otherwise kill the process with it left behind and no error line.
             with stop_on_signals(f"{what} {path} was not written" + ("; the earlier one is intact" if existed else "")):
-                tmp = temp_dir_beside(path, what)
+                try:
+                    tmp = Path(tempfile.mkdtemp(prefix=f".{where.name}.tmp-", dir=where.parent))
+                except OSError as e:
+                    raise NmtError(f"cannot write {what} {where}: {e.strerror}") from None
                 try:
                     yield tmp
                 except BaseException:
@@ -258,10 +226,9 @@ def remove_stale_temporaries(directory: Path, patterns: tuple[str, ...] = (f"*{T
 
 
 def remove_abandoned_temporaries(directory: Path, patterns: tuple[str, ...]) -> list[Path]:
-    """Delete the temporaries of `patterns` in `directory` that no live process is writing, for a directory that
-    several runs may write into at once (generate's --results-path, average's --output directory), without a lock
-    on it. The writers here hold an flock on their temporary (`open_held`), which the kernel drops when the
-    process dies: a temporary that can be locked is a killed run's. Regular files only; links are left alone."""
+    """Delete the temporaries of `patterns` in `directory` that no live process is writing, without a lock on the
+    directory: a writer flocks its temporary (`open_held`), so one that can be locked is a killed run's. Regular
+    files only."""
     removed = []
     for pattern in patterns:
         for path in directory.glob(pattern):
@@ -286,11 +253,8 @@ def remove_abandoned_temporaries(directory: Path, patterns: tuple[str, ...]) -> 
 
 @contextmanager
 def run_lock(lock_path: Path, command: str, directory: Path) -> Iterator[None]:
-    """Hold an exclusive fcntl lock on `lock_path` for the duration; a second holder fails at once.
-
-    The kernel drops the lock when its process dies, so a lock file left by a killed run never blocks.
-    The file carries the holder's pid for the message, and is removed on release.
-    """
+    """Hold an exclusive flock on `lock_path` (holding our pid) for the block; a second holder fails at once. The
+    kernel drops the lock when its process dies, so a killed run's lock file never blocks."""
     fd = acquire(lock_path, command, directory)
     try:
         yield

@@ -1,14 +1,8 @@
-"""Token-budget batching: length-bucketed once a run, drawn and reshuffled each epoch from (seed, epoch),
-shardable, resumable.
+"""Token-budget batching: length-sorted once a run, drawn and reshuffled each epoch from (seed, epoch).
 
-A batch's budget counts padded tokens including the EOS each side gets: with `n` sentences,
-`n * (max_src_len + 1) <= max_tokens` and `n * (max_tgt_len + 1) <= max_tokens`. A pair that cannot
-fit on its own is skipped and counted, never truncated.
-
-With shapes bucketed (`nmt train --bucket-shapes`), both sides are padded to a length from a small grid
-(`bucket_length`) and batches hold a count of sentences from another (`bucket_count`), so that the same few
-[B, S] and [B, T] shapes come back all epoch (what CUDA graphs and per-shape kernels need); the padding that
-adds is counted by `padding_stats`.
+A batch's budget counts padded tokens with each side's EOS: `n * (max_len + 1) <= max_tokens` on both sides. A pair
+that cannot fit on its own is skipped and counted, never truncated. With `--bucket-shapes` lengths and sentence
+counts come from small grids (`bucket_length`, `bucket_count`), so the same few shapes come back all epoch.
 """
 
 from __future__ import annotations
@@ -51,22 +45,16 @@ def batch_by_tokens(
     max_sentences: int = 0,
     max_positions: int = 0,
 ) -> tuple[list[np.ndarray], int]:
-    """Group sentence indices into batches under the token budget (and at most `max_sentences`, 0: no cap).
+    """(batches, n_skipped): sentence indices grouped under the token budget (and at most `max_sentences`, 0: no
+    cap), and how many pairs exceed `max_tokens` or `max_positions` (a side's length + 1; 0: no limit) alone.
 
-    Pairs that need more than `max_positions` positions (a side's length + 1; 0: no limit) are skipped too.
-
-    Sentences are sorted by (target, source) length, ties broken randomly when `rng` is given,
-    then packed greedily; the batch order is shuffled with `rng` (kept in length order without).
-
-    Returns:
-        (batches, n_skipped): index arrays, and how many pairs exceed `max_tokens` (or `max_positions`)
-        on their own.
+    Sorted by (target, source) length, ties broken by `rng`, packed greedily; the batch order shuffled by `rng`.
     """
     src = np.asarray(src_lens, dtype=np.int64) + 1
     tgt = np.asarray(tgt_lens, dtype=np.int64) + 1
     order = rng.permutation(len(src)) if rng is not None else np.arange(len(src))
     order = order[np.lexsort((src[order], tgt[order]))]
-    limit = min(max_tokens, max_positions) if max_positions else max_tokens
+    limit = bucket_limit(max_tokens, max_positions)
     fits = (src[order] <= limit) & (tgt[order] <= limit)
     n_skipped = int((~fits).sum())
     order = order[fits]
@@ -92,12 +80,8 @@ def bucket_limit(max_tokens: int, max_positions: int) -> int:
 
 
 def bucket_length(n: int, limit: int = 0) -> int:
-    """n positions rounded up to the length grid: multiples of 4, at most four sizes per doubling
-    (4, 8, 12, ..., 32, 40, 48, 56, 64, 80, ...), so at most 25% padding above 16; capped at `limit`
-    (0: none) when n fits it, so that padding never makes a pair exceed --max-tokens or the model's positions.
-
-    Multiples of 8 up to 32 had 17% more positions to train than batches padded to their longest on Multi30k
-    (sentences of ~14 pieces), these 5% (--max-tokens 4096, 8k pieces; 32 shapes against 108 unbucketed)."""
+    """n positions rounded up to the length grid: multiples of 4, four sizes per doubling (4, 8, ..., 32, 40, 48,
+    56, 64, 80, ...), at most 25% padding above 16; capped at `limit` (0: none) when n fits it."""
     n = int(n)  # a NumPy integer has no bit_length
     step = max(4, 1 << max(0, (n - 1).bit_length() - 3))
     size = -(-n // step) * step
@@ -115,12 +99,8 @@ def bucket_count(n: int) -> int:
 def batch_by_shapes(
     src_lens: np.ndarray, tgt_lens: np.ndarray, max_tokens: int, rng: np.random.Generator | None, max_positions: int = 0
 ) -> tuple[list[np.ndarray], int]:
-    """`batch_by_tokens` with bucketed shapes: each side's length is its `bucket_length` (EOS included) and
-    each batch's size a `bucket_count`, within the same budget. The same pairs are skipped.
-
-    Sentences are sorted by bucketed (target, source) length, ties broken randomly, then packed
-    greedily; a batch that stops at a count off the grid gives its last sentences to the next one.
-    """
+    """`batch_by_tokens` with each side's length its `bucket_length` and each batch's size a `bucket_count`; a
+    batch that stops at a count off the grid gives its last sentences to the next one."""
     limit = bucket_limit(max_tokens, max_positions)
     src = np.asarray(src_lens, dtype=np.int64) + 1
     tgt = np.asarray(tgt_lens, dtype=np.int64) + 1
@@ -155,8 +135,7 @@ def _n_fitting(src: list[int], tgt: list[int], start: int, max_tokens: int) -> i
 
 @dataclass
 class PaddingStats:
-    """Source and target positions of a set of batches, real (tokens + EOS) and as trained (padded), and the
-    shapes seen as (sentences, source length, target length)."""
+    """Positions of a set of batches, real (tokens + EOS) and trained (padded), and their (B, S, T) shapes."""
 
     real: int = 0
     trained: int = 0
@@ -214,9 +193,8 @@ def length_batches(
     bucket_shapes: bool = False,
     corpus: int = 0,
 ) -> list[np.ndarray]:
-    """A run's batches of one corpus (its `corpus`-th), made once, length ties broken from `seed`:
-    `batch_by_tokens`, or with bucket_shapes `batch_by_shapes`. Each epoch draws and orders them (`draw_batches`),
-    as fairseq reuses its batches and shuffles their order: the sort and the packing are the slow part."""
+    """A run's batches of its `corpus`-th corpus, made once (the slow part), length ties broken from `seed`; each
+    epoch draws and orders them (`draw_batches`), as fairseq does."""
     rng = np.random.default_rng([seed, BATCHING, corpus])
     make = batch_by_shapes if bucket_shapes else batch_by_tokens
     return make(src_lens, tgt_lens, max_tokens, rng, max_positions=max_positions)[0]
@@ -225,9 +203,8 @@ def length_batches(
 def draw_batches(
     corpora: list[list[np.ndarray]], weights: list[float], rng: np.random.Generator
 ) -> tuple[list[np.ndarray], list[int]]:
-    """An epoch's batches from each corpus's (`length_batches`), shuffled: a corpus of weight w gives every batch
-    int(w) times, then a random share of its batches holding (w - int(w)) of its pairs (a different share each
-    epoch). Returns the batches and the pairs drawn from each corpus."""
+    """An epoch's shuffled batches and the pairs drawn from each corpus: a corpus of weight w gives every batch
+    int(w) times, then a random share of its batches holding (w - int(w)) of its pairs."""
     drawn: list[np.ndarray] = []
     n_pairs = []
     for batches, weight in zip(corpora, weights):
@@ -243,8 +220,7 @@ def draw_batches(
 
 
 def rank_share(batches: list[np.ndarray], rank: int, world_size: int) -> list[np.ndarray]:
-    """A rank's batches: disjoint and interleaved; the last `len % world_size` are left out so that every rank
-    gets as many."""
+    """A rank's batches, interleaved; the last `len % world_size` left out so that every rank gets as many."""
     return batches[rank::world_size][: len(batches) // world_size]
 
 
@@ -260,12 +236,8 @@ def epoch_batches(
     max_positions: int = 0,
     bucket_shapes: bool = False,
 ) -> list[np.ndarray]:
-    """This rank's batches of one corpus for `epoch`: a deterministic function of (seed, epoch), the batches
-    `nmt train` trains on (which makes `length_batches` once a run, train/epoch_plan.py).
-
-    The peer harness (`make bench-peers`) calls it as `epoch_batches(src_lens, tgt_lens, max_tokens, seed, epoch)`
-    to count each update's target tokens; keep those five positional (tests/test_peers.py).
-    """
+    """This rank's batches of one corpus for `epoch`, as `nmt train` draws them. The peer harness calls it with
+    five positional arguments; keep them so (tests/test_peers.py)."""
     batches = length_batches(
         src_lens, tgt_lens, max_tokens, seed, max_positions=max_positions, bucket_shapes=bucket_shapes
     )
@@ -273,8 +245,7 @@ def epoch_batches(
 
 
 def pad_sources(sources: list[np.ndarray], length: int = 0) -> torch.Tensor:
-    """[B, S] source ids + EOS, right-padded with PAD to the longest (or to `length`, when given): the encoder's
-    input in training and in search."""
+    """[B, S] source ids + EOS, right-padded with PAD to the longest (or to `length`, when given)."""
     src_tokens = np.full((len(sources), length or max(len(s) for s in sources) + 1), PAD, dtype=np.int64)
     for row, s in enumerate(sources):
         src_tokens[row, : len(s)] = s
@@ -285,11 +256,8 @@ def pad_sources(sources: list[np.ndarray], length: int = 0) -> torch.Tensor:
 def collate(
     dataset: ParallelDataset, ids: np.ndarray, max_positions: int | None = None, bucket_limit: int = 0
 ) -> Batch:
-    """Pad a batch; sequences longer than `max_positions` (valid/test only) are cut to fit.
-
-    bucket_limit: 0 pads each side to its longest sentence; else to that length's `bucket_length` (capped at
-    bucket_limit, which `batch_by_shapes` got as min(max_tokens, max_positions)).
-    """
+    """Pad a batch to its longest, or with bucket_limit to its `bucket_length`; sequences longer than
+    `max_positions` (valid/test only) are cut to fit."""
     limit = (max_positions - 1) if max_positions else None
     tgts = [np.asarray(dataset.tgt[i][:limit], dtype=np.int64) for i in ids]
     srcs = [np.asarray(dataset.src[i][:limit], dtype=np.int64) for i in ids]

@@ -1,17 +1,9 @@
-"""Float32 matrix products on CPU through oneDNN instead of the BLAS that `torch.matmul` calls.
+"""CPU matrix products through oneDNN instead of MKL, which runs AVX2 code on AMD's AVX-512 CPUs
+(`benchmarks/bench_matmul.py`). Off without AVX-512 (`_ONEDNN`); on Intel's CPUs only bfloat16 takes it (`_DTYPES`).
 
-MKL picks its kernels by CPU vendor and runs AVX2 code on AMD's AVX-512 CPUs; oneDNN picks them by instruction set
-and runs AVX-512 code there, faster on the training shapes, forward and both gradients, in float32 throughout
-(`benchmarks/bench_matmul.py`). Without AVX-512 MKL's AVX2 code is the faster and this route is off (`_ONEDNN`); on
-Intel's AVX-512 CPUs MKL is the faster in float32 too, so there only bfloat16 products take it (`_DTYPES`).
-
-oneDNN builds a kernel for each new shape, and one for every batch's row count fragments the heap until the process
-keeps growing (`benchmarks/bench_train.py`): row counts are padded with zero rows to a multiple of ROWS (a power of
-two below it), a few dozen shapes kept in oneDNN's cache (cli/__init__.py sets its capacity).
-
-`matmul_nt(a, b)` is `a @ b.T` by that route; `Linear` is `nn.Linear` whose forward and backward use it. Anywhere
-else (CUDA, autocast, other dtypes, a torch without oneDNN) both are plain PyTorch. For translation on CPU,
-`pack_for_cpu_inference` swaps the model's linears for `PackedLinear`s, whose weights oneDNN reorders once."""
+oneDNN builds a kernel per shape, and one per batch row count fragments the heap (`benchmarks/bench_train.py`):
+row counts are padded with zero rows to a multiple of ROWS (a power of two below it). `matmul_nt` and `Linear` take
+this route; `pack_for_cpu_inference` swaps a model's linears for `PackedLinear`s, weights reordered once."""
 
 from __future__ import annotations
 
@@ -39,8 +31,7 @@ def route_from_environment() -> str:
 
 
 def _route() -> str:
-    """NMT_CPU_MATMUL's route; a bad value falls back to `auto` here and is reported by the command line at
-    start-up."""
+    """NMT_CPU_MATMUL's route; a bad value is `auto` here (the command line reports it)."""
     try:
         return route_from_environment()
     except ConfigError:
@@ -48,10 +39,7 @@ def _route() -> str:
 
 
 def _choose_onednn(route: str) -> bool:
-    """oneDNN's float32 products beat MKL's only on CPUs with AVX-512, where MKL (choosing kernels by vendor)
-    runs AVX2 code on AMD's; on an AVX2-only CPU MKL is the faster (bench_matmul.py), and training's products
-    keep PyTorch's default route there. NMT_CPU_MATMUL forces either route (the test suite runs both on every
-    machine)."""
+    """oneDNN beats MKL only with AVX-512 (bench_matmul.py); NMT_CPU_MATMUL forces either route."""
     if route != "auto":
         return route == "onednn" and ONEDNN_AVAILABLE
     return ONEDNN_AVAILABLE and cpu_has("avx512")
@@ -70,15 +58,9 @@ def cpu_vendor() -> str:
 
 
 def route_dtypes(forced: bool, vendor: str, bf16: bool) -> tuple[torch.dtype, ...]:
-    """The dtypes whose products take the oneDNN route where it is on.
-
-    float32 unless the CPU is Intel's and the route was not forced: MKL runs its AVX-512 code on Intel's CPUs
-    and was the faster there in every product (an Intel Xeon with AMX, `bench_matmul.py`: forward 1.0-1.2x,
-    input gradient 1.1-1.2x, weight gradient 1.2-1.8x oneDNN's rate; transformer_small trained 14-16% faster).
-    bfloat16 only where the CPU has bf16 instructions (AVX512-BF16, AMX): on an AVX2-only CPU oneDNN has no
-    bf16 inner product and PyTorch's own bf16 matmul is the one that runs; on the Xeon this route's bf16
-    training was 12% faster than PyTorch's.
-    """
+    """The dtypes whose products take the oneDNN route where it is on: float32 unless the CPU is Intel's and
+    the route not forced (MKL was the faster there in every product, `bench_matmul.py`); bfloat16 where the CPU
+    has bf16 instructions (oneDNN has no bf16 inner product without them)."""
     float32 = () if vendor == "GenuineIntel" and not forced else (torch.float32,)
     return float32 + ((torch.bfloat16,) if bf16 else ())
 
@@ -90,8 +72,7 @@ ROWS = 512
 
 
 def on_cpu_path(a: Tensor, b: Tensor) -> bool:
-    """Whether `a @ b.T` takes this module's CPU route: oneDNN, with padded row counts (the dtypes of
-    `_DTYPES`, outside autocast; PyTorch's bfloat16 matmul is oneDNN already)."""
+    """Whether `a @ b.T` takes this module's CPU route (oneDNN, padded row counts)."""
     return (
         _ONEDNN
         and a.device.type == "cpu"
@@ -119,12 +100,10 @@ def pad_rows(t: Tensor) -> Tensor:
 
 
 def matmul_nt(a: Tensor, b: Tensor, bias: Tensor | None = None, relu: bool = False) -> Tensor:
-    """a [M, K] @ b[N, K].T (+ bias [N], then ReLU if asked) -> [M, N]; not differentiable through oneDNN
-    (see Linear).
+    """a [M, K] @ b[N, K].T (+ bias [N], then ReLU if asked) -> [M, N]; not differentiable through oneDNN.
 
-    bfloat16 products take oneDNN's linear only with a bias or a ReLU, which it applies inside the product:
-    PyTorch's own bf16 addmm (oneDNN too) first copies the bias into every output row, an extra pass over
-    the output, while without them it matched or beat the linear op (`benchmarks/profile_step.py`).
+    bfloat16 takes oneDNN's linear only with a bias or ReLU, applied inside the product: PyTorch's bf16 addmm
+    copies the bias into every output row first, and without them matched it (`benchmarks/profile_step.py`).
     """
     if on_cpu_path(a, b) and (a.dtype == torch.float32 or bias is not None or relu):
         return torch.ops.mkldnn._linear_pointwise(a, b, bias, "relu" if relu else "none", [], "")
@@ -133,12 +112,8 @@ def matmul_nt(a: Tensor, b: Tensor, bias: Tensor | None = None, relu: bool = Fal
 
 
 def weight_grad(g: Tensor, x: Tensor) -> Tensor:
-    """g[M, N].T @ x[M, K] -> [N, K], a weight gradient, by the route above.
-
-    oneDNN needs its left operand contiguous, so one of the two transposes is copied: g.T when N <= K,
-    else x.T (computing the transposed product and transposing the [K, N] result back, which is the
-    size of a weight). Elsewhere (CUDA) it is g.T @ x as before. Copying the smaller operand makes the
-    wide products' weight gradients faster, at no loss where N <= K (`benchmarks/bench_matmul.py`).
+    """g[M, N].T @ x[M, K] -> [N, K], a weight gradient. oneDNN needs its left operand contiguous, so the
+    smaller transpose is copied: g.T when N <= K, else x.T, transposing the [K, N] result back (bench_matmul.py).
     """
     if transposes_weight_grad(g, x):
         return matmul_nt(x.t(), g.t()).t().contiguous()
@@ -146,9 +121,8 @@ def weight_grad(g: Tensor, x: Tensor) -> Tensor:
 
 
 def transposes_weight_grad(g: Tensor, x: Tensor) -> bool:
-    """Whether weight_grad(g, x) computes the transposed product x.T @ g [K, N] and copies it back (it looks
-    at the column counts N, K and the route only); a caller summing many such gradients (the loss's chunks)
-    can sum the [K, N] products and transpose once."""
+    """Whether weight_grad(g, x) computes x.T @ g [K, N] and transposes it back, so that a caller summing many
+    (the loss's chunks) can sum the [K, N] products and transpose once."""
     return g.shape[1] > x.shape[1] and on_cpu_path(g, x)
 
 
@@ -184,8 +158,7 @@ class Linear(nn.Linear):
         return self._apply_linear(x, relu=False)
 
     def forward_relu(self, x: Tensor) -> Tensor:
-        """relu(self(x)); on the CPU route oneDNN applies the ReLU inside the product, which spares a pass
-        over the [M, N] output and its allocation (the feed-forward network's fc1)."""
+        """relu(self(x)); on the CPU route the ReLU is applied inside the product (sparing a pass over the output)."""
         return self._apply_linear(x, relu=True)
 
     def _apply_linear(self, x: Tensor, relu: bool) -> Tensor:
@@ -205,12 +178,8 @@ class Linear(nn.Linear):
 
 
 def pads_rows(linear: nn.Module, x: Tensor) -> bool:
-    """Whether `linear(x)` takes the padded-rows route above (a training-time Linear on CPU with oneDNN).
-
-    Callers that chain linears (the feed-forward network, attention's output projection) then pad the
-    rows once themselves: an input that already has padded_rows(M) rows is used as it is, so its padded
-    copy is neither made nor saved for backward a second time.
-    """
+    """Whether `linear(x)` takes the padded-rows route; callers chaining linears then pad the rows once
+    themselves, so the padded copy is neither made nor saved for backward twice."""
     if not (isinstance(linear, Linear) and _ONEDNN and x.device.type == "cpu" and not torch.compiler.is_compiling()):
         return False
     return product_dtype(x) in _DTYPES
@@ -222,26 +191,17 @@ def product_dtype(x: Tensor) -> torch.dtype:
 
 
 def mkl_beats_onednn(weight: Tensor) -> bool:
-    """Whether a frozen CPU float32 product with this [out, in] weight runs faster through MKL's sgemm than
-    through oneDNN's packed product: on CPUs without AVX-512 (where training keeps MKL too, `_ONEDNN`), for
-    products no wider out than in. There MKL's sgemm is the faster on the narrow products (fc2, the d x d
-    attention projections), even on the wider ones and slower on the output projection, so translation is
-    fastest with only the narrow products on MKL (`benchmarks/profile_generate.py`, `ab_generate.py`)."""
+    """Whether a frozen float32 product with this [out, in] weight is faster through MKL's sgemm than oneDNN's:
+    without AVX-512, for products no wider out than in (`benchmarks/profile_generate.py`, `ab_generate.py`)."""
     return not _ONEDNN and weight.shape[1] >= weight.shape[0]
 
 
 class PackedLinear(nn.Module):
-    """A frozen Linear for CPU inference, its weight laid out once for the faster library: reordered
-    into oneDNN's blocked layout (the op inductor's CPU freezing uses), or kept plain for MKL's sgemm where
-    `mkl_beats_onednn`. Inputs and outputs stay ordinary dense tensors; either way one copy of the weight.
+    """A frozen Linear for CPU inference, its weight laid out once: reordered into oneDNN's blocked layout, or
+    kept plain for MKL's sgemm where `mkl_beats_onednn`. Inputs and outputs stay dense tensors.
 
-    In bfloat16 (translation under bf16 autocast, on CPUs with bf16 instructions) the weight is cast and
-    reordered once, always for oneDNN, and each input cast to bfloat16 as autocast would: autocast itself casts
-    every weight again at every step, since its cache lasts one autocast region (one step of the search).
-
-    Against weights packed as mkldnn tensors, which need every input converted to and every output
-    back from oneDNN's layout, the oneDNN route is faster, most on the output projection, since it skips
-    those conversions (`benchmarks/profile_generate.py`).
+    In bfloat16 the weight is cast and reordered once (always for oneDNN) and each input cast as autocast would:
+    autocast recasts every weight at every step, its cache lasting one autocast region.
     """
 
     def __init__(self, linear: nn.Linear, mkl: bool | None = None, dtype: torch.dtype = torch.float32) -> None:
@@ -250,8 +210,7 @@ class PackedLinear(nn.Module):
         self.dtype = dtype
         weight = linear.weight.detach().to(dtype)
         self.mkl = dtype == torch.float32 and (mkl_beats_onednn(weight) if mkl is None else mkl)
-        # The weight as its product takes it, a copy either way (plain for MKL, blocked for oneDNN): the
-        # checkpoint's own pages are given back.
+        # A copy either way, so that the checkpoint's own pages can be given back.
         self.product_weight = weight.clone() if self.mkl else torch.ops.mkldnn._reorder_linear_weight(weight, None)
         self.bias = None if linear.bias is None else linear.bias.detach().to(dtype).clone()
         self.out_features = weight.shape[0]
@@ -275,9 +234,8 @@ class PackedLinear(nn.Module):
 
 
 def replace_linears(model: nn.Module, frozen: Callable[[nn.Linear], nn.Module]) -> nn.Module:
-    """Swap every Linear of the model, the output projection included, for `frozen(linear)`, one layer
-    at a time, giving each float32 weight's pages back once its replacement exists (a memory-mapped
-    checkpoint then never has all of them resident, see allocator.release_pages)."""
+    """Swap every Linear of the model for `frozen(linear)`, giving each weight's pages back once its replacement
+    exists (a memory-mapped checkpoint then never has all of them resident)."""
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
             if isinstance(child, nn.Linear):
@@ -287,13 +245,6 @@ def replace_linears(model: nn.Module, frozen: Callable[[nn.Linear], nn.Module]) 
 
 
 def pack_for_cpu_inference(model: nn.Module, dtype: torch.dtype = torch.float32) -> nn.Module:
-    """Swap every Linear of the model, the output projection included, for a PackedLinear of `dtype`'s products
-    (float32, or bfloat16 where the CPU has bf16 instructions: `cpu_has_bf16`).
-
-    For CPU inference only (no autograd, no autocast). At beam-search sizes (a few hundred rows) oneDNN
-    with packed weights runs AVX-512 code where the default path (MKL) runs AVX2 on AMD's CPUs, so it is
-    faster there, the output projection most (`benchmarks/profile_generate.py`; figures in
-    benchmarks/record/cpu.md); on an AVX2-only one the narrow
-    products stay with MKL (`mkl_beats_onednn`). The projection gets its own copy of the tied weight.
-    """
+    """Swap every Linear of the model for a PackedLinear of `dtype` (float32, or bfloat16 where `cpu_has_bf16`),
+    for CPU inference only (no autograd, no autocast). The projection gets its own copy of the tied weight."""
     return replace_linears(model, lambda linear: PackedLinear(linear, dtype=dtype))
