@@ -1,11 +1,8 @@
 """The update mechanics: one update over this rank's batches, and the state that makes resume exact.
 
-One update = `update_freq` batches on each of `world_size` ranks. The loss is summed over their
-target tokens and the gradient divided by the global token count, so any split of the same
-batches over ranks and accumulation steps gives the same update.
-
-The host waits for the device once per update: the loss, token and failure totals, and the gradient
-norm stay on the device until one transfer (`train_step`) tells every rank whether to step or skip.
+One update = `update_freq` batches on each of `world_size` ranks. The loss is summed over their target tokens and
+the gradient divided by the global token count, so any split of the same batches over ranks and accumulation steps
+gives the same update. The host waits for the device once per update (`train_step`).
 """
 
 from __future__ import annotations
@@ -36,7 +33,7 @@ from nmt_cli.train.graphs import StepGraphs, check_cuda_graphs, cuda_step_graphs
 from nmt_cli.train.loss import TranslationLoss
 from nmt_cli.train.prefetch import BatchLoader
 from nmt_cli.train.schedule import learning_rate
-from nmt_cli.train.state import TrainState, restore_training
+from nmt_cli.train.state import TrainState
 
 logger = logging.getLogger(__name__)
 
@@ -64,9 +61,8 @@ class Trainer:
         self.cfg, self.model_cfg, self.search_cfg = cfg, model_cfg, search_cfg
         self.vocab, self.meta, self.info, self.device = vocab, meta, info, device
         check_cuda_graphs(cfg, device, info.world_size)
-        data_dir = Path(cfg.data_dir)
         self.train_data = training_data(cfg, meta, vocab)
-        self.valid_data = ParallelDataset(data_dir, "valid") if "valid" in meta["splits"] else None
+        self.valid_data = ParallelDataset(Path(cfg.data_dir), "valid") if "valid" in meta["splits"] else None
         self.model = build_model(model_cfg).to(device)
         self.model.checkpoint_activations = cfg.checkpoint_activations
         self.ema = WeightAverage(self.model, cfg.ema_decay, cfg.ema_start_update) if cfg.ema_decay else None
@@ -117,11 +113,8 @@ class Trainer:
         plan: the epoch `group` was taken from at the state's batch_in_epoch, whose next batches the loader then
         prepares ahead; None for batches of the caller's own (collated when taken).
 
-        Batches before the last accumulate gradients locally (DDP's no_sync); the last batch's backward
-        all-reduces them. A rank that failed (out of memory) still joins that all-reduce with a zero loss.
-        Then the totals are summed over ranks, the gradient normalised and clipped, all on the device,
-        and one transfer brings [loss, nll, tokens, failed ranks, gradient norm] to the host: every rank
-        sees the same numbers and steps, or skips the update, together.
+        The totals are summed over ranks and the gradient normalised and clipped on the device; one transfer brings
+        [loss, nll, tokens, failed ranks, gradient norm] to the host, so every rank steps, or skips, together.
         """
         start = time.perf_counter()
         self.model.train()
@@ -142,22 +135,15 @@ class Trainer:
         # (clip_grad_norm_ answers on the CPU when no parameter has a gradient: a rank that failed at once.)
         norm_t = grad_norm.to(totals.device, torch.float64).view(1)
         loss_sum, nll_sum, n_tokens, n_failed, norm = torch.cat([totals, norm_t]).tolist()
-        if n_failed:
-            self.zero_grad()
-            self.state.n_skipped_updates += 1
-            if self.scaler:  # no overflow: the scale stays (the scaler needs an update after unscale_)
-                self.scaler.update(self.scaler.get_scale())
-            return None
-        if not (math.isfinite(loss_sum) and math.isfinite(norm)):
-            self.skip_nonfinite(loss_sum, norm)
+        if n_failed or not (math.isfinite(loss_sum) and math.isfinite(norm)):
+            self.skip_update(loss_sum, norm, failed=bool(n_failed))
             return None
         return self.apply_update(loss_sum, nll_sum, int(n_tokens), norm, time.perf_counter() - start)
 
     def accumulate(self, group: list[np.ndarray]) -> torch.Tensor:
-        """Forward and backward this rank's batches of the update; the last backward syncs the gradients.
-
-        Returns [loss, nll, target tokens, failed] summed over the batches, on the device (no host sync).
-        """
+        """Forward and backward this rank's batches; batches before the last accumulate gradients locally (DDP's
+        no_sync), the last one's backward all-reduces them. Returns [loss, nll, target tokens, failed] summed over
+        the batches, on the device (no host sync)."""
         totals = torch.zeros(4, dtype=torch.float64, device=self.device)
         for i, ids in enumerate(group):
             batch = self.loader.get(ids)
@@ -168,8 +154,9 @@ class Trainer:
                 continue
             batch = batch.to(self.device)
             syncing = i == len(group) - 1  # this batch's backward all-reduces the gradients (DDP)
+            local = self.distributed and not syncing
             try:
-                with nullcontext() if syncing else self.no_sync():
+                with self.synced_objective.no_sync() if local else nullcontext():  # type: ignore[operator]
                     loss, nll = self.batch_loss(batch, self.synced_objective)
                     if not syncing:
                         self.backward(loss)
@@ -197,11 +184,9 @@ class Trainer:
         return totals
 
     def join_gradient_sync(self) -> None:
-        """Take part in DDP's gradient all-reduce after a failure, with a zero loss on one token.
-
-        DDP expects the synchronising backward after every forward outside no_sync and stays out of
-        step with the other ranks without it; the update is skipped on every rank afterwards.
-        """
+        """Take part in DDP's gradient all-reduce after a failure, with a zero loss on one token: DDP expects the
+        synchronising backward after every forward outside no_sync, and stays out of step with the other ranks
+        without it."""
         if self.distributed:
             one = torch.tensor([[EOS]], device=self.device)
             loss, _ = self.batch_loss(
@@ -224,10 +209,6 @@ class Trainer:
         """Drop the gradients; with CUDA graphs zero them in place, since the graphs accumulate into them."""
         self.optimizer.zero_grad(set_to_none=self.graphs is None)
 
-    def no_sync(self) -> AbstractContextManager:
-        """Accumulate this batch's gradients locally; the update's last batch syncs them all."""
-        return self.synced_objective.no_sync() if self.distributed else nullcontext()  # type: ignore[operator]
-
     def apply_update(
         self, loss_sum: float, nll_sum: float, n_tokens: int, grad_norm: float, seconds: float
     ) -> StepStats:
@@ -245,9 +226,14 @@ class Trainer:
             self.ema.update(self.state.update)
         return StepStats(loss_sum / n_tokens, nll_sum / n_tokens, n_tokens, grad_norm, seconds)
 
-    def skip_nonfinite(self, loss_sum: float, grad_norm: float) -> None:
+    def skip_update(self, loss_sum: float, grad_norm: float, *, failed: bool) -> None:
+        """Drop the update: a rank failed (out of memory), or its loss or gradient norm is not finite."""
         self.zero_grad()
         self.state.n_skipped_updates += 1
+        if failed:
+            if self.scaler:  # no overflow: the scale stays (the scaler needs an update after unscale_)
+                self.scaler.update(self.scaler.get_scale())
+            return
         if self.scaler:  # fp16 overflow: halve the loss scale and try again, down to --min-loss-scale
             scale = self.scaler.get_scale() / 2
             self.scaler.update(scale)
@@ -264,7 +250,7 @@ class Trainer:
                     f"(--min-loss-scale {self.cfg.min_loss_scale:g}); the loss is probably "
                     "diverging: lower the learning rate, set --clip-norm, or use --precision bf16"
                 )
-            return None
+            return
         self.state.n_nonfinite_in_a_row += 1
         logger.warning(
             "non-finite loss (%s) or gradient norm (%s) at update %d; update skipped",
@@ -277,19 +263,12 @@ class Trainer:
                 f"{self.state.n_nonfinite_in_a_row} updates in a row had a non-finite loss; "
                 "stopping (lower --lr-scale/--lr, set --clip-norm, or check the data)"
             )
-        return None
 
     def lr(self, update: int) -> float:
         """The learning rate of `update`, counted from where the schedule (re)started."""
         c = self.cfg
-        return learning_rate(
-            update - self.state.lr_start,
-            c.lr_scheduler,
-            self.model_cfg.d_model,
-            c.warmup_updates,
-            c.lr_scale,
-            c.lr,
-        )
+        step = update - self.state.lr_start
+        return learning_rate(step, c.lr_scheduler, self.model_cfg.d_model, c.warmup_updates, c.lr_scale, c.lr)
 
     # ---- checkpoints ------------------------------------------------------------------------------
     def rng_states(self) -> list[dict[str, Any]]:
@@ -324,21 +303,6 @@ class Trainer:
             tree_leaves=self.meta.get("tree_leaves"),
         )
 
-    def restore(self, ckpt: dict[str, Any], path: Path) -> None:
-        """Continue from a training checkpoint (train/state.py says what is restored)."""
-        self.state = restore_training(
-            ckpt,
-            path,
-            model=self.model,
-            optimizer=self.optimizer,
-            scaler=self.scaler,
-            ema=self.ema,
-            cfg=self.cfg,
-            info=self.info,
-            train_data=self.state.train_data,
-            search_cfg=self.search_cfg,
-        )
-
     def close(self) -> None:
         """Drop the DDP wrapper: its reducer must not outlive the process group (runtime.shutdown_distributed)."""
         self.synced_objective = self.objective
@@ -361,11 +325,9 @@ class Trainer:
 def compile_layers(model: Transformer) -> None:
     """torch.compile each encoder and decoder layer in place, with dynamic shapes (regional compilation).
 
-    The layers of a stack share their code, so each kind is compiled once and every layer reuses the graph
-    (PyTorch inlines the modules and passes their parameters in): warm-up costs one encoder and one decoder
-    layer, not the whole model, whose objective as one dynamic graph takes far longer to warm up
-    (`benchmarks/profile_gpu.py --compile-warmup`). Embeddings, the output projection and the
-    fused loss stay eager; compiled in place, the modules keep their names, so checkpoints are unchanged.
+    Every layer of a stack reuses one graph, so warm-up costs one encoder and one decoder layer, not the whole
+    objective's far longer one (`benchmarks/profile_gpu.py --compile-warmup`). Embeddings, the output projection
+    and the fused loss stay eager; compiled in place, the modules keep their names, so checkpoints are unchanged.
     """
     logger.info("compiling the model's layers (first updates are slow)")
     for layer in (*model.encoder, *model.decoder):
