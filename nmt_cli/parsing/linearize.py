@@ -19,7 +19,6 @@ from nmt_cli.parsing.tree import Tree
 CLOSE = ")"
 SLOT = "XX"
 TOP = "TOP"
-LEAF_MODES = ("pos", "slot", "words", "words-ahead")
 COPY_MODES = ("words", "words-ahead")  # targets that spell their words (copy_constraint.py)
 KEPT_TAGS = frozenset({",", ":", "``", "''", ".", "-LRB-", "-RRB-", "#", "$"})
 # Punctuation words whose Penn Treebank tag is fixed by the word itself ("'" is left out: POS or '').

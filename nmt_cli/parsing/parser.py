@@ -58,12 +58,6 @@ def tree_tokens(vocab: Vocab) -> list[str]:
     return [piece_token(sp.id_to_piece(i)) if i > EOS and sp.is_control(i) else "" for i in range(vocab.n_pieces)]
 
 
-def tree_constraint(vocab: Vocab, vocab_size: int) -> TreeConstraint:
-    tokens = tree_tokens(vocab)
-    leaves = [t for t in tokens if t and not is_open(t) and t != CLOSE]
-    return TreeConstraint.from_pieces(tokens, leaves, vocab_size)
-
-
 def flat_tree(words: Sequence[str]) -> Tree:
     """The fallback when no tree fits the length limit: every word under one S, punctuation tagged as the
     treebank tags it (EVALB drops punctuation by its tag: an XX comma would make the sentence an error)."""
@@ -190,8 +184,10 @@ class TreeParser:
         """leaves: the checkpoint's --tree-leaves ("words", "words-ahead": its trees copy their words,
         copy_constraint.py)."""
         starts = word_starts(translator.vocab) if leaves in COPY_MODES else None
-        constraint = tree_constraint(translator.vocab, translator.vocab.padded_size)
-        return cls(translator, constraint, tree_tokens(translator.vocab), starts, leaves == "words-ahead")
+        tokens = tree_tokens(translator.vocab)
+        leaf_tokens = [t for t in tokens if t and not is_open(t) and t != CLOSE]
+        constraint = TreeConstraint.from_pieces(tokens, leaf_tokens, translator.vocab.padded_size)
+        return cls(translator, constraint, tokens, starts, leaves == "words-ahead")
 
     def constraints(self, n_words: Sequence[int]) -> TreeConstraints:
         """The search's constraints for sentences of these word counts (in the order they are given to the search)."""

@@ -115,13 +115,17 @@ class Ensemble:
 
     def decode_step(self, prev_tokens: Tensor, cache: EnsembleCache) -> tuple[Tensor, EnsembleCache]:
         """Advance every member one token on its own cache. prev_tokens: [N] -> (the weighted average of the
-        members' log-probs [N, V] in float32, the cache). Each member's step returns its own tensor, so the sum
-        is made in the first one's; the weights are host numbers: no wait for the device."""
+        members' log-probs [N, V] in float32, the cache)."""
         steps = [m.decode_step(prev_tokens, c) for m, c in zip(self.members, cache.members)]
-        total = steps[0][0].mul_(self.weights[0])
-        for (log_probs, _), weight in zip(steps[1:], self.weights[1:]):
-            total.add_(log_probs, alpha=weight)
-        return total, EnsembleCache([c for _, c in steps])
+        return self.average([log_probs for log_probs, _ in steps]), EnsembleCache([c for _, c in steps])
+
+    def average(self, log_probs: list[Tensor]) -> Tensor:
+        """The members' log-probs [N, V] weighted, summed in the first one's tensor (each member's step returns
+        its own); the weights are host numbers: no wait for the device."""
+        total = log_probs[0].mul_(self.weights[0])
+        for member_log_probs, weight in zip(log_probs[1:], self.weights[1:]):
+            total.add_(member_log_probs, alpha=weight)
+        return total
 
     def init_slots(self, enc: EnsembleEncoderOut, beam: int, *, n_positions: int, source_len: int) -> EnsembleSlotCache:
         """Every member's fixed-slot cache (Transformer.init_slots)."""
@@ -137,11 +141,7 @@ class Ensemble:
     ) -> Tensor:
         """`decode_step` over every member's fixed slots (Transformer.decode_slots): the weighted average of the
         members' log-probs [N, V] in float32."""
-        steps = [m.decode_slots(prev_tokens, rows, c, window) for m, c in zip(self.members, cache.members)]
-        total = steps[0].mul_(self.weights[0])
-        for log_probs, weight in zip(steps[1:], self.weights[1:]):
-            total.add_(log_probs, alpha=weight)
-        return total
+        return self.average([m.decode_slots(prev_tokens, rows, c, window) for m, c in zip(self.members, cache.members)])
 
 
 def member_paths(path: str) -> list[Path]:

@@ -8,7 +8,6 @@ Shapes: B pairs in a batch, S source length with EOS, T target length with EOS, 
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -27,9 +26,7 @@ from nmt_cli.search.beam import length_penalty
 from nmt_cli.search.ensemble import Ensemble
 from nmt_cli.search.hypothesis import Alignment, Hypothesis
 from nmt_cli.search.searchable import SearchModel
-from nmt_cli.search.translate import Translator, search_context, source_batch
-
-logger = logging.getLogger(__name__)
+from nmt_cli.search.translate import Translator, cut_to_positions, search_context, source_batch
 
 
 @dataclass
@@ -95,15 +92,6 @@ def per_member(model: SearchModel, one: Callable[[Transformer], Tensor]) -> Tens
         return one(model)
     parts = [one(member) * weight for member, weight in zip(model.members, model.weights)]
     return torch.stack(parts).sum(0)
-
-
-def cut_to_positions(sequences: Sequence[np.ndarray], limit: int, what: str) -> list[np.ndarray]:
-    """Each sequence cut to `limit` ids (the model's positions less one, as the search cuts and ends its outputs),
-    with one warning counting those cut."""
-    n_cut = sum(len(s) > limit for s in sequences)
-    if n_cut:
-        logger.warning("%d %s longer than the model's %d positions were cut to fit", n_cut, what, limit)
-    return [np.asarray(s[:limit], dtype=np.int64) for s in sequences]
 
 
 def pair_batches(src_lens: np.ndarray, tgt_lens: np.ndarray, max_tokens: int, batch_size: int) -> list[np.ndarray]:

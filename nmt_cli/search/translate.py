@@ -282,11 +282,8 @@ def translate_steps(
     Empty sources get empty hypotheses without running the model; sources longer than the model's positions are
     cut (with a warning). Sampling draws from `generator` (a caller translating in chunks passes one for them all:
     `sampling_generator`), else from one seeded with cfg.seed."""
-    cfg, limit = request.search, translator.model.max_positions - 1
-    n_cut = sum(len(s) > limit for s in request.sources)
-    if n_cut:
-        logger.warning("%d input(s) longer than the model's %d positions were truncated", n_cut, limit)
-    sources = [s[:limit] for s in request.sources]
+    cfg = request.search
+    sources = cut_to_positions(request.sources, translator.model.max_positions - 1, "input(s)")
     lengths = np.array([len(s) for s in sources], dtype=np.int64)
     # An empty input gets --nbest empty hypotheses, as every other input gets --nbest: outputs read in groups
     # of N stay aligned.
@@ -310,6 +307,15 @@ def translate_steps(
         for i, hyps in zip(ids, hyps_of):
             results[i] = hyps
     return results
+
+
+def cut_to_positions(sequences: Sequence[np.ndarray], limit: int, what: str) -> list[np.ndarray]:
+    """Each sequence cut to `limit` ids (the model's positions less one, as the search cuts and ends its outputs),
+    with one warning counting those cut."""
+    n_cut = sum(len(s) > limit for s in sequences)
+    if n_cut:
+        logger.warning("%d %s longer than the model's %d positions were truncated", n_cut, what, limit)
+    return [np.asarray(s[:limit], dtype=np.int64) for s in sequences]
 
 
 def warn_short(lengths: np.ndarray, cfg: SearchConfig, max_positions: int) -> None:
