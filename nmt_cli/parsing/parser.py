@@ -205,8 +205,7 @@ class TreeParser:
         """Trees for tokenised sentences, in input order (None for an empty one); also what the caller warns of.
         Sampling (cfg.sampling) draws from `generator`, one for every chunk of a run (`sampling_generator`).
         Words without pieces are searched without and get an (XX word) leaf (see the module's docstring); a
-        sentence of such words only is not searched and gets the flat tree. `still_wanted` (one answer per sentence,
-        search/beam.py's StillWanted): sentences no longer wanted stop at the next step, their trees to be discarded."""
+        sentence of such words only is not searched and gets the flat tree. `still_wanted`: one answer per sentence."""
         translator, starts = self.translator, self.starts
         limit = translator.model.max_positions - 1
         pieces = has_pieces(translator.vocab, words)

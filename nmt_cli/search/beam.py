@@ -296,8 +296,7 @@ def beam_steps(
     """Translate the B0 sentences `enc` of the model (a Transformer or an Ensemble; src_lens [B0] without EOS), one
     decoder step per resumption, never writing ids from `n_pieces` on (embedding padding); each sentence's
     `cfg.nbest` hypotheses, best first. `rules`: the constraint the beams follow (search/constraint.py) and
-    n_leaves [B0]. `still_wanted` (StillWanted): the sentences no longer wanted leave the batch at that step, their
-    hypotheses to be discarded. `on_done` (OnDone): told each sentence's results at its step, but at the last."""
+    n_leaves [B0]. `still_wanted`, `on_done`: see StillWanted and OnDone (not told of the last step's sentences)."""
     k, device, b0 = cfg.beam, enc.memory.device, enc.memory.shape[0]
     max_len, n_steps, first_max = length_limits(src_lens, cfg, model.max_positions, device)
     (state, fin), row_max_len = start(b0, k, n_steps, device), per_beam(max_len, k)  # row_max_len: [B*K]

@@ -275,9 +275,8 @@ def translate_steps(
     on_done: OnDone | None = None,
 ) -> Steps[list[list[Hypothesis]]]:
     """Translate the request's sources, one decoder step per resumption (serve's worker interleaves two batches);
-    each source's results, in input order. `still_wanted` (StillWanted, one answer per source): a sentence no longer
-    wanted leaves its batch at the next step, a batch of none wanted is not searched, their results to be discarded.
-    `on_done` (OnDone): told a source's index and results as soon as its beam search finishes it.
+    each source's results, in input order. `still_wanted` and `on_done` (search/beam.py) answer and are told by
+    source index; a batch of sources none still wants is not searched.
 
     Empty sources get empty hypotheses without running the model; sources longer than the model's positions are
     cut (with a warning). Sampling draws from `generator` (a caller translating in chunks passes one for them all:
