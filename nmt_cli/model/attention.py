@@ -1,13 +1,9 @@
 """Multi-head scaled dot-product attention (paper §3.2) on top of F.scaled_dot_product_attention.
 
 Shapes: B batch, K beam, N rows (B or B*K), S source length, T target length, D d_model, H heads, Dk key size per
-head (D / H unless `key_dim` is given: Table 3 row B), Dh = D / H value size per head. Masks passed to attention are
-True where attention is *allowed*, as SDPA takes them (`attention_mask()` converts nmt's padding masks, True at
-padding, once), or float scores to add (the incremental step's, `attention_bias()`, once per batch).
-
-Attention weights on request: a list given as `record` to `SelfAttention.forward` or `CrossAttention.forward` makes
-the call compute softmax(QK^T/sqrt(Dk)) explicitly (`attend_explicit`), use those weights for its output and append
-them ([N, H, Tq, Tk]) to the list."""
+head (D / H unless `key_dim` is given: Table 3 row B), Dh = D / H value size per head. Masks are True where attention
+is *allowed*, as SDPA takes them (`attention_mask()`), or float scores to add (`attention_bias()`). A `record` list
+makes a forward compute the weights explicitly, use them and append them ([N, H, Tq, Tk])."""
 
 from __future__ import annotations
 
@@ -23,11 +19,8 @@ from nmt_cli.model.slots import write_position
 def attend(
     q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, causal: bool = False, dropout: float = 0.0
 ) -> Tensor:
-    """Scaled dot-product attention -> [N, H, Tq, Dh]. On CPU written out (`attend_explicit`): for NMT's
-    short sequences that measured faster than SDPA's CPU kernels, forward and backward, in float32
-    (against its flash kernel) and bfloat16 (against its math backend), and for beam search's one query
-    per step, since SDPA's CPU kernels are tuned for long sequences (`benchmarks/profile_step.py`,
-    `profile_generate.py`). Elsewhere (CUDA) SDPA, free to choose its fastest kernel."""
+    """Scaled dot-product attention -> [N, H, Tq, Dh]. On CPU written out (`attend_explicit`), faster than SDPA's
+    CPU kernels on NMT's short sequences (`benchmarks/profile_step.py`, `profile_generate.py`); elsewhere SDPA."""
     if q.device.type == "cpu":
         return attend_explicit(q, k, v, mask, causal, dropout)[0]
     if mask is not None and mask.is_floating_point():  # an attention_bias: SDPA's fused kernels want q's dtype
@@ -41,9 +34,8 @@ def attention_mask(src_pad_mask: Tensor | None) -> Tensor | None:
 
 
 def attention_bias(src_pad_mask: Tensor | None, dtype: torch.dtype) -> Tensor | None:
-    """[B, S] True at padding -> [B, 1, 1, S] scores to add: 0 where a key may be attended, -inf at padding;
-    None (no padding) stays None. Per decoding step, adding it costs less than masking the scores with
-    attention_mask()'s boolean mask, one fused add against a select (`benchmarks/profile_generate.py`)."""
+    """[B, S] True at padding -> [B, 1, 1, S] scores to add (0, or -inf at padding); None stays None. Per decoding
+    step an add costs less than a boolean mask's select (`benchmarks/profile_generate.py`)."""
     if src_pad_mask is None:
         return None
     b, s = src_pad_mask.shape
@@ -54,10 +46,8 @@ def attention_bias(src_pad_mask: Tensor | None, dtype: torch.dtype) -> Tensor | 
 def attend_explicit(
     q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, causal: bool = False, dropout: float = 0.0
 ) -> tuple[Tensor, Tensor]:
-    """softmax(q k^T / sqrt(Dk)) v written out -> (output [N, H, Tq, Dh], weights [N, H, Tq, Tk]).
-
-    Masked positions get weight exactly 0; dropout applies to the weights used, not to those returned.
-    Backward saves the weights ([N, H, Tq, Tk]), as fairseq's attention does."""
+    """softmax(q k^T / sqrt(Dk)) v written out -> (output [N, H, Tq, Dh], weights [N, H, Tq, Tk]). Masked positions
+    weigh exactly 0; dropout applies to the weights used, not to those returned."""
     scores = (q @ k.transpose(-1, -2)).mul_(q.shape[-1] ** -0.5)  # in place: the product saves its inputs only
     if mask is not None and mask.dtype == torch.bool:
         scores = scores.masked_fill(~mask, float("-inf"))
@@ -82,8 +72,7 @@ def merge_heads(x: Tensor) -> Tensor:
 
 
 def project_out(out: nn.Module, y: Tensor) -> Tensor:
-    """out(merge_heads(y)) -> [N, T, D]. On the CPU training route (model/linear.py) the heads are merged
-    straight into padded rows: one copy of the attention output instead of two."""
+    """out(merge_heads(y)) -> [N, T, D], on the CPU training route merged straight into padded rows (one copy)."""
     if not pads_rows(out, y):
         return out(merge_heads(y))
     b, h, t, dh = y.shape
@@ -95,9 +84,7 @@ def project_out(out: nn.Module, y: Tensor) -> Tensor:
 
 
 class SelfAttention(nn.Module):
-    """Self-attention with one fused QKV projection; the decoder's incremental step extends a K/V cache.
-
-    key_dim (0: D / H) sets Dk, the size of each head's queries and keys; values keep D / H per head."""
+    """Self-attention with one fused QKV projection; the decoder's incremental step extends a K/V cache."""
 
     def __init__(self, d_model: int, heads: int, dropout: float, key_dim: int = 0) -> None:
         super().__init__()
@@ -130,9 +117,7 @@ class SelfAttention(nn.Module):
     ) -> tuple[Tensor, Tensor, Tensor]:
         """One decoding step. x: [N, D]; past_k: [N', H, t, Dk], past_v: [N', H, t, Dh]; rows: [N] the past
         row each row continues (None: the same one) -> (y [N, D], k [N, H, t+1, Dk], v [N, H, t+1, Dh]).
-
-        Rows stay two-dimensional and the heads are views of the projection: on CPU each tensor call costs
-        a few microseconds of Python and dispatch, and a step makes a few dozen per layer."""
+        Rows stay two-dimensional and the heads are views: on CPU each tensor call costs microseconds."""
         n, qk = x.shape[0], self.qk_size
         qkv = self.qkv(x)  # [N, 2 * H*Dk + D]
         k = append_step(past_k, qkv[:, qk : 2 * qk], rows)
@@ -141,9 +126,8 @@ class SelfAttention(nn.Module):
         return self.out(y.reshape(n, -1)), k, v  # a view, whichever layout SDPA returned its one query in
 
     def step_slots(self, x: Tensor, buf_k: Tensor, buf_v: Tensor, step: Tensor, bias: Tensor) -> Tensor:
-        """One decoding step over fixed slots (model/slots.py). x: [N, D]; buf_k: [N, H, L, Dk], buf_v:
-        [N, H, L, Dh], written in place at each row's position `step` ([N] long); attends to all L with `bias`
-        [N, 1, 1, L] masking those not yet written -> y [N, D]."""
+        """One decoding step over fixed slots. x: [N, D] -> [N, D]; buf_k [N, H, L, Dk] and buf_v [N, H, L, Dh]
+        written in place at each row's `step` ([N]); `bias` [N, 1, 1, L] masks the positions not yet written."""
         n, qk = x.shape[0], self.qk_size
         qkv = self.qkv(x)  # [N, 2 * H*Dk + D]
         write_position(buf_k, qkv[:, qk : 2 * qk], step)
@@ -153,9 +137,7 @@ class SelfAttention(nn.Module):
 
 
 class CrossAttention(nn.Module):
-    """Encoder-decoder attention. Keys and values are projected once per sentence (`memory_kv`).
-
-    key_dim (0: D / H) sets Dk, the size of each head's queries and keys; values keep D / H per head."""
+    """Encoder-decoder attention. Keys and values are projected once per sentence (`memory_kv`)."""
 
     def __init__(self, d_model: int, heads: int, dropout: float, key_dim: int = 0) -> None:
         super().__init__()
@@ -185,11 +167,8 @@ class CrossAttention(nn.Module):
         return project_out(self.out, y)
 
     def step(self, x: Tensor, k: Tensor, v: Tensor, bias: Tensor | None) -> Tensor:
-        """One decoding step. x: [N, D], N = B*K rows, sentence-major; k: [B, H, S, Dk]; v: [B, H, S, Dh];
-        bias: [B, 1, 1, S] added to the scores (attention_bias) or None -> [N, D].
-
-        The K beams of a sentence are its K query positions, so the sentence's keys and values serve
-        every beam without being copied."""
+        """One decoding step. x: [N, D], N = B*K rows, sentence-major; k: [B, H, S, Dk]; v: [B, H, S, Dh]; bias:
+        [B, 1, 1, S] or None -> [N, D]. A sentence's K beams are its K queries: its keys and values are not copied."""
         n, b = x.shape[0], k.shape[0]
         q = self.q(x).view(b, n // b, self.heads, -1).transpose(1, 2)  # [B, H, K, Dk]
         return self.out(attend(q, k, v, bias).transpose(1, 2).reshape(n, -1))

@@ -32,14 +32,9 @@ def sinusoidal_positions(n_positions: int, d_model: int) -> Tensor:
 
 
 class Dropout(nn.Module):
-    """Inverted dropout.
-
-    On CPU the mask comes from 16-bit random numbers of the dropout stream (runtime.random_int16), which
-    makes dropout's random numbers several times cheaper than torch.rand_like there, four numbers per
-    64-bit draw (dropout's share of an update: `benchmarks/profile_step.py`).
-    A unit is dropped with probability p rounded to a multiple of 2^-16
-    (0.1 -> 0.100006) and kept units are scaled by the exact inverse of the keep probability, so the
-    expected output is x. Elsewhere (CUDA, and inside torch.compile) PyTorch's own dropout."""
+    """Inverted dropout. On CPU the mask comes from the dropout stream's 16-bit numbers (runtime.random_int16),
+    several times cheaper than torch.rand_like: p is rounded to a multiple of 2^-16 (0.1 -> 0.100006) and kept
+    units scaled by the exact inverse of the keep probability. Elsewhere (CUDA, torch.compile) PyTorch's own."""
 
     def __init__(self, p: float) -> None:
         super().__init__()
@@ -68,10 +63,7 @@ class FeedForward(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         if not pads_rows(self.fc1, x):
             return self.fc2(self.dropout(self.fc1.forward_relu(x)))  # also a PackedLinear or Int8Linear
-        # The CPU route pads row counts (model/linear.py). Padding once here keeps the [M, d_ff] hidden
-        # state padded, so fc2 uses (and saves for backward) the ReLU's own output instead of a padded
-        # copy: transformer_base saves 8 MB per 1k tokens per layer. Padding rows never reach the output.
-        # oneDNN applies fc1's ReLU inside its product.
+        # Padded once here (model/linear.py), so fc2 saves the ReLU's own output, not a padded copy of it.
         rows = x.shape[:-1].numel()
         y = self.fc2(self.dropout(self.fc1.forward_relu(pad_rows(x.reshape(rows, x.shape[-1])))))
         return y[:rows].view(*x.shape[:-1], y.shape[-1])
@@ -92,10 +84,8 @@ class Residual(nn.Module):
         return self.norm(x + self.dropout(sublayer(x)))
 
     def step(self, x: Tensor, sublayer: Callable[[Tensor], Tensor]) -> Tensor:
-        """forward() for inference (no dropout), the residual summed into the sub-layer's fresh output in place
-        where both have one dtype (under autocast the sub-layer's may be narrower: the sum keeps x's) and grad
-        mode is off: with it on, the output may be a view returned by the CPU route's autograd Function
-        (model/linear.py), which autograd forbids writing into."""
+        """forward() for inference (no dropout), the residual summed into the sub-layer's fresh output in place where
+        both have one dtype and grad mode is off (autograd forbids writing into the CPU route's output views)."""
         y = sublayer(self.norm(x) if self.normalize_before else x)
         y = y.add_(x) if y.dtype == x.dtype and not torch.is_grad_enabled() else x + y
         return y if self.normalize_before else self.norm(y)
@@ -150,9 +140,8 @@ class DecoderLayer(nn.Module):
         cross_v: Tensor,
         cross_bias: Tensor | None,
     ) -> tuple[Tensor, Tensor, Tensor]:
-        """One incremental step (inference only). x: [N, D] with N = B*K; rows: pending beam reorder of
-        past_k/v (cache.py); cross_bias: [B, 1, 1, S] added to the cross-attention scores (attention_bias)
-        -> (x [N, D], k, v [N, H, t+1, Dh])."""
+        """One incremental step (inference only). x: [N, D] with N = B*K; rows: pending beam reorder of past_k/v
+        (cache.py); cross_bias: [B, 1, 1, S] -> (x [N, D], k, v [N, H, t+1, Dh])."""
         new_kv: list[Tensor] = []
 
         def self_attend(h: Tensor) -> Tensor:
@@ -172,8 +161,7 @@ class DecoderLayer(nn.Module):
         cross_v: Tensor,
         cross_bias: Tensor | None,
     ) -> Tensor:
-        """`step` over fixed slots (model/slots.py): `self_attend` [N, D] -> [N, D] is the self-attention of the
-        layer's own slot buffers -> x [N, D]."""
+        """`step` over fixed slots: `self_attend` [N, D] -> [N, D] attends over the layer's own slot buffers."""
         x = self.res_self.step(x, self_attend)
         x = self.res_cross.step(x, lambda h: self.cross_attn.step(h, cross_k, cross_v, cross_bias))
         return self.res_ffn.step(x, self.ffn)

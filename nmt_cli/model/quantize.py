@@ -1,9 +1,6 @@
-"""Dynamic int8 linear layers for CPU translation (`nmt generate --quantize int8`): weights quantized once, per output
-channel, and packed for PyTorch's int8 kernels (oneDNN's on CPUs with AMX, fbgemm's elsewhere: `int8_engine`);
-activations quantized per call, per tensor, from their own min/max; the product back in float32 with the bias
-added. Everything else stays float32. Every projection gains from int8, the output projection most, so all are
-swapped (`benchmarks/bench_generate.py --precisions int8`). The float32 weights are not kept: a memory-mapped
-checkpoint's pages are given back layer by layer as they are quantized."""
+"""Dynamic int8 linear layers for CPU translation (`--quantize int8`): weights quantized once per output channel and
+packed for PyTorch's int8 kernels (`int8_engine`); activations quantized per call from their own min/max; the product
+back in float32 with the bias. Every projection gains, the output projection most (`benchmarks/bench_generate.py`)."""
 
 from __future__ import annotations
 
@@ -27,14 +24,8 @@ def engine_from_environment() -> str:
 
 
 def int8_engine() -> str:
-    """The library of the int8 products: oneDNN's where the CPU has AMX, fbgemm's elsewhere (NMT_CPU_INT8 forces
-    either; the test suite runs both on every machine).
-
-    On an Intel Xeon with AMX oneDNN's dynamic int8 linear ran at 1.5-3.3x fbgemm's rate at beam-search and
-    encoder sizes (64-1,024 rows, transformer_base's products), with the same quantization and outputs equal to
-    1e-6; `generate --quantize int8` translated 1.12-1.19x (transformer_base) and 1.05-1.13x (small) the sentences/s
-    (benchmarks/record/cpu.md). Without AMX fbgemm's kernels are the ones measured (VNNI, AVX2).
-    """
+    """The library of the int8 products: oneDNN's where the CPU has AMX (1.5-3.3x fbgemm's rate on a Xeon,
+    benchmarks/record/cpu.md), fbgemm's elsewhere; NMT_CPU_INT8 forces either."""
     forced = engine_from_environment()
     if forced != "auto":
         return forced

@@ -6,11 +6,8 @@ Shapes: B sentences, K beams, N = B*K rows (row = sentence * K + beam), H heads,
 S source length, Dk key size and Dh value size per head.
 
 No tensor of a step changes shape or address: each row's position is a device tensor (`step`, [N]), beams are
-reordered by copying within the buffers, positions not yet written are masked, and rows not searching are parked
-at position 0 (`park`). A step reads and reorders a window of the first positions, enough for its own
-(`decode_slots`' `window`).
-Once few sentences are left, the live ones move to a cache of fewer slots (`select`), loaded (`load`) into the
-buffers of the step captured for that smaller shape."""
+reordered by copying within the buffers, positions not yet written are masked, and idle rows parked (`park`). Once
+few sentences are left, the live ones move to a cache of fewer slots (`select`, `load`)."""
 
 from __future__ import annotations
 
@@ -38,9 +35,8 @@ class SlotCache:
         return self.self_k[0].shape[2]
 
     def reorder(self, rows: Tensor, window: int) -> None:
-        """Row i continues row rows[i] [N]: each layer's keys and values reordered over the first `window`
-        positions (those written so far, and some not yet), copied within their own buffers, which keep their
-        addresses (two copies)."""
+        """Row i continues row rows[i] [N]: keys and values reordered over the first `window` positions, within
+        their own buffers, which keep their addresses."""
         for buf in (*self.self_k, *self.self_v):
             written = buf[:, :, :window]
             written.copy_(written.index_select(0, rows))

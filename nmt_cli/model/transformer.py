@@ -1,11 +1,8 @@
-"""The encoder-decoder Transformer: `encode`, teacher-forced `decode`, and incremental `decode_step` (and
-`decode_slots`, the same step over fixed slots: model/slots.py).
+"""The encoder-decoder Transformer: `encode`, teacher-forced `decode`, incremental `decode_step` and
+`decode_slots` (the same step over fixed slots: model/slots.py).
 
-Shapes: B batch, K beam, N = B*K rows, S source length, T target length, D d_model, V vocab.
-`src_pad_mask` is True at padding; None means no sentence of the batch is padded (CUDA batches: no mask
-lets SDPA choose its fastest kernel).
-To see the attention weights of a teacher-forced pass, pass an `AttentionWeights()` to `forward` (or
-`encode`/`decode`): the same pass fills it, layer by layer.
+Shapes: B batch, K beam, N = B*K rows, S source length, T target length, D d_model, V vocab. `src_pad_mask` is
+True at padding; None: no sentence is padded (no mask lets SDPA choose its fastest kernel).
 """
 
 from __future__ import annotations
@@ -69,8 +66,7 @@ class Embedding(nn.Module):
         return self.dropout(self.tokens(tokens) * self.scale + pos)
 
     def at(self, tokens: Tensor, position: Tensor) -> Tensor:
-        """tokens: [N] -> [N, D], row i at position[i] (`position` [N] long, or [1] for all; on the device: no host
-        read)."""
+        """tokens: [N] -> [N, D], row i at position[i] (`position` [N], or [1] for all; on the device)."""
         return self.dropout(self.tokens(tokens) * self.scale + self.positions.index_select(0, position))
 
 
@@ -81,8 +77,7 @@ class Transformer(nn.Module):
         vocab_size, d_model = cfg.vocab_size, cfg.d_model
         # Training's --checkpoint-activations: each layer's activations recomputed in the backward pass (`through`).
         self.checkpoint_activations = False
-        # Built on the meta device (checkpoint.model_around_weights) there is nothing to initialise, and
-        # a normal_() there would import torch's reference ops: a second of translation start-up.
+        # On the meta device there is nothing to initialise (and normal_() would cost a second of start-up).
         on_meta = torch.empty(0).is_meta
 
         def embedding() -> nn.Embedding:
@@ -96,7 +91,6 @@ class Transformer(nn.Module):
             nn.init.zeros_(emb.weight[PAD])
         self.src_embed = Embedding(src_tokens, max_positions, cfg.learned_pos, cfg.dropout)
         self.tgt_embed = Embedding(tgt_tokens, max_positions, cfg.learned_pos, cfg.dropout)
-        # ModuleLists, typed for mypy as the lists of layers they are
         encoder, decoder = (
             (EncoderLayer(cfg) for _ in range(cfg.encoder_layers)),
             (DecoderLayer(cfg) for _ in range(cfg.decoder_layers)),
@@ -124,8 +118,7 @@ class Transformer(nn.Module):
     def encode_steps(
         self, src_tokens: Tensor, src_pad_mask: Tensor | None, weights: AttentionWeights | None = None
     ) -> Steps[EncoderOut]:
-        """`encode` one layer per resumption, returning its output: a caller that interleaves other work with an
-        expensive batch's encoder (a batch of long sentences) pauses it between layers."""
+        """`encode` one layer per resumption, so that a caller can interleave other work between layers."""
         mask = attention_mask(src_pad_mask)
         x = self.src_embed(src_tokens)
         for layer in self.encoder:
@@ -134,8 +127,7 @@ class Transformer(nn.Module):
         return EncoderOut(self.encoder_norm(x), src_pad_mask)
 
     def decode(self, tgt_in: Tensor, enc: EncoderOut, weights: AttentionWeights | None = None) -> Tensor:
-        """Teacher-forced decoder. tgt_in: [B, T] -> hidden states [B, T, D] (project with `logits`).
-        weights: records each layer's self- and cross-attention."""
+        """Teacher-forced decoder. tgt_in: [B, T] -> hidden states [B, T, D] (project with `logits`)."""
         mask = attention_mask(enc.src_pad_mask)
         x = self.tgt_embed(tgt_in)
         records = (None, None) if weights is None else (weights.decoder, weights.cross)
@@ -144,10 +136,8 @@ class Transformer(nn.Module):
         return self.decoder_norm(x)
 
     def through(self, layer: Callable[..., Tensor], *args: Tensor | list[Tensor] | None) -> Tensor:
-        """layer(*args); with `checkpoint_activations` where autograd records, the layer keeps only its inputs and
-        recomputes the rest in the backward pass (torch.utils.checkpoint, which replays torch's random streams),
-        with CPU dropout's stream (runtime.DROPOUT_STREAM) rewound for the recomputation and put back after it, so
-        that it draws the same masks and leaves the stream where training left it."""
+        """layer(*args); with `checkpoint_activations` under autograd, recomputed in the backward pass, CPU
+        dropout's stream (runtime.DROPOUT_STREAM) rewound for the recomputation and put back after it."""
         if not (self.checkpoint_activations and torch.is_grad_enabled()):
             return layer(*args)
         from torch.utils.checkpoint import checkpoint
@@ -173,21 +163,13 @@ class Transformer(nn.Module):
     def forward(
         self, src_tokens: Tensor, src_pad_mask: Tensor | None, tgt_in: Tensor, weights: AttentionWeights | None = None
     ) -> Tensor:
-        """Teacher-forced pass -> logits [B, T, V]. (Training feeds `decode`'s hidden states at the real
-        target positions straight into the fused loss instead, see train/loss.py.)
-
-        weights: an empty AttentionWeights to fill with every attention's weights; the pass then computes
-        them explicitly instead of through the fused kernels, and its output uses exactly those weights.
-        """
+        """Teacher-forced pass -> logits [B, T, V]. weights: an empty AttentionWeights to fill; the pass then
+        computes them explicitly instead of through the fused kernels, and its output uses exactly those."""
         return self.logits(self.decode(tgt_in, self.encode(src_tokens, src_pad_mask, weights), weights))
 
     def init_cache(self, enc: EncoderOut, beam: int) -> DecoderCache:
         """Project the encoder output to every layer's cross-attention K/V once; empty self-attention state.
-
-        K and V are laid out here once for the per-step products, so that no step copies them again:
-        V contiguous, and K on CPU (where the step computes q @ K^T itself) stored as a contiguous K^T.
-        The source padding becomes scores to add (attention_bias), once for every step and layer.
-        """
+        Laid out once for the per-step products: V contiguous, and K on CPU stored as a contiguous K^T."""
         cpu = enc.memory.device.type == "cpu"
         cross = [
             (k.transpose(-1, -2).contiguous().transpose(-1, -2) if cpu else k.contiguous(), v.contiguous())
@@ -207,11 +189,8 @@ class Transformer(nn.Module):
         )
 
     def decode_step(self, prev_tokens: Tensor, cache: DecoderCache) -> tuple[Tensor, DecoderCache]:
-        """Advance every row one token. prev_tokens: [N] -> (log-probs [N, V] in float32, the cache).
-
-        The cache is advanced in place (each layer's old state is freed as its new one is made) and
-        returned. The step index is the cache length; rows are ordered sentence-major (row = b * K + beam).
-        """
+        """Advance every row one token. prev_tokens: [N] -> (log-probs [N, V] in float32, the cache advanced in
+        place). The step index is the cache length; rows are sentence-major (row = b * K + beam)."""
         x = self.tgt_embed(prev_tokens[:, None], start=cache.length)[:, 0]  # [N, D]
         for i, layer in enumerate(self.decoder):
             x, cache.self_k[i], cache.self_v[i] = layer.step(
@@ -221,17 +200,14 @@ class Transformer(nn.Module):
         return normalise_logits(self.logits(self.decoder_norm(x))), cache
 
     def init_slots(self, enc: EncoderOut, beam: int, *, n_positions: int, source_len: int) -> SlotCache:
-        """A fixed-slot cache (model/slots.py) of `beam` rows per sentence: self-attention buffers of n_positions
-        positions, and the cross-attention keys and values of `init_cache`, their sources padded to source_len
-        (>= S; the padding masked) so that batches of one bucket share shapes. The cross-attention bias exists
-        even where no source is padded, so that any batch of the bucket can be loaded into the cache."""
+        """A fixed-slot cache of `beam` rows per sentence: self-attention buffers of n_positions, and `init_cache`'s
+        cross-attention keys and values with sources padded to source_len (>= S) so that a bucket shares shapes."""
         cache = self.init_cache(enc, 1)
         b, s, d = enc.memory.shape
         attn = self.decoder[0].self_attn
         n, h = b * beam, attn.heads
         device = enc.memory.device
-        # Keys and values are kept in the dtype the step computes them in (autocast's): the same values as
-        # `init_cache`'s float32 copies of them, half the memory, and no cast of the buffers each step.
+        # Keys and values in the dtype the step computes them in (autocast's): no cast of the buffers each step.
         dtype = torch.get_autocast_dtype(device.type) if torch.is_autocast_enabled(device.type) else enc.memory.dtype
         no_padding = torch.zeros(b, s, dtype=torch.bool, device=device)
         bias = attention_bias(no_padding if enc.src_pad_mask is None else enc.src_pad_mask, enc.memory.dtype)
@@ -249,10 +225,9 @@ class Transformer(nn.Module):
     def decode_slots(
         self, prev_tokens: Tensor, rows: Tensor | None, cache: SlotCache, window: int | None = None
     ) -> Tensor:
-        """`decode_step` over fixed slots: row i first continues row rows[i] ([N]; None: its own), then every row
-        advances one token, its keys and values written in place, attending to the first `window` positions
-        (None: all L; more than the step's own position) with those not yet written masked, every shape fixed (a
-        step to capture as a CUDA graph). prev_tokens: [N] -> log-probs [N, V] in float32."""
+        """`decode_step` over fixed slots, every shape fixed (for CUDA graphs): row i first continues row rows[i]
+        (None: its own), then every row advances one token attending to the first `window` positions (None: all).
+        prev_tokens: [N] -> log-probs [N, V] in float32."""
         window = cache.n_positions if window is None else window
         if rows is not None:
             cache.reorder(rows, window)
@@ -283,9 +258,8 @@ def teacher_forced(
 
 
 def normalise_logits(logits: Tensor) -> Tensor:
-    """log_softmax over the vocabulary of fresh logits [N, V] (the caller's own tensor), in float32 under autocast
-    too. On CPU normalised in place, which spares allocating the [N, V] result (the values are the same bit for
-    bit; PyTorch's logsumexp took 4 times as long); not with grad mode on, where autograd refuses out= arguments."""
+    """log_softmax of fresh logits [N, V] (the caller's own tensor) in float32; on CPU in place, sparing the [N, V]
+    allocation, except in grad mode, where autograd refuses out= arguments."""
     logits = logits.float()
     in_place = logits.device.type == "cpu" and not torch.is_grad_enabled()
     return torch.log_softmax(logits, -1, out=logits if in_place else None)
