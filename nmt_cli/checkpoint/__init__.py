@@ -1,9 +1,7 @@
-"""Checkpoints, the format defined once: make, atomic save, checked load (every field: checks.py), upgrade of
-older formats; saved.py reads one as translating does.
+"""Checkpoints, the format defined once: make, atomic save, checked load (every field: checks.py), upgrade.
 
-A checkpoint is a dict of primitives and tensors that loads with `torch.load(weights_only=True)`;
-it carries the model and training configs, the search settings and the sentencepiece model, so
-`generate` and `average-checkpoints` (commands/average.py) need nothing else.
+A checkpoint is a dict of primitives and tensors that loads with `torch.load(weights_only=True)`, carrying the
+configs, search settings and sentencepiece model, so that translating and averaging need nothing else.
 """
 
 from __future__ import annotations
@@ -30,8 +28,7 @@ logger = logging.getLogger(__name__)
 
 FORMAT_VERSION = 4
 LAST, BEST = "checkpoint_last.pt", "checkpoint_best.pt"
-# The checkpoint format, defined once. Every checkpoint has the model keys (all that translating and averaging
-# need); a checkpoint that training can resume from has the training keys too.
+# Every checkpoint has the model keys; one that training can resume from has the training keys too.
 MODEL_KEYS = (
     "format_version",
     "nmt_version",
@@ -67,11 +64,8 @@ def make_checkpoint(
     tree_leaves: str | None = None,
     ema: dict[str, torch.Tensor] | None = None,
 ) -> dict[str, Any]:
-    """A checkpoint dict with every model key, plus the training keys when `training` is given, and `ema` (the
-    moving average of the weights, --ema-decay: `translated_weights`) when given.
-
-    target_format: "text" (translation) or "ptb-tree" (a constituency parser, nmt_cli/parsing), with its
-    tree_leaves ("pos" or "slot")."""
+    """A checkpoint dict with every model key, plus the training keys and `ema` (--ema-decay's weights) when given.
+    target_format: "text" or "ptb-tree" (a constituency parser), with its tree_leaves ("pos" or "slot")."""
     ckpt = {
         "format_version": FORMAT_VERSION,
         "nmt_version": __version__,
@@ -96,8 +90,7 @@ def make_checkpoint(
 
 
 def translated_weights(ckpt: dict[str, Any]) -> dict[str, torch.Tensor]:
-    """The weights a checkpoint is translated, exported and averaged with: the moving average of a run with
-    --ema-decay (`ema`, an optional key: older nmt reads the raw `model`), else `model`. Resume reads both."""
+    """The weights a checkpoint is translated, exported and averaged with: `ema` where present, else `model`."""
     return ckpt["ema"] if "ema" in ckpt else ckpt["model"]
 
 
@@ -138,18 +131,8 @@ def has_training_state(ckpt: dict[str, Any]) -> bool:
 
 
 def save_checkpoint(ckpt: dict[str, Any], path: Path, kept: str | None = None) -> None:
-    """Write through `path.tmp`, fsync, then rename: a killed job or a full disk never leaves a half-written file.
-
-    Raises:
-        DiskFullError: no space left; the temporary is removed and the previous file is intact (`kept` says
-            what the user still has).
-    """
+    """Write atomically (files.atomic_write); DiskFullError on a full disk, `kept` saying what the user still has."""
     atomic_write(path, lambda f: torch.save(ckpt, f), "checkpoint", kept)
-
-
-def spm_fingerprint(model_bytes: bytes) -> str:
-    """The sentencepiece model's identity: sha256 of its bytes (data dirs and checkpoints are bound by it)."""
-    return hashlib.sha256(model_bytes).hexdigest()
 
 
 def check_same_data(
@@ -164,7 +147,7 @@ def check_same_data(
 ) -> None:
     """Refuse a data directory made with another sentencepiece model than the checkpoint's (`spm_model`), or for
     other languages or the other direction than it was trained on (`trained`; `remedy` ends that error)."""
-    ours, theirs = spm_fingerprint(spm_model), spm_fingerprint(spm_bytes)
+    ours, theirs = (hashlib.sha256(model).hexdigest() for model in (spm_model, spm_bytes))
     if ours != theirs:
         raise CheckpointError(
             f"{data_dir / SPM_FILE} (sha256 {theirs[:12]}) is not the sentencepiece model of {ckpt_path} "
@@ -178,10 +161,8 @@ def check_same_data(
 
 
 def check_checksums(path: Path) -> None:
-    """CheckpointError where a part of the checkpoint's zip does not match its stored CRC-32: torch.load does not
-    check them, and a file damaged on disk or in a copy had been loaded (and resumed from) silently. Reading the
-    whole file costs about a second a GB; a file that is no zip is left to torch.load to refuse, one that starts as
-    a zip and has lost its end (the zip's directory) is cut short."""
+    """CheckpointError where a part of the checkpoint's zip does not match its CRC-32 (torch.load does not check),
+    or the zip has lost its end; a file that is no zip is left to torch.load to refuse. About a second a GB."""
     try:
         with zipfile.ZipFile(path) as archive:
             damaged = archive.testzip()
@@ -217,8 +198,7 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
         raise CheckpointError(f"checkpoint {path} does not exist")
     check_checksums(path)
     try:
-        # Memory-mapped: tensors are read when touched, so the optimizer state of a checkpoint that is only
-        # translated with is never read, and weights copied into a model are not kept twice in memory.
+        # Memory-mapped: an optimizer state never touched is never read, and weights are not kept twice.
         ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except Exception as e:  # torch raises many types for a file that is not a checkpoint
         raise CheckpointError(f"{path} is not a readable nmt checkpoint ({type(e).__name__})") from None
@@ -263,11 +243,8 @@ def vocab_of(ckpt: dict[str, Any], path: Path) -> Vocab:
 def load_model_weights(
     model: torch.nn.Module, weights: dict[str, torch.Tensor], path: Path, assign: bool = False
 ) -> None:
-    """Load a state dict, turning shape or name mismatches into one-line CheckpointErrors.
-
-    assign: the model takes the checkpoint's tensors themselves instead of copying them (for a model built
-    on the meta device, see `model_around_weights`); floating tensors are cast to the model's dtype.
-    """
+    """Load a state dict, turning shape or name mismatches into one-line CheckpointErrors. assign: the model (on
+    the meta device) takes the tensors themselves instead of copies, floating ones cast to the model's dtype."""
     expected = model.state_dict()
     missing = sorted(set(expected) - set(weights))
     unexpected = sorted(set(weights) - set(expected))

@@ -1,7 +1,5 @@
 """Every field a checkpoint is read for, checked for its type and shape before anything uses it: a corrupted
-checkpoint is one CheckpointError naming the file and the field (`FILE: field 'rng[0].torch' is ...`) instead of a
-TypeError deep inside torch or the search. Load checks the fields that translating and averaging read
-(`check_fields`); resume checks the training state too (`check_training_fields`)."""
+checkpoint is one CheckpointError naming the file and the field (`FILE: field 'rng[0].torch' is ...`)."""
 
 from __future__ import annotations
 
@@ -34,9 +32,7 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-# The counters of train/state.py's TrainState as a checkpoint saves them (`train_state`), each with the test of
-# its type that resume needs and its description. tests/faults/test_checkpoint_fields.py checks that this table
-# names every field of TrainState.
+# TrainState's counters (`train_state`), each with its test and description; a test checks it names every field.
 COUNT: tuple[Callable[[Any], bool], str] = (_is_int, "a whole number >= 0")
 SECONDS: tuple[Callable[[Any], bool], str] = (lambda v: _is_number(v) and v >= 0, "a number >= 0")
 TEXT: tuple[Callable[[Any], bool], str] = (lambda v: isinstance(v, str), "a string")
@@ -92,8 +88,7 @@ def _described(value: Any) -> str:
 
 
 class FieldCheck:
-    """The fields of one checkpoint, checked one by one: the first that is wrong is one CheckpointError naming the
-    file and the field."""
+    """The fields of one checkpoint, checked one by one: the first that is wrong is one CheckpointError."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -179,9 +174,7 @@ class FieldCheck:
 
 
 def check_fields(ckpt: dict[str, Any], path: Path) -> None:
-    """Every field of the model keys, which translating, averaging and resuming read, checked for its type and
-    shape, so that a corrupted checkpoint is one CheckpointError naming the file and the field instead of a
-    TypeError deep inside torch or the search. Resume checks the training keys too (`check_training_fields`)."""
+    """Every field of the model keys, which translating, averaging and resuming read, checked."""
     check = FieldCheck(path)
     check.config(ckpt, "model_config", ModelConfig)
     for key, cls in (("train_config", TrainConfig), ("search_config", SearchConfig)):
@@ -211,6 +204,5 @@ def check_fields(ckpt: dict[str, Any], path: Path) -> None:
 
 
 def check_training_fields(ckpt: dict[str, Any], path: Path) -> None:
-    """The training keys, checked as `check_fields` checks the others, where a run resumes from them (a checkpoint
-    whose training state is damaged still translates)."""
+    """The training keys, checked where a run resumes (one whose training state is damaged still translates)."""
     FieldCheck(path).training(ckpt)

@@ -1,6 +1,5 @@
-"""A checkpoint as translating reads it (`read_saved_model` -> SavedModel: generate, serve, plot attention, export
-and average-checkpoints read a checkpoint through this, not through the raw dict), its model built around its own
-tensors, and whether two checkpoints fit together (`mismatch`: an ensemble's members, the checkpoints averaged)."""
+"""A checkpoint as translating reads it (`read_saved_model` -> SavedModel), its model built around its own tensors,
+and whether two checkpoints fit together (`mismatch`: an ensemble's members, the checkpoints averaged)."""
 
 from __future__ import annotations
 
@@ -17,7 +16,6 @@ from nmt_cli.checkpoint import (
     model_config_of,
     search_config_of,
     shape_differences,
-    spm_fingerprint,
     translated_weights,
     vocab_of,
 )
@@ -27,12 +25,8 @@ from nmt_cli.model.transformer import Transformer, build_model
 
 
 def model_around_weights(cfg: ModelConfig, weights: dict[str, torch.Tensor], path: Path) -> Transformer:
-    """The model of `cfg` holding the checkpoint's own tensors, for inference.
-
-    Built on the meta device, so nothing is allocated or randomly initialised for weights that are
-    replaced at once, and with a memory-mapped checkpoint the weights are read from the file as used.
-    Tied weights come back as separate parameters that share their storage.
-    """
+    """The model of `cfg` holding the checkpoint's own tensors, for inference: built on the meta device, so nothing
+    is allocated or initialised for weights replaced at once. Tied weights come back as parameters sharing storage."""
     with torch.device("meta"):
         model = build_model(cfg)
     load_model_weights(model, weights, path, assign=True)
@@ -41,9 +35,8 @@ def model_around_weights(cfg: ModelConfig, weights: dict[str, torch.Tensor], pat
 
 @dataclass(frozen=True)
 class SavedModel:
-    """A checkpoint as translating reads it (`read_saved_model`), once and typed: the model's config and weights,
-    its vocabulary and saved search settings, the task, and what it was trained on. generate, serve, plot
-    attention and export read a checkpoint through this, not through the raw dict."""
+    """A checkpoint as translating reads it, once and typed; generate, serve, plot attention, export and average
+    read a checkpoint through this, not through the raw dict."""
 
     path: Path
     config: ModelConfig
@@ -98,11 +91,9 @@ def saved_model(ckpt: dict[str, Any], path: Path) -> SavedModel:
 
 
 def mismatch(first: SavedModel, other: SavedModel, *, same_shape: bool = False) -> str | None:
-    """Whether two checkpoints fit together, decided here once: what keeps them from translating alike (an
-    ensemble's members, search/ensemble.py: another sentencepiece model, vocabulary, languages or direction, or
-    task) or, `same_shape`, from being averaged (commands/average.py: also another model shape, dropouts aside),
-    said to follow "A and B"; None where they fit."""
-    if spm_fingerprint(other.vocab.model_bytes) != spm_fingerprint(first.vocab.model_bytes):
+    """What keeps two checkpoints from translating alike (an ensemble) or, `same_shape`, from being averaged (another
+    model shape, dropouts aside), said to follow "A and B"; None where they fit."""
+    if other.vocab.sha256 != first.vocab.sha256:
         return "have different sentencepiece models"
     if other.config.vocab_size != first.config.vocab_size:
         return f"have vocabularies of {first.config.vocab_size} and {other.config.vocab_size} entries"
