@@ -31,13 +31,8 @@ def _libc() -> ctypes.CDLL | None:
 
 
 def tune_allocator() -> None:
-    """Keep freed memory in the process (glibc only) instead of returning it to the OS.
-
-    By default glibc serves blocks over 128 KB with mmap and unmaps them when freed, so every large
-    temporary tensor (the [rows, V] logits of each decoding step, activations of each batch) comes back
-    as fresh pages that the kernel must fault in and zero. Raising the mmap and trim thresholds lets
-    those blocks be reused, which speeds up CPU beam search (`benchmarks/bench_generate.py`). No effect
-    elsewhere.
+    """Keep freed memory in the process (glibc only): glibc unmaps freed blocks over 128 KB, so every large
+    temporary tensor came back as fresh pages for the kernel to fault in and zero (`benchmarks/bench_generate.py`).
     """
     libc = _libc()
     if libc is None:
@@ -51,13 +46,8 @@ def tune_allocator() -> None:
 
 
 def release_pages(t: Tensor) -> None:
-    """Ask the kernel to reclaim the memory pages that hold tensor `t`'s data (Linux; elsewhere this does
-    nothing).
-
-    For weights memory-mapped from a checkpoint (`load_checkpoint`) once they have been copied into packed
-    or int8 form: their pages would otherwise stay resident, and count in the process's memory, until the
-    checkpoint's last tensor is gone. MADV_PAGEOUT loses no data: a clean file page is read again if it is
-    touched, an anonymous page is swapped out or simply kept.
+    """Ask the kernel to reclaim the pages of tensor `t`'s data (Linux only), for memory-mapped weights once copied
+    into packed or int8 form. MADV_PAGEOUT loses no data: a clean file page is read again if touched.
     """
     libc = _libc()
     if libc is None or t.device.type != "cpu" or not sys.platform.startswith("linux") or t.numel() == 0:

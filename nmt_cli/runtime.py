@@ -20,9 +20,8 @@ from nmt_cli.errors import ConfigError
 logger = logging.getLogger(__name__)
 
 
-# CPU dropout's random bits (model/layers.py). torch's CPU generator draws one number at a time on one
-# thread; NumPy's PCG64 gives 64 bits a call, four 16-bit numbers, so the same mask takes a fraction of
-# the time (dropout's share in `benchmarks/profile_step.py`). Seeded and saved with the other streams.
+# CPU dropout's random bits (model/layers.py): PCG64 gives four 16-bit numbers a call, a fraction of the time
+# torch's CPU generator takes (`benchmarks/profile_step.py`). Seeded and saved with the other streams.
 DROPOUT_STREAM = np.random.PCG64(0)
 
 
@@ -79,9 +78,8 @@ PROC_CGROUP, CGROUP_ROOT = Path("/proc/self/cgroup"), Path("/sys/fs/cgroup")
 
 
 def cgroup_cpus() -> float | None:
-    """The CPUs the CPU quota of this process's control group allows, the lowest of its group's and the groups'
-    above it (cgroup v2's cpu.max, v1's cpu.cfs_quota_us / cpu.cfs_period_us: a container's --cpus, systemd's
-    CPUQuota=); None where none is set or readable."""
+    """The CPUs this process's control group quota allows, the lowest of its group's and those above (v2's cpu.max,
+    v1's cpu.cfs_quota_us / cpu.cfs_period_us); None where none is set or readable."""
     quotas = []
     with contextlib.suppress(OSError, ValueError):
         for line in PROC_CGROUP.read_text().splitlines():
@@ -100,8 +98,7 @@ def cgroup_cpus() -> float | None:
 
 
 def usable_cores() -> int:
-    """The CPU cores this process may use: its affinity where the OS reports one, else the machine's, and no more
-    than its control group's CPU quota, rounded up (a 2-CPU container on a 64-core host: 2)."""
+    """The CPU cores this process may use: its affinity (else the machine's), capped by its cgroup quota, rounded up."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     quota = cgroup_cpus()
     return cores if quota is None else max(1, min(cores, math.ceil(quota)))
@@ -109,8 +106,7 @@ def usable_cores() -> int:
 
 def set_threads(n_threads: int | None) -> None:
     """--threads: torch's intra-op threads (None or 0: torch's default), with a warning when they outnumber
-    the cores this process may run on: more threads than cores take turns, and every product waits for the
-    slowest of them, so translation slows down many times over."""
+    the usable cores (threads then take turns and every product waits for the slowest)."""
     if n_threads:
         cores = usable_cores()
         if n_threads > cores:
@@ -125,23 +121,16 @@ def set_threads(n_threads: int | None) -> None:
 
 
 def to_device_async(values: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """A host tensor copied to `device` without the host waiting: on CUDA from pinned memory, non-blocking, so that
-    the copy queues behind the device's work instead of waiting for it (a pageable copy would)."""
+    """A host tensor copied to `device` without the host waiting (on CUDA from pinned memory, non-blocking)."""
     if device.type != "cuda":
         return values.to(device)
     return values.pin_memory().to(device, non_blocking=True)
 
 
 def choose_attention_backends(device: torch.device, cudnn_attention: bool) -> None:
-    """Which kernels F.scaled_dot_product_attention may run on CUDA, set once where a command starts.
-
-    Flash, memory-efficient and math always; cuDNN's only with --cudnn-attention. PyTorch prefers cuDNN's
-    attention on Hopper, and cuDNN builds an execution plan for every new (batch, length) shape: with
-    token-based batches, whose shape changes almost every update, that makes transformer_base training and
-    beam search several times slower, the GPU waiting on the host's planning (`benchmarks/bench_gpu.py`,
-    `profile_gpu.py`; benchmarks/gpu-runs/2026-11-26-h200).
-    The flags are process-wide and do nothing on CPU, where attention is written out (model/attention.py);
-    they are set on every device so that one code path runs everywhere, and logged only on CUDA.
+    """Which kernels F.scaled_dot_product_attention may run on CUDA: cuDNN's only with --cudnn-attention. cuDNN
+    plans every new (batch, length) shape, which with token-based batches made training and beam search several
+    times slower (`benchmarks/bench_gpu.py`). Set on every device (they do nothing on CPU), logged on CUDA.
     """
     torch.backends.cuda.enable_flash_sdp(True)
     torch.backends.cuda.enable_mem_efficient_sdp(True)
@@ -160,7 +149,7 @@ def choose_attention_backends(device: torch.device, cudnn_attention: bool) -> No
 
 def environment_choice(variable: str, choices: tuple[str, ...]) -> str:
     """The environment variable's value, one of `choices` (the first when unset or empty); another value is a
-    ConfigError naming the variable (the CPU routes' NMT_CPU_MATMUL and NMT_CPU_INT8)."""
+    ConfigError naming the variable."""
     value = os.environ.get(variable, choices[0]) or choices[0]
     if value not in choices:
         raise ConfigError(f"{variable}={value!r}: expected one of {', '.join(choices)}")
@@ -171,13 +160,10 @@ AMP_DTYPES: dict[str, torch.dtype | None] = {"fp32": None, "bf16": torch.bfloat1
 
 
 def cpu_has(feature: str) -> bool:
-    """Whether this CPU has `feature`, as the libraries that run nmt's products see it: "avx512" (ATen's and
-    oneDNN's AVX-512 code), "vnni" (AVX512-VNNI's int8 dot products), "amx" (Intel's tiles) or "bf16" (oneDNN's
-    bfloat16 products: AVX-512 and newer, natively with AVX512-BF16 or AMX; none on AVX2-only CPUs).
-
-    The one place nmt reads CPU features. ONEDNN_MAX_CPU_ISA, ATEN_CPU_CAPABILITY and FBGEMM_ENABLE_INSTRUCTIONS
-    cap what oneDNN, ATen and fbgemm run, and so what this says, as on the older CPU they emulate (`make test-cpus`);
-    torch.cpu's own checks read the CPU's flags whatever the caps.
+    """Whether this CPU has `feature` ("avx512", "vnni", "amx" or "bf16": oneDNN's bfloat16 products) as the
+    libraries see it: the one place nmt reads CPU features. ONEDNN_MAX_CPU_ISA, ATEN_CPU_CAPABILITY and
+    FBGEMM_ENABLE_INSTRUCTIONS cap the answer as on the older CPU they emulate (`make test-cpus`), which
+    torch.cpu's own checks ignore.
     """
     if feature == "bf16":  # oneDNN's own check, under its cap
         return bool(torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported())
@@ -200,12 +186,8 @@ def cpu_has_bf16() -> bool:
 
 
 def resolve_precision(device: torch.device, precision: str | None, *, work: str = "training") -> str:
-    """--precision, resolved once: bf16 on CUDA devices that support it by default, else fp32. `work` names what
-    runs in it, for the warning where a CPU emulates bf16.
-
-    fp32 on a GPU with TF32 tensor cores lets float32 matmuls use them (as fairseq and PyTorch's
-    own examples do); the master weights stay float32 whatever the precision.
-    """
+    """--precision, resolved once: by default bf16 on CUDA devices that support it, else fp32 (with TF32 matmuls
+    on a GPU). `work` names what runs in it, for the warning where a CPU emulates bf16."""
     if precision == "fp16" and device.type != "cuda":
         raise ConfigError("--precision fp16 needs a CUDA device; on CPU use --precision bf16")
     if precision is None:
@@ -261,14 +243,8 @@ def init_distributed(device_name: str) -> tuple[DistInfo, torch.device]:
 
 
 def shutdown_distributed() -> None:
-    """Leave the process group; exiting with gloo's threads still running aborts the process.
-
-    Call it after dropping every DistributedDataParallel wrapper. The process group must die here,
-    where torch releases the GIL while gloo's worker threads are joined. If a DDP reducer held the
-    last reference instead, its destructor would join those threads with the GIL held, while a worker
-    still needs the GIL to free the tensors of the last collective: a deadlock, seen as a rank that
-    never exits after training (about one 2-rank run in twenty).
-    """
+    """Leave the process group, after every DDP wrapper is dropped. It must die here, where torch releases the GIL
+    while gloo's threads are joined: a DDP reducer's destructor would join them holding it, a deadlock."""
     import gc
 
     import torch.distributed as dist

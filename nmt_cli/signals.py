@@ -18,12 +18,8 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 class Interrupted(BaseException):
-    """SIGINT or SIGTERM stopped a write (its temporary removed) or an abandonable pass. Exits 128 + the signal, as
-    `train` does.
-
-    A BaseException, as KeyboardInterrupt is: the signal raises it wherever the program is, and code that
-    catches Exception must not swallow it (logging's handlers do: a SIGTERM that landed while a log line was
-    formatted printed "--- Logging error ---" with a traceback, and preprocessing went on)."""
+    """SIGINT or SIGTERM stopped a write or an abandonable pass; exits 128 + the signal. A BaseException, as
+    KeyboardInterrupt is, so that code catching Exception (logging's handlers) does not swallow it."""
 
     def __init__(self, message: str, signum: int) -> None:
         super().__init__(message)
@@ -45,8 +41,7 @@ def causes(error: BaseException) -> Iterator[BaseException]:
 
 
 def interruption(error: BaseException) -> Interrupted | None:
-    """The Interrupted a signal raised, when `error` is it or came from it: a signal inside torch.save ends in
-    torch's own RuntimeError (`enforce fail at inline_container.cc`) raised while handling ours."""
+    """The Interrupted a signal raised, when `error` is it or came from it (torch.save raises its own on top)."""
     return next((e for e in causes(error) if isinstance(e, Interrupted)), None)
 
 
@@ -56,12 +51,8 @@ def on_main_thread() -> bool:
 
 @contextmanager
 def stop_on_signals(message: str) -> Iterator[None]:
-    """In the block, SIGINT and SIGTERM raise Interrupted("stopped by SIGNAL; `message`"), so that the writer's
-    clean-up runs instead of a traceback or a kill; a second signal during that clean-up is ignored.
-
-    Signals a command already handles (train defers them: `deferred_signals`) and any set to be ignored are left
-    alone, as is every signal off the main thread (only it may set handlers).
-    """
+    """In the block, SIGINT and SIGTERM raise Interrupted("stopped by SIGNAL; `message`") so that the writer's
+    clean-up runs; a second signal during it is ignored. Signals already handled or ignored are left alone."""
     if not on_main_thread():
         yield
         return
@@ -94,8 +85,8 @@ class Deferred:
 
     @contextmanager
     def abandonable(self) -> Iterator[None]:
-        """In the block the stop signal also raises Interrupted at once (on entry, when one came before): work that
-        is thrown away and done again later (a validation pass) stops for it instead of finishing first."""
+        """In the block the stop signal raises Interrupted at once (on entry, when one came before): for work done
+        again later anyway (a validation pass)."""
         if self.received:
             raise Interrupted(f"stopped by {signal_name(self.received)}", self.received)
         self.abandoning = True
@@ -108,12 +99,8 @@ class Deferred:
 @contextmanager
 def deferred_signals(waiting: str) -> Iterator[Deferred]:
     """In the block, SIGINT and SIGTERM raise nothing (but in `Deferred.abandonable`): the first is recorded for the
-    block to act on when it chooses (training stops after the update and saves), and every further one prints
-    "SIGNAL ignored: `waiting`" on stderr (when `waiting` is not empty) and is otherwise ignored, so that a save
-    that has started finishes.
-
-    The line is written to stderr's descriptor at once: a handler runs between any two bytecodes of the main
-    thread, maybe inside a write of stderr's own buffer or a logging handler's lock, which it must not enter again.
+    block to act on, every further one prints "SIGNAL ignored: `waiting`" (when not empty) so that a save finishes.
+    The line goes to stderr's descriptor at once: a handler must not enter stderr's buffer or logging's locks.
     """
     deferred = Deferred(waiting)
     if not on_main_thread():

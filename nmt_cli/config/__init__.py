@@ -1,10 +1,7 @@
 """Typed configs for every command, the architecture presets, and their validation.
 
-Each config field is one CLI flag of the same name (`d_model` <-> `--d-model`): its default, help text and
-allowed values are written once, here or in inference.py (generate's, serve's and score-pairs'), in the field's
-metadata (`flag(...)`, flags.py); the CLI builds its options from them and `__post_init__` checks the same bounds
-(flags.check_fields) when a config is built from Python. Configs are frozen dataclasses of primitives, so they
-travel inside checkpoints as plain dicts.
+Each config field is one CLI flag of the same name (`d_model` <-> `--d-model`), its default, help and bounds written
+once in `flag(...)` (flags.py). Configs are frozen dataclasses of primitives, saved in checkpoints as plain dicts.
 """
 
 from __future__ import annotations
@@ -12,8 +9,6 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-# generate's, serve's and score-pairs' configs live in inference.py and train's in train.py, imported from here as
-# every other one
 from nmt_cli.config.inference import (
     PRECISIONS,
     GenerateConfig,

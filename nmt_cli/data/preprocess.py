@@ -208,9 +208,8 @@ def file_checksums(directory: Path) -> dict[str, str]:
     return {p.name: file_sha256(p) for p in sorted(directory.glob("*.idx.npy"))}
 
 
-# What a data directory holds besides its metadata: given the config and the temporary directory, write the
-# vocabulary and the binarized splits there; return the vocabulary, each split's statistics and any
-# metadata of the task's own. Translation's is `text_contents`; parsing's is in nmt_cli/parsing/preprocess.py.
+# Writes a data directory's vocabulary and splits into the temporary directory; returns the vocabulary, each split's
+# statistics and the task's own metadata (translation's: `text_contents`; parsing's: nmt_cli/parsing/preprocess.py).
 Contents = Callable[[PreprocessConfig, Path], tuple[Vocab, dict[str, Any], dict[str, Any]]]
 
 
@@ -240,8 +239,7 @@ def text_contents(
 
 
 def build(cfg: PreprocessConfig, dest: Path, contents: Contents) -> dict[str, Any]:
-    """Write everything into a temporary directory beside `dest`, then rename it to `dest` (files.py's
-    `directory_in_place`: one preprocess per --destdir, a clean stop on SIGINT or SIGTERM)."""
+    """Write everything into a temporary directory beside `dest`, then rename it to `dest` (`directory_in_place`)."""
     with directory_in_place(dest, "--destdir", "preprocess") as tmp:
         check_destdir(dest)  # again, now that no other preprocess can be writing it
         vocab, stats, task_meta = contents(cfg, tmp)

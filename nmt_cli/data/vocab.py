@@ -62,16 +62,14 @@ class Vocab:
         return (self.n_pieces + 7) // 8 * 8
 
     def encode(self, lines: Sequence[str], n_threads: int = 1) -> list[list[int]]:
-        """Piece ids of each line. sentencepiece's list call starts a thread pool even for one thread, cheap on
-        an idle machine and costly while a search keeps the cores busy (`nmt serve` encodes each request's
-        texts between search steps; `benchmarks/bench_serve.py`), so one thread encodes line by line."""
+        """Piece ids of each line; one thread encodes line by line, since sentencepiece's list call starts a thread
+        pool, costly while a search keeps the cores busy (`benchmarks/bench_serve.py`)."""
         if n_threads == 1:
             return [self.sp.encode(line, out_type=int) for line in lines]
         return self.sp.encode(list(lines), out_type=int, num_threads=n_threads)
 
     def encode_arrays(self, lines: Sequence[str]) -> list[np.ndarray]:
-        """`encode`'s piece ids of each line as an int64 array, as the search and the data take a sentence ("" gives
-        an empty one)."""
+        """`encode`'s piece ids of each line as an int64 array ("" gives an empty one)."""
         return [np.asarray(ids, dtype=np.int64) for ids in self.encode(lines)]
 
     def decode(self, ids: Sequence[int] | np.ndarray) -> str:
@@ -110,13 +108,10 @@ def train_spm(
     control_symbols: Sequence[str] = (),
     tags: Sequence[str] = (),
 ) -> None:
-    """Train one joint model on all inputs, sampling at most `max_sentences` lines (streamed by spm).
-
-    `control_symbols` get ids of their own (after eos) that encoding text never produces (tree tokens); so do
-    `tags`, the vocabulary's last ids (`Vocab.tags`).
+    """Train one joint model on all inputs, sampling at most `max_sentences` lines. `control_symbols` (tree tokens)
+    and `tags` (the vocabulary's last ids) get ids of their own that encoding text never produces.
     """
-    # The model comes back in memory (model_writer) and is written here: sentencepiece's own file writing
-    # ignores a full disk and leaves a truncated model, which would be reported as "not a sentencepiece model".
+    # Written here, not by sentencepiece, whose file writing ignores a full disk and leaves a truncated model.
     trained = io.BytesIO()
     try:
         spm.SentencePieceTrainer.train(
@@ -154,10 +149,8 @@ def train_spm(
     Path(f"{model_prefix}.model").write_bytes(model)
 
 
-# A ModelProto's trainer_spec (field 2) records where and how a model was trained as well as what it encodes:
-# its input files (1), model_prefix (2, preprocess's temporary directory) and num_threads (16, --workers).
-# Dropped, so that one corpus and the same settings give the same spm.model bytes wherever, and with however
-# many workers, preprocess runs: the vocabulary checks (a checkpoint against a data directory) compare bytes.
+# A ModelProto's trainer_spec (field 2) records its input files (1), model_prefix (2) and num_threads (16): dropped,
+# so that one corpus and settings give the same spm.model bytes wherever preprocess runs (the checks compare bytes).
 TRAINER_SPEC, RUN_DETAILS = 2, frozenset({1, 2, 16})
 PIECES = 1  # a ModelProto's repeated field of pieces, in id order
 
