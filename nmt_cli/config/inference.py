@@ -1,7 +1,5 @@
-"""The configs of the commands that translate with a checkpoint: what `nmt generate`, `nmt serve` and `nmt
-score-pairs` share (InferenceConfig: the checkpoint, or an ensemble of them, and where and how its model runs),
-what the two that search share (SearchingConfig: fixed slots and CUDA graphs) and each one's own options. The
-search settings themselves are SearchConfig's (nmt_cli/config/__init__.py), whose defaults come from the checkpoint.
+"""The configs of the commands that translate with a checkpoint (generate, serve, score-pairs): what they share
+(InferenceConfig), what the two that search share (SearchingConfig), and each one's own options.
 """
 
 from __future__ import annotations
@@ -17,8 +15,7 @@ PRECISIONS = ("fp32", "bf16", "fp16")
 
 @dataclass(frozen=True, kw_only=True)
 class InferenceConfig:
-    """What `nmt generate` and `nmt serve` share: the checkpoint and where and how its model runs
-    (search/translate.py's `open_for_inference` reads them)."""
+    """The checkpoint and where and how its model runs (search/translate.py's `open_for_inference` reads them)."""
 
     path: str = flag(
         help="Checkpoint to translate with; A.pt:B.pt (colon-separated, as fairseq's) translates with their ensemble."
@@ -65,8 +62,7 @@ def ensemble_weights(text: str) -> tuple[float, ...]:
 
 @dataclass(frozen=True, kw_only=True)
 class SearchingConfig(InferenceConfig):
-    """What the commands that search share beyond InferenceConfig (`nmt generate` and `nmt serve`; score-pairs
-    does not search): how a plain beam search runs (search/slots.py's `slot_search_for` reads them)."""
+    """How generate's and serve's plain beam search runs (search/slots.py's `slot_search_for` reads them)."""
 
     fixed_slots: bool = flag(
         False,

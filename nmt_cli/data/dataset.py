@@ -73,8 +73,7 @@ def load_vocab(data_dir: Path, meta: dict[str, Any] | None = None) -> Vocab:
 
 
 def check_ids(array: TokenArray, n_pieces: int, path: Path) -> None:
-    """Every id names a piece of the vocabulary (meta.json checksums the offsets, not the tokens): an id
-    beyond it would end in an IndexError inside the embedding. One pass over the tokens (numpy's max)."""
+    """Every id names a piece of the vocabulary (meta.json checksums the offsets, not the tokens)."""
     if not len(array.tokens) or int(array.tokens.max()) < n_pieces:
         return
     position = int(np.argmax(array.tokens >= n_pieces))
