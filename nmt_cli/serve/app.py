@@ -1,32 +1,15 @@
 """The HTTP side of `nmt serve`: a Starlette app around the served models (Models, models.py) and their Batcher.
 
 POST /translate  {"text": "..."} or {"texts": [...]}, optional "model" (a name; default: the first --path) and
-                 search fields (beam, nbest, lenpen, ...)
-                 -> {"translations": [{"text", "score", "alignment"?, "nbest"?, "warning"?}, ...], "seconds"}
-GET /health      alive;  GET /ready  loaded and warm (503 until every model's warm-up sentence is done)
-GET /info        the default model's languages, shape, vocabulary, checkpoint, search settings, version, and
-                 "models" (each one's name, languages, task, checkpoint); ?model=NAME: that model's own
-GET /metrics     Prometheus text;  GET /  a page to translate with;  GET /openapi.json  this API (openapi.py)
-LibreTranslate's /translate body ("q", api_key in place of the header), GET /languages and /frontend/settings:
-libretranslate.py; its POST /detect: detect.py
+                 search fields -> {"translations": [{"text", "score", "alignment"?, "nbest"?, "warning"?}], "seconds"}
+GET /health, /ready (503 until every model is warm), /info (?model=NAME: that model's), /metrics (Prometheus),
+/ (a page to translate with), /openapi.json (openapi.py: every route and error status). LibreTranslate's
+/translate body, /languages and /frontend/settings: libretranslate.py; its POST /detect: detect.py.
 
-Every error is JSON {"error": "...", "request_id": "..."}: 400 for a request the server cannot read (malformed
-JSON, nested too deeply, invalid UTF-8, a wrong field or type, no texts, more than --max-request-sentences), 401
-without the API key (when the server has one: /translate, /info and /metrics need `Authorization: Bearer KEY`;
-the others stay open), 413 for a body over --max-body-bytes (refused from its Content-Length before
-it is read, or cut off where a chunked body passes it), 429 with Retry-After when the client (its address) has
---max-client-sentences queued or in progress or is past --req-limit, --char-limit-per-minute or
---req-limit-daily, 503 with Retry-After when the queue is full or the server
-is shutting down, 504 past --timeout, 500 for a failure of the server's own (its traceback is logged). A client
-that closes its connection before its answer is counted under 499 in /metrics.
-
-Every response carries X-Request-ID: the request's own when it is printable ASCII of 128 characters at most,
-else a new one; every request but a successful probe (/health, /ready, /metrics) gets an access log line. A large
-body is parsed and its texts encoded on a thread, so that the event loop (and /health) is not held up by them.
-With --cors-origin, browsers on those origins may call the API (preflight answered); none by default.
-
-At shutdown (`drain`, `abort`: commands/serve.py's server calls them) the requests already open go on; `abort`
-answers those still open with 503 at once and cancels their queued sentences.
+Every error is JSON {"error": "...", "request_id": "..."}; /translate, /info and /metrics need `Authorization:
+Bearer KEY` where the server has a key. A large body is parsed and its texts encoded on a thread, so that the event
+loop (and /health) is not held up by them. At shutdown (`drain`, `abort`: drain.py) the requests already open go
+on; `abort` answers those still open with 503 at once and cancels their queued sentences.
 """
 
 from __future__ import annotations
@@ -62,7 +45,7 @@ from nmt_cli.serve.libretranslate import answering, frontend_settings
 from nmt_cli.serve.limits import RateCounter, RateLimit
 from nmt_cli.serve.metrics import Metrics
 from nmt_cli.serve.models import Models, key_of, model_of
-from nmt_cli.serve.openapi import openapi_json
+from nmt_cli.serve.openapi import document
 from nmt_cli.serve.page import PAGE
 from nmt_cli.serve.queued import QueueFull, Stopping
 from nmt_cli.serve.request import Sentence
@@ -161,11 +144,6 @@ class Server:
         self.answered(200, n_sentences, seconds, model)
         return response
 
-    def check_key(self, request: Request) -> None:
-        """401 unless the server has no API key or the request carries it."""
-        if not authorized(request.headers.get("authorization"), self.limits.api_key):
-            raise RequestError(401, KEY_NEEDED, {"WWW-Authenticate": "Bearer"})
-
     def parse(
         self,
         body: bytes,
@@ -244,18 +222,13 @@ class Server:
             translations.append({**result, "warning": warning} if warning else result)
         return {"translations": translations}
 
-    async def health(self, request: Request) -> Response:
-        return JSONResponse({"status": "ok"})
-
     async def ready_check(self, request: Request) -> Response:
         ready = self.batcher.ready.is_set() and not self.unready
         return JSONResponse({"ready": ready}, status_code=200 if ready else 503)
 
     async def info(self, request: Request) -> Response:
-        try:
-            self.check_key(request)
-        except RequestError as e:
-            return error(e.status, str(e), request, e.headers)
+        if not authorized(request.headers.get("authorization"), self.limits.api_key):
+            return error(401, KEY_NEEDED, request, {"WWW-Authenticate": "Bearer"})
         if "model" not in request.query_params:
             return JSONResponse(self.models.info())
         try:
@@ -299,19 +272,18 @@ def build_app(models: Models, batcher: Batcher, metrics: Metrics, limits: Limits
     routes = [
         Route("/", server.page, methods=["GET"]),
         Route("/translate", server.translate, methods=["POST"]),
-        Route("/health", server.health, methods=["GET"]),
+        Route("/health", answering({"status": "ok"}), methods=["GET"]),
         Route("/ready", server.ready_check, methods=["GET"]),
         Route("/info", server.info, methods=["GET"]),
         Route("/metrics", server.metrics_text, methods=["GET"]),
         Route("/detect", server.detect, methods=["POST"]),
         Route("/languages", libretranslate.languages_route(infos), methods=["GET"]),
         Route("/frontend/settings", answering(frontend_settings(infos, limits.api_key is not None)), methods=["GET"]),
-        Route("/openapi.json", openapi_json, methods=["GET"]),
+        Route("/openapi.json", answering(document()), methods=["GET"]),
     ]
-    middleware = [Middleware(AccessLog), *cors(limits.cors_origins)]
     app = Starlette(
         routes=routes,
-        middleware=middleware,
+        middleware=[Middleware(AccessLog), *cors(limits.cors_origins)],
         lifespan=server.lifespan,
         exception_handlers={HTTPException: http_error, Exception: server_error},
     )

@@ -1,21 +1,15 @@
 """LibreTranslate's API beside ours, so that its client libraries work with `nmt serve` unchanged.
 
 POST /translate  {"q": "..." or ["...", ...], "source", "target", "format": "text" or "html", "api_key"?,
-                 "alternatives"?} (JSON, or the same fields as a form, urlencoded or multipart, or in the query string,
-                 as LibreTranslate reads them) -> {"translatedText": "..."} or, for a list, a list of them, with
-                 "alternatives" (a list of texts per text) when asked for, "detectedLanguage" for source "auto", and
-                 "warning" where a sentence was cut to the model's positions
-POST /detect     {"q"} -> [{"confidence", "language"}]: the served source languages, likeliest first
-GET /languages   [{"code", "name", "targets"}]: each model's source language, with the targets of every model from it
-GET /frontend/settings  what LibreTranslate's web front end asks of its server
+                 "alternatives"?} (JSON, a form or the query string, as LibreTranslate reads them) ->
+                 {"translatedText"} (a list of them for a list), with "alternatives" when asked for,
+                 "detectedLanguage" for source "auto", and "warning" where a sentence was cut to the model's positions
+POST /detect, GET /languages, GET /frontend/settings: as LibreTranslate answers them
 
-A body is LibreTranslate's when it has "q"; it is turned into one of ours ({"texts": [...]}, `nbest` for
-alternatives), so both are searched alike. Each text is cut into its sentences (segments.py; ours does so with
-"split_sentences": true), each translated as a text of ours and the translations put back in its spacing, lines
-and (with "html") markup. `source` must be the checkpoint's source language or "auto" (the served source language
-the text is in: detect.py), and `target` its target language; a side the checkpoint does not name takes any code.
-A parser parses, it does not translate: it refuses LibreTranslate's body and lists its source language with no
-targets. As LibreTranslate does, a wrong api_key gets 403 and a missing one 400.
+A LibreTranslate body (it has "q") is turned into one of ours ({"texts": [...]}, `nbest` for alternatives): each
+text cut into its sentences (segments.py), each translated as a text of ours, the translations put back in its
+spacing, lines and markup (`Shape`). `source` must be the checkpoint's source language or "auto" (detect.py), and
+`target` its target language; a side the checkpoint does not name takes any code. A parser refuses this body.
 """
 
 from __future__ import annotations
@@ -110,28 +104,19 @@ def is_libretranslate(payload: Any) -> bool:
     return isinstance(payload, dict) and "q" in payload
 
 
-def form_kind(headers: Mapping[str, str] | None, body: bytes) -> str | None:
-    """How a request's body is form-encoded (as LibreTranslate's clients and `curl -F` send it): "urlencoded",
-    "multipart", or None for JSON. A "form" whose body is a JSON object is JSON: `curl -d '{...}'` labels its body
-    a form unless told otherwise."""
-    kind = (headers or {}).get("content-type", "").lower()
-    if kind.startswith("multipart/form-data"):
-        return "multipart"
-    if kind.startswith("application/x-www-form-urlencoded") and not body.lstrip().startswith(b"{"):
-        return "urlencoded"
-    return None
-
-
 def read_body(
     body: bytes, headers: Mapping[str, str] | None, read_json: Callable[[bytes], Any], query: str = ""
 ) -> Any:
     """The request's fields: JSON by `read_json`, or, as LibreTranslate reads them, the query string's and a form's
-    (either kind; none for an empty body, which deep-translator sends); DataError names what is wrong."""
-    kind = form_kind(headers, body)
-    if kind is None and body.strip():
+    (urlencoded or multipart; none for an empty body, which deep-translator sends); DataError names what is wrong."""
+    kind = (headers or {}).get("content-type", "").lower()
+    multipart = kind.startswith("multipart/form-data")
+    # a "form" whose body is a JSON object is JSON: `curl -d '{...}'` labels its body a form unless told otherwise
+    form = kind.startswith("application/x-www-form-urlencoded") and not body.lstrip().startswith(b"{")
+    if not (multipart or form) and body.strip():
         return read_json(body)
     pairs = form_pairs(query.encode(), "query string")
-    if kind == "multipart":
+    if multipart:
         pairs += multipart_pairs(body, (headers or {})["content-type"])
     elif body:
         pairs += form_pairs(body, "form body")
@@ -149,9 +134,8 @@ def read(
     query: str = "",
 ) -> tuple[Any, bool]:
     """A /translate or /detect request's fields (`read_body`), and whether it carries the server's API key (always,
-    when it has none): in its Authorization header, or in a LibreTranslate body's api_key, where that API's clients
-    send it (compared the same way). Without the key in the header, a body that cannot be read is answered 401
-    (payload None), as it was before its body was looked at, not 400 with the reason; a LibreTranslate body gets
+    when it has none), in its Authorization header or in a LibreTranslate body's api_key. Without the key, a body
+    that cannot be read is answered 401 (payload None), not 400 with the reason; a LibreTranslate body gets
     LibreTranslate's answers (RequestError): 403 for a wrong api_key, 400 without one."""
     if authorized((headers or {}).get("authorization"), key):
         return read_body(body, headers, read_json, query), True
@@ -292,8 +276,8 @@ def sentences_of(parts: tuple[Parts, ...], field: str) -> list[str]:
 
 
 def languages_route(infos: list[dict[str, Any]]) -> Callable[[Request], Awaitable[Response]]:
-    """The GET /languages endpoint of a server whose models' ServedModel.info are `infos`: every source language
-    once, with the union of its targets (in --path order)."""
+    """GET /languages of a server whose models' ServedModel.info are `infos`: every source language once, with the
+    union of its targets (in --path order)."""
     merged: dict[str, dict[str, Any]] = {}
     for info in infos:
         for language in languages(info):
@@ -331,8 +315,8 @@ def frontend_settings(infos: list[dict[str, Any]], key_required: bool) -> dict[s
 
 
 def languages(info: dict[str, Any]) -> list[dict[str, Any]]:
-    """GET /languages: the checkpoint's source language and its target (none for a parser, which does not
-    translate; nothing where the checkpoint names no source language)."""
+    """A model's /languages entry: its source language and its target (none for a parser; nothing where the
+    checkpoint names no source language)."""
     source, target = info["source_lang"], info["target_lang"]
     if source is None:
         return []

@@ -7,9 +7,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
-
 from nmt_cli import __version__
 from nmt_cli.search.rules import OPTIONS, RuleOption
 
@@ -20,6 +17,14 @@ MULTIPART = "multipart/form-data"  # `curl -F q=...`
 
 def ref(name: str) -> dict[str, str]:
     return {"$ref": f"#/components/schemas/{name}"}
+
+
+def array(items: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "array", "items": items}
+
+
+def obj(properties: dict[str, Any], *required: str) -> dict[str, Any]:
+    return {"type": "object", **({"required": list(required)} if required else {}), "properties": properties}
 
 
 def answers(ok: dict[str, Any], *errors: int, media: str = JSON) -> dict[str, Any]:
@@ -35,7 +40,7 @@ ERRORS = {
     401: "the server has an API key and the request does not carry it",
     403: "a LibreTranslate body's api_key is not the server's key",
     413: "the body is over --max-body-bytes",
-    429: "the client has --max-client-sentences queued or in progress (Retry-After)",
+    429: "the client has --max-client-sentences queued or in progress, or is past a --req-limit (Retry-After)",
     499: "the client closed the connection (counted in /metrics, never received)",
     500: "a failure of the server's own",
     503: "the queue is full, or the server is shutting down or not ready (Retry-After)",
@@ -45,94 +50,51 @@ ERRORS = {
 
 def rule_schema(option: RuleOption) -> dict[str, Any]:
     """A per-sentence decoding rule's field (search/rules.py): its value beside text, a list of them beside texts."""
-    one: dict[str, Any] = {"type": "array", "items": {"type": "string"}} if option.phrases else {"type": "string"}
+    one = array(STRING) if option.phrases else STRING
     kind = "a list of strings" if option.phrases else "a string"
-    return {
-        "description": f"{option.what}: {kind} beside text, one per text beside texts",
-        "anyOf": [one, {"type": "array", "items": one}],
-    }
+    return {"description": f"{option.what}: {kind} beside text, one per text beside texts", "anyOf": [one, array(one)]}
 
 
+STRING = {"type": "string"}
+OBJECT = {"type": "object"}
+INFO = (
+    "the default model's checkpoint, shape, search settings and caps, and the models served (?model=NAME: that model's)"
+)
+TEXTS = {"oneOf": [STRING, array(STRING)]}
 SEARCH = {
     "type": "object",
     "description": "any of generate's search settings by their field names (beam, nbest, lenpen, sampling, ...)",
     "additionalProperties": True,
 }
+TRANSLATE = {
+    "text": STRING,
+    "texts": array(STRING),
+    "model": {"type": "string", "description": "a model's name (/info's models) [default: the first]"},
+    **{o.name: rule_schema(o) for o in OPTIONS},
+}
+SCORE = {"type": ["number", "null"]}  # null: none found
+TRANSLATION = {"text": STRING, "score": SCORE, "nbest": array(ref("Hypothesis")), "warning": STRING}
+LIBRE = {
+    "q": TEXTS,
+    "source": {"type": "string", "description": 'a model\'s source language, or "auto"'},
+    "target": {"type": "string", "description": "a model's target language"},
+    "format": {"type": "string", "enum": ["text", "html"]},
+    "split_sentences": {"type": "boolean", "default": True},
+    "api_key": {"type": "string", "description": "the server's API key, instead of the Bearer header"},
+    "alternatives": {"type": "integer", "minimum": 0},
+}
 SCHEMAS: dict[str, Any] = {
-    "Error": {
-        "type": "object",
-        "required": ["error"],
-        "properties": {"error": {"type": "string"}, "request_id": {"type": "string"}},
-    },
+    "Error": obj({"error": STRING, "request_id": STRING}, "error"),
     "TranslateRequest": {
-        "allOf": [
-            SEARCH,
-            {
-                "type": "object",
-                "properties": {
-                    "text": {"type": "string"},
-                    "texts": {"type": "array", "items": {"type": "string"}},
-                    "model": {"type": "string", "description": "a model's name (/info's models) [default: the first]"},
-                    **{o.name: rule_schema(o) for o in OPTIONS},
-                },
-                "oneOf": [{"required": ["text"]}, {"required": ["texts"]}],
-            },
-        ]
+        "allOf": [SEARCH, {**obj(TRANSLATE), "oneOf": [{"required": ["text"]}, {"required": ["texts"]}]}]
     },
-    "Hypothesis": {
-        "type": "object",
-        "properties": {"text": {"type": "string"}, "score": {"type": ["number", "null"]}},  # null: none found
-    },
-    "TranslateResponse": {
-        "type": "object",
-        "required": ["translations", "seconds"],
-        "properties": {
-            "translations": {
-                "type": "array",
-                "items": {
-                    "type": "object",
-                    "required": ["text"],
-                    "properties": {
-                        "text": {"type": "string"},
-                        "score": {"type": ["number", "null"]},
-                        "nbest": {"type": "array", "items": ref("Hypothesis")},
-                        "warning": {"type": "string"},
-                    },
-                },
-            },
-            "seconds": {"type": "number"},
-        },
-    },
-    "LibreTranslateRequest": {
-        "type": "object",
-        "required": ["q", "source", "target"],
-        "additionalProperties": False,
-        "properties": {
-            "q": {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]},
-            "source": {"type": "string", "description": 'a model\'s source language, or "auto"'},
-            "target": {"type": "string", "description": "a model's target language"},
-            "format": {"type": "string", "enum": ["text", "html"]},
-            "split_sentences": {"type": "boolean", "default": True},
-            "api_key": {"type": "string", "description": "the server's API key, instead of the Bearer header"},
-            "alternatives": {"type": "integer", "minimum": 0},
-        },
-    },
-    "LibreTranslateResponse": {
-        "type": "object",
-        "required": ["translatedText"],
-        "properties": {
-            "translatedText": {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]},
-            "alternatives": {"type": "array"},
-        },
-    },
-    "Language": {
-        "type": "object",
-        "properties": {
-            "code": {"type": "string"},
-            "name": {"type": "string"},
-            "targets": {"type": "array", "items": {"type": "string"}},
-        },
-    },
+    "Hypothesis": obj({"text": STRING, "score": SCORE}),
+    "TranslateResponse": obj(
+        {"translations": array(obj(TRANSLATION, "text")), "seconds": {"type": "number"}}, "translations", "seconds"
+    ),
+    "LibreTranslateRequest": {**obj(LIBRE, "q", "source", "target"), "additionalProperties": False},
+    "LibreTranslateResponse": obj({"translatedText": TEXTS, "alternatives": {"type": "array"}}, "translatedText"),
+    "Language": obj({"code": STRING, "name": STRING, "targets": array(STRING)}),
 }
 KEYED: list[dict[str, list[str]]] = [{"bearer": []}]
 OPEN: list[dict[str, list[str]]] = []
@@ -172,35 +134,20 @@ def document() -> dict[str, Any]:
         "paths": {
             "/": get("a page to translate with", {"type": "string"}, media="text/html"),
             "/translate": {"post": translate},
-            "/languages": get("LibreTranslate's language list", {"type": "array", "items": ref("Language")}),
-            "/health": get("the server is alive", {"type": "object"}),
-            "/ready": get("the model is loaded and warm (503 until then)", {"type": "object"}, 503),
-            "/info": get(
-                "the default model's checkpoint, shape, search settings and caps, and the models served (?model=NAME: "
-                "that model's)",
-                {"type": "object"},
-                400,
-                401,
-                keyed=True,
-            ),
+            "/languages": get("LibreTranslate's language list", array(ref("Language"))),
+            "/health": get("the server is alive", OBJECT),
+            "/ready": get("the model is loaded and warm (503 until then)", OBJECT, 503),
+            "/info": get(INFO, OBJECT, 400, 401, keyed=True),
             "/metrics": get("Prometheus text", {"type": "string"}, 401, media="text/plain", keyed=True),
-            "/openapi.json": get("this document", {"type": "object"}),
+            "/openapi.json": get("this document", OBJECT),
             "/detect": {
                 "post": {
                     **translate,
                     "summary": "LibreTranslate's: the served source languages q may be in, likeliest first",
-                    "responses": answers({"type": "array", "items": {"type": "object"}}, 400, 401, 403, 413),
+                    "responses": answers(array(OBJECT), 400, 401, 403, 413),
                 }
             },
-            "/frontend/settings": get("what LibreTranslate's web front end asks of its server", {"type": "object"}),
+            "/frontend/settings": get("what LibreTranslate's web front end asks of its server", OBJECT),
         },
-        "components": {
-            "schemas": SCHEMAS,
-            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
-        },
+        "components": {"schemas": SCHEMAS, "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}}},
     }
-
-
-async def openapi_json(request: Request) -> Response:
-    """GET /openapi.json."""
-    return JSONResponse(document())
