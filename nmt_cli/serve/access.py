@@ -1,11 +1,9 @@
 """Who may call `nmt serve` and what is recorded of each call: the API key check, browsers' cross-origin access
 (CORS), and the access log with its request ids.
 
-The key is compared in constant time and never logged. A request's id is its X-Request-ID when that is printable
-ASCII of 128 characters at most (a proxy's id, kept so the two logs can be joined), else a new one; it is echoed
-in the response's X-Request-ID and in every error body. Every other field of a log line that a client sets (the
-path, percent-decoded; the method; a forwarded address) is `printable`: no client can write a line break, a
-terminal's escape or a NUL into the log, nor a space that would shift the line's fields.
+The key is compared in constant time and never logged. Every field of a log line that a client sets (the path,
+percent-decoded; the method; a forwarded address) is `printable`: no client can write a line break, a terminal's
+escape or a NUL into the log, nor a space that would shift the line's fields.
 """
 
 from __future__ import annotations
@@ -109,14 +107,6 @@ class AccessLog:
                 fields = {"request_id": rid, "client": who, "key_id": state.get("key_id"), "model": state.get("model")}
                 fields |= {"method": method, "path": where, "status": status, "sentences": sentences}
                 fields |= {"tokens": state.get("tokens"), "latency_ms": round(ms, 1)}  # for --log-format json
-                access_log.info(
-                    "%s %s %s %d %s%.1f ms id=%s",
-                    who,
-                    method,
-                    where,
-                    status,
-                    "" if sentences is None else f"{sentences} sentences ",
-                    ms,
-                    rid,
-                    extra={"fields": fields},
-                )
+                said = "" if sentences is None else f"{sentences} sentences "
+                line = (who, method, where, status, said, ms, rid)
+                access_log.info("%s %s %s %d %s%.1f ms id=%s", *line, extra={"fields": fields})

@@ -1,13 +1,11 @@
 """The batcher worker's side of a served model: the model it builds, a batch of sentences searched with generate's
-own driver (search/translate.py, or parsing's for a parser), aligned to their sources where a request asks
-(`"alignment": "hard"` or `"soft"`, search/forced.py), and written as /translate's answers.
+own driver (search/translate.py, or parsing's for a parser), aligned where a request asks (search/forced.py), and
+written as /translate's answers. A batch handed to `translate_steps` fits its token budget, so it runs as one batch:
+a request's sentences get what generate writes for the same sentences batched the same way.
 
 The model is built (and packed for the CPU) in the worker thread, by the warm-up: intra-op thread pools are per
 thread, and when the main thread's pool packs the model, the worker's own pool competes with it for the cores and
-searches far slower (benchmarks/bench_serve.py measures the server). A batch handed to `translate_steps` fits its
-token budget, so it runs as one batch: a request's sentences get what generate writes for the same sentences
-batched the same way. `run` is that search one decoder step per resumption, so that the worker can interleave two
-batches; a parser's batch runs whole in its first.
+searches far slower (benchmarks/bench_serve.py measures the server).
 """
 
 from __future__ import annotations

@@ -1,15 +1,11 @@
 """Dynamic batching across requests, with no HTTP in it: one worker thread drains a queue of sentences, batched
 by serve/policy.py's rules (which batch, when, beside which running one, which steps next).
 
-A request (a Job) puts its sentences in the queue and gets a Future of their results, in order. A batch's search
-advances one decoder step per resumption (`RunBatch` returns a generator), so that the worker can keep two batches
-running and step them in turn. A sentence is answered as soon as the search has its result (a beam search's short
-sentences before the batch ends, so their clients are back while it runs), a request with its last sentence. A
-cancelled request (timed out, client gone) loses its sentences not yet started, and those of a running batch stop
-at the search's next step (the whole batch when none is wanted, stepped or not), so that the others' latency does
-not depend on it. `stop` refuses new requests, finishes the queued ones, and returns. Before its first batch the
-worker runs `warm_up` (one sentence through the model), then sets `ready`; either way it sets `warmed`, with
-`warm_up_error` holding what the warm-up raised (`nmt serve` refuses to start on it).
+A request (a Job) queues its sentences and gets a Future of their results, in order. A batch's search advances one
+decoder step per resumption (`RunBatch`), so that the worker can keep two batches running and step them in turn;
+a sentence is answered as soon as the search has its result. A cancelled request (timed out, client gone) loses
+its sentences not yet started, and those of a running batch stop at the search's next step, so that the others'
+latency does not depend on it. `stop` refuses new requests, finishes the queued ones, and returns.
 """
 
 from __future__ import annotations
@@ -76,8 +72,7 @@ class Batcher:
         (waiting `timeout` at most)."""
         with self._cond:
             self._stopping = True
-            self.policy.max_wait = 0.0
-            self._cond.notify_all()
+            self.hurry()
         if self._thread.is_alive():
             self._thread.join(timeout)
 
@@ -96,7 +91,7 @@ class Batcher:
     def queue_length(self) -> int:
         """Sentences waiting, not counting those of requests already cancelled (the worker drops them)."""
         with self._cond:
-            self.policy.drop_cancelled()
+            self.policy.queue.drop_cancelled()
             return len(self.policy)
 
     def submit(
@@ -112,7 +107,7 @@ class Batcher:
         with self._cond:
             if self._stopping:
                 raise Stopping("the server is shutting down")
-            self.policy.drop_cancelled()  # a request that timed out or went away holds no room
+            self.policy.queue.drop_cancelled()  # a request that timed out or went away holds no room
             if len(self.policy) + len(items) > self.max_queue:
                 raise QueueFull(
                     f"the queue holds {len(self.policy)} sentences and takes {self.max_queue}; "
@@ -146,12 +141,11 @@ class Batcher:
         try:
             if self.warm_up is not None:
                 self.warm_up()
+                logger.info("ready: the model is loaded and warm")
         except Exception as e:  # `nmt serve` refuses to start on it, in one error line; requests would fail alike
             logger.debug("the warm-up translation failed", exc_info=not isinstance(e, NmtError))
             self.warm_up_error = e
         else:
-            if self.warm_up is not None:
-                logger.info("ready: the model is loaded and warm")
             self.ready.set()
         finally:
             self.warmed.set()

@@ -67,7 +67,8 @@ def request_rules(payload: dict[str, Any], n_texts: int) -> dict[str, list[Any]]
     rules = {}
     for option in OPTIONS:
         kind = ("a list of strings", "lists of strings") if option.phrases else ("a string", "strings")
-        values = per_text(payload, option.name, n_texts, kind, is_phrase_list if option.phrases else is_text)
+        fits = is_phrase_list if option.phrases else lambda value: isinstance(value, str)
+        values = per_text(payload, option.name, n_texts, kind, fits)
         if values is not None:
             rules[option.name] = values
     return rules
@@ -97,10 +98,6 @@ def per_text(
 def is_phrase_list(value: Any) -> bool:
     """A text's phrases: a list of strings."""
     return isinstance(value, list) and all(isinstance(phrase, str) for phrase in value)
-
-
-def is_text(value: Any) -> bool:
-    return isinstance(value, str)
 
 
 def request_texts(payload: Any, max_sentences: int) -> tuple[list[str], dict[str, Any]]:

@@ -1,11 +1,9 @@
 """What one request may ask `nmt serve` for: the server's caps on the beam, the hypotheses per text, the output
 length and the text length (--max-beam, --max-nbest, --max-output-tokens, --max-input-chars).
 
-Each bounds what one request costs the worker, which every other request waits for: a beam of K searches K rows
-per text, --nbest N samples N rows, an output of T pieces runs T decoder steps, and a text of C characters is
-encoded on the server. The server's own settings must fit them (checked at start, in the CLI's words); a request
-beyond one gets 400 naming its own field (`beam`, not `--beam`), as every error about a request's search fields
-does (`request_terms`).
+Each bounds what one request costs the worker, which every other request waits for. The server's own settings must
+fit them (checked at start, in the CLI's words); a request beyond one gets 400 naming its own field (`beam`, not
+`--beam`), as every error about a request's search fields does (`request_terms`).
 """
 
 from __future__ import annotations
@@ -18,7 +16,7 @@ from dataclasses import dataclass, fields
 import torch
 
 from nmt_cli.config import SearchConfig, ServeConfig
-from nmt_cli.errors import ConfigError, DataError
+from nmt_cli.errors import DataError
 from nmt_cli.search.beam import max_lengths
 
 DEFAULT_MAX_BEAM = 16
@@ -82,18 +80,6 @@ def cap_problem(search: SearchConfig, caps: Caps, flag: bool) -> str | None:
             "(--max-output-tokens)"
         )
     return None
-
-
-def check_server(search: SearchConfig, caps: Caps) -> None:
-    """The server's own search settings must fit its caps (at start; ConfigError in the CLI's words)."""
-    if problem := cap_problem(search, caps, flag=True):
-        raise ConfigError(f"{problem}; raise the limit or lower the setting")
-
-
-def check_request(search: SearchConfig, caps: Caps) -> None:
-    """A request's search settings must fit the caps (DataError naming its fields: HTTP 400)."""
-    if problem := cap_problem(search, caps, flag=False):
-        raise DataError(problem)
 
 
 def check_text_length(name: str, text: str, caps: Caps) -> None:

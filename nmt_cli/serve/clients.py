@@ -1,11 +1,10 @@
 """Sentences per client (--max-client-sentences): one client, by its address, may have so many queued or in
-progress; a request that would pass that gets 429 with Retry-After. Counted as the batcher counts its queue: a
-request holds its sentences until its Future is done (answered, failed, timed out, cancelled, or its client gone),
-so that no finished request holds room. The event loop alone checks and adds; the worker only settles Futures.
+progress; a request that would pass that gets 429 with Retry-After. A request holds its sentences until its Future
+is done (answered, failed, timed out, cancelled, or its client gone). The event loop alone checks and adds.
 
-A client is request.client.host, after uvicorn's proxy-header handling: behind a reverse proxy every client has
-the proxy's address unless uvicorn trusts the proxy's X-Forwarded-For (--forwarded-allow-ips), which is why the
-limit is off by default.
+A client is request.client.host, after uvicorn's proxy-header handling: behind a reverse proxy every client has the
+proxy's address unless uvicorn trusts its X-Forwarded-For (--forwarded-allow-ips), which is why the limit is off by
+default.
 """
 
 from __future__ import annotations
@@ -26,14 +25,10 @@ class ClientLoad:
         self._held: dict[str, list[tuple[Future[Any], int]]] = {}  # client -> its requests' Futures and sizes
 
     def held(self, client: str) -> int:
-        """Sentences `client` has queued or in progress."""
-        self._drop_done()
-        return sum(n for _, n in self._held.get(client, ()))
-
-    def _drop_done(self) -> None:
-        """Forget the requests already answered, and the clients left with none."""
+        """Sentences `client` has queued or in progress; the requests answered, and clients left with none, go."""
         kept = {c: [(f, n) for f, n in held if not f.done()] for c, held in self._held.items()}
         self._held = {c: held for c, held in kept.items() if held}
+        return sum(n for _, n in self._held.get(client, ()))
 
     def check(self, client: str, n_sentences: int) -> None:
         """Raises ClientBusy when `n_sentences` more would take `client` past the limit."""

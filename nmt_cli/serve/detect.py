@@ -1,9 +1,8 @@
 """Which of the served models' source languages a text is in: POST /detect, and LibreTranslate's source "auto".
 
-Ranked as LibreTranslate's /detect ranks (confidence 0 to 100): where the models translate from one language, that
-one at 100; else by py3langid's probabilities among them (langid.py's model, maintained as py3langid: it runs
-offline, in numpy, from a model shipped in its wheel; loaded only where there is a choice). A source language it
-does not know ranks last, at 0.
+Ranked as LibreTranslate's /detect ranks (confidence 0 to 100): one source language at 100; else by py3langid's
+probabilities among them (it runs offline, in numpy, from a model shipped in its wheel; loaded only where there is
+a choice). A source language it does not know ranks last, at 0.
 """
 
 from __future__ import annotations

@@ -1,16 +1,11 @@
 """uvicorn's server with `nmt serve`'s shutdown: a drain bounded by --drain-timeout.
 
-At the first SIGTERM, SIGINT or SIGHUP, /ready answers 503 for `drain_grace` seconds while every request is still
-served (a load balancer's readiness probe takes the server out meanwhile); then the server stops accepting
-connections, closes the idle ones, and lets the requests already open (their bodies still arriving, queued, or being
-searched) be answered, until none is left or `drain_timeout` seconds have passed. At that deadline, or at a second
-signal, every request still open is answered 503 {"error": "the server is shutting down ..."} and its queued
-sentences are dropped; connections still open then (a client that stopped sending) are closed. uvicorn's own
-shutdown waits for every connection without a bound (a client half-way through its body would hold the server
-forever), and at a second Ctrl-C cancels the open requests (a plain-text 500 and CancelledError tracebacks).
-
-`DrainingServer.drain` records what the drain did: the signal that started it, the status of each request
-answered since, and how many got 503 because the drain was cut short (the command exits non-zero then).
+At the first SIGTERM, SIGINT or SIGHUP, /ready answers 503 for `drain_grace` seconds while requests are still
+served (a load balancer takes the server out meanwhile); then the server stops accepting connections, closes the
+idle ones, and lets the requests already open be answered, until none is left or `drain_timeout` seconds have
+passed. At that deadline, or at a second signal, every request still open is answered 503 and its queued sentences
+are dropped; connections still open then are closed. (uvicorn's own shutdown waits for every connection without a
+bound, and at a second Ctrl-C answers a plain-text 500 with CancelledError tracebacks.)
 """
 
 from __future__ import annotations
@@ -112,8 +107,8 @@ class DrainingServer(uvicorn.Server):
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
-        """uvicorn's SIGINT and SIGTERM, and SIGHUP alike (a closed terminal, a service manager's stop): each drains.
-        SIGHUP's default had ended the process at once, its open requests unanswered."""
+        """uvicorn's SIGINT and SIGTERM, and SIGHUP alike (a closed terminal, a service manager's stop): each drains,
+        where SIGHUP's default would end the process at once, its open requests unanswered."""
         main = threading.current_thread() is threading.main_thread()  # signals are the main thread's alone
         before = signal.signal(signal.SIGHUP, self.handle_exit) if main else None
         try:
@@ -124,8 +119,7 @@ class DrainingServer(uvicorn.Server):
                 signal.signal(signal.SIGHUP, before)
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
-        """The first signal starts the drain, a second cuts it short. (Unlike uvicorn's handler, this one does not
-        record the signals to raise them again once the server has returned.)"""
+        """The first signal starts the drain, a second cuts it short (not recorded to be raised again, as uvicorn's)."""
         if self.drain.signum is None:
             self.drain.signum = sig
             self.should_exit = True

@@ -1,20 +1,15 @@
 """The batcher's queue by client, and the fair rule that fills each batch from it: deficit round robin over tokens.
 
-A client is the address a request comes from (app.py); a request of no known client (the batcher used from Python)
-is a client of its own. A sentence's cost is the tokens its search may take: its rows (the beam, or the samples)
-at each step of its longest output (`Cost`; without one, its source pieces and EOS).
-
-Each client queues its requests in order, a request's sentences shortest first (as generate sorts its input: a
-client alone gets generate's batches). The clients take turns: the next batch is built around the first sentence
-of the client whose turn it is (`first`), and holds sentences of its search settings (the job's `key`) from every
-client's queue, but those of requests with a batch running (`busy`: a request's batches run one after another). It
-is filled (`take`) in rounds over those clients, from the one whose turn it is: each round adds a quantum to each
-one's deficit, the cost of the costliest sentence each may take next, and each takes its sentences, in order,
-while its deficit covers their cost and the batch its padded tokens (`max_tokens`; the first sentence fits whatever
-its length). So a client's big request takes a share of the batch like any other client's, then the room that is
-left, and no more: another client's single sentence goes into the same batch, or, of other settings, into the next
-one, the turn having passed on. A deficit is kept while its client has sentences queued (what it was owed when the
-batch was full), and dropped with its last.
+A client is the address a request comes from (app.py); a request of no known client is a client of its own. A
+sentence's cost is the tokens its search may take: its rows at each step of its longest output (`Cost`). Each
+client queues its requests in order, a request's sentences shortest first (a client alone gets generate's batches).
+The clients take turns: the next batch is built around the first sentence of the client whose turn it is (`first`)
+and holds sentences of its search settings (the job's `key`) from every client's queue but those of requests with a
+batch running (`busy`). It is filled (`take`) in rounds: each adds to each client's deficit the cost of the costliest
+sentence any may take next, and each takes its sentences, in order, while its deficit covers their cost and the
+batch its padded tokens (`max_tokens`). So a client's big request takes a share of the batch like any other's, and
+another client's single sentence goes into the same batch or, of other settings, the next one. A deficit is kept
+while its client has sentences queued, and dropped with its last.
 """
 
 from __future__ import annotations

@@ -1,12 +1,10 @@
 """The server's counters, written in Prometheus' text exposition format (version 0.0.4) for `GET /metrics`.
 
-Requests by status code, the queue's length, and for each served model (labelled `model="NAME"`): sentences
-translated, batch sizes (sentences, and requests sharing a batch), search seconds, the seconds each sentence waited
-in the queue and the seconds each request took, as histograms, which a monitor can add up across replicas (a
-summary's quantiles cannot be); then the process's own metrics, as Prometheus' client library names them (CPU
-seconds, memory, file descriptors, start time). Requests a client abandoned count under code 499 (it closed the
-connection before its answer). Counts are written as integers and sums of seconds in full precision: a six-digit
-rounding would freeze a long-running server's totals (1,200,007 read 1.20001e+06).
+Requests by status code (499: the client closed the connection before its answer), the queue's length, and per
+served model (`model="NAME"`): sentences, batch sizes, search seconds, queue and request seconds as histograms
+(which a monitor can add up across replicas; a summary's quantiles cannot be); then the process's own metrics as
+Prometheus' client library names them. Counts are written as integers and sums of seconds in full precision: a
+six-digit rounding would freeze a long-running server's totals (1,200,007 read 1.20001e+06).
 """
 
 from __future__ import annotations

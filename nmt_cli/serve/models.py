@@ -1,14 +1,9 @@
 """The models one `nmt serve` serves (`--path [NAME=]CKPT`, repeated), and which of them a request asks for.
 
-Each model is a ServedModel with its own search defaults and caps; all share one Batcher and its one worker
-thread (which steps at most two batches in turn, serve/batcher.py), whose job key is (model name, search
-settings) and whose run dispatches to that model's search (batch_search.py). A model's name is NAME when --path
-gives one, else SRC-TGT when the checkpoint names its languages, else the file's stem; two models of one name are
-refused.
-
-A request picks its model: ours with `"model": NAME` (default: the first --path), LibreTranslate's by its
-`source` and `target` (source "auto": the one model into that target). An unknown model, or a pair no model
-translates, is a DataError listing the choices (a 400).
+They share one Batcher, whose job key is (model name, search settings) and whose run dispatches to that model's
+search (batch_search.py). A model's name is NAME, else SRC-TGT where the checkpoint names its languages, else the
+file's stem. A request picks its model: ours by `"model": NAME` (default: the first --path), LibreTranslate's by
+its `source` and `target`; an unknown model, or a pair no model translates, is a DataError listing the choices.
 """
 
 from __future__ import annotations
@@ -71,18 +66,22 @@ class Models:
     """The served models in --path order (the first is the default) and the batcher's run over all of them."""
 
     def __init__(self, models: list[Model]) -> None:
+        """Raises ConfigError where two models have one name."""
         assert models, "a server serves at least one model"
-        self.models = {m.name: m for m in models}
+        self.models: dict[str, Model] = {}
+        for model in models:
+            if model.name in self.models:
+                raise ConfigError(
+                    f"--path {self.models[model.name].spec} and --path {model.spec} both serve a model named "
+                    f"{model.name!r}; name one of them: --path OTHER={split_path(model.spec)[1]}"
+                )
+            self.models[model.name] = model
         self.default = models[0]
 
     @classmethod
     def open(cls, cfg: ServeConfig, search_overrides: dict[str, Any]) -> Models:
         """Load every model of cfg.path and cfg.more_paths, each as `nmt generate --path CKPT` loads it; --weights
-        weighs every ensemble among them.
-
-        Raises:
-            ConfigError: two models have one name (both --path values named), or a checkpoint's own problem.
-        """
+        weighs every ensemble among them. ConfigError: two models have one name, or a checkpoint's own problem."""
         specs = (cfg.path, *cfg.more_paths)
         ensemble = [len(member_paths(split_path(spec)[1])) > 1 for spec in specs]
         if cfg.weights is not None and len(specs) > 1 and not any(ensemble):
@@ -93,19 +92,6 @@ class Models:
             weights = cfg.weights if several or len(specs) == 1 else None  # each ensemble's; one model has none
             served = ServedModel(replace(cfg, path=ckpt, more_paths=(), weights=weights), search_overrides)
             models.append(Model(name or default_name(served), spec, served))
-        return cls.named(models)
-
-    @classmethod
-    def named(cls, models: list[Model]) -> Models:
-        """The registry of these models, refusing two of one name."""
-        seen: dict[str, Model] = {}
-        for model in models:
-            if model.name in seen:
-                raise ConfigError(
-                    f"--path {seen[model.name].spec} and --path {model.spec} both serve a model named {model.name!r};"
-                    f" name one of them: --path OTHER={split_path(model.spec)[1]}"
-                )
-            seen[model.name] = model
         return cls(models)
 
     @classmethod
@@ -124,11 +110,8 @@ class Models:
         if name is None:
             return self.default
         if not isinstance(name, str) or name not in self.models:
-            raise DataError(f'"model" is {name!r}; this server serves {self.names()}')
+            raise DataError(f'"model" is {name!r}; this server serves {", ".join(map(repr, self.models))}')
         return self.models[name]
-
-    def names(self) -> str:
-        return ", ".join(repr(name) for name in self.models)
 
     def choose(self, payload: Any) -> Model:
         """The model a /translate body asks for; the body loses our `model` field (a search field it is not).
@@ -168,11 +151,7 @@ class Models:
         return {**self.default.served.info, "models": [m.summary() for m in self]}
 
     def run(
-        self,
-        key: Hashable,
-        sentences: list[Any],
-        still_wanted: Callable[[], list[bool]],
-        answer: Answer,
+        self, key: Hashable, sentences: list[Any], still_wanted: Callable[[], list[bool]], answer: Answer
     ) -> Steps[list[Any]]:
         """The batcher's run: search a batch with the model and settings of its key, (name, SearchConfig), one
         decoder step per resumption, its sentences answered early where the search can."""

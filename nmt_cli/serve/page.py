@@ -1,8 +1,7 @@
-"""The page `nmt serve` answers at `/`: a text box, the language pair, a translate button, n-best on demand
-and the time the request took. Plain HTML and a little JavaScript calling /info and /translate; every line
-of the box is a sentence; where the server has several models, a selector picks the one to translate with.
-The page itself is open; when the server answers 401 (it has an API key) a key field
-appears, and the key typed there is sent as `Authorization: Bearer KEY` (kept for the tab's session)."""
+"""The page `nmt serve` answers at `/`: a text box (a sentence a line), the language pair (a model selector where
+there are several), a translate button, n-best on demand and the time the request took, in plain HTML and a
+little JavaScript calling /info and /translate. Where the server answers 401, a key field appears; the key typed
+there is sent as `Authorization: Bearer KEY` (kept for the tab's session)."""
 
 PAGE = """<!doctype html>
 <html lang="en">

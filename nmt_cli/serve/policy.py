@@ -1,13 +1,11 @@
 """The batcher's scheduling policy (serve/batcher.py runs it, holding its lock around every call): which queued
-sentences make the next batch and when (`due`: after the company it waits for), whether it may start beside the
-running ones (`may_start`), and which running batch the worker steps next (`choose`). Clients share the worker
-fairly: fair.py keeps the queue by client and fills each batch by deficit round robin over tokens.
+sentences make the next batch and when (`due`), whether it may start beside the running ones (`may_start`), and
+which running batch the worker steps next (`choose`); fair.py keeps the queue by client and fills each batch.
 
 Up to MAX_RUNNING batches run, a request's batches one after another. A short batch that arrives while an expensive
-one runs (the largest beam and output the caps allow, or many sentences) starts at once, is stepped first and ends
-about as fast as alone; the expensive one goes on in the time it leaves. Batches of ordinary sentences do not split
-each other: what arrives while one runs waits for its end and batches together. A client never keeps the others
-waiting for one of its batches to end: where its batches hold every slot, one more batch of another client starts.
+one runs starts at once, is stepped first and ends about as fast as alone; batches of ordinary sentences do not
+split each other (what arrives while one runs waits for its end and batches together). Where one client's batches
+hold every slot, one batch of another client starts beside them.
 """
 
 from __future__ import annotations
@@ -56,17 +54,13 @@ class BatchPolicy:
         self.last_arrival = job.arrived
         self.arrived += len(lengths)
 
-    def drop_cancelled(self) -> None:
-        """Forget queued sentences of requests answered (timed out, client gone, failed)."""
-        self.queue.drop_cancelled()
-
     def may_start(self, running: list[Running]) -> bool:
         """Whether a batch may start now: with none running; beside running ones, while a slot is free, when each
         costs PASS_FACTOR times the tokens per request that the next batch's first sentence costs; beside one
         client's batches in every slot, one of another client."""
         if not running:
             return True
-        self.drop_cancelled()
+        self.queue.drop_cancelled()
         busy = busy_of(running)
         first = self.queue.first(busy)
         if first is None:
@@ -83,7 +77,7 @@ class BatchPolicy:
         them beats running the few that queued during it, and once they are back (as many as expected) waiting gains
         nothing. Past max_wait only an idle worker waits, for the last batch's settings: beside a running batch
         another request (an expensive one) would start just as the answered clients are back."""
-        self.drop_cancelled()
+        self.queue.drop_cancelled()
         busy = busy_of(running)
         first = self.queue.first(busy)
         if first is None:
@@ -118,17 +112,15 @@ class BatchPolicy:
             running.arrived_at_early = self.arrived
 
     def ended(self, running: Running, *, searched: bool) -> None:
-        """A batch has ended (`searched`: its search returned), counted before its last answers go out: an answered
-        client may be back at once, and counting its next sentence as well as its last made the next batch wait for
-        one too many. Expected: the sentences of its settings queued, the batch's still waiting, and those answered
-        early that are not back: as many as were answered early less those that have arrived since the first was
-        (the clients that came back; a newcomer counts as one of them). The sentences of requests cancelled (timed
-        out, client gone) are not expected back; a batch of only those leaves the expectation."""
+        """A batch has ended (`searched`: its search returned), counted before its last answers go out (an answered
+        client may be back at once). Expected next: the sentences of its settings queued, the batch's still waiting,
+        and those answered early less those arrived since the first was (a newcomer counts as one come back). The
+        sentences of cancelled requests are not expected back; a batch of only those leaves the expectation."""
         if searched:
             self.recent_seconds.append(running.seconds)
         batch, key = running.batch, running.batch[0].job.key
         self.free_since = time.monotonic()
-        self.drop_cancelled()
+        self.queue.drop_cancelled()
         wanted = sum(not q.job.future.done() for q in batch)
         early = sum(q.answered and q.job.future.done() and not q.job.future.cancelled() for q in batch)
         back = 0 if running.arrived_at_early is None else min(early, self.arrived - running.arrived_at_early)

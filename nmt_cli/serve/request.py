@@ -18,7 +18,7 @@ from nmt_cli.errors import ConfigError, DataError
 from nmt_cli.parsing.parser import ptb_words
 from nmt_cli.search.rules import OPTIONS, SentenceRules, read_rules
 from nmt_cli.search.settings import SearchBounds, available_memory, search_batch_size, search_settings
-from nmt_cli.serve.caps import Caps, check_outputs, check_request, check_text_length, request_terms
+from nmt_cli.serve.caps import Caps, cap_problem, check_outputs, check_text_length, request_terms
 
 SEARCH_TYPES = typing.get_type_hints(SearchConfig)
 SEARCH_FIELDS = tuple(f.name for f in fields(SearchConfig))
@@ -62,7 +62,8 @@ class RequestReader:
             return self.search
         overrides = {name: search_field_value(name, value) for name, value in given.items()}
         try:
-            check_request(replace(self.search, **overrides), self.caps)  # the caps first: they say the most
+            if problem := cap_problem(replace(self.search, **overrides), self.caps, flag=False):  # they say the most
+                raise DataError(problem)
             return search_settings(self.path, self.search, overrides, self.is_parser, self.bounds)
         except ConfigError as e:
             raise ConfigError(request_terms(str(e))) from None
@@ -105,7 +106,11 @@ class RequestReader:
             sentences = [Sentence(np.asarray(ids, dtype=np.int64), len(ids), w) for ids, w in zip(encoded, words)]
         if search is not None:
             check_outputs(search, [self.length(s) for s in sentences], self.caps, names)
-            self.check_memory(search, max((self.length(s) for s in sentences), default=1))
+            longest, have = max((self.length(s) for s in sentences), default=1), available_memory(self.bounds.device)
+            try:  # the worker splits a batch down to one sentence: even one of the longest must fit the memory now
+                search_batch_size(search, self.bounds, longest, batch_size=0, have=have)
+            except ConfigError as e:
+                raise ConfigError(request_terms(str(e))) from None
         if not rules:
             return sentences
         search = search or self.search
@@ -115,14 +120,6 @@ class RequestReader:
         src_lens = [s.pieces for s in sentences]
         read = read_rules(self.vocab, rules, src_lens=src_lens, search=search, max_positions=self.max_positions)
         return [replace(sentence, rules=r) for sentence, r in zip(sentences, read)]
-
-    def check_memory(self, search: SearchConfig, longest: int) -> None:
-        """ConfigError, in the request's words, where even one sentence of `longest` pieces cannot be searched with
-        `search` in the memory the device has now (the worker splits a batch down to one sentence)."""
-        try:
-            search_batch_size(search, self.bounds, longest, batch_size=0, have=available_memory(self.bounds.device))
-        except ConfigError as e:
-            raise ConfigError(request_terms(str(e))) from None
 
     def length(self, sentence: Sentence) -> int:
         """The pieces the search sees (a parser's sentence without words is not searched)."""

@@ -1,7 +1,6 @@
-"""What `nmt serve` translates with: a checkpoint (or an ensemble's, `A.pt:B.pt`) opened as `nmt generate` opens
-it (search/translate.py's `open_for_inference`), the settings every request starts from and the caps on them, and
-the model's jobs: reading a request (request.py, its decoding rules read by search/rules.py), /info (info.py),
-and the batcher worker's search of a batch (batch_search.py).
+"""What `nmt serve` translates with: a checkpoint (or an ensemble's) opened as `nmt generate` opens it, the
+settings every request starts from and the caps on them, and the model's jobs: reading a request (request.py),
+/info (info.py), and the batcher worker's search of a batch (batch_search.py).
 """
 
 from __future__ import annotations
@@ -9,9 +8,10 @@ from __future__ import annotations
 from typing import Any
 
 from nmt_cli.config import ServeConfig
+from nmt_cli.errors import ConfigError
 from nmt_cli.search.translate import open_for_inference
 from nmt_cli.serve.batch_search import BatchSearch
-from nmt_cli.serve.caps import Caps, check_server
+from nmt_cli.serve.caps import Caps, cap_problem
 from nmt_cli.serve.info import model_info
 from nmt_cli.serve.request import RequestReader
 from nmt_cli.steps import run_to_end
@@ -29,7 +29,8 @@ class ServedModel:
         self.device, self.precision, self.search = inference.device, inference.precision, inference.search
         self.max_tokens = cfg.max_batch_tokens
         self.caps = Caps.of(cfg, self.search, inference.max_positions)
-        check_server(self.search, self.caps)
+        if problem := cap_problem(self.search, self.caps, flag=True):  # the CLI's words, at start
+            raise ConfigError(f"{problem}; raise the limit or lower the setting")
         self.info = model_info(inference, cfg, self.caps)
         self.reader = RequestReader(
             cfg.path, self.search, inference.bounds, self.caps, saved.vocab, inference.max_positions, saved.is_parser
