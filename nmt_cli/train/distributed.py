@@ -1,11 +1,5 @@
-"""Data-parallel plumbing for training; every function is a no-op in a single process.
-
-Gradients are summed by DistributedDataParallel during the backward pass of each update's last
-micro-batch (bucketed all-reduces that overlap with the rest of the backward). Before that backward,
-the ranks exchange their loss, token count and failure count in one small all-reduce, so a rank that
-ran out of memory or saw a non-finite loss makes every rank skip the update together instead of
-leaving the others waiting inside the backward.
-"""
+"""Data-parallel plumbing for training (DistributedDataParallel, collectives); every function is a no-op in a single
+process. How an update uses them: train/trainer.py."""
 
 from __future__ import annotations
 
@@ -40,10 +34,8 @@ def wrap_ddp(module: nn.Module, info: DistInfo, device: torch.device) -> nn.Modu
 
 
 def collective_failure(exc: BaseException) -> str | None:
-    """The first line of a failed collective's error (a timeout, a peer that died), else None.
-
-    NCCL raises DistError; gloo raises a plain RuntimeError prefixed with its source location.
-    """
+    """The first line of a failed collective's error (a timeout, a peer that died), else None. NCCL raises DistError;
+    gloo a plain RuntimeError prefixed with its source location."""
     if not isinstance(exc, (dist.DistError, RuntimeError)):
         return None
     text = str(exc).strip()
@@ -69,11 +61,8 @@ def gather_objects(obj: Any, info: DistInfo) -> list[Any]:
 
 
 def broadcast_from_main(values: list[float], info: DistInfo, device: torch.device) -> list[float]:
-    """Rank 0's values, shared with every rank in one all-reduce (the other ranks' values are ignored).
-
-    For decisions every rank must take together but only one clock or signal handler can make. A single
-    process gets its values back without touching the device.
-    """
+    """Rank 0's values, shared with every rank in one all-reduce (the other ranks' values are ignored): for decisions
+    every rank must take together but only one clock or signal handler can make."""
     if info.world_size == 1:
         return list(values)
     t = torch.tensor([v if info.is_main else 0.0 for v in values], dtype=torch.float64, device=device)

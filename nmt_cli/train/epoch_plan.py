@@ -1,12 +1,10 @@
 """An epoch's plan: this rank's batches of one epoch, in training order, made once where the loop reaches the
-epoch and handed to what needs it: the loop takes each update's batches from it, and the trainer's batch loader
-prepares the batches after them ahead (`Trainer.train_step`).
+epoch; the loop takes each update's batches from it, and the trainer's batch loader prepares the next ones ahead.
 
 Each training corpus is cut into length-sorted batches once a run (`length_batches`, the slow part); an epoch
 only draws them by --train-weights and shuffles their order (`draw_batches`), so no rank waits at an epoch's
-start (benchmarks/bench_train.py --epoch-pairs). The plan is a deterministic function of the epoch, --seed,
---max-tokens, --bucket-shapes, --train-weights, the ranks and the training corpora's lengths, so a resumed run
-makes the same plan and goes on at its saved batch.
+start (benchmarks/bench_train.py --epoch-pairs). The plan is a function of the epoch, the options that make
+batches (train/state.py: `restart_data_if_rebatched`) and the corpora's lengths: a resumed run goes on at its batch.
 """
 
 from __future__ import annotations
@@ -100,11 +98,8 @@ def plan_epoch(
     epoch: int,
     report_padding: bool = False,
 ) -> EpochPlan:
-    """This rank's batches of `epoch`; DataError when no training pair fits a batch of --max-tokens.
-
-    report_padding: with --bucket-shapes, log what the shapes cost against plain batches. The loop asks it once a
-    run: the plain batches take as long again to make.
-    """
+    """This rank's batches of `epoch`; DataError when no training pair fits a batch of --max-tokens. report_padding:
+    with --bucket-shapes, log what the shapes cost against plain batches (once a run: they take as long again)."""
     weights = [cfg.corpus_weights().get(name, 1.0) for name in data.corpora]
 
     def batches_of(bucket_shapes: bool) -> tuple[list[np.ndarray], list[int]]:

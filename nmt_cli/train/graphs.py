@@ -4,22 +4,19 @@ step's thousand kernels); --bucket-shapes (data/batching.py) makes the shapes fe
 
 How the captured step keeps the eager step's numbers:
 
-- Static buffers per shape: (sentences, source length, target length, whether the source is padded: an unpadded
-  CUDA batch has no mask, train/prefetch.py). A batch is copied into its shape's input buffers before each replay;
-  the graph writes the loss and NLL sums into output buffers the trainer reads after the replay.
+- Static buffers per `Shape`: a batch is copied into its shape's input buffers before each replay; the graph writes
+  the loss and NLL sums into output buffers the trainer reads after the replay.
 - A fixed-shape loss: every position of the padded batch is scored, PAD ignored (TranslationLoss.fixed_shape), where
   the eager step selects the real positions; the Triton loss (train/triton_loss.py) neither syncs nor allocates.
 - Gradients: every parameter's .grad exists before the first capture, so the captured backward accumulates into
   tensors that outlive every graph; the trainer zeroes them in place (never set_to_none). The batches of an update
   (--update-freq) accumulate there whichever of them replay.
-- Warm-up: each shape's step runs eagerly WARM_UP_RUNS times on a side stream before its capture, into throwaway
-  gradients, with every random stream put back after them: the warm-up changes neither the update nor the dropout
-  masks (a replay draws from the generator as the eager step would).
+- Warm-up: each shape's step runs eagerly before its capture, into throwaway gradients, every random stream put
+  back after it: it changes neither the update nor the dropout masks (a replay draws as the eager step would).
 - Memory: all shapes' graphs share one pool, safe because nothing allocated in it outlives its capture (inputs,
   outputs and gradients live outside it) and replays run one at a time: the pool peaks at the largest shape's
   activations, as the eager step does.
-- Refusals (`check_cuda_graphs` and TrainConfig): off CUDA, without --bucket-shapes, with several ranks, with
-  --compile, with fp16. A shape whose warm-up or capture runs out of memory trains eagerly, with one warning.
+- A shape whose warm-up or capture runs out of memory trains eagerly, with one warning.
 
 Everything here but `cuda_capture` and `cuda_warm_up` is plain Python over a `Capture` and a `WarmUp` function,
 which tests replace on the CPU."""
@@ -55,7 +52,7 @@ class Shape(NamedTuple):
     n_sentences: int  # B
     src_len: int  # S
     tgt_len: int  # T
-    src_padded: bool  # the batch has a source padding mask
+    src_padded: bool  # the batch has a source padding mask (an unpadded CUDA batch has none: train/prefetch.py)
 
 
 def shape_of(batch: Batch) -> Shape:
@@ -64,8 +61,7 @@ def shape_of(batch: Batch) -> Shape:
 
 
 def check_cuda_graphs(cfg: TrainConfig, device: torch.device, world_size: int) -> None:
-    """Refuse --cuda-graphs where a captured step cannot hold (ConfigError); the flag's other conditions
-    (--bucket-shapes, no --compile, no fp16) are TrainConfig's."""
+    """Refuse --cuda-graphs with several ranks or off CUDA (ConfigError); TrainConfig checks its other conditions."""
     if not cfg.cuda_graphs:
         return
     if world_size > 1:
@@ -133,22 +129,17 @@ class StepGraphs:
         self.n_replays = 0
 
     def step(self, batch: Batch) -> tuple[Tensor, Tensor] | None:
-        """Forward and backward of `batch` by its shape's graph, its gradients added to the parameters' .grad.
-
-        Returns the (loss_sum, nll_sum) buffers of the shape, valid until its next replay (read them in stream
-        order, no host sync); None when the shape trains eagerly (the caller runs the batch itself).
-        """
+        """Forward and backward of `batch` by its shape's graph, its gradients added to the parameters' .grad. Returns
+        the shape's (loss_sum, nll_sum) buffers, valid until its next replay (read them in stream order, no host sync);
+        None when the shape trains eagerly (the caller runs the batch itself)."""
         shape = shape_of(batch)
-        if shape in self.graphs:
-            captured = self.graphs[shape]
-            if captured is None:
-                return None
+        known = shape in self.graphs
+        captured = self.graphs[shape] if known else self.record(batch, shape)  # record loads the batch
+        self.graphs[shape] = captured
+        if captured is None:
+            return None
+        if known:
             captured.buffers.load(batch)
-        else:
-            captured = self.record(batch, shape)
-            self.graphs[shape] = captured
-            if captured is None:
-                return None
         captured.replay()
         self.n_replays += 1
         return captured.buffers.loss, captured.buffers.nll

@@ -1,8 +1,5 @@
-"""The training loop: take the next update's batches, step, then log, validate and save on cadence.
-
-Stopping rules (checked after every update and every epoch): --max-update, --max-epoch,
---max-time-minutes, --patience, and SIGINT/SIGTERM, which save checkpoint_last.pt and return. Signals are deferred
-from the first update to the last save (signals.py): one that comes during a save waits for it to finish.
+"""The training loop: take the next update's batches, step, then log, validate and save on cadence, until a
+stopping rule (Trainer.stop_reason) holds or SIGINT/SIGTERM comes, which saves checkpoint_last.pt and returns.
 """
 
 from __future__ import annotations
@@ -73,12 +70,9 @@ class Session:
         self.board = tensorboard_writer(trainer)
 
     def tick(self) -> int:
-        """Advance the run's clock and read the signal flag; returns the signal that stops the run, or 0.
-
-        With several ranks every rank takes rank 0's clock and flag (one collective), so that what is
-        decided from them (timed saves, --max-time-minutes, stopping for a signal) is decided alike on
-        every rank: ranks on their own clocks could stop at different updates, one waiting for the other.
-        """
+        """Advance the run's clock and read the signal flag; returns the signal that stops the run, or 0. Every rank
+        takes rank 0's clock and flag (one collective), so that timed saves, --max-time-minutes and stopping for a
+        signal are decided alike on every rank, none stopping at another update than the others."""
         own = self.elapsed_start + time.monotonic() - self.clock_start
         flag = float(self.signals.received)
         elapsed, signalled = broadcast_from_main([own, flag], self.trainer.info, self.trainer.device)
@@ -180,10 +174,7 @@ def validate_and_save(session: Session, numbered: bool) -> int:
 
 
 def after_update(session: Session, stats: StepStats | None) -> int:
-    """Log, then validate and save as due. Returns the signal that stops every rank, or 0.
-
-    The ranks agree on the clock and on signals in the update's one collective (`Session.tick`).
-    """
+    """Log, then validate and save as due. Returns the signal that stops every rank, or 0 (`Session.tick`)."""
     trainer, cfg, state = session.trainer, session.trainer.cfg, session.trainer.state
     signalled = session.tick()
     if stats is not None:
@@ -224,12 +215,11 @@ def progress_fields(session: Session) -> dict[str, Any]:
 
 def train_loop(trainer: Trainer) -> int:
     """Train until a stopping rule holds; always leaves an up-to-date checkpoint_last.pt. Returns the signal
-    (SIGINT, SIGTERM) that stopped the run, or 0: the command then exits 128 + it, as an interrupted
-    program does, so that a script (a recipe, a job) stops instead of going on with a half-trained model.
+    (SIGINT, SIGTERM) that stopped the run, or 0 (commands/train.py: Stopped.exit_status).
 
-    Signals stay deferred until the last save has finished: a further one says so on one line and is otherwise
-    ignored, so a save that has started is never cut short (a signal in the last save of a run that stopped by
-    its own rules is still answered with 128 + it)."""
+    Signals stay deferred until the last save has finished (signals.py): a further one says so on one line and is
+    otherwise ignored, so a save that has started is never cut short (a signal in the last save of a run that
+    stopped by its own rules is still answered)."""
     state = trainer.state
     waiting = f"stopping once {LAST} is saved; please wait" if trainer.info.is_main else ""
     with deferred_signals(waiting) as signals:

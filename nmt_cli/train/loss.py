@@ -1,14 +1,11 @@
-"""Label-smoothed cross-entropy (paper §5.4) fused with the output projection.
+"""Label-smoothed cross-entropy (paper §5.4, target (1 - eps) * one_hot(y) + eps / V) fused with the output
+projection: the decoder's states at the M real target positions are walked in chunks, each chunk's logits turned
+into the loss and folded into the gradients of the states and of the weight at once, so the [M, V] logits never exist.
 
-The target distribution is (1 - eps) * one_hot(y) + eps / V. The decoder's hidden states at the M real target
-positions are walked in chunks: each chunk's logits are computed, turned into the loss and their gradient
-softmax(z) - (1 - eps) * one_hot(y) - eps / V, and folded into the gradients of the hidden states and of the weight
-right away, so that the full [M, V] logits never exist.
-
-Chunks are sized for the device: on CPU 2^22 float32 logits, near the caches (`benchmarks/profile_step.py`); on
-CUDA as large as memory comfortably allows, since every chunk re-reads the float32 [V, D] weight gradient. The
-softmax's element-wise passes (`_softmax_blocks`) are PyTorch operations on CPU and one Triton kernel on CUDA
-(train/triton_loss.py), the same sums in float32, so the two routes agree to float32 rounding."""
+Chunks are sized for the device: on CPU near the caches (`benchmarks/profile_step.py`); on CUDA as large as memory
+comfortably allows, since every chunk re-reads the float32 [V, D] weight gradient. The softmax's element-wise passes
+are PyTorch operations on CPU (`_softmax_blocks`) and one Triton kernel on CUDA (train/triton_loss.py), the same
+float32 sums, so the two routes agree to float32 rounding."""
 
 from __future__ import annotations
 
@@ -70,14 +67,9 @@ def _smoothed_ce(z: Tensor, t: Tensor, epsilon: float, need_grad: bool, ignore_i
 def _softmax_blocks(
     z: Tensor, t: Tensor, epsilon: float, need_grad: bool, ignore_index: int = NO_IGNORE
 ) -> tuple[Tensor, Tensor]:
-    """Loss and NLL sums of logits z [n, V] against targets t [n, 1]; with need_grad, z is overwritten
-    with the logits' gradient softmax(z) - (1 - eps) * one_hot(t) - eps / V (zero in rows whose target is
-    ignore_index, which add nothing to the sums).
-
-    On CPU the element-wise work (about ten passes) runs over blocks of BLOCK_ELEMENTS in float32,
-    small enough to stay in cache between passes, instead of over the whole chunk in memory; on CUDA
-    over the whole chunk at once (each block costs kernel launches there).
-    """
+    """`_smoothed_ce` in PyTorch operations, t [n, 1]: z is overwritten with softmax(z) - (1 - eps) * one_hot(t) -
+    eps / V. On CPU the ten or so element-wise passes run over float32 blocks of BLOCK_ELEMENTS, which stay in
+    cache between passes; on CUDA over the whole chunk at once (each block costs kernel launches there)."""
     vocab = z.shape[1]
     rows = max(1, BLOCK_ELEMENTS // vocab) if z.device.type == "cpu" else z.shape[0]
     z_max = torch.empty(z.shape[0], 1, dtype=torch.float32, device=z.device)
@@ -168,18 +160,9 @@ class _LinearLabelSmoothedCE(torch.autograd.Function):
 def label_smoothed_nll(
     hidden: Tensor, weight: Tensor, target: Tensor, epsilon: float, ignore_index: int = NO_IGNORE
 ) -> tuple[Tensor, Tensor]:
-    """Label-smoothed cross-entropy of softmax(hidden @ weight.T) against `target`.
-
-    Args:
-        hidden: [M, D] decoder states at the M real (non-pad) target positions.
-        weight: [V, D] the output projection (tied to the embeddings by default).
-        target: [M] gold ids.
-        epsilon: label smoothing; 0 gives plain NLL.
-        ignore_index: rows whose target is this add nothing and get no gradient (NO_IGNORE: none).
-
-    Returns:
-        (loss_sum, nll_sum): scalars summed over the M tokens, in nats; only loss_sum is differentiable.
-    """
+    """Label-smoothed cross-entropy (epsilon 0: plain NLL) of softmax(hidden [M, D] @ weight [V, D].T) against
+    `target` [M], rows whose target is ignore_index adding nothing and getting no gradient. Returns (loss_sum,
+    nll_sum), scalars summed over the M tokens in nats; only loss_sum is differentiable."""
     return _LinearLabelSmoothedCE.apply(hidden, weight, target, epsilon, ignore_index)
 
 

@@ -1,12 +1,8 @@
 """Training batches prepared ahead of the loop: collated, and on CUDA pinned, by a background thread that keeps up
-to `depth` of them in a queue, so that the GPU does not wait on the host's padding and copying. It changes nothing
-about which batches are trained on or in what order: the trainer tells it where the loop stands (`plan`) and takes
-what it asks for (`get`); a request off the plan (a new epoch, a resume, a test's own batches) is collated inline
-and the thread restarted.
-
-On CUDA a batch also gets, on the host, what would otherwise cost a device synchronisation: the flat positions of
-its real target tokens (`tgt_index`, for the loss) and, when no sentence is padded, no source padding mask at all
-(so SDPA may choose its Flash kernel)."""
+to `depth` of them in a queue, so that the GPU does not wait on the host's padding and copying. The trainer tells it
+where the loop stands (`plan`) and takes what it asks for (`get`); a request off the plan (a new epoch, a resume, a
+test's own batches) is collated inline and the thread restarted. Which batches are trained on, and in what order,
+stays the loop's."""
 
 from __future__ import annotations
 
@@ -24,8 +20,9 @@ from nmt_cli.data.vocab import PAD
 
 
 def prepare(dataset: ParallelDataset, ids: np.ndarray, device: torch.device, bucket_limit: int = 0) -> Batch:
-    """collate() (to bucketed lengths with bucket_limit), plus, for CUDA, the host-side target positions,
-    no mask without padding, pinned memory."""
+    """collate() (to bucketed lengths with bucket_limit); for CUDA also what would otherwise cost a device sync: the
+    flat positions of the real target tokens (`tgt_index`, for the loss), no source mask where no sentence is padded
+    (so SDPA may choose its Flash kernel), and pinned memory."""
     batch = collate(dataset, ids, bucket_limit=bucket_limit)
     if device.type != "cuda":
         return batch
@@ -33,20 +30,11 @@ def prepare(dataset: ParallelDataset, ids: np.ndarray, device: torch.device, buc
     assert batch.src_pad_mask is not None  # collate() always sets it
     mask = batch.src_pad_mask if bool(batch.src_pad_mask.any()) else None  # a CPU tensor: no device sync
     batch = replace(batch, src_pad_mask=mask, tgt_index=index)
-    return pin(batch) if torch.cuda.is_available() else batch
-
-
-def pin(batch: Batch) -> Batch:
-    def pinned_optional(t: torch.Tensor | None) -> torch.Tensor | None:
-        return None if t is None else t.pin_memory()
-
+    if not torch.cuda.is_available():
+        return batch
+    names = ("src_tokens", "src_pad_mask", "tgt_in", "tgt_out", "tgt_index")
     return replace(
-        batch,
-        src_tokens=batch.src_tokens.pin_memory(),
-        src_pad_mask=pinned_optional(batch.src_pad_mask),
-        tgt_in=batch.tgt_in.pin_memory(),
-        tgt_out=batch.tgt_out.pin_memory(),
-        tgt_index=pinned_optional(batch.tgt_index),
+        batch, **{name: getattr(batch, name).pin_memory() for name in names if getattr(batch, name) is not None}
     )
 
 
@@ -83,10 +71,8 @@ def halt(stop: threading.Event, thread: threading.Thread) -> None:
 
 
 class BatchLoader:
-    """Prepared batches in the loop's order; background=False collates inline (the CPU default).
-
-    bucket_limit: pad to bucketed lengths (`collate`), for batches made by `batch_by_shapes`.
-    """
+    """Prepared batches in the loop's order; background=False collates inline (the CPU default). bucket_limit: pad
+    to bucketed lengths (`collate`), for batches made by `batch_by_shapes`."""
 
     def __init__(
         self, dataset: ParallelDataset, device: torch.device, background: bool, depth: int = 4, bucket_limit: int = 0

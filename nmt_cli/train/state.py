@@ -99,25 +99,16 @@ def restore_training(
     train_data: str,
     search_cfg: SearchConfig,
 ) -> TrainState:
-    """Load a training checkpoint into the model, its moving average, optimizer, scaler and this rank's random streams.
-
-    Returns the counters to continue from, with what this run's options change: --reset-optimizer keeps the
-    fresh optimizer and scaler, --reset-lr-scheduler restarts the schedule at the saved update, other batches
-    restart the epoch's data (`restart_data_if_rebatched`) and a best that no longer compares starts again
-    (`keep_best_if_comparable`). train_data: this run's `TrainState.train_data`; search_cfg: its --eval-bleu
-    search settings.
-    """
+    """Load a training checkpoint into the model, its moving average, optimizer, scaler and this rank's random streams;
+    returns the counters to continue from, with what this run's options (--reset-*, other batches, another best
+    metric) change. train_data: this run's `TrainState.train_data`; search_cfg: its --eval-bleu search settings."""
     load_model_weights(model, ckpt["model"], path)
     restore_average(ckpt, ema, path)
     saved = ckpt["train_state"]
     state = TrainState.from_saved(saved)
     applied = resets_to_apply(cfg, ckpt)
-    cfg = replace(
-        cfg,
-        reset_optimizer="reset_optimizer" in applied,
-        reset_lr_scheduler="reset_lr_scheduler" in applied,
-        reset_dataloader="reset_dataloader" in applied,
-    )
+    resets: dict[str, Any] = {name: name in applied for name in RESET_FIELDS}
+    cfg = replace(cfg, **resets)
     restore_optimizer(ckpt, optimizer, scaler, cfg)
     if cfg.reset_lr_scheduler:
         logger.info("--reset-lr-scheduler: the lr schedule restarts; the update count goes on from %d", state.update)
@@ -163,12 +154,8 @@ def restore_optimizer(
 def restart_data_if_rebatched(
     state: TrainState, ckpt: dict[str, Any], cfg: TrainConfig, info: DistInfo, train_data: str
 ) -> None:
-    """--reset-dataloader, or batches made differently, restart the data at the start of the saved epoch.
-
-    The epoch's batches follow from the ranks, --max-tokens, --seed, --bucket-shapes and the training split's
-    lengths: with any
-    of them changed, the saved position points into other batches.
-    """
+    """--reset-dataloader, or batches made differently (other ranks, --max-tokens, --seed, --bucket-shapes, corpus
+    weights or tags, or training data), restart the data at the start of the saved epoch."""
     if cfg.reset_dataloader:
         logger.info("--reset-dataloader: the data restarts at the beginning of epoch %d", state.epoch)
     saved_world, saved_cfg = ckpt.get("world_size", 1), ckpt.get("train_config", {})
@@ -228,9 +215,8 @@ def reset_flags(cfg: TrainConfig) -> list[str]:
 
 def resets_to_apply(cfg: TrainConfig, ckpt: dict[str, Any]) -> list[str]:
     """The --reset-* options given that the run which saved `ckpt` was not given: a reset applies once, when it
-    first appears, so that the same command, rerun after a stop (a signal, --max-update), resumes exactly (it had
-    restarted the schedule, the moments or the data again at every resume). To reset again, resume once without
-    it."""
+    first appears, so that the same command, rerun after a stop (a signal, --max-update), resumes exactly. To reset
+    again, resume once without it."""
     saved = ckpt.get("train_config", {})
     again = [name for name in RESET_FIELDS if getattr(cfg, name) and saved.get(name)]
     if again:

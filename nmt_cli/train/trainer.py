@@ -108,13 +108,10 @@ class Trainer:
             )
 
     def train_step(self, group: list[np.ndarray], plan: EpochPlan | None = None) -> StepStats | None:
-        """Forward/backward over this rank's batches, one host synchronisation, then step. None if skipped.
-
-        plan: the epoch `group` was taken from at the state's batch_in_epoch, whose next batches the loader then
-        prepares ahead; None for batches of the caller's own (collated when taken).
-
-        The totals are summed over ranks and the gradient normalised and clipped on the device; one transfer brings
-        [loss, nll, tokens, failed ranks, gradient norm] to the host, so every rank steps, or skips, together.
+        """Forward/backward over this rank's batches, one host synchronisation, then step; None if skipped. plan: the
+        epoch `group` was taken from at the state's batch_in_epoch (its next batches are prepared ahead), None for
+        batches of the caller's own. The totals are summed over ranks and the gradient normalised and clipped on the
+        device; one transfer brings them to the host, so every rank steps, or skips, together.
         """
         start = time.perf_counter()
         self.model.train()
@@ -276,10 +273,8 @@ class Trainer:
         return gather_objects(rng_state(), self.info)
 
     def checkpoint(self, rng: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-        """The whole training state as a checkpoint (nmt_cli/checkpoint/ defines the format).
-
-        rng: every rank's random streams (`rng_states`); this process's alone when not given.
-        """
+        """The whole training state as a checkpoint (nmt_cli/checkpoint/ defines the format). rng: every rank's random
+        streams (`rng_states`); this process's alone when not given."""
         training = {
             "optimizer": self.optimizer.state_dict(),
             "scheduler": {"name": self.cfg.lr_scheduler, "update": self.state.update - self.state.lr_start},
@@ -323,11 +318,9 @@ class Trainer:
 
 
 def compile_layers(model: Transformer) -> None:
-    """torch.compile each encoder and decoder layer in place, with dynamic shapes (regional compilation).
-
-    Every layer of a stack reuses one graph, so warm-up costs one encoder and one decoder layer, not the whole
-    objective's far longer one (`benchmarks/profile_gpu.py --compile-warmup`). Embeddings, the output projection
-    and the fused loss stay eager; compiled in place, the modules keep their names, so checkpoints are unchanged.
+    """torch.compile each encoder and decoder layer in place, with dynamic shapes (regional compilation): every layer
+    of a stack reuses one graph, so warm-up costs one encoder and one decoder layer, not the whole objective's far
+    longer one (`benchmarks/profile_gpu.py --compile-warmup`). The modules keep their names: checkpoints are unchanged.
     """
     logger.info("compiling the model's layers (first updates are slow)")
     for layer in (*model.encoder, *model.decoder):

@@ -4,10 +4,8 @@ Given a chunk's logits z [n, V] (bf16 under autocast, else float32) and gold ids
 the row once for its maximum, its sum of exponentials (both online, in float32) and its sum, and, when a gradient is
 wanted, a second time to write softmax(z) - (1 - eps) * one_hot(t) - eps / V over z in its own dtype, where
 PyTorch's element-wise passes read and write the logits about ten times (`benchmarks/profile_gpu.py`). Forward and
-backward are one kernel because loss.py folds the gradient in at once and never keeps the logits.
-
-Rows whose target is `ignore_index` add nothing and get a zero gradient. loss.py imports this module only for logits
-on CUDA; with TRITON_INTERPRET=1 set before the import, the kernel runs on CPU tensors (tests)."""
+backward are one kernel because loss.py folds the gradient in at once and never keeps the logits. With
+TRITON_INTERPRET=1 set before the import, the kernel runs on CPU tensors (tests)."""
 
 from __future__ import annotations
 
@@ -79,11 +77,8 @@ def _smoothed_ce_rows(  # type: ignore[no-untyped-def]
 def smoothed_ce_rows(
     z: Tensor, target: Tensor, epsilon: float, need_grad: bool, ignore_index: int = -1
 ) -> tuple[Tensor, Tensor]:
-    """Label-smoothed loss and NLL sums (float32 scalars) of logits z [n, V] against target [n].
-
-    With need_grad, z is overwritten with the logits' gradient softmax(z) - (1 - eps) * one_hot(t) - eps / V
-    (zero in rows whose target is ignore_index). z's rows must be contiguous (its last stride 1).
-    """
+    """Label-smoothed loss and NLL sums (float32 scalars) of logits z [n, V], its rows contiguous, against target [n];
+    with need_grad, z is overwritten with their gradient (loss.py's `_smoothed_ce`)."""
     n, vocab = z.shape
     assert z.stride(1) == 1 and target.shape == (n,), (z.stride(), target.shape)
     losses = z.new_empty(n, dtype=torch.float32)
