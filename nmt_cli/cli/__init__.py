@@ -1,10 +1,8 @@
 """The `nmt` command: a click group whose subcommands each live in their own module of this package.
 
-The only package that imports click. Every subcommand parses options into a typed config and calls one
-core function. Errors the user can fix (NmtError) become one red `error:` line and exit 1; click's usage
-errors exit 2; `--debug` shows tracebacks. Every command writes to stdout through cli/output.py.
-Nothing here imports torch: the subcommands import their commands when they run, so `--help` and argument
-errors answer at once. Ctrl-C at any moment, an `import torch` included, is one `error: interrupted` line, exit 130.
+The only package that imports click. Errors the user can fix (NmtError) become one red `error:` line and exit 1;
+click's usage errors exit 2; `--debug` shows tracebacks. Nothing here imports torch, so `--help` and argument errors
+answer at once. Ctrl-C at any moment, an `import torch` included, is one `error: interrupted` line, exit 130.
 """
 
 from __future__ import annotations

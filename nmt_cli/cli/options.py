@@ -1,7 +1,5 @@
-"""Click options built from the config dataclasses: one field, one flag of the same name.
-
-A field's default, help and allowed values live in its `flag(...)` metadata (nmt_cli/config/); this
-module only translates them into click types, so the two can never drift apart.
+"""Click options built from the config dataclasses: one field, one flag of the same name. A field's default, help
+and allowed values live in its `flag(...)` metadata (nmt_cli/config/); this module only translates them for click.
 """
 
 from __future__ import annotations
@@ -33,8 +31,7 @@ CONTEXT = {"show_default": True, "help_option_names": ["-h", "--help"], "max_con
 
 class ExistingPath(click.ParamType):
     """An existing file, directory or either (`kind`), as a path string or a Path where `as_path`. A missing one is
-    one `error:` line naming the option or argument, exit 1 (raised while the command's arguments are read, which
-    NmtGroup reports), as every other missing input is, rather than click's usage text."""
+    one `error:` line naming the option or argument, exit 1 (NmtGroup reports it), not click's usage text."""
 
     def __init__(self, kind: str, as_path: bool = False) -> None:
         self.kind, self.as_path, self.name = kind, as_path, {"any": "path"}.get(kind, kind)
@@ -53,11 +50,7 @@ class ExistingPath(click.ParamType):
 
 EXISTING_FILE = ExistingPath("file", as_path=True)
 EXISTING_PATH = ExistingPath("any", as_path=True)
-PATH_TYPES = {
-    "file": ExistingPath("file"),
-    "dir": ExistingPath("dir"),
-    "new": click.Path(),
-}
+PATH_TYPES = {"file": ExistingPath("file"), "dir": ExistingPath("dir"), "new": click.Path()}
 
 
 def parse_betas(text: str) -> tuple[float, float]:
@@ -66,7 +59,7 @@ def parse_betas(text: str) -> tuple[float, float]:
     try:
         values = tuple(float(p) for p in parts)
     except ValueError:
-        raise ConfigError(f"--adam-betas {text!r} must be two numbers like 0.9,0.98") from None
+        values = ()
     if len(values) != 2:
         raise ConfigError(f"--adam-betas {text!r} must be two numbers like 0.9,0.98")
     return values[0], values[1]
@@ -130,9 +123,8 @@ def field_param(f: Field, hint: Any, prefix: str, default_note: str | None) -> C
                 *names, name, type=click_type(f, hint), required=True, multiple=True, callback=once, help=help_text
             )
         return click.option(*names, name, type=click_type(f, hint), required=True, help=help_text)
-    default = (
-        ",".join(map(str, f.default)) if isinstance(f.default, tuple) else f.default
-    )  # click reads tuples as nargs
+    # click would read a tuple default as nargs
+    default = ",".join(map(str, f.default)) if isinstance(f.default, tuple) else f.default
     return click.option(*names, name, type=click_type(f, hint), default=default, help=help_text)
 
 
@@ -235,8 +227,7 @@ def inference_options(cls: type[InferenceConfig]) -> Callable[[F], F]:
 
 
 def inference_config(cls: type[C], values: dict[str, Any]) -> tuple[C, dict[str, Any]]:
-    """The config of `inference_options`' values and the search options given (the others stay the
-    checkpoint's)."""
+    """The config of `inference_options`' values, and the search options given (the others stay the checkpoint's)."""
     values["precision"] = precision_from(values)
     search_overrides = take(SearchConfig, values, drop_none=True)
     return cls(**take(cls, values)), search_overrides

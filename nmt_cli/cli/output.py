@@ -1,8 +1,8 @@
 """Standard output, written one way by every command (click.echo, print, `--help`): through `GuardedStdout`.
 
-A stdout that cannot take the output (closed with `>&-`, a full disk, a read-only descriptor) is one
-`error:` line and exit 1, never a traceback and never a silent success; a reader that has gone
-(`nmt generate ... | head`) raises BrokenPipeError as before, which the CLI turns into a quiet stop.
+A stdout that cannot take the output (closed with `>&-`, a full disk, a read-only descriptor) is one `error:` line
+and exit 1, never a traceback nor a silent success; a reader that has gone (`nmt generate ... | head`) raises
+BrokenPipeError, which the CLI turns into a quiet stop.
 """
 
 from __future__ import annotations

@@ -38,10 +38,8 @@ def average(inputs: list[Path], num_update_checkpoints: int | None, output: Path
 
 
 def average_checkpoints(paths: list[Path]) -> dict[str, Any]:
-    """Average the weights of several checkpoints of one model (float32 or wider accumulation).
-
-    Returns a checkpoint without optimizer state, recording which inputs it averaged.
-    """
+    """Average the weights of several checkpoints of one model (in float64) into a checkpoint without optimizer
+    state, recording which inputs it averaged."""
     if not paths:
         raise CheckpointError("no checkpoints to average")
     first = load_checkpoint(paths[0])

@@ -1,8 +1,5 @@
-"""`nmt export`: check the request, then hand the checkpoint to the format's converter.
-
-CTranslate2 is an optional dependency (`pip install nmt[export]`), so it is imported here, on demand,
-and its absence is a one-line error rather than an ImportError at start-up.
-"""
+"""`nmt export`: check the request, then hand the checkpoint to the format's converter. CTranslate2 is optional
+(`nmt[export]`): imported here on demand, its absence is a one-line error."""
 
 from __future__ import annotations
 
@@ -52,12 +49,8 @@ def check_output(output_dir: Path, force: bool) -> None:
 
 
 def export_checkpoint(cfg: ExportConfig) -> Path:
-    """Write the checkpoint `cfg.path` as a model directory of `cfg.format` at `cfg.output`; returns it.
-
-    Raises:
-        ExportError: an existing output without `force`, ctranslate2 missing, or a model setting the format
-            cannot express.
-    """
+    """Write the checkpoint `cfg.path` as a model directory of `cfg.format` at `cfg.output`; returns it. ExportError:
+    an existing output without `force`, ctranslate2 missing, or a model setting the format cannot express."""
     checkpoint_path, output_dir, quantization = Path(cfg.path), Path(cfg.output), cfg.quantization
     check_output(output_dir, cfg.force)
     try:

@@ -195,10 +195,6 @@ def open_output(cfg: GenerateConfig, stack: ExitStack, num_shards: int, shard_id
     return stack.enter_context(atomic_text_output(results_path / name, "--results-path file"))
 
 
-def longest(sources: Sequence[np.ndarray]) -> int:
-    return max(map(len, sources), default=0)
-
-
 def format_record(
     i: int, hyps: list[Hypothesis], vocab: Vocab, fmt: str, source: str | None = None, reference: str | None = None
 ) -> str:
@@ -225,9 +221,8 @@ def format_record(
 
 @dataclass
 class Run:
-    """How each chunk of a run is translated and written: the translator, its search settings and the batches'
-    bounds, the aligner (--print-alignment), the one sampling generator of every chunk, the output and its format;
-    and what the chunks so far took."""
+    """How each chunk of a run is translated and written (the one sampling generator of every chunk, the aligner of
+    --print-alignment), and what the chunks so far took."""
 
     translator: Translator
     search: SearchConfig
@@ -242,7 +237,8 @@ class Run:
     def translate(self, sources: list[np.ndarray], first_id: int, rules: tuple[SentenceRules, ...] = ()) -> Results:
         """A chunk's results (aligned to their sources where asked), from sentence number `first_id` on."""
         start = time.perf_counter()
-        request = SearchRequest(sources, self.search, self.max_tokens, self.batch_size(longest(sources)), rules=rules)
+        batch_size = self.batch_size(max(map(len, sources), default=0))
+        request = SearchRequest(sources, self.search, self.max_tokens, batch_size, rules=rules)
         results = translate(self.translator, request, generator=self.generator)
         if self.align is not None:
             self.align(sources, results)

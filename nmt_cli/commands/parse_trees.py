@@ -41,10 +41,9 @@ def generate_trees(
     leaves: str | None = "pos",
     source: tuple[str, int] = ("input", 1),
 ) -> Summary:
-    """Parse raw sentences one buffer (chunk of lines) at a time; one tree (or an empty line) per input line.
-    leaves: the checkpoint's --tree-leaves ("words": its trees copy their words, parsing/copy_constraint.py).
-    source: the input's name and the number of its first line, for the warnings. batch_size: the sentences a batch
-    of sentences of up to N pieces may hold (settings.search_batch_size)."""
+    """Parse raw sentences one buffer (chunk of lines) at a time; one tree (or an empty line) per input line. leaves:
+    the checkpoint's --tree-leaves; source: the input's name and first line number, for the warnings; batch_size:
+    as generate's (settings.search_batch_size)."""
     parser = TreeParser.of(translator, leaves)
     generator = sampling_generator(search, translator.device)  # one for every chunk
     summary, notes, n_empty = Summary(), ParseNotes(), 0

@@ -1,7 +1,6 @@
-"""`nmt score-pairs`: the model's score of given translations. Reads --source and --target (raw text, one sentence
-per line, checked as generate checks --input), encodes both with the checkpoint's sentencepiece model, scores them
-with search/forced.py's teacher-forced pass, and writes one line per pair in input order: the score (plain), or a
-JSON record of the score, log_prob, tokens and token_scores (jsonl)."""
+"""`nmt score-pairs`: the model's score of given translations. Reads --source and --target (raw text, a sentence a
+line, checked as generate checks --input), scores them with search/forced.py's teacher-forced pass, and writes one
+line per pair in input order (`format_score`)."""
 
 from __future__ import annotations
 
@@ -35,10 +34,7 @@ def score_pairs(
 ) -> int:
     """Score every (--source, --target) line pair with the checkpoint's search settings for lenpen, lenpen_style
     and unkpen, overridden by `search_overrides`; write the records to `out` (stdout). Returns the pairs scored.
-
-    Raises:
-        DataError: a file that ends before the other (at its line), or a line generate would refuse.
-    """
+    DataError: a file that ends before the other (at its line), or a line generate would refuse."""
     set_threads(cfg.threads)
     inference = open_for_inference(cfg, search_overrides or {})
     if inference.saved.is_parser:
@@ -75,12 +71,8 @@ def score_pairs(
 
 def read_pairs(source: str, target: str, target_pieces: bool = False) -> Iterator[tuple[list[str], list[str]]]:
     """(source lines, target lines) of SPLIT_CHUNK line pairs at a time, each file opened once and a target line read
-    with each source line (side_lines.read_beside: pipes work as files do), each line checked (text_lines; the
-    target's as pieces where `target_pieces`).
-
-    Raises:
-        DataError: one file ends before the other, named with the line the other has.
-    """
+    with each source line (side_lines.read_beside: pipes work as files do; DataError where one file ends first), each
+    line checked (text_lines; the target's as pieces where `target_pieces`)."""
     with Path(source).open("rb") as src_file, Path(target).open("rb") as tgt_file:
         targets = SideLines("--target", target, TRANSLATION_LINE, text_lines(tgt_file, target, pieces=target_pieces))
         lines = read_beside(text_lines(src_file, source), [targets], f"--source {source}")
@@ -89,11 +81,8 @@ def read_pairs(source: str, target: str, target_pieces: bool = False) -> Iterato
 
 
 def encode_targets(vocab: Vocab, lines: list[str], cfg: ScorePairsConfig, first: int) -> list[np.ndarray]:
-    """The target lines' ids: the text encoded, or (--target-format pieces) the pieces written.
-
-    Raises:
-        DataError: `TARGET:LINE: ...` for a piece the vocabulary lacks.
-    """
+    """The target lines' ids: the text encoded, or (--target-format pieces) the pieces written; DataError
+    `TARGET:LINE: ...` for a piece the vocabulary lacks."""
     if cfg.target_format == "text":
         return vocab.encode_arrays(lines)
     targets = []

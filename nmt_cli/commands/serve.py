@@ -1,18 +1,10 @@
 """`nmt serve`: listen, load the checkpoints and warm the models up, and serve until SIGTERM or Ctrl-C.
 
-Starlette and uvicorn are the optional extra `nmt[serve]`, imported here so that their absence is one
-error line. Options that cannot work are refused in one error line (exit 1): those the configuration checks
-before the server listens, and whatever loading or the warm-up translation fails on (the worker builds the model
-and translates one sentence) while it listens already, /health answering 200 and /ready 503 (serve/drain.py's
-Loading), for an orchestrator to see the process alive while it loads.
-
-On SIGTERM (or SIGINT) the server stops accepting connections and drains (serve/drain.py): the requests already
-open are answered, for --drain-timeout seconds at most; at that deadline, or at a second signal, those still
-open get a JSON 503. The log's last line says what was answered. Exit status 0 when every open request got its
-own answer, 128 + the signal (143 for SIGTERM, 130 for SIGINT) with one error line when some got 503.
-
-The API key comes from --api-key (visible in process lists: for trials), --api-key-file (one key or several, a
-line each: serve/keys.py), or the environment variable NMT_API_KEY, in that order; giving both flags is an error.
+Starlette and uvicorn are the optional extra `nmt[serve]`, imported here so that their absence is one error line.
+Options that cannot work are one error line (exit 1): those checked before the server listens, and whatever loading
+or the warm-up translation fails on while it listens already (/health 200, /ready 503: serve/drain.py's Loading).
+On SIGTERM (or SIGINT) the server drains (serve/drain.py); the log's last line says what was answered. Exit status 0
+when every open request got its own answer, 128 + the signal with one error line when some got 503.
 """
 
 from __future__ import annotations
@@ -136,9 +128,7 @@ def serve(cfg: ServeConfig, search_overrides: dict[str, Any]) -> None:
         f"translations ({drain.cut_short or 'their connections were closed'})",
         drain.signum or signal.SIGTERM,
     )
-    if (
-        loading.app.state.server.batcher.running
-    ):  # mid-batch: the interpreter's exit would abort in the worker's torch call
+    if loading.app.state.server.batcher.running:  # mid-batch: exiting the interpreter would abort the worker's torch
         exit_now(stopped)
     raise stopped
 
@@ -189,8 +179,8 @@ ORIGIN = re.compile(r"https?://[^/\s]+")  # an Origin header: scheme, host and p
 
 
 def api_key(cfg: ServeConfig) -> tuple[str | Keys | None, str]:
-    """The API key clients must send (None: none; Keys: --api-key-file's), and where it came from, for the log
-    (never the key itself)."""
+    """The API key clients must send (None: none; Keys: --api-key-file's, a key a line), from --api-key, --api-key-file
+    or NMT_API_KEY in that order, and where it came from, for the log (never the key itself)."""
     if cfg.api_key_file is not None and cfg.api_key is None:
         return Keys(path=cfg.api_key_file), f"--api-key-file {cfg.api_key_file}"
     return secret(cfg.api_key, cfg.api_key_file, option="--api-key", what="the API key", env=API_KEY_ENV)

@@ -1,8 +1,7 @@
-"""Input lines, and the files of one line per input line read beside them (`nmt generate`'s --NAME-file of each
-per-sentence decoding option, search/rules.py; score-pairs' --target beside --source): each file opened and read
-once, its lines decoded and checked as they come (`text_lines`), a line of each side file with each input line
-(`read_beside`), so that stdin, pipes, FIFOs and process substitution stream together as files do and a file that
-ends first is named at its line; and each chunk's side lines read as its sentences' rules (`rules_beside`)."""
+"""Input lines, and the files of one line per input line read beside them (generate's --NAME-file of each decoding
+rule, search/rules.py; score-pairs' --target): each file opened and read once, its lines checked as they come
+(`text_lines`), a line of each side file read with each input line (`read_beside`, so that pipes stream together
+as files do), and each chunk's side lines read as its sentences' rules (`rules_beside`)."""
 
 from __future__ import annotations
 
@@ -95,11 +94,8 @@ def open_with_side_files(
 def open_input(
     path: str | None, stack: ExitStack, num_shards: int, shard_id: int
 ) -> tuple[Iterable[bytes], int, int | None]:
-    """The input's raw lines (decoded strictly by text_lines), the line number of the first one, and how many lines
-    the whole file has where it was read whole (sharded), else None.
-
-    It is opened and read once: stdin and files stream; a sharded file is read whole to find this shard's lines.
-    """
+    """The input's raw lines (decoded by text_lines), the line number of the first one, and how many lines the whole
+    file has where it was read whole to find this shard's lines, else None (stdin and files stream)."""
     if path == "-":
         return (sys.stdin.buffer if hasattr(sys.stdin, "buffer") else (s.encode() for s in sys.stdin)), 1, None
     assert path is not None

@@ -37,6 +37,7 @@ from nmt_cli.data.batching import count_too_long
 from nmt_cli.data.dataset import load_meta, load_vocab
 from nmt_cli.errors import CheckpointError, ConfigError, DataError, NmtError
 from nmt_cli.files import LOCK_FILE, TMP_SUFFIX, atomic_write_text, make_parent, remove_stale_temporaries, run_lock
+from nmt_cli.flags import flag_name
 from nmt_cli.log import print_table
 from nmt_cli.model.transformer import count_parameters
 from nmt_cli.runtime import (
@@ -61,8 +62,7 @@ logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class Stopped:
-    """How `nmt train` ended: at a stopping rule (signal 0), or by a signal (SIGINT, SIGTERM) with
-    checkpoint_last.pt saved; and the trainer (for tests and benchmarks)."""
+    """How `nmt train` ended: at a stopping rule (signal 0) or by a signal (checkpoint_last.pt saved); its trainer."""
 
     trainer: Trainer
     signal: int = 0
@@ -75,10 +75,7 @@ class Stopped:
 
 
 def train(cfg: TrainConfig, model_cfg: ModelConfig, search_cfg: SearchConfig) -> Stopped:
-    """Run `nmt train` to its stopping rule or a signal; returns how it stopped.
-
-    model_cfg's vocab_size is taken from the data directory.
-    """
+    """Run `nmt train` to its stopping rule or a signal; returns how it stopped. The vocab_size is the data's."""
     signalled = 0
     try:
         with save_dir_lock(Path(cfg.save_dir)):
@@ -286,12 +283,7 @@ def check_validation(trainer: Trainer) -> None:
     if trainer.valid_data is not None:
         return
     c = trainer.cfg
-    wanted = {
-        "--patience": c.patience,
-        "--eval-bleu": c.eval_bleu,
-        "--validate-interval-updates": c.validate_interval_updates,
-    }
-    needs = [flag for flag, value in wanted.items() if value]
+    needs = [flag_name(name) for name in ("patience", "eval_bleu", "validate_interval_updates") if getattr(c, name)]
     if needs:
         raise ConfigError(
             f"{' and '.join(needs)} need{'s' if len(needs) == 1 else ''} a valid split, and {c.data_dir} has none; "

@@ -1,7 +1,5 @@
 """`nmt plot`: attention maps of one sentence (attention.py) and learning curves of training logs (curves.py).
-
-matplotlib is an optional extra (`pip install "nmt[plot]"`); `pyplot()` imports it on first use, with the
-file-only Agg backend, and turns its absence into one error line.
+matplotlib is an optional extra (`nmt[plot]`), imported on first use (`pyplot`).
 """
 
 from __future__ import annotations
@@ -22,7 +20,7 @@ class MissingDependencyError(NmtError):
 
 
 def pyplot() -> ModuleType:
-    """matplotlib.pyplot on the Agg backend (writes files, needs no display)."""
+    """matplotlib.pyplot on the Agg backend (writes files, needs no display); its absence is one error line."""
     try:
         import matplotlib
     except ImportError:

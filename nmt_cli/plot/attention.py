@@ -1,10 +1,7 @@
-"""Attention maps of one sentence, as the paper's figures 3-5 draw them, from the model's real forward pass.
-
-The source is encoded, translated greedily (beam 1, the checkpoint's length limits; a parser's tree under the
-tree constraint, as `nmt generate` parses), and the translation is teacher-forced through
-`Transformer.forward` with an `AttentionWeights` recorder, so every weight drawn is one the model used.
-Query rows of the decoder maps are labelled with the piece that position predicts; key columns with the
-piece at that position.
+"""Attention maps of one sentence, as the paper's figures 3-5 draw them: the sentence is translated greedily (a
+parser's tree under the tree constraint) and the translation teacher-forced through `Transformer.forward` with an
+`AttentionWeights` recorder, so every weight drawn is one the model used. Decoder query rows are labelled with the
+piece that position predicts, key columns with the piece at that position.
 """
 
 from __future__ import annotations
@@ -158,10 +155,8 @@ def draw_map(ax: Any, weights: Tensor, keys: list[str], queries: list[str], titl
 
 
 def plot_attention(att: SentenceAttention, layer: int | None, head: int | None, output: Path) -> Any:
-    """Draw the three kinds of attention of one layer (rows) for one head or all (columns); write `output`.
-
-    Returns the matplotlib Figure; its axes hold the drawn arrays (`ax.images[0].get_array()`).
-    """
+    """Draw the three kinds of attention of one layer (rows) for one head or all (columns); write `output`. Returns
+    the matplotlib Figure; its axes hold the drawn arrays (`ax.images[0].get_array()`)."""
     plt = pyplot()
     layer_index, heads = select_heads(att, layer, head)
     size = 1.2 + 0.22 * max(len(att.src_pieces), len(att.tgt_out_pieces))
@@ -171,12 +166,7 @@ def plot_attention(att: SentenceAttention, layer: int | None, head: int | None, 
     for row, kind in enumerate(KINDS):
         keys, queries = att.keys_and_queries(kind)
         for col, h in enumerate(heads):
-            draw_map(
-                axes[row][col],
-                att.weights[kind][layer_index][h],
-                keys,
-                queries,
-                f"{TITLES[kind]}, layer {layer_index + 1}, head {h + 1}",
-            )
+            title = f"{TITLES[kind]}, layer {layer_index + 1}, head {h + 1}"
+            draw_map(axes[row][col], att.weights[kind][layer_index][h], keys, queries, title)
     save_figure(fig, output)
     return fig

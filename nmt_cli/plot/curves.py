@@ -1,8 +1,6 @@
-"""Learning curves from `nmt train --log-file` JSON lines: losses, valid BLEU, learning rate and speed,
-against updates (top row) and wall clock (bottom row), several runs on one figure.
-
-`read_log` keeps the logged numbers as they are; `plot_curves` returns the series it drew, so what is on
-the figure can be compared with the log.
+"""Learning curves from `nmt train --log-file` JSON lines: losses, valid BLEU, learning rate and speed, against
+updates (top row) and wall clock (bottom row), several runs on one figure; `plot_curves` returns the series it
+drew, the logged numbers as they are.
 """
 
 from __future__ import annotations
@@ -72,10 +70,8 @@ def read_log(path: Path, label: str | None = None) -> RunLog:
 
 
 def plot_curves(runs: list[RunLog], output: Path) -> dict[tuple[str, str, str, str], tuple[list, list]]:
-    """Draw every panel that has data, against updates and wall clock; write `output`.
-
-    Returns the drawn series: (run label, event, field, x) -> (x values, y values).
-    """
+    """Draw every panel that has data, against updates and wall clock; write `output`. Returns the drawn series:
+    (run label, event, field, x) -> (x values, y values)."""
     check_output(output)
     plt = pyplot()
     panels = [
@@ -97,15 +93,9 @@ def plot_curves(runs: list[RunLog], output: Path) -> dict[tuple[str, str, str, s
                     if xs:
                         style = "--" if event == "valid" and len(PANELS[title]) > 1 else "-"
                         marker = "o" if event == "valid" else None
-                        ax.plot(
-                            xs,
-                            ys,
-                            style,
-                            marker=marker,
-                            markersize=3,
-                            color=colors[i % len(colors)],
-                            label=f"{run.label} {event}" if len(PANELS[title]) > 1 else run.label,
-                        )
+                        label = f"{run.label} {event}" if len(PANELS[title]) > 1 else run.label
+                        color = colors[i % len(colors)]
+                        ax.plot(xs, ys, style, marker=marker, markersize=3, color=color, label=label)
                         drawn[(run.label, event, field, x)] = (xs, ys)
             ax.set_title(title, fontsize=9)
             ax.set_xlabel(x_label, fontsize=8)
