@@ -128,7 +128,7 @@ def serve(cfg: ServeConfig, search_overrides: dict[str, Any]) -> None:
         f"translations ({drain.cut_short or 'their connections were closed'})",
         drain.signum or signal.SIGTERM,
     )
-    if loading.app.state.server.batcher.running:  # mid-batch: exiting the interpreter would abort the worker's torch
+    if loading.app.state.server.batcher.running:  # mid-batch: exiting would abort in the worker's torch call
         exit_now(stopped)
     raise stopped
 
