@@ -51,7 +51,7 @@ from nmt_cli.runtime import (
 )
 from nmt_cli.train.distributed import collective_failure
 from nmt_cli.train.loop import train_loop
-from nmt_cli.train.state import reset_flags, restore_training
+from nmt_cli.train.state import reset_flags
 from nmt_cli.train.trainer import Trainer
 
 # What a killed run leaves in --save-dir (atomic_write's temporaries): only those, never a user's own *.tmp.
@@ -197,18 +197,7 @@ def checkpoint_to_resume(
 
 def resume(trainer: Trainer, ckpt: dict[str, Any], last: Path) -> None:
     """Put the checkpoint's weights, optimizer, counters and random streams into the trainer; say where it goes on."""
-    trainer.state = restore_training(
-        ckpt,
-        last,
-        model=trainer.model,
-        optimizer=trainer.optimizer,
-        scaler=trainer.scaler,
-        ema=trainer.ema,
-        cfg=trainer.cfg,
-        info=trainer.info,
-        train_data=trainer.state.train_data,
-        search_cfg=trainer.search_cfg,
-    )
+    trainer.restore(ckpt, last)
     logger.info(
         "resuming from %s at update %d (epoch %d, batch %d)",
         last,

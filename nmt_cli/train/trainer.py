@@ -33,7 +33,7 @@ from nmt_cli.train.graphs import StepGraphs, check_cuda_graphs, cuda_step_graphs
 from nmt_cli.train.loss import TranslationLoss
 from nmt_cli.train.prefetch import BatchLoader
 from nmt_cli.train.schedule import learning_rate
-from nmt_cli.train.state import TrainState
+from nmt_cli.train.state import TrainState, restore_training
 
 logger = logging.getLogger(__name__)
 
@@ -296,6 +296,21 @@ class Trainer:
             training=training,
             target_format=self.meta.get("target_format", "text"),
             tree_leaves=self.meta.get("tree_leaves"),
+        )
+
+    def restore(self, ckpt: dict[str, Any], path: Path) -> None:
+        """Continue from a training checkpoint (train/state.py says what is restored)."""
+        self.state = restore_training(
+            ckpt,
+            path,
+            model=self.model,
+            optimizer=self.optimizer,
+            scaler=self.scaler,
+            ema=self.ema,
+            cfg=self.cfg,
+            info=self.info,
+            train_data=self.state.train_data,
+            search_cfg=self.search_cfg,
         )
 
     def close(self) -> None:
