@@ -11,6 +11,7 @@ input's longest when its batch is made."""
 
 from __future__ import annotations
 
+import functools
 import os
 import resource
 from contextlib import suppress
@@ -51,11 +52,20 @@ def search_bounds(model: ModelConfig, device: torch.device, precision: str) -> S
     )
 
 
+@functools.lru_cache(maxsize=4096)
+def longest_output(search: SearchConfig, pieces: int, max_positions: int) -> int:
+    """The output length a text of `pieces` pieces may reach under `search` (`max_lengths`: a * |x| + b within the
+    positions). Asked several times per request on serve's event loop (caps, memory, the batcher's steps bound),
+    with few distinct arguments: remembered, as a tensor per call costs more than the rest of a request's checks
+    together (benchmarks/profile_serve.py --event-loop)."""
+    return int(max_lengths(torch.tensor([pieces]), search, max_positions)[0])
+
+
 def search_memory(search: SearchConfig, bounds: SearchBounds, src_len: int = 1) -> int:
     """Bytes one sentence of `src_len` pieces holds when its search runs to the longest output it allows (see the
     module's docstring); of a one-piece sentence, a lower bound on what any sentence may need under these settings."""
     rows = search.nbest if search.sampling else search.beam
-    steps = int(max_lengths(torch.tensor([src_len]), search, bounds.max_positions)[0]) + 1  # EOS included
+    steps = longest_output(search, src_len, bounds.max_positions) + 1  # EOS included
     cache = bounds.decoder_layers * steps * bounds.state_width * bounds.element_size
     log_probs = bounds.vocab_size * 4  # float32
     hypotheses = 2 * steps * (8 + 4)  # alive and finished: int64 tokens, float32 step scores
@@ -110,7 +120,7 @@ def search_batch_size(
     need = search_memory(search, bounds, longest)
     if have is not None and need > have:
         option, rows = ("--nbest", search.nbest) if search.sampling else ("--beam", search.beam)
-        steps = int(max_lengths(torch.tensor([longest]), search, bounds.max_positions)[0])
+        steps = longest_output(search, longest, bounds.max_positions)
         raise ConfigError(
             f"{option} {rows} cannot fit: searching even one sentence{f' of {longest} pieces' if longest > 1 else ''}"
             f" with {rows} {'samples' if search.sampling else 'hypotheses'} of up to {steps} pieces needs about "

@@ -23,9 +23,8 @@ from nmt_cli.parsing.parser import TreeParser
 from nmt_cli.search.beam import StillWanted
 from nmt_cli.search.forced import add_alignments, alignment_layer
 from nmt_cli.search.hypothesis import NOTHING_FOUND, Hypothesis, hypothesis_record
-from nmt_cli.search.settings import available_memory, search_batch_size
+from nmt_cli.search.settings import available_memory, longest_output, search_batch_size
 from nmt_cli.search.translate import Inference, SearchRequest, Translator, sampling_generator, translate_steps
-from nmt_cli.serve.caps import longest_output
 from nmt_cli.serve.queued import Answer
 from nmt_cli.serve.request import Sentence
 from nmt_cli.steps import Steps

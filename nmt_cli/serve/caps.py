@@ -8,16 +8,13 @@ fit them (checked at start, in the CLI's words); a request beyond one gets 400 n
 
 from __future__ import annotations
 
-import functools
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
 
-import torch
-
 from nmt_cli.config import SearchConfig, ServeConfig
 from nmt_cli.errors import DataError
-from nmt_cli.search.beam import max_lengths
+from nmt_cli.search.settings import longest_output
 
 DEFAULT_MAX_BEAM = 16
 SEARCH_FLAGS = {"--" + f.name.replace("_", "-"): f.name for f in fields(SearchConfig)}
@@ -49,15 +46,6 @@ def request_terms(message: str) -> str:
     """A search settings error in a request's words: each search option (`--max-len-b`) named by its request field
     (`max_len_b`); other options (the server's own, such as --max-beam) stay as they are."""
     return FLAG.sub(lambda m: SEARCH_FLAGS.get(m.group(0), m.group(0)), message)
-
-
-@functools.lru_cache(maxsize=4096)
-def longest_output(search: SearchConfig, pieces: int, max_positions: int) -> int:
-    """The output length a text of `pieces` pieces may reach under `search` (a * |x| + b within the positions).
-    Asked several times per request on the event loop (caps, the batcher's steps bound), with few distinct
-    arguments: remembered, as a tensor per call costs more than the rest of a request's checks together
-    (benchmarks/profile_serve.py --event-loop)."""
-    return int(max_lengths(torch.tensor([pieces]), search, max_positions)[0])
 
 
 def cap_problem(search: SearchConfig, caps: Caps, flag: bool) -> str | None:
