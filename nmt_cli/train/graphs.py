@@ -133,13 +133,14 @@ class StepGraphs:
         the shape's (loss_sum, nll_sum) buffers, valid until its next replay (read them in stream order, no host sync);
         None when the shape trains eagerly (the caller runs the batch itself)."""
         shape = shape_of(batch)
-        known = shape in self.graphs
-        captured = self.graphs[shape] if known else self.record(batch, shape)  # record loads the batch
-        self.graphs[shape] = captured
+        if shape in self.graphs:
+            captured = self.graphs[shape]
+            if captured is not None:
+                captured.buffers.load(batch)
+        else:
+            captured = self.graphs[shape] = self.record(batch, shape)  # record loads the batch
         if captured is None:
             return None
-        if known:
-            captured.buffers.load(batch)
         captured.replay()
         self.n_replays += 1
         return captured.buffers.loss, captured.buffers.nll
