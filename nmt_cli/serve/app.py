@@ -55,7 +55,10 @@ from nmt_cli.serve.waiting import RETRY_AFTER, Abort, Aborted, body_of, outcome
 logger = logging.getLogger(__name__)
 
 OFFLOAD_BYTES = 64 << 10  # a body longer than this is parsed and encoded on a thread, off the event loop
-KEY_NEEDED = "this server needs its API key: send `Authorization: Bearer KEY` (or LibreTranslate's api_key field)"
+KEY_NEEDED = (
+    "this server needs its API key: send `Authorization: Bearer KEY` (a LibreTranslate body with `q` may instead "
+    "give it as api_key)"
+)
 
 
 @dataclass
