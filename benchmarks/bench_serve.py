@@ -482,12 +482,14 @@ def main() -> None:
     proc, port = start_server(args.path, args, args.threads)
     try:
         search = search_of(port)
-        rounds, latencies, answers, loop_cpu, all_cpu = [], [], {}, 0.0, 0.0
+        rounds, latencies, answers, loop_cpu, all_cpu, clients_cpu = [], [], {}, 0.0, 0.0, 0.0
         for _ in range(args.rounds):  # generate's batches of --clients, then the clients, in turn
             gen_batch, _ = generate_seconds(args.path, src, args, "--batch-size", str(args.clients))
             loop_before, all_before = thread_seconds(proc.pid)
             searched = search_seconds(port)
+            clients_before = sum(os.times()[:2])
             served, answered, seconds = load(port, lines, args.clients, args.time_limit)
+            clients_cpu += sum(os.times()[:2]) - clients_before
             loop_after, all_after = thread_seconds(proc.pid)
             searched = search_seconds(port) - searched
             latencies += served
@@ -527,6 +529,8 @@ def main() -> None:
         # the event loop's CPU time per request (phase 1), and its share of all the server's
         "HTTP CPU ms/request": round(loop_cpu / max(len(latencies), 1) * 1000, 2),
         "HTTP share of CPU %": round(100 * loop_cpu / max(all_cpu, 1e-9), 1),
+        # the clients' own CPU (this process, on the same cores as the server): a cost generate does not share
+        "clients CPU ms/request": round(clients_cpu / max(len(latencies), 1) * 1000, 2),
         "differ from generate": sum(answers[i] != expected[i] for i in answers),
         "conditions": args.conditions or "not given",
         "threads": args.threads,
