@@ -24,11 +24,22 @@ lint: install
 
 # The fast suite (slow and gpu tests excluded), after lint: a test file per worker on every core (pytest-xdist),
 # each worker's PyTorch on one thread (more would only take the other workers' cores); then, alone, the tests
-# that compare latencies (marked serial), which a test beside them would disturb.
+# that compare latencies (marked serial), which a test beside them would disturb. Its runs share TEST_BUILT, made
+# afresh each time, where conftest.py's built_once keeps the models it trains (the trained copy model) for all of
+# them, test-cpus's reruns included.
+# The tests start a hundred interpreters and four pytest sessions: Python's bytecode caches (__pycache__, ignored
+# by git) spare each one compiling nmt_cli and pytest rewriting the tests' asserts again, even where the
+# environment turns them off (PYTHONDONTWRITEBYTECODE=1).
+TEST_BUILT := $(CURDIR)/work/test-built
+test test-cpus test-all: export PYTHONDONTWRITEBYTECODE :=
+
 test: lint
-	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -n auto --dist loadfile -m "not slow and not gpu and not serial"
-	$(BIN)/python -m pytest -q -m "serial and not slow and not gpu"
-	$(MAKE) --no-print-directory test-cpus
+	rm -rf $(TEST_BUILT)
+	NMT_TEST_BUILT=$(TEST_BUILT) OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -n auto --dist loadfile \
+		-m "not slow and not gpu and not serial"
+	NMT_TEST_BUILT=$(TEST_BUILT) $(BIN)/python -m pytest -q -m "serial and not slow and not gpu"
+	NMT_TEST_BUILT=$(TEST_BUILT) $(MAKE) --no-print-directory test-cpus
+	rm -rf $(TEST_BUILT)
 
 # The tests whose outcome can depend on the CPU's instruction sets, again as the CPUs users have that this one
 # has more than: AVX2 only (where this one has AVX-512), AVX-512 without VNNI and BF16 (where it has them). Each

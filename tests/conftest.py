@@ -209,14 +209,21 @@ def trained_copy_checkpoint(toy_data_bin, tmp_path_factory, worker_id) -> Path:
 
 def built_once(tmp_path_factory, worker_id: str, name: str, build: Callable[[Path], None]) -> Path:
     """A directory that `build` fills once per test session. Under pytest-xdist the workers share it: the first
-    to ask builds it under a lock in the session's directory, the others wait for it and read it. Only for what
-    the tests read and never write, built from inputs every worker makes alike (the toy data's sentencepiece model
-    is the same bytes in each)."""
-    if worker_id == "master":  # one process: its own temporary directory
+    to ask builds it under a lock in the session's directory, the others wait for it and read it. Where
+    NMT_TEST_BUILT names a directory, the sessions share it too: `make test` sets it, fresh, for its runs, so that
+    the reruns as older CPUs read the models the first run trained (as a user's CPU reads a checkpoint trained on
+    another). Only for what the tests read and never write, built from inputs every worker and session makes
+    alike (the toy data's sentencepiece model is the same bytes in each)."""
+    shared = os.environ.get("NMT_TEST_BUILT")
+    if shared:
+        Path(shared).mkdir(parents=True, exist_ok=True)
+        root = Path(shared) / name
+    elif worker_id == "master":  # one process: its own temporary directory
         path = tmp_path_factory.mktemp(name)
         build(path)
         return path
-    root = tmp_path_factory.getbasetemp().parent / f"shared-{name}"  # the workers' common parent
+    else:
+        root = tmp_path_factory.getbasetemp().parent / f"shared-{name}"  # the workers' common parent
     with open(f"{root}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
         if not (root / ".built").exists():  # no one has, or the one who tried failed
