@@ -25,18 +25,20 @@ lint: install
 # The fast suite (slow and gpu tests excluded), after lint: a test file per worker on every core (pytest-xdist),
 # each worker's PyTorch on one thread (more would only take the other workers' cores); then, alone, the tests
 # that compare latencies (marked serial), which a test beside them would disturb. Its runs share TEST_BUILT, made
-# afresh each time, where conftest.py's built_once keeps the models it trains (the trained copy model) for all of
-# them, test-cpus's reruns included.
+# afresh each time, where conftest.py's built_once keeps the models it trains (the tiny and the trained copy
+# model) for all of them, test-cpus's reruns included; `python tests/conftest.py` trains them there beside lint,
+# which leaves a core free (mypy), and a test that asks for one before it is done waits for it.
 # The tests start a hundred interpreters and four pytest sessions: Python's bytecode caches (__pycache__, ignored
 # by git) spare each one compiling nmt_cli and pytest rewriting the tests' asserts again, even where the
 # environment turns them off (PYTHONDONTWRITEBYTECODE=1).
 TEST_BUILT := $(CURDIR)/work/test-built
 test test-cpus test-all: export PYTHONDONTWRITEBYTECODE :=
 
-test: lint
+test: install
 	rm -rf $(TEST_BUILT)
-	NMT_TEST_BUILT=$(TEST_BUILT) OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -n auto --dist loadfile \
-		-m "not slow and not gpu and not serial"
+	NMT_TEST_BUILT=$(TEST_BUILT) OMP_NUM_THREADS=1 $(BIN)/python tests/conftest.py & built=$$!; \
+	$(MAKE) --no-print-directory lint && NMT_TEST_BUILT=$(TEST_BUILT) OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q \
+		-n auto --dist loadfile -m "not slow and not gpu and not serial"; status=$$?; wait $$built; exit $$status
 	NMT_TEST_BUILT=$(TEST_BUILT) $(BIN)/python -m pytest -q -m "serial and not slow and not gpu"
 	NMT_TEST_BUILT=$(TEST_BUILT) $(MAKE) --no-print-directory test-cpus
 	rm -rf $(TEST_BUILT)

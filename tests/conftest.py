@@ -4,6 +4,7 @@ command line run in this process."""
 from __future__ import annotations
 
 import fcntl
+import functools
 import logging
 import os
 import random
@@ -104,18 +105,14 @@ def two_corpora_bin(root: Path, tags: str) -> Path:
     return root / "bin"
 
 
-@pytest.fixture(scope="session")
-def toy_corpus(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("corpus")
+def write_toy_corpus(root: Path) -> Path:
     write_copy_corpus(root / "train", 2000, seed=1)
     write_copy_corpus(root / "valid", 50, seed=2)
     write_copy_corpus(root / "test", 30, seed=3)
     return root
 
 
-@pytest.fixture(scope="session")
-def toy_data_bin(toy_corpus, tmp_path_factory) -> Path:
-    dest = tmp_path_factory.mktemp("bin") / "data-bin"
+def preprocess_toy_corpus(toy_corpus: Path, dest: Path) -> Path:
     preprocess(
         PreprocessConfig(
             source_lang="src",
@@ -129,6 +126,16 @@ def toy_data_bin(toy_corpus, tmp_path_factory) -> Path:
         )
     )
     return dest
+
+
+@pytest.fixture(scope="session")
+def toy_corpus(tmp_path_factory) -> Path:
+    return write_toy_corpus(tmp_path_factory.mktemp("corpus"))
+
+
+@pytest.fixture(scope="session")
+def toy_data_bin(toy_corpus, tmp_path_factory) -> Path:
+    return preprocess_toy_corpus(toy_corpus, tmp_path_factory.mktemp("bin") / "data-bin")
 
 
 @pytest.fixture
@@ -169,17 +176,39 @@ def tiny_train_config(data_bin: Path, save_dir: Path, **kw) -> TrainConfig:
 
 
 @pytest.fixture(scope="session")
-def tiny_checkpoint(toy_data_bin, tmp_path_factory) -> Path:
-    """A transformer_tiny trained for a few updates on the copy corpus (fast, not converged)."""
+def tiny_checkpoint(toy_data_bin, tmp_path_factory, worker_id) -> Path:
+    """A transformer_tiny trained for a few updates on the copy corpus (fast, not converged), with checkpoint_2.pt,
+    _4 and _6 beside it; trained once for all the xdist workers (`built_once`): its tests only read its directory."""
+    build = functools.partial(train_tiny_model, toy_data_bin)
+    return built_once(tmp_path_factory, worker_id, "tiny", build) / "checkpoint_last.pt"
+
+
+def train_tiny_model(toy_data_bin: Path, save_dir: Path) -> None:
     from nmt_cli.commands.train import train
 
-    save_dir = tmp_path_factory.mktemp("ckpt")
     train(
         tiny_train_config(toy_data_bin, save_dir, max_update=6, save_interval_updates=2),
         ARCHITECTURES["transformer_tiny"],
         SearchConfig(),
     )
-    return save_dir / "checkpoint_last.pt"
+
+
+def train_copy_model(toy_data_bin: Path, save_dir: Path) -> None:
+    from nmt_cli.commands.train import train
+
+    train(
+        tiny_train_config(
+            toy_data_bin,
+            save_dir,
+            max_update=300,
+            warmup_updates=100,
+            max_tokens=1024,
+            label_smoothing=0.0,
+            log_interval=100,
+        ),
+        model_config("transformer_tiny", dropout=0.0),
+        SearchConfig(),
+    )
 
 
 @pytest.fixture(scope="session")
@@ -187,27 +216,11 @@ def trained_copy_checkpoint(toy_data_bin, tmp_path_factory, worker_id) -> Path:
     """A transformer_tiny that has learned the copy task well enough for non-trivial, decisive beams
     (300 updates; about 10 s on a free core), trained once for all the xdist workers (`built_once`): its tests
     only read it. Used by the slot, export parity and int8 tests, among others."""
-    from nmt_cli.commands.train import train
-
-    def build(save_dir: Path) -> None:
-        train(
-            tiny_train_config(
-                toy_data_bin,
-                save_dir,
-                max_update=300,
-                warmup_updates=100,
-                max_tokens=1024,
-                label_smoothing=0.0,
-                log_interval=100,
-            ),
-            model_config("transformer_tiny", dropout=0.0),
-            SearchConfig(),
-        )
-
+    build = functools.partial(train_copy_model, toy_data_bin)
     return built_once(tmp_path_factory, worker_id, "trained", build) / "checkpoint_last.pt"
 
 
-def built_once(tmp_path_factory, worker_id: str, name: str, build: Callable[[Path], None]) -> Path:
+def built_once(tmp_path_factory, worker_id: str, name: str, build: Callable[[Path], object]) -> Path:
     """A directory that `build` fills once per test session. Under pytest-xdist the workers share it: the first
     to ask builds it under a lock in the session's directory, the others wait for it and read it. Where
     NMT_TEST_BUILT names a directory, the sessions share it too: `make test` sets it, fresh, for its runs, so that
@@ -224,6 +237,12 @@ def built_once(tmp_path_factory, worker_id: str, name: str, build: Callable[[Pat
         return path
     else:
         root = tmp_path_factory.getbasetemp().parent / f"shared-{name}"  # the workers' common parent
+    return build_locked(root, build)
+
+
+def build_locked(root: Path, build: Callable[[Path], object]) -> Path:
+    """`root`, filled by `build` unless a process (a worker, a session) has: the first to ask builds it under a
+    lock beside it, the others wait for it."""
     with open(f"{root}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
         if not (root / ".built").exists():  # no one has, or the one who tried failed
@@ -288,3 +307,13 @@ def slot_steps_taken(monkeypatch):
     captured_step = Captured.step
     monkeypatch.setattr(Captured, "step", lambda *a: calls.append(1) or captured_step(*a))
     return calls
+
+
+if __name__ == "__main__":
+    # `make test` runs this beside lint, whose mypy leaves a core free: the models the sessions will ask for, trained
+    # into NMT_TEST_BUILT (built_once reads them there; a session that asks first builds one, as without this)
+    shared = Path(os.environ["NMT_TEST_BUILT"])
+    shared.mkdir(parents=True, exist_ok=True)
+    toy = build_locked(shared / "toy", lambda d: preprocess_toy_corpus(write_toy_corpus(d / "corpus"), d / "data-bin"))
+    build_locked(shared / "tiny", functools.partial(train_tiny_model, toy / "data-bin"))
+    build_locked(shared / "trained", functools.partial(train_copy_model, toy / "data-bin"))
