@@ -58,11 +58,17 @@ AVX2_CPU := ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2 FBGEMM_ENABLE_INSTR
 	MKL_ENABLE_INSTRUCTIONS=AVX2 CT2_FORCE_CPU_ISA=AVX2
 AVX512_CPU := ONEDNN_MAX_CPU_ISA=AVX512_CORE ATEN_CPU_CAPABILITY=avx512 FBGEMM_ENABLE_INSTRUCTIONS=AVX512 \
 	MKL_ENABLE_INSTRUCTIONS=AVX512 CT2_FORCE_CPU_ISA=AVX512
-CPU_PYTEST := OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -n auto --dist loadfile -m "not slow and not gpu and not serial"
+# The two CPUs' runs go side by side, a process each on its own core (each one's xdist workers would spend what
+# they save starting up): each writes to a file of its own, shown when both are done.
+CPU_PYTEST := OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -m "not slow and not gpu and not serial"
 
 test-cpus: install
-	if grep -qw avx512f /proc/cpuinfo 2>/dev/null; then $(AVX2_CPU) $(CPU_PYTEST) $(CPU_TESTS); fi
-	if grep -qw avx512_vnni /proc/cpuinfo 2>/dev/null; then $(AVX512_CPU) $(CPU_PYTEST) $(CPU_TESTS); fi
+	out=$$(mktemp -d); status=0; \
+	if grep -qw avx512f /proc/cpuinfo 2>/dev/null; then $(AVX2_CPU) $(CPU_PYTEST) $(CPU_TESTS) >$$out/avx2 2>&1 & avx2=$$!; fi; \
+	if grep -qw avx512_vnni /proc/cpuinfo 2>/dev/null; then $(AVX512_CPU) $(CPU_PYTEST) $(CPU_TESTS) >$$out/avx512 2>&1 & avx512=$$!; fi; \
+	if [ -n "$$avx2" ]; then wait $$avx2 || status=1; echo "as an AVX2-only CPU:"; cat $$out/avx2; fi; \
+	if [ -n "$$avx512" ]; then wait $$avx512 || status=1; echo "as an AVX-512 CPU without VNNI and BF16:"; cat $$out/avx512; fi; \
+	rm -rf $$out; exit $$status
 
 # Adds the slow tests: torchrun ranks, SIGKILL torture, recipe-scale runs.
 test-all: lint

@@ -176,11 +176,11 @@ def tiny_train_config(data_bin: Path, save_dir: Path, **kw) -> TrainConfig:
 
 
 @pytest.fixture(scope="session")
-def tiny_checkpoint(toy_data_bin, tmp_path_factory, worker_id) -> Path:
+def tiny_checkpoint(toy_data_bin, tmp_path_factory) -> Path:
     """A transformer_tiny trained for a few updates on the copy corpus (fast, not converged), with checkpoint_2.pt,
     _4 and _6 beside it; trained once for all the xdist workers (`built_once`): its tests only read its directory."""
     build = functools.partial(train_tiny_model, toy_data_bin)
-    return built_once(tmp_path_factory, worker_id, "tiny", build) / "checkpoint_last.pt"
+    return built_once(tmp_path_factory, "tiny", build) / "checkpoint_last.pt"
 
 
 def train_tiny_model(toy_data_bin: Path, save_dir: Path) -> None:
@@ -212,15 +212,15 @@ def train_copy_model(toy_data_bin: Path, save_dir: Path) -> None:
 
 
 @pytest.fixture(scope="session")
-def trained_copy_checkpoint(toy_data_bin, tmp_path_factory, worker_id) -> Path:
+def trained_copy_checkpoint(toy_data_bin, tmp_path_factory) -> Path:
     """A transformer_tiny that has learned the copy task well enough for non-trivial, decisive beams
     (300 updates; about 10 s on a free core), trained once for all the xdist workers (`built_once`): its tests
     only read it. Used by the slot, export parity and int8 tests, among others."""
     build = functools.partial(train_copy_model, toy_data_bin)
-    return built_once(tmp_path_factory, worker_id, "trained", build) / "checkpoint_last.pt"
+    return built_once(tmp_path_factory, "trained", build) / "checkpoint_last.pt"
 
 
-def built_once(tmp_path_factory, worker_id: str, name: str, build: Callable[[Path], object]) -> Path:
+def built_once(tmp_path_factory, name: str, build: Callable[[Path], object]) -> Path:
     """A directory that `build` fills once per test session. Under pytest-xdist the workers share it: the first
     to ask builds it under a lock in the session's directory, the others wait for it and read it. Where
     NMT_TEST_BUILT names a directory, the sessions share it too: `make test` sets it, fresh, for its runs, so that
@@ -231,7 +231,7 @@ def built_once(tmp_path_factory, worker_id: str, name: str, build: Callable[[Pat
     if shared:
         Path(shared).mkdir(parents=True, exist_ok=True)
         root = Path(shared) / name
-    elif worker_id == "master":  # one process: its own temporary directory
+    elif "PYTEST_XDIST_WORKER" not in os.environ:  # one process: its own temporary directory
         path = tmp_path_factory.mktemp(name)
         build(path)
         return path
