@@ -5,6 +5,7 @@ tiny modes and gpu_check.sh's CPU dry run take longer and are slow tests."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import re
@@ -137,7 +138,14 @@ def test_profile_gpu_generation_runs_on_cpu(tmp_path):
         assert len(f["host_ops_ms"]) == 10 and "aten::bmm" in ops and ops & {"aten::addmm", "mkldnn::_linear_pointwise"}
 
 
-def test_profile_gpu_profiles_an_update_with_the_options_asked(tmp_path, monkeypatch, capsys):
+@pytest.fixture
+def profile_gpu(monkeypatch):
+    """benchmarks/profile_gpu.py as a module, benchmarks/ on sys.path for this test only."""
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    return importlib.import_module("profile_gpu")
+
+
+def test_profile_gpu_profiles_an_update_with_the_options_asked(tmp_path, monkeypatch, capsys, profile_gpu):
     """--bucket-shapes profiles `nmt train --bucket-shapes`'s update (gpu_check.sh's profile-graphs step adds
     --cuda-graphs on CUDA, which is refused on the CPU with one line: its arguments' check, run in this process)."""
     results = tmp_path / "profile.jsonl"
@@ -146,20 +154,14 @@ def test_profile_gpu_profiles_an_update_with_the_options_asked(tmp_path, monkeyp
     assert "transformer_tiny --bucket-shapes: " in out and "ms/update" in out, out
     (figures,) = [json.loads(line) for line in results.read_text().splitlines()]
     assert figures["what"] == "profile transformer_tiny --bucket-shapes" and figures["wall_ms_per_update"] > 0
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    from profile_gpu import parse_args
-
     monkeypatch.setattr(sys, "argv", ["profile_gpu.py", "--device", "cpu", "--cuda-graphs"])
     with pytest.raises(SystemExit) as refused:
-        parse_args()
+        profile_gpu.parse_args()
     assert refused.value.code == 2 and "--cuda-graphs: CUDA graphs need --device cuda" in capsys.readouterr().err
 
 
-def test_profile_gpu_counts_kernel_and_graph_launches_apart():
+def test_profile_gpu_counts_kernel_and_graph_launches_apart(profile_gpu):
     """The launch count of a CUDA profile, on events named as the profiler names them (no GPU here)."""
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    from profile_gpu import launch_counts
-
     cpu, cuda = torch.autograd.DeviceType.CPU, torch.autograd.DeviceType.CUDA
     names = [
         (cpu, "aten::mm"),
@@ -176,7 +178,7 @@ def test_profile_gpu_counts_kernel_and_graph_launches_apart():
         (cuda, "Memset (Device)"),
     ]
     prof = SimpleNamespace(events=lambda: [SimpleNamespace(device_type=d, name=n) for d, n in names])
-    assert launch_counts(prof) == (3, 2, 2)
+    assert profile_gpu.launch_counts(prof) == (3, 2, 2)
 
 
 # profile_gpu.py --generation's figures of a CUDA-graph search step (what it prints and records)
@@ -193,13 +195,12 @@ GRAPHS_STEP = {
 }
 
 
-def test_profile_gpu_shows_a_cuda_search_step(capsys):
+def test_profile_gpu_shows_a_cuda_search_step(capsys, profile_gpu):
     """A search step's lines from CUDA figures (the CPU run prints its no-CUDA lines): busy, launches, tables."""
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    from profile_gpu import show_search
-
     figures = GRAPHS_STEP | {"decoder_steps": 33, "profiled_steps": [12, 21], "host_ops_ms_per_step": 1.2}
-    show_search("generate transformer_base beam 4, budget, graphs (bf16)", "batch 4 of 7, 540 sentences", figures)
+    profile_gpu.show_search(
+        "generate transformer_base beam 4, budget, graphs (bf16)", "batch 4 of 7, 540 sentences", figures
+    )
     out = capsys.readouterr().out.splitlines()
     assert out[:2] == [
         "generate transformer_base beam 4, budget, graphs (bf16): batch 4 of 7, 540 sentences, 33 decoder steps; "
@@ -208,7 +209,7 @@ def test_profile_gpu_shows_a_cuda_search_step(capsys):
         "per step 2.0 kernel launches, 1.0 graph launches, 402.0 kernels run",
     ]
     assert "      0.610  nvjet_sm90_tst_64x8" in out and "      0.350  cudaGraphLaunch  x1.0" in out
-    show_search("w", "b", figures | {"gpu_busy": None, "kernel_ms_per_step": None})
+    profile_gpu.show_search("w", "b", figures | {"gpu_busy": None, "kernel_ms_per_step": None})
     assert "GPU busy n/a (no kernel traced); per step 2.0 kernel launches" in capsys.readouterr().out
 
 
